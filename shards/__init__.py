@@ -1,0 +1,1 @@
+"""Routing, revisions and per-shard MVCC state (no gRPC here)."""

@@ -1,0 +1,124 @@
+"""The data directory: format marker, identity, lock, and where shards live.
+
+    <data-dir>/
+      meta.json                      format, layout fingerprint, ids, start count
+      LOCK                           flock()ed while a server uses the dir
+      shards/<name>/journal/*.wal    the shard's journal segments
+      shards/<name>/checkpoint-*.ckpt
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import tempfile
+from pathlib import Path
+
+from .errors import DataDirError
+from .layout import Layout
+
+FORMAT = 1
+
+
+class DataDir:
+    def __init__(self, path: Path, meta: dict, lock_fd: int) -> None:
+        self.path = path
+        self.meta = meta
+        self._lock_fd = lock_fd
+
+    @property
+    def cluster_id(self) -> int:
+        return self.meta["cluster_id"]
+
+    @property
+    def member_id(self) -> int:
+        return self.meta["member_id"]
+
+    @property
+    def term(self) -> int:
+        """Like etcd's raft term on a single member: 2 on first start, +1 per restart."""
+        return self.meta["starts"] + 1
+
+    @classmethod
+    def open(cls, path: Path, layout: Layout) -> DataDir:
+        path = path.absolute()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            lock_fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DataDirError(f"data dir {path} is not writable: {exc.strerror}") from None
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(lock_fd)
+            raise DataDirError(f"data dir {path} is in use by another shardetcd process") from None
+        try:
+            meta = _load_or_create_meta(path, layout)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls(path, meta, lock_fd)
+
+    def shard_dir(self, name: str) -> Path:
+        d = self.path / "shards" / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def state_dir(self, base: Path | None, name: str) -> Path:
+        if base is None:
+            root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+            tag = hashlib.sha256(str(self.path).encode()).hexdigest()[:12]
+            base = root / f"shardetcd-{os.getuid()}-{tag}"
+        return base / name
+
+    def close(self) -> None:
+        os.close(self._lock_fd)
+
+
+def _load_or_create_meta(path: Path, layout: Layout) -> dict:
+    meta_path = path / "meta.json"
+    if meta_path.exists():
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise DataDirError(f"data dir {path}: meta.json is unreadable: {exc}") from None
+        if meta.get("format") != FORMAT:
+            raise DataDirError(
+                f"data dir {path} was written by an incompatible version (format {meta.get('format')!r}; "
+                f"this shardetcd reads format {FORMAT})"
+            )
+        if meta.get("layout") != layout.fingerprint():
+            raise DataDirError(
+                f"data dir {path} was created with shard layout {meta.get('shards')}, "
+                f"not {layout.names}: moving keys between shards is not supported"
+            )
+        meta["starts"] += 1
+    else:
+        if any(path.iterdir()) and not (path / "LOCK").exists():
+            raise DataDirError(f"data dir {path} is not empty and holds no shardetcd data")
+        meta = {
+            "format": FORMAT,
+            "layout": layout.fingerprint(),
+            "shards": layout.names,
+            "cluster_id": secrets.randbits(63) or 1,
+            "member_id": secrets.randbits(63) or 1,
+            "starts": 1,
+        }
+    _write_atomic(meta_path, json.dumps(meta, indent=1).encode())
+    return meta
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

@@ -1,0 +1,152 @@
+"""Range reads at a revision, across the shards a key range touches."""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from itertools import islice
+from typing import TYPE_CHECKING
+
+from proto.kv_pb2 import KeyValue
+
+from .errors import CompactedError, FutureRevisionError
+from .revision import entry_main
+from .types import (
+    SORT_ASCEND,
+    SORT_DESCEND,
+    SORT_NONE,
+    TARGET_CREATE,
+    TARGET_KEY,
+    TARGET_MOD,
+    TARGET_VALUE,
+    TARGET_VERSION,
+    RangeReq,
+    RangeResult,
+)
+
+if TYPE_CHECKING:
+    from .store import Store
+
+_SORT_KEYS = {
+    TARGET_KEY: lambda kv: kv.key,
+    TARGET_VERSION: lambda kv: kv.version,
+    TARGET_CREATE: lambda kv: kv.create_revision,
+    TARGET_MOD: lambda kv: kv.mod_revision,
+    TARGET_VALUE: lambda kv: kv.value,
+}
+
+
+def normalize_end(range_end: bytes) -> bytes | None:
+    """etcd's range_end: empty = single key, "\\0" = unbounded (b"")."""
+    if not range_end:
+        return None
+    return b"" if range_end == b"\x00" else range_end
+
+
+def resolve_revision(store: Store, requested: int, current: int) -> int:
+    if requested > current:
+        raise FutureRevisionError
+    rev = current if requested <= 0 else requested
+    if rev < store.compact_rev:
+        raise CompactedError
+    return rev
+
+
+def _tagged(scan: Iterator[tuple[bytes, int]], sid: int) -> Iterator[tuple[bytes, int, int]]:
+    for key, e in scan:
+        yield key, e, sid
+
+
+def scan_shards(store: Store, key: bytes, end: bytes | None, rev: int) -> Iterator[tuple[bytes, int, int]]:
+    """(key, entry, shard id) of keys live at ``rev`` in [key, end), in key order."""
+    if end is None:
+        sid = store.router.shard_for_key(key)
+        return _tagged(store.states[sid].scan(key, None, rev), sid)
+    sids = store.router.shards_for_range(key, end)
+    if len(sids) == 1:
+        return _tagged(store.states[sids[0]].scan(key, end, rev), sids[0])
+    return heapq.merge(*(_tagged(store.states[s].scan(key, end, rev), s) for s in sids))
+
+
+def count_keys(store: Store, key: bytes, end: bytes | None, rev: int) -> int:
+    if end is None:
+        return store.states[store.router.shard_for_key(key)].count(key, None, rev, store.rev)
+    latest = store.rev
+    return sum(store.states[s].count(key, end, rev, latest) for s in store.router.shards_for_range(key, end))
+
+
+def fetch_rows(store: Store, items: list[tuple[bytes, int, int]]) -> list[bytes]:
+    if len(items) == 1:
+        _, e, sid = items[0]
+        return [store.states[sid].get_row(e)]
+    by_shard: dict[int, list[int]] = {}
+    for _, e, sid in items:
+        by_shard.setdefault(sid, []).append(e)
+    if len(by_shard) == 1:
+        ((sid, entries),) = by_shard.items()
+        return store.states[sid].get_rows(entries)
+    fetched = {sid: iter(store.states[sid].get_rows(es)) for sid, es in by_shard.items()}
+    return [next(fetched[sid]) for _, _, sid in items]
+
+
+def range_at(store: Store, req: RangeReq, current: int) -> RangeResult:
+    """etcd's Range, as seen by a read view whose current revision is ``current``."""
+    rev = resolve_revision(store, req.revision, current)
+    end = normalize_end(req.range_end)
+    if req.count_only:
+        return RangeResult(current, [], False, count_keys(store, req.key, end, rev))
+    filtered = bool(req.min_mod_revision or req.max_mod_revision or req.min_create_revision or req.max_create_revision)
+    fetch_all = req.limit <= 0 or req.sort_order != SORT_NONE or filtered
+    scan = scan_shards(store, req.key, end, rev)
+    if fetch_all:
+        items = list(scan)
+        count = len(items)
+    else:
+        items = list(islice(scan, req.limit + 1))
+        count = len(items) if len(items) <= req.limit else count_keys(store, req.key, end, rev)
+    if filtered:
+        items = [i for i in items if _mod_ok(req, entry_main(i[1]))]
+    rows = fetch_rows(store, items)
+    if req.min_create_revision or req.max_create_revision:
+        rows = [r for r in rows if _create_ok(req, KeyValue.FromString(r).create_revision)]
+    rows = _sorted(req, rows)
+    more = False
+    if 0 < req.limit < len(rows):
+        rows = rows[: req.limit]
+        more = True
+    if req.keys_only:
+        rows = [_strip_value(r) for r in rows]
+    return RangeResult(current, rows, more, count)
+
+
+def _mod_ok(req: RangeReq, mod: int) -> bool:
+    if req.max_mod_revision and mod > req.max_mod_revision:
+        return False
+    return not (req.min_mod_revision and mod < req.min_mod_revision)
+
+
+def _create_ok(req: RangeReq, create: int) -> bool:
+    if req.max_create_revision and create > req.max_create_revision:
+        return False
+    return not (req.min_create_revision and create < req.min_create_revision)
+
+
+def _sorted(req: RangeReq, rows: list[bytes]) -> list[bytes]:
+    order = req.sort_order
+    if req.sort_target != TARGET_KEY and order == SORT_NONE:
+        order = SORT_ASCEND
+    if order == SORT_NONE or (order == SORT_ASCEND and req.sort_target == TARGET_KEY):
+        return rows
+    keyf = _SORT_KEYS.get(req.sort_target, _SORT_KEYS[TARGET_KEY])
+    decoded = [(keyf(KeyValue.FromString(r)), i, r) for i, r in enumerate(rows)]
+    if order == SORT_DESCEND:
+        # etcd sorts with sort.Reverse over an unstable sort; ties keep key order reversed
+        decoded.sort(key=lambda t: (t[0], t[1]), reverse=True)
+    else:
+        decoded.sort(key=lambda t: (t[0], t[1]))
+    return [r for _, _, r in decoded]
+
+
+def _strip_value(row: bytes) -> bytes:
+    kv = KeyValue.FromString(row)
+    kv.value = b""
+    return kv.SerializeToString()

@@ -1,0 +1,83 @@
+"""Journal payloads written by shards (the frame around them is journal/'s).
+
+WRITE (type 1) — one shard's part of one main revision; the revision is the
+frame's revision tag::
+
+    | off | size | field                                   |
+    |   0 |    2 | P: number of shards taking part (u16 LE) |
+    |   2 |   2P | their shard ids (u16 LE each)            |
+    | 2+2P|    4 | C: number of changes (u32 LE)             |
+    then C changes:
+    |   0 |    1 | kind: 0 put, 1 delete (tombstone)        |
+    |   1 |    4 | sub revision (u32 LE)                    |
+    |   5 |    4 | K: key length (u32 LE)                   |
+    |   9 |    4 | V: row length (u32 LE)                   |
+    |  13 |    K | key                                     |
+    | 13+K|    V | row: serialized mvccpb.KeyValue          |
+
+COMPACT (type 2) — ``Compact(rev)`` was requested; payload: rev (u64 LE).
+The frame's revision tag is the latest revision when it was written.
+
+A revision is recovered only if every shard named in its WRITE records has
+its part (in its journal, or in a checkpoint at or above the revision).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+WRITE = 1
+COMPACT = 2
+
+PUT, DELETE = 0, 1
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_CHANGE = struct.Struct("<BIII")
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    kind: int
+    sub: int
+    key: bytes
+    row: bytes
+
+
+def encode_write(participants: tuple[int, ...], changes: list[Change]) -> bytes:
+    out = [_U16.pack(len(participants))]
+    out.extend(_U16.pack(p) for p in participants)
+    out.append(_U32.pack(len(changes)))
+    for c in changes:
+        out.append(_CHANGE.pack(c.kind, c.sub, len(c.key), len(c.row)))
+        out.append(c.key)
+        out.append(c.row)
+    return b"".join(out)
+
+
+def decode_write(payload: bytes) -> tuple[tuple[int, ...], list[Change]]:
+    (n,) = _U16.unpack_from(payload, 0)
+    participants = tuple(_U16.unpack_from(payload, 2 + 2 * i)[0] for i in range(n))
+    pos = 2 + 2 * n
+    (count,) = _U32.unpack_from(payload, pos)
+    pos += 4
+    changes = []
+    for _ in range(count):
+        kind, sub, klen, vlen = _CHANGE.unpack_from(payload, pos)
+        pos += _CHANGE.size
+        key = payload[pos : pos + klen]
+        pos += klen
+        changes.append(Change(kind, sub, key, payload[pos : pos + vlen]))
+        pos += vlen
+    if pos != len(payload):
+        raise ValueError(f"write record has {len(payload) - pos} trailing bytes")
+    return participants, changes
+
+
+def encode_compact(rev: int) -> bytes:
+    return _U64.pack(rev)
+
+
+def decode_compact(payload: bytes) -> int:
+    return _U64.unpack(payload)[0]

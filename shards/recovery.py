@@ -1,0 +1,54 @@
+"""Start-up: rebuild shard state from checkpoints + journals, keeping only
+the longest prefix of revisions that is whole on every shard (DESIGN.md
+invariants 5 and 6).  Anything above it was never acknowledged: it is cut
+from the journals, with a log line saying how much.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .shard import Recovered
+    from .store import Store
+
+logger = logging.getLogger(__name__)
+
+
+def recovered_revision(found: list[Recovered]) -> int:
+    """Highest R such that every revision <= R is present on all its shards."""
+    rev = max([1, *(f.checkpoint_rev for f in found)])
+    parts: dict[int, tuple[tuple[int, ...], set[int]]] = {}
+    for sid, f in enumerate(found):
+        for r, participants, _ in f.writes:
+            parts.setdefault(r, (participants, set()))[1].add(sid)
+    while (nxt := parts.get(rev + 1)) is not None:
+        participants, have = nxt
+        if not all(p in have or found[p].checkpoint_rev > rev for p in participants):
+            break
+        rev += 1
+    return rev
+
+
+async def recover(store: Store) -> None:
+    started = time.monotonic()
+    found = [shard.read_disk() for shard in store.shards]
+    rev = recovered_revision(found)
+    for shard in store.shards:
+        cut = shard.journal.truncate_after(rev)
+        if cut:
+            logger.warning("discarded unacknowledged journal records shard=%s records=%d above_rev=%d", shard.name, cut, rev)
+    compact = -1
+    for shard, f in zip(store.shards, found):
+        for r, _, changes in f.writes:
+            if r <= rev:
+                shard.apply_recovered(r, changes)
+        compact = max(compact, f.compact_rev, *(c for tag, c in f.compacts if tag <= rev))
+    store.rev = store.committed = rev
+    if compact >= 0:
+        store.compact_rev = compact
+        await store._compact_loop()
+    logger.info(
+        "recovered rev=%d compact_rev=%d shards=%d seconds=%.3f", rev, store.compact_rev, len(found), time.monotonic() - started
+    )

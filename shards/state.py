@@ -1,0 +1,238 @@
+"""One shard's MVCC state: an in-memory key index over RocksDB rows.
+
+Like etcd's ``treeIndex`` + bbolt: RocksDB (``rocksdict``, WAL off, on tmpfs)
+maps row keys (see ``revision.py``) to serialized ``mvccpb.KeyValue`` bytes;
+the Python index maps each key to the ascending list of its index entries.
+The state has no durability of its own: it is rebuilt from checkpoint +
+journal on start, and its directory is removed on close.
+
+Example, key ``a``: put@2, put@3, delete@5, put@7 gives entries
+``[e(2,0), e(3,0), e(5,0,tomb), e(7,0)]``.  Read at 4 → row (3,0); at 5 or 6
+→ absent; compaction at 5 drops everything but ``e(7,0)``; compaction at 4
+keeps ``[e(3,0), e(5,0,tomb), e(7,0)]``.
+
+Writes are applied as soon as they are assigned a revision (pending);
+readers pass the revision they read at and never see rows above it.
+
+Counting keys in a range at revision R must not scan the key space: ``live``
+is a sorted list of the keys live at the latest revision, and ``_log_*``
+records which keys changed at which revision, so
+
+    count(R) = live_in_range - Σ live_now(k) + Σ live_at_R(k)
+
+over the keys in range that changed after R.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from sortedcontainers import SortedList
+
+from .revision import entry, entry_bound, entry_main, row_key
+
+logger = logging.getLogger(__name__)
+
+ROW_BATCH_MAX = 4096
+
+
+def open_rocks(path: Path) -> Rdict:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    db = Rdict(str(path), opts)
+    wo = WriteOptions()
+    wo.disable_wal = True
+    db.set_write_options(wo)
+    return db
+
+
+class ShardState:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.db = open_rocks(path)
+        self.keys: SortedList = SortedList()  # every key with any entry
+        self.live: SortedList = SortedList()  # keys live at the latest revision
+        self.index: dict[bytes, list[int]] = {}
+        self._log_revs: list[int] = []
+        self._log_keys: list[bytes] = []
+
+    def close(self) -> None:
+        self.db.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def size_bytes(self) -> int:
+        db = self.db
+        sst = db.property_int_value("rocksdb.total-sst-files-size") or 0
+        return sst + (db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0)
+
+    # -- writes ---------------------------------------------------------
+
+    def put(self, key: bytes, main: int, sub: int, kv: bytes) -> None:
+        e = entry(main, sub, False)
+        revs = self.index.get(key)
+        if revs is None:
+            self.index[key] = [e]
+            self.keys.add(key)
+            self.live.add(key)
+        else:
+            if not revs or revs[-1] & 1:
+                self.live.add(key)
+            revs.append(e)
+        self.db[row_key(e)] = kv
+        self._log_revs.append(main)
+        self._log_keys.append(key)
+
+    def delete(self, key: bytes, main: int, sub: int, tombstone_kv: bytes) -> None:
+        """Tombstone a key that is live at the latest revision."""
+        e = entry(main, sub, True)
+        self.index[key].append(e)
+        self.live.remove(key)
+        self.db[row_key(e)] = tombstone_kv
+        self._log_revs.append(main)
+        self._log_keys.append(key)
+
+    # -- reads ----------------------------------------------------------
+
+    def latest_entry(self, key: bytes) -> int | None:
+        """Entry of the latest live revision of ``key`` (pending included)."""
+        revs = self.index.get(key)
+        if not revs or revs[-1] & 1:
+            return None
+        return revs[-1]
+
+    def entry_at(self, key: bytes, rev: int) -> int | None:
+        revs = self.index.get(key)
+        if not revs:
+            return None
+        i = bisect.bisect_left(revs, entry_bound(rev)) - 1
+        if i < 0 or revs[i] & 1:
+            return None
+        return revs[i]
+
+    def get_row(self, e: int) -> bytes:
+        return self.db[row_key(e)]
+
+    def get_rows(self, entries: list[int]) -> list[bytes]:
+        if not entries:
+            return []
+        if len(entries) == 1:
+            return [self.db[row_key(entries[0])]]
+        return self.db.get([row_key(e) for e in entries])
+
+    def scan(self, key: bytes, end: bytes | None, rev: int) -> Iterator[tuple[bytes, int]]:
+        """(key, entry) for keys live at ``rev`` in [key, end), in key order.
+
+        ``end`` None is a single key; ``b""`` is unbounded.
+        """
+        if end is None:
+            e = self.entry_at(key, rev)
+            if e is not None:
+                yield key, e
+            return
+        index = self.index
+        bound = entry_bound(rev)
+        it = self.keys.irange(key, end or None, inclusive=(True, False))
+        for k in it:
+            revs = index[k]
+            if revs[-1] < bound:
+                e = revs[-1]
+            else:
+                i = bisect.bisect_left(revs, bound) - 1
+                if i < 0:
+                    continue
+                e = revs[i]
+            if not e & 1:
+                yield k, e
+
+    def count(self, key: bytes, end: bytes | None, rev: int, latest: int) -> int:
+        """Number of keys live at ``rev`` in [key, end) (``end`` as in scan)."""
+        if end is None:
+            return 0 if self.entry_at(key, rev) is None else 1
+        live = self.live
+        hi = len(live) if not end else live.bisect_left(end)
+        n = hi - live.bisect_left(key)
+        if rev >= latest:
+            return n
+        start = bisect.bisect_right(self._log_revs, rev)
+        if len(self._log_revs) - start > max(4096, 4 * n):
+            return sum(1 for _ in self.scan(key, end, rev))
+        changed = {k for k in self._log_keys[start:] if key <= k and (not end or k < end)}
+        for k in changed:
+            revs = self.index[k]
+            n -= not revs[-1] & 1
+            n += self.entry_at(k, rev) is not None
+        return n
+
+    def changed_since(self, rev: int) -> list[tuple[int, bytes]]:
+        """(main, key) of every change with main > rev, in revision order."""
+        start = bisect.bisect_right(self._log_revs, rev)
+        return list(zip(self._log_revs[start:], self._log_keys[start:]))
+
+    # -- compaction -----------------------------------------------------
+
+    def compact_keys(self, upto: int) -> list[bytes]:
+        """Keys that may hold history at or below ``upto`` to drop; trims the log."""
+        cut = bisect.bisect_right(self._log_revs, upto)
+        keys = list(dict.fromkeys(self._log_keys[:cut]))
+        del self._log_revs[:cut]
+        del self._log_keys[:cut]
+        return keys
+
+    def compact_key(self, key: bytes, upto: int, batch: WriteBatch) -> None:
+        """Drop the history of ``key`` that no read at ``upto`` or later can see."""
+        revs = self.index.get(key)
+        if not revs:
+            return
+        i = bisect.bisect_left(revs, entry_bound(upto)) - 1
+        if i < 0:
+            return
+        drop = i + 1 if revs[i] & 1 else i
+        for e in revs[:drop]:
+            batch.delete(row_key(e))
+        if drop == len(revs):
+            del self.index[key]
+            self.keys.remove(key)
+        elif drop:
+            del revs[:drop]
+
+    def new_batch(self) -> WriteBatch:
+        return WriteBatch(raw_mode=True)
+
+    def write_batch(self, batch: WriteBatch) -> None:
+        self.db.write(batch)
+
+    # -- checkpoint support --------------------------------------------
+
+    def snapshot_rows(self, upto: int) -> Iterator[bytes]:
+        """Rows (row key + value, length-prefixed) with main <= upto, from a
+        RocksDB snapshot taken now.  Safe to consume in another thread."""
+        snap = self.db.snapshot()
+        limit = row_key(entry(upto + 1, 0, False))
+
+        def rows() -> Iterator[bytes]:
+            it = snap.iter()
+            it.seek_to_first()
+            while it.valid():
+                k = it.key()
+                if k >= limit:
+                    break
+                v = it.value()
+                yield len(k).to_bytes(1, "big") + k + v
+                it.next()
+            del it
+
+        return rows()
+
+    def restore_row(self, key: bytes, e: int, value: bytes) -> None:
+        """Load one row during recovery (rows must arrive in revision order)."""
+        if e & 1:
+            self.delete(key, entry_main(e), (e >> 1) & 0xFFFFFFFF, value)
+        else:
+            self.put(key, entry_main(e), (e >> 1) & 0xFFFFFFFF, value)

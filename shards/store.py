@@ -1,0 +1,232 @@
+"""The store: one etcd revision space over independent shards.
+
+Write path (all in the event loop, no await between check and apply):
+validate → evaluate against the latest state (pending writes included) →
+take the next revision → apply to shard state as pending rows → hand each
+involved shard its journal record → wait until the *committed* revision
+(every revision up to it durable on every shard it touched) reaches ours.
+
+Reads are served at the committed revision, so they never show a write
+that a crash could still lose (DESIGN.md invariants 1–4).
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from journal import JournalConfig
+
+from .datadir import DataDir
+from .errors import CompactedError, FutureRevisionError, StoreFailedError
+from .layout import Layout, Router
+from .read import range_at
+from .shard import Shard
+from .types import DeleteReq, DeleteResult, PutReq, PutResult, RangeReq, RangeResult, TxnReq, TxnResult
+from .write import WriteTxn
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    data_dir: Path
+    layout: Layout
+    state_dir: Path | None = None  # default: under /dev/shm when present
+    journal: JournalConfig = field(default_factory=JournalConfig)
+    checkpoint_journal_bytes: int = 256 * 1024 * 1024
+    compaction_batch_keys: int = 10_000
+
+
+class Store:
+    def __init__(self, config: StoreConfig, datadir: DataDir, shards: list[Shard]) -> None:
+        self.config = config
+        self.datadir = datadir
+        self.router = Router(config.layout)
+        self.shards = shards
+        self.states = [s.state for s in shards]
+        self.rev = 1  # latest assigned revision (pending included)
+        self.committed = 1  # every revision <= committed is durable
+        self.compact_rev = -1  # etcd's compactMainRev
+        self.failure: BaseException | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self._pending: dict[int, int] = {}  # revision -> journal parts not yet durable
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._waiter_seq = 0
+        self._compaction: asyncio.Task | None = None
+
+    # -- lifecycle ------------------------------------------------------
+
+    @classmethod
+    async def open(cls, config: StoreConfig) -> Store:
+        from .recovery import recover
+
+        datadir = DataDir.open(config.data_dir, config.layout)
+        try:
+            shards = [
+                Shard(sid, spec.name, datadir.shard_dir(spec.name), datadir.state_dir(config.state_dir, spec.name), config.journal)
+                for sid, spec in enumerate(config.layout.shards)
+            ]
+        except BaseException:
+            datadir.close()
+            raise
+        store = cls(config, datadir, shards)
+        await recover(store)
+        for shard in shards:
+            shard.journal.on_durable = _durable_callback(store, shard)
+            shard.journal.on_failure = store._fail
+            await shard.journal.start()
+        return store
+
+    async def close(self) -> None:
+        if self._compaction is not None:
+            self._compaction.cancel()
+            await asyncio.gather(self._compaction, return_exceptions=True)
+        for shard in self.shards:
+            await shard.close()
+        self.datadir.close()
+
+    def db_size(self) -> int:
+        """Bytes of MVCC state held (RocksDB files and memtables, all shards)."""
+        return sum(s.size_bytes() for s in self.states)
+
+    def lease_exists(self, lease_id: int) -> bool:
+        return False  # leases arrive with the Lease API
+
+    # -- reads ----------------------------------------------------------
+
+    def range(self, req: RangeReq) -> RangeResult:
+        return range_at(self, req, self.committed)
+
+    # -- writes ---------------------------------------------------------
+
+    async def put(self, req: PutReq) -> PutResult:
+        self._check_alive()
+        w = WriteTxn(self)
+        w.check_put(req)
+        result = w.put(req)
+        await self._finish(w)
+        return result
+
+    async def delete_range(self, req: DeleteReq) -> DeleteResult:
+        self._check_alive()
+        w = WriteTxn(self)
+        result = w.delete(req)
+        await self._finish(w)
+        return result
+
+    async def txn(self, req: TxnReq) -> TxnResult:
+        self._check_alive()
+        w = WriteTxn(self)
+        result = w.txn(req)
+        await self._finish(w)
+        return result
+
+    async def compact(self, rev: int, physical: bool = False) -> int:
+        """etcd's Compact; returns the header revision."""
+        self._check_alive()
+        if rev <= self.compact_rev:
+            raise CompactedError
+        if rev > self.committed:
+            raise FutureRevisionError
+        self.compact_rev = rev
+        tag = self.rev
+        for shard in self.shards:
+            shard.append_compact(tag, rev)
+        header = self.committed
+        await asyncio.gather(*(s.journal.sync() for s in self.shards))
+        await self.wait_committed(tag)
+        task = self._start_compaction()
+        if physical:
+            await asyncio.shield(task)
+        return header
+
+    def _check_alive(self) -> None:
+        if self.failure is not None:
+            raise StoreFailedError(str(self.failure))
+
+    async def _finish(self, w: WriteTxn) -> None:
+        """Journal the txn's parts (if it changed anything) and wait for commit."""
+        if w.sub:
+            rev = w.rev
+            self.rev = rev
+            participants = tuple(sorted(w.parts))
+            for sid in participants:
+                self.shards[sid].append_write(rev, participants, w.parts[sid])
+            self._pending[rev] = len(participants)
+        await self.wait_committed(self.rev if not w.sub else w.rev)
+
+    # -- commit tracking ------------------------------------------------
+
+    def wait_committed(self, rev: int) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        if self.failure is not None:
+            fut.set_exception(StoreFailedError(str(self.failure)))
+        elif rev <= self.committed:
+            fut.set_result(None)
+        else:
+            self._waiter_seq += 1
+            heapq.heappush(self._waiters, (rev, self._waiter_seq, fut))
+        return fut
+
+    def _durable(self, shard: Shard, seq: int) -> None:
+        inflight, pending = shard.inflight, self._pending
+        while inflight and inflight[0][0] <= seq:
+            rev = inflight.popleft()[1]
+            pending[rev] -= 1
+        c = self.committed
+        while pending.get(c + 1, -1) == 0:
+            c += 1
+            del pending[c]
+        if c == self.committed:
+            return
+        self.committed = c
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= c:
+            fut = heapq.heappop(waiters)[2]
+            if not fut.done():
+                fut.set_result(None)
+        if shard.wants_checkpoint(self.config.checkpoint_journal_bytes):
+            shard.start_checkpoint(c, self.compact_rev)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is not None:
+            return
+        logger.critical("journal failure, no longer acknowledging writes error=%r", exc)
+        self.failure = exc
+        for _, _, fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(StoreFailedError(str(exc)))
+        self._waiters.clear()
+        if self.on_failure is not None:
+            self.on_failure(exc)
+
+    # -- compaction -----------------------------------------------------
+
+    def _start_compaction(self) -> asyncio.Task:
+        if self._compaction is None or self._compaction.done():
+            self._compaction = asyncio.get_running_loop().create_task(self._compact_loop())
+        return self._compaction
+
+    async def _compact_loop(self) -> None:
+        """Drop history up to compact_rev, shard by shard, in bounded batches."""
+        done = getattr(self, "_compacted_through", -1)
+        while done < self.compact_rev:
+            target = self.compact_rev
+            for state in self.states:
+                keys = state.compact_keys(target)
+                for i in range(0, len(keys), self.config.compaction_batch_keys):
+                    batch = state.new_batch()
+                    for key in keys[i : i + self.config.compaction_batch_keys]:
+                        state.compact_key(key, target, batch)
+                    state.write_batch(batch)
+                    await asyncio.sleep(0)
+            done = self._compacted_through = target
+            logger.info("compaction finished rev=%d", target)
+
+
+def _durable_callback(store: Store, shard: Shard) -> Callable[[int], None]:
+    return lambda seq: store._durable(shard, seq)

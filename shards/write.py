@@ -1,0 +1,219 @@
+"""One main revision's worth of writes: Put, DeleteRange and Txn semantics.
+
+A ``WriteTxn`` applies changes to shard state the moment it makes them (as
+pending rows, invisible to reads at the committed revision), numbering them
+with sub revisions, and collects each shard's part for the journal.  All
+checks that can fail run before the first change, so a txn never stops half
+applied.  Nothing here awaits: the event loop is the serializer.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from proto.kv_pb2 import KeyValue
+
+from .errors import CompactedError, FutureRevisionError, KeyNotFoundError, LeaseNotFoundError
+from .read import normalize_end, range_at, scan_shards
+from .record import DELETE, PUT, Change
+from .types import (
+    CMP_CREATE,
+    CMP_LEASE,
+    CMP_MOD,
+    CMP_VALUE,
+    CMP_VERSION,
+    RESULT_EQUAL,
+    RESULT_GREATER,
+    RESULT_LESS,
+    RESULT_NOT_EQUAL,
+    Compare,
+    DeleteReq,
+    DeleteResult,
+    PutReq,
+    PutResult,
+    RangeReq,
+    TxnReq,
+    TxnResult,
+)
+
+if TYPE_CHECKING:
+    from .store import Store
+
+_EMPTY_KV = KeyValue()
+
+
+class WriteTxn:
+    """Changes made at main revision ``rev`` (= the store's latest + 1)."""
+
+    __slots__ = ("store", "rev", "sub", "parts")
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.rev = store.rev + 1
+        self.sub = 0
+        self.parts: dict[int, list[Change]] = {}
+
+    @property
+    def changed(self) -> bool:
+        return self.sub > 0
+
+    def read_rev(self) -> int:
+        """Revision a read inside this txn sees (etcd: begin rev, +1 once written)."""
+        return self.rev if self.sub else self.rev - 1
+
+    # -- put ------------------------------------------------------------
+
+    def check_put(self, req: PutReq) -> None:
+        if req.ignore_value or req.ignore_lease:
+            state = self.store.states[self.store.router.shard_for_key(req.key)]
+            if state.latest_entry(req.key) is None:
+                raise KeyNotFoundError
+        if req.lease and not self.store.lease_exists(req.lease):
+            raise LeaseNotFoundError
+
+    def put(self, req: PutReq) -> PutResult:
+        key = req.key
+        sid = self.store.router.shard_for_key(key)
+        state = self.store.states[sid]
+        e = state.latest_entry(key)
+        value, lease = req.value, req.lease
+        prev_row = None
+        if e is None:
+            create, version = self.rev, 1
+        else:
+            prev_row = state.get_row(e)
+            old = KeyValue.FromString(prev_row)
+            create, version = old.create_revision, old.version + 1
+            if req.ignore_value:
+                value = old.value
+            if req.ignore_lease:
+                lease = old.lease
+        row = KeyValue(
+            key=key, create_revision=create, mod_revision=self.rev, version=version, value=value, lease=lease
+        ).SerializeToString()
+        state.put(key, self.rev, self.sub, row)
+        self._record(sid, Change(PUT, self.sub, key, row))
+        return PutResult(self.rev, prev_row if req.prev_kv else None)
+
+    # -- delete ---------------------------------------------------------
+
+    def delete(self, req: DeleteReq) -> DeleteResult:
+        rev = self.rev
+        items = list(scan_shards(self.store, req.key, normalize_end(req.range_end), self.read_rev()))
+        prev = []
+        for key, e, sid in items:
+            state = self.store.states[sid]
+            if req.prev_kv:
+                prev.append(state.get_row(e))
+            row = KeyValue(key=key, mod_revision=rev).SerializeToString()
+            state.delete(key, rev, self.sub, row)
+            self._record(sid, Change(DELETE, self.sub, key, row))
+        return DeleteResult(rev if self.sub else rev - 1, len(items), prev)
+
+    def _record(self, sid: int, change: Change) -> None:
+        part = self.parts.get(sid)
+        if part is None:
+            self.parts[sid] = [change]
+        else:
+            part.append(change)
+        self.sub += 1
+
+    # -- txn ------------------------------------------------------------
+
+    def txn(self, req: TxnReq) -> TxnResult:
+        """Evaluate compares, check the chosen path, then apply it."""
+        path = self._path(req)
+        writes = is_write(req)
+        self._check(req, iter(path), writes)
+        result = self._apply(req, iter(path))
+        result.revision = self.rev if self.sub else self.rev - 1
+        return result
+
+    def _path(self, req: TxnReq) -> list[bool]:
+        ok = all(self._compare(c) for c in req.compare)
+        path = [ok]
+        for op in req.success if ok else req.failure:
+            if isinstance(op, TxnReq):
+                path.extend(self._path(op))
+        return path
+
+    def _check(self, req: TxnReq, path, writes: bool) -> None:
+        ops = req.success if next(path) else req.failure
+        current, compact = self.rev - 1, self.store.compact_rev
+        for op in ops:
+            if isinstance(op, PutReq) and writes:
+                self.check_put(op)
+            elif isinstance(op, RangeReq) and op.revision:
+                if op.revision > current:
+                    raise FutureRevisionError
+                if op.revision < compact:
+                    raise CompactedError
+            elif isinstance(op, TxnReq):
+                self._check(op, path, writes)
+
+    def _apply(self, req: TxnReq, path) -> TxnResult:
+        ok = next(path)
+        responses = []
+        for op in req.success if ok else req.failure:
+            if isinstance(op, RangeReq):
+                responses.append(range_at(self.store, op, self.read_rev()))
+            elif isinstance(op, PutReq):
+                responses.append(self.put(op))
+            elif isinstance(op, DeleteReq):
+                responses.append(self.delete(op))
+            elif isinstance(op, TxnReq):
+                nested = self._apply(op, path)
+                nested.revision = 0
+                responses.append(nested)
+            else:
+                responses.append(None)
+        return TxnResult(0, ok, responses)
+
+    def _compare(self, c: Compare) -> bool:
+        store = self.store
+        rev = self.rev - 1
+        end = normalize_end(c.range_end)
+        items = list(scan_shards(store, c.key, end, rev))
+        if not items:
+            if c.target == CMP_VALUE:
+                return False
+            return _compare_kv(c, _EMPTY_KV)
+        for _, e, sid in items:
+            if not _compare_kv(c, KeyValue.FromString(store.states[sid].get_row(e))):
+                return False
+        return True
+
+
+def _compare_kv(c: Compare, kv: KeyValue) -> bool:
+    t = c.target
+    if t == CMP_VALUE:
+        a, b = kv.value, c.value
+    elif t == CMP_MOD:
+        a, b = kv.mod_revision, c.number
+    elif t == CMP_VERSION:
+        a, b = kv.version, c.number
+    elif t == CMP_CREATE:
+        a, b = kv.create_revision, c.number
+    elif t == CMP_LEASE:
+        a, b = kv.lease, c.number
+    else:
+        a = b = 0
+    r = c.result
+    if r == RESULT_EQUAL:
+        return a == b
+    if r == RESULT_NOT_EQUAL:
+        return a != b
+    if r == RESULT_GREATER:
+        return a > b
+    if r == RESULT_LESS:
+        return a < b
+    return True
+
+
+def is_write(req: TxnReq) -> bool:
+    """etcd's !isTxnReadonly: any Put or DeleteRange on either branch, nested too."""
+    for op in (*req.success, *req.failure):
+        if isinstance(op, (PutReq, DeleteReq)):
+            return True
+        if isinstance(op, TxnReq) and is_write(op):
+            return True
+    return False

@@ -1,0 +1,1 @@
+"""gRPC layer of shardetcd: etcd's services over the shard store."""

@@ -1,0 +1,89 @@
+"""The ``shardetcd`` command: serve the etcd v3 API (default)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from shards.errors import DataDirError, LayoutError
+
+from .config import ServerConfig
+from .server import StartupError, serve
+
+DESCRIPTION = """\
+Serve the etcd v3 gRPC API from journaled, resource-sharded MVCC state.
+With no arguments: listen on http://127.0.0.1:2379, data in ./default.shardetcd.
+Flags follow etcd's names where etcd has the same knob."""
+
+
+def _urls(text: str) -> tuple[str, ...]:
+    urls = tuple(u.strip() for u in text.split(",") if u.strip())
+    if not urls:
+        raise argparse.ArgumentTypeError("at least one URL is required")
+    return urls
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shardetcd", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = ServerConfig()
+    p.add_argument("--name", default=d.name, help="human-readable name of this member (default: %(default)s)")
+    p.add_argument("--data-dir", type=Path, default=None, help="where journals and checkpoints live (default: ./${name}.shardetcd)")
+    p.add_argument("--listen-client-urls", type=_urls, default=d.listen_client_urls, help="comma-separated URLs to serve clients on (default: http://127.0.0.1:2379)")
+    p.add_argument("--advertise-client-urls", type=_urls, default=(), help="client URLs to report in MemberList (default: the listen URLs)")
+    p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes, help="largest write request accepted, in bytes (default: %(default)s = 1.5 MiB)")
+    p.add_argument("--max-txn-ops", type=int, default=d.max_txn_ops, help="most operations in one txn (default: %(default)s)")
+    p.add_argument("--quota-backend-bytes", type=int, default=d.quota_backend_bytes, help="state size that raises the NOSPACE alarm; 0 = etcd's default of 2 GiB (default: %(default)s)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"], help="log verbosity; logs go to stderr (default: %(default)s)")
+    p.add_argument("--shard-layout", type=Path, default=None, help="TOML file naming which Kubernetes resources each shard owns (default: built-in leases/events/pods/nodes/default)")
+    p.add_argument("--journal-fsync", choices=["always", "batch", "off"], default=d.journal_fsync,
+                   help="always: fdatasync every group-commit batch before acknowledging; batch: the same, gathering writes for up to 2 ms per fsync; "
+                        "off: acknowledge once written to the OS (survives a process crash, not a power loss) (default: %(default)s)")
+    p.add_argument("--state-dir", type=Path, default=None, help="where the in-memory RocksDB state lives (default: a directory under /dev/shm); rebuilt on every start")
+    p.add_argument("--journal-segment-bytes", type=int, default=d.journal_segment_bytes, help="size at which a journal segment is closed and a new one started (default: %(default)s)")
+    p.add_argument("--checkpoint-journal-bytes", type=int, default=d.checkpoint_journal_bytes, help="journal bytes after which a shard writes a checkpoint, bounding replay time (default: %(default)s)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        name=args.name,
+        data_dir=args.data_dir or Path(f"{args.name}.shardetcd"),
+        listen_client_urls=args.listen_client_urls,
+        advertise_client_urls=args.advertise_client_urls,
+        max_request_bytes=args.max_request_bytes,
+        max_txn_ops=args.max_txn_ops,
+        quota_backend_bytes=args.quota_backend_bytes,
+        shard_layout=args.shard_layout,
+        state_dir=args.state_dir,
+        journal_fsync=args.journal_fsync,
+        journal_segment_bytes=args.journal_segment_bytes,
+        checkpoint_journal_bytes=args.checkpoint_journal_bytes,
+    )
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper().replace("WARN", "WARNING")),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    config = config_from_args(args)
+
+    def ready(running) -> None:
+        urls = ", ".join(config.listen_client_urls)
+        print(f"shardetcd serving the etcd v3 API on {urls} (data: {config.data_dir.absolute()})", flush=True)
+
+    try:
+        return asyncio.run(serve(config, ready))
+    except (StartupError, DataDirError, LayoutError) as exc:
+        print(f"shardetcd: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,31 @@
+"""Server configuration: etcd's flag names where etcd has the same knob."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ETCD_API_VERSION = "3.5.16"  # the etcd release whose API and behaviour we implement
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    name: str = "default"
+    data_dir: Path = Path("default.shardetcd")
+    listen_client_urls: tuple[str, ...] = ("http://127.0.0.1:2379",)
+    advertise_client_urls: tuple[str, ...] = ()
+    max_request_bytes: int = 1536 * 1024
+    max_txn_ops: int = 128
+    quota_backend_bytes: int = 0
+    shard_layout: Path | None = None
+    state_dir: Path | None = None
+    journal_fsync: str = "always"
+    journal_segment_bytes: int = 64 * 1024 * 1024
+    checkpoint_journal_bytes: int = 256 * 1024 * 1024
+    grpc_keepalive_min_time_s: float = 5.0
+    grpc_keepalive_interval_s: float = 2 * 60 * 60
+    grpc_keepalive_timeout_s: float = 20.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def client_urls(self) -> tuple[str, ...]:
+        return self.advertise_client_urls or self.listen_client_urls

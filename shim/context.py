@@ -1,0 +1,44 @@
+"""What every service shares: the store, the config, this member's identity."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from proto import rpc_pb2 as pb
+from shards.store import Store
+
+from .config import ServerConfig
+from .errors import status_of
+from .wire import Headers
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Member:
+    store: Store
+    config: ServerConfig
+
+    def __post_init__(self) -> None:
+        d = self.store.datadir
+        self.cluster_id, self.member_id, self.raft_term = d.cluster_id, d.member_id, d.term
+        self.headers = Headers(self.cluster_id, self.member_id, self.raft_term)
+
+    def header(self, revision: int | None = None) -> pb.ResponseHeader:
+        return pb.ResponseHeader(
+            cluster_id=self.cluster_id,
+            member_id=self.member_id,
+            revision=self.store.committed if revision is None else revision,
+            raft_term=self.raft_term,
+        )
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: Exception):
+    """Answer with etcd's status for ``exc``; unexpected errors are logged and re-raised."""
+    status = status_of(exc)
+    if status is None:
+        logger.exception("unexpected error serving request")
+        raise exc
+    await context.abort(status[0], status[1])

@@ -1,0 +1,78 @@
+"""etcdserverpb.KV: Range, Put, DeleteRange, Txn, Compact."""
+from __future__ import annotations
+
+import grpc
+
+from proto import rpc_pb2 as pb
+
+from . import convert, validate, wire
+from .context import Member, abort_with
+
+
+def _raw(b: bytes) -> bytes:
+    return b
+
+
+class KVService:
+    def __init__(self, member: Member) -> None:
+        self.m = member
+        self.store = member.store
+
+    async def Range(self, request: pb.RangeRequest, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            validate.check_range(request)
+            r = self.store.range(convert.range_req(request))
+        except Exception as exc:
+            await abort_with(context, exc)
+        return wire.range_response(self.m.headers.framed(r.revision), r.kvs, r.more, r.count)
+
+    async def Put(self, request: pb.PutRequest, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            validate.check_put(request)
+            validate.check_size(request, self.m.config.max_request_bytes)
+            r = await self.store.put(convert.put_req(request))
+        except Exception as exc:
+            await abort_with(context, exc)
+        return wire.put_response(self.m.headers.framed(r.revision), r.prev_kv)
+
+    async def DeleteRange(self, request: pb.DeleteRangeRequest, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            validate.check_delete(request)
+            validate.check_size(request, self.m.config.max_request_bytes)
+            r = await self.store.delete_range(convert.delete_req(request))
+        except Exception as exc:
+            await abort_with(context, exc)
+        return wire.delete_response(self.m.headers.framed(r.revision), r.deleted, r.prev_kvs)
+
+    async def Txn(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> pb.TxnResponse:
+        try:
+            validate.check_txn(request, self.m.config.max_txn_ops)
+            validate.check_txn_intervals(request)
+            validate.check_size(request, self.m.config.max_request_bytes)
+            r = await self.store.txn(convert.txn_req(request))
+        except Exception as exc:
+            await abort_with(context, exc)
+        return convert.txn_response(r, self.m.header(r.revision))
+
+    async def Compact(self, request: pb.CompactionRequest, context: grpc.aio.ServicerContext) -> pb.CompactionResponse:
+        try:
+            rev = await self.store.compact(request.revision, request.physical)
+        except Exception as exc:
+            await abort_with(context, exc)
+        return pb.CompactionResponse(header=self.m.header(rev))
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        raw = {"response_serializer": _raw}
+        std = {"response_serializer": lambda m: m.SerializeToString()}
+        return grpc.method_handlers_generic_handler(
+            "etcdserverpb.KV",
+            {
+                "Range": grpc.unary_unary_rpc_method_handler(self.Range, pb.RangeRequest.FromString, **raw),
+                "Put": grpc.unary_unary_rpc_method_handler(self.Put, pb.PutRequest.FromString, **raw),
+                "DeleteRange": grpc.unary_unary_rpc_method_handler(
+                    self.DeleteRange, pb.DeleteRangeRequest.FromString, **raw
+                ),
+                "Txn": grpc.unary_unary_rpc_method_handler(self.Txn, pb.TxnRequest.FromString, **std),
+                "Compact": grpc.unary_unary_rpc_method_handler(self.Compact, pb.CompactionRequest.FromString, **std),
+            },
+        )

@@ -1,0 +1,45 @@
+"""etcdserverpb.Maintenance and etcdserverpb.Cluster, as far as a single member answers them."""
+from __future__ import annotations
+
+import grpc
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+
+from .config import ETCD_API_VERSION
+from .context import Member
+from .errors import MEMBER_NOT_SUPPORTED
+
+
+class MaintenanceService(pbg.MaintenanceServicer):
+    def __init__(self, member: Member) -> None:
+        self.m = member
+
+    async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusResponse:
+        store = self.m.store
+        size = store.db_size()
+        return pb.StatusResponse(
+            header=self.m.header(),
+            version=ETCD_API_VERSION,
+            dbSize=size,
+            dbSizeInUse=size,
+            leader=self.m.member_id,
+            raftIndex=store.committed,
+            raftAppliedIndex=store.committed,
+            raftTerm=self.m.raft_term,
+        )
+
+
+class ClusterService(pbg.ClusterServicer):
+    def __init__(self, member: Member) -> None:
+        self.m = member
+
+    def _me(self) -> pb.Member:
+        return pb.Member(ID=self.m.member_id, name=self.m.config.name, clientURLs=list(self.m.config.client_urls))
+
+    async def MemberList(self, request: pb.MemberListRequest, context: grpc.aio.ServicerContext) -> pb.MemberListResponse:
+        return pb.MemberListResponse(header=self.m.header(), members=[self._me()])
+
+    async def _unsupported(self, request, context: grpc.aio.ServicerContext):
+        await context.abort(*MEMBER_NOT_SUPPORTED)
+
+    MemberAdd = MemberRemove = MemberUpdate = MemberPromote = _unsupported

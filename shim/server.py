@@ -1,0 +1,118 @@
+"""Build, run and stop the gRPC server around a store."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import grpc
+
+from journal import JournalConfig
+from proto import rpc_pb2_grpc as pbg
+from shards.layout import load_layout
+from shards.store import Store, StoreConfig
+
+from .config import ServerConfig
+from .context import Member
+from .kv import KVService
+from .maintenance import ClusterService, MaintenanceService
+
+logger = logging.getLogger(__name__)
+
+GRPC_OVERHEAD_BYTES = 512 * 1024  # etcd lets gRPC receive this much above max-request-bytes
+
+
+class StartupError(RuntimeError):
+    """A reason the server cannot start, said in one line."""
+
+
+@dataclass
+class Running:
+    server: grpc.aio.Server
+    store: Store
+    ports: list[int]
+    failed: asyncio.Event
+
+
+def parse_listen_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise StartupError(f"invalid listen URL {url!r}: want http://HOST:PORT")
+    if parts.scheme == "https":
+        raise StartupError(f"listen URL {url!r}: TLS is not supported yet")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{parts.port}"
+
+
+def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
+    return [
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", config.max_request_bytes + GRPC_OVERHEAD_BYTES),
+        ("grpc.max_send_message_length", 2**31 - 1),
+        # etcd's keepalive policy: clients may ping every 5 s, with or without calls
+        ("grpc.http2.min_ping_interval_without_data_ms", int(config.grpc_keepalive_min_time_s * 1000)),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", int(config.grpc_keepalive_min_time_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.keepalive_time_ms", int(config.grpc_keepalive_interval_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(config.grpc_keepalive_timeout_s * 1000)),
+    ]
+
+
+def store_config(config: ServerConfig) -> StoreConfig:
+    return StoreConfig(
+        data_dir=config.data_dir,
+        layout=load_layout(config.shard_layout),
+        state_dir=config.state_dir,
+        journal=JournalConfig(fsync=config.journal_fsync, segment_bytes_max=config.journal_segment_bytes),
+        checkpoint_journal_bytes=config.checkpoint_journal_bytes,
+    )
+
+
+async def start(config: ServerConfig) -> Running:
+    addresses = [parse_listen_url(u) for u in config.listen_client_urls]
+    store = await Store.open(store_config(config))
+    failed = asyncio.Event()
+    store.on_failure = lambda exc: failed.set()
+    member = Member(store, config)
+    server = grpc.aio.server(options=grpc_options(config))
+    server.add_generic_rpc_handlers([KVService(member).handler()])
+    pbg.add_MaintenanceServicer_to_server(MaintenanceService(member), server)
+    pbg.add_ClusterServicer_to_server(ClusterService(member), server)
+    ports = []
+    try:
+        for url, addr in zip(config.listen_client_urls, addresses):
+            try:
+                ports.append(server.add_insecure_port(addr))
+            except RuntimeError:
+                raise StartupError(f"cannot listen on {url}: address in use or not available") from None
+        await server.start()
+    except BaseException:
+        await store.close()
+        raise
+    return Running(server, store, ports, failed)
+
+
+async def stop(running: Running, grace_s: float = 1.0) -> None:
+    await running.server.stop(grace_s)
+    await running.store.close()
+
+
+async def serve(config: ServerConfig, ready=None) -> int:
+    """Run until SIGINT/SIGTERM (exit 0) or a journal failure (exit 1)."""
+    running = await start(config)
+    if ready is not None:
+        ready(running)
+    stop_event = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_event.set)
+    waiters = [asyncio.ensure_future(stop_event.wait()), asyncio.ensure_future(running.failed.wait())]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for w in waiters:
+        w.cancel()
+    code = 1 if running.failed.is_set() else 0
+    logger.info("stopping reason=%s", "journal-failure" if code else "signal")
+    await stop(running)
+    return code

@@ -1,0 +1,77 @@
+"""Hand-built response bytes for the hot KV responses.
+
+Rows are stored as serialized ``mvccpb.KeyValue``; a RangeResponse is just
+those bytes framed as field 2, so building it by concatenation avoids a
+parse and a re-serialize per key.  Field numbers are etcd's:
+
+    ResponseHeader:      cluster_id=1 member_id=2 revision=3 raft_term=4 (varints)
+    RangeResponse:       header=1 kvs=2 (repeated) more=3 count=4
+    PutResponse:         header=1 prev_kv=2
+    DeleteRangeResponse: header=1 deleted=2 prev_kvs=3 (repeated)
+"""
+from __future__ import annotations
+
+
+def varint(n: int) -> bytes:
+    if n < 0:
+        n += 1 << 64
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field_varint(tag: int, n: int) -> bytes:
+    return bytes((tag,)) + varint(n) if n else b""
+
+
+class Headers:
+    """Builds ResponseHeader bytes for one member; only the revision varies."""
+
+    def __init__(self, cluster_id: int, member_id: int, raft_term: int) -> None:
+        self._prefix = _field_varint(0x08, cluster_id) + _field_varint(0x10, member_id)
+        self._suffix = _field_varint(0x20, raft_term)
+        self._last_rev = -1
+        self._last = b""
+
+    def framed(self, revision: int) -> bytes:
+        """Field 1 (header) of a response, tag and length included."""
+        if revision != self._last_rev:
+            body = self._prefix + _field_varint(0x18, revision) + self._suffix
+            self._last = b"\x0a" + varint(len(body)) + body
+            self._last_rev = revision
+        return self._last
+
+
+def range_response(header: bytes, kvs: list[bytes], more: bool, count: int) -> bytes:
+    parts = [header]
+    for kv in kvs:
+        parts.append(b"\x12")
+        parts.append(varint(len(kv)))
+        parts.append(kv)
+    if more:
+        parts.append(b"\x18\x01")
+    if count:
+        parts.append(b"\x20" + varint(count))
+    return b"".join(parts)
+
+
+def put_response(header: bytes, prev_kv: bytes | None) -> bytes:
+    if prev_kv is None:
+        return header
+    return header + b"\x12" + varint(len(prev_kv)) + prev_kv
+
+
+def delete_response(header: bytes, deleted: int, prev_kvs: list[bytes]) -> bytes:
+    parts = [header]
+    if deleted:
+        parts.append(b"\x10" + varint(deleted))
+    for kv in prev_kvs:
+        parts.append(b"\x1a")
+        parts.append(varint(len(kv)))
+        parts.append(kv)
+    return b"".join(parts)

@@ -1,0 +1,203 @@
+"""Run a real, single-member etcd on free loopback ports for tests.
+
+    with start_etcd(tmp_path) as etcd:
+        channel = grpc.insecure_channel(etcd.endpoint)
+        ...
+
+The binary is taken from $SHARDETCD_TEST_ETCD, else ``etcd`` on $PATH, else
+/usr/bin/etcd. Its log goes to ``<data dir parent>/etcd.log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+ETCD_BIN_ENV = "SHARDETCD_TEST_ETCD"
+DEFAULT_ETCD_BIN = "/usr/bin/etcd"
+
+
+def etcd_binary() -> str | None:
+    """Path of the etcd binary to use, or None if there is none."""
+    candidate = os.environ.get(ETCD_BIN_ENV) or shutil.which("etcd") or DEFAULT_ETCD_BIN
+    return candidate if os.access(candidate, os.X_OK) else None
+
+
+def free_ports(count: int = 1, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct TCP ports that are free on `host` right now.
+
+    All sockets stay bound until every port is picked, so the ports differ;
+    another process may still grab one before the caller binds it.
+    """
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """One TCP port that is free on `host` right now."""
+    return free_ports(1, host)[0]
+
+
+class EtcdStartError(RuntimeError):
+    pass
+
+
+class EtcdProcess:
+    """A running etcd member; use as a context manager or call `stop()`."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        *,
+        name: str,
+        client_port: int,
+        peer_port: int,
+        data_dir: Path,
+        log_path: Path,
+    ) -> None:
+        self.proc = proc
+        self.name = name
+        self.client_port = client_port
+        self.peer_port = peer_port
+        self.data_dir = data_dir
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def endpoint(self) -> str:
+        """gRPC target, "127.0.0.1:PORT"."""
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.endpoint}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Kill the process (by PID) and reap it. Safe to call repeatedly."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> EtcdProcess:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<EtcdProcess pid={self.pid} endpoint={self.endpoint}>"
+
+
+def _healthy(client_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{client_url}/health", timeout=1) as resp:
+            return json.load(resp).get("health") == "true"
+    except (OSError, ValueError):  # URLError and connection errors are OSErrors
+        return False
+
+
+def start_etcd(
+    tmp_path: Path,
+    *,
+    name: str = "etcd0",
+    extra_args: tuple[str, ...] = (),
+    timeout: float = 30.0,
+    attempts: int = 3,
+) -> EtcdProcess:
+    """Start a one-member etcd cluster under `tmp_path` and wait until it is
+    healthy (has a leader and serves clients).
+
+    A start that fails, e.g. because a picked port was taken in the meantime,
+    is retried on new ports up to `attempts` times.
+    """
+    binary = etcd_binary()
+    if binary is None:
+        raise FileNotFoundError(f"no etcd binary (set ${ETCD_BIN_ENV})")
+    # ETCD_* variables would be read as flags by etcd; keep them out.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+    base = Path(tmp_path)
+
+    last_error = ""
+    for attempt in range(attempts):
+        client_port, peer_port = free_ports(2)
+        run_dir = base / f"{name}-{attempt}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        data_dir = run_dir / "data"
+        log_path = run_dir / "etcd.log"
+        client_url = f"http://127.0.0.1:{client_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        args = [
+            binary,
+            f"--name={name}",
+            f"--data-dir={data_dir}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster={name}={peer_url}",
+            "--initial-cluster-state=new",
+            f"--initial-cluster-token={name}-{peer_port}",
+            "--logger=zap",
+            "--log-outputs=stderr",
+            *extra_args,
+        ]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        etcd = EtcdProcess(
+            proc,
+            name=name,
+            client_port=client_port,
+            peer_port=peer_port,
+            data_dir=data_dir,
+            log_path=log_path,
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while etcd.running() and time.monotonic() < deadline:
+                if _healthy(client_url):
+                    return etcd
+                time.sleep(0.05)
+        except BaseException:
+            etcd.stop()
+            raise
+        exited = not etcd.running()
+        etcd.stop()
+        last_error = (
+            f"etcd exited with code {proc.returncode}"
+            if exited
+            else f"etcd not healthy within {timeout}s"
+        ) + f"; log tail:\n{etcd.log_tail()}"
+        if not exited:
+            break  # a hang is not a port race; do not retry
+    raise EtcdStartError(last_error)
