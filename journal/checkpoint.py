@@ -1,0 +1,229 @@
+"""Checkpoint files: a point-in-time dump of opaque rows, written atomically.
+
+A checkpoint is `checkpoint-{rev:016x}.ckpt`, a sequence of frames (see
+record.py) whose revision tag is the checkpoint revision:
+
+    HEADER  (rtype 1)  payload = caller's meta bytes
+    ROWS    (rtype 2)  payload = rows, each as u32 length (little-endian) + bytes;
+                       rows are packed until a frame reaches frame_bytes_target
+                       (a larger row gets a frame of its own)
+    ...
+    TRAILER (rtype 3)  payload = u64 row count; always the last 28 bytes
+
+A file is written to `<name>.tmp`, fsynced, renamed into place and the
+directory fsynced; older checkpoints are deleted afterwards. A checkpoint whose
+last 28 bytes are not a valid trailer is incomplete and skipped by the loader.
+Callers must not write two checkpoints into one directory concurrently.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator
+
+from journal import failpoints
+from journal.config import CheckpointConfig
+from journal.errors import JournalCorrupt
+from journal.fsutil import ensure_dir, fsync_dir
+from journal.reader import checked_frames
+from journal.record import HEADER_BYTES, Frame, FrameError, check_fields, decode_frame, frame_header
+
+logger = logging.getLogger(__name__)
+
+RTYPE_HEADER = 1
+RTYPE_ROWS = 2
+RTYPE_TRAILER = 3
+_ROW_LEN = struct.Struct("<I")
+_COUNT = struct.Struct("<Q")
+TRAILER_BYTES = HEADER_BYTES + _COUNT.size
+_NAME = re.compile(r"^checkpoint-([0-9a-f]{16})\.ckpt$")
+_TMP_SUFFIX = ".tmp"
+
+
+def checkpoint_name(rev: int) -> str:
+    return f"checkpoint-{rev:016x}.ckpt"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint on disk; rows() streams and verifies its body."""
+
+    rev: int
+    meta: bytes
+    path: Path
+    row_count: int
+    _rows_start: int = field(repr=False, default=0)
+    _rows_end: int = field(repr=False, default=0)
+    _config: CheckpointConfig = field(repr=False, default=CheckpointConfig())
+
+    def rows(self) -> Iterator[bytes]:
+        """Every row in write order; raises JournalCorrupt if the body is damaged."""
+        cfg = self._config
+        seen = 0
+        with open(self.path, "rb") as f:
+            for frame in checked_frames(f, self.path, self._rows_start, self._rows_end,
+                                        cfg.record_bytes_max, cfg.read_chunk_bytes):
+                _expect(frame, RTYPE_ROWS, self.rev, self.path)
+                for row in _unpack_rows(frame, self.path):
+                    seen += 1
+                    yield row
+        if seen != self.row_count:
+            raise JournalCorrupt(self.path, self._rows_end,
+                                 f"trailer says {self.row_count} rows, body holds {seen}")
+
+
+# --------------------------------------------------------------------- writing
+
+def write_checkpoint(directory: Path, rev: int, meta: bytes, rows: Iterable[bytes], *,
+                     config: CheckpointConfig = CheckpointConfig()) -> Path:
+    """Atomically write checkpoint `rev` into `directory`; delete older ones. Blocking."""
+    directory = Path(directory)
+    ensure_dir(directory)
+    check_fields(RTYPE_HEADER, rev, len(meta), config.record_bytes_max)
+    final = directory / checkpoint_name(rev)
+    tmp = final.with_name(final.name + _TMP_SUFFIX)
+    try:
+        count, nbytes = _write_file(tmp, rev, meta, rows, config)
+        failpoints.hit("checkpoint.before_rename")
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    failpoints.hit("checkpoint.after_rename_before_dirsync")
+    fsync_dir(directory)
+    logger.info("checkpoint written file=%s rev=%d rows=%d bytes=%d", final, rev, count, nbytes)
+    _delete_older(directory, rev)
+    return final
+
+
+def _write_file(tmp: Path, rev: int, meta: bytes, rows: Iterable[bytes],
+                config: CheckpointConfig) -> tuple[int, int]:
+    with open(tmp, "wb") as f:
+        _write_frame(f, RTYPE_HEADER, rev, meta)
+        count = _write_rows(f, rev, rows, config)
+        _write_frame(f, RTYPE_TRAILER, rev, _COUNT.pack(count))
+        f.flush()
+        os.fsync(f.fileno())
+        return count, f.tell()
+
+
+def _write_rows(f: BinaryIO, rev: int, rows: Iterable[bytes], config: CheckpointConfig) -> int:
+    pending: list[bytes] = []
+    pending_bytes = count = 0
+    for row in rows:
+        entry_bytes = _ROW_LEN.size + len(row)
+        if entry_bytes > config.record_bytes_max:
+            raise ValueError(f"checkpoint row of {len(row)} bytes exceeds record_bytes_max")
+        if pending and pending_bytes + entry_bytes > config.frame_bytes_target:
+            _write_frame(f, RTYPE_ROWS, rev, b"".join(pending))
+            pending, pending_bytes = [], 0
+        pending += (_ROW_LEN.pack(len(row)), row)
+        pending_bytes += entry_bytes
+        count += 1
+    if pending:
+        _write_frame(f, RTYPE_ROWS, rev, b"".join(pending))
+    return count
+
+
+def _write_frame(f: BinaryIO, rtype: int, rev: int, payload: bytes) -> None:
+    f.write(frame_header(rtype, rev, payload))
+    f.write(payload)
+
+
+def _delete_older(directory: Path, rev: int) -> None:
+    for older_rev, path in _list_checkpoints(directory):
+        if older_rev < rev:
+            path.unlink(missing_ok=True)
+            logger.debug("checkpoint deleted file=%s rev=%d", path, older_rev)
+
+
+# --------------------------------------------------------------------- loading
+
+def load_latest_checkpoint(directory: Path, *,
+                           config: CheckpointConfig = CheckpointConfig()) -> Checkpoint | None:
+    """The newest complete checkpoint in `directory`, or None. Removes leftover .tmp files."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    _remove_leftovers(directory)
+    for rev, path in sorted(_list_checkpoints(directory), reverse=True):
+        try:
+            return _load(path, rev, config)
+        except JournalCorrupt as exc:
+            logger.warning("checkpoint invalid, skipping file=%s offset=%d reason=%s",
+                           path, exc.offset, exc.reason)
+    return None
+
+
+def _load(path: Path, rev: int, config: CheckpointConfig) -> Checkpoint:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < HEADER_BYTES + TRAILER_BYTES:
+            raise JournalCorrupt(path, 0, f"too short for a checkpoint ({size} bytes)")
+        rows_end = size - TRAILER_BYTES
+        count = _read_trailer(f, path, rev, rows_end)
+        header = _read_header(f, path, rev, rows_end, config)
+    return Checkpoint(rev, bytes(header.payload), path, count, header.end, rows_end, config)
+
+
+def _read_trailer(f: BinaryIO, path: Path, rev: int, offset: int) -> int:
+    f.seek(offset)
+    try:
+        frame = decode_frame(f.read(TRAILER_BYTES), 0, _COUNT.size, base=offset)
+    except FrameError as exc:
+        raise JournalCorrupt(path, offset, f"no valid trailer: {exc.reason}") from exc
+    _expect(frame, RTYPE_TRAILER, rev, path)
+    if frame.size != TRAILER_BYTES:
+        raise JournalCorrupt(path, offset,
+                             f"trailer payload is {len(frame.payload)} bytes, expected {_COUNT.size}")
+    return _COUNT.unpack(frame.payload)[0]
+
+
+def _read_header(f: BinaryIO, path: Path, rev: int, end: int, config: CheckpointConfig) -> Frame:
+    frames = checked_frames(f, path, 0, end, config.record_bytes_max, config.read_chunk_bytes)
+    header = next(frames, None)
+    if header is None:
+        raise JournalCorrupt(path, 0, "missing header frame")
+    _expect(header, RTYPE_HEADER, rev, path)
+    return header
+
+
+def _expect(frame: Frame, rtype: int, rev: int, path: Path) -> None:
+    if frame.rtype != rtype:
+        raise JournalCorrupt(path, frame.offset, f"expected record type {rtype}, found {frame.rtype}")
+    if frame.rev != rev:
+        raise JournalCorrupt(path, frame.offset, f"expected revision tag {rev}, found {frame.rev}")
+
+
+def _unpack_rows(frame: Frame, path: Path) -> Iterator[bytes]:
+    payload, pos = frame.payload, 0
+    while pos < len(payload):
+        if pos + _ROW_LEN.size > len(payload):
+            raise JournalCorrupt(path, frame.offset, "row length prefix cut short")
+        (length,) = _ROW_LEN.unpack_from(payload, pos)
+        pos += _ROW_LEN.size
+        if pos + length > len(payload):
+            raise JournalCorrupt(path, frame.offset, "row overruns its frame")
+        yield bytes(payload[pos:pos + length])
+        pos += length
+
+
+def _list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    found = []
+    for path in directory.iterdir():
+        match = _NAME.match(path.name)
+        if match is not None:
+            found.append((int(match.group(1), 16), path))
+    return found
+
+
+def _remove_leftovers(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.name.endswith(".ckpt" + _TMP_SUFFIX) and path.name.startswith("checkpoint-"):
+            path.unlink(missing_ok=True)
+            logger.info("checkpoint leftover removed file=%s", path)

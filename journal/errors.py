@@ -1,0 +1,28 @@
+"""Exceptions raised by the journal package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class JournalError(Exception):
+    """Base class for every journal error."""
+
+
+class JournalCorrupt(JournalError):
+    """Bytes on disk that recovery refuses to interpret.
+
+    Raised for damage that cannot be explained as a torn tail: a bad frame
+    in a segment that is not the last one, a bad frame followed by a valid
+    frame, revision tags going backwards, or a damaged checkpoint body.
+    """
+
+    def __init__(self, path: Path | str, offset: int, reason: str) -> None:
+        self.path = Path(path)
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"{self.path}: offset {offset}: {reason}")
+
+
+class JournalFailed(JournalError):
+    """The journal stopped accepting writes (a write or fsync failed, or it was closed)."""

@@ -1,0 +1,77 @@
+"""Named failpoints for crash tests.
+
+`hit(name)` is a no-op unless the point is armed. Points are armed from the
+SHARDETCD_FAILPOINTS environment variable when this module is imported, e.g.
+
+    SHARDETCD_FAILPOINTS="journal.after_write_before_fsync=exit,checkpoint.before_rename=raise"
+
+or programmatically with arm(name, action) / disarm(name). Actions:
+  "exit":  os._exit(70) on the spot (no cleanup, no flush);
+  "raise": raise OSError(EIO).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "SHARDETCD_FAILPOINTS"
+EXIT_CODE = 70
+ACTIONS = ("exit", "raise")
+POINTS = (
+    "journal.before_write",
+    "journal.after_write_before_fsync",
+    "journal.after_fsync_before_ack",
+    "segment.after_create_before_dirsync",
+    "checkpoint.before_rename",
+    "checkpoint.after_rename_before_dirsync",
+)
+
+_armed: dict[str, str] = {}
+
+
+def hit(name: str) -> None:
+    """Trigger the action armed at `name`, if any."""
+    if not _armed:
+        return
+    action = _armed.get(name)
+    if action is None:
+        return
+    logger.info("failpoint hit name=%s action=%s", name, action)
+    if action == "exit":
+        os._exit(EXIT_CODE)
+    raise OSError(errno.EIO, f"failpoint {name}")
+
+
+def arm(name: str, action: str) -> None:
+    if name not in POINTS:
+        raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
+    if action not in ACTIONS:
+        raise ValueError(f"unknown failpoint action {action!r}; known: {', '.join(ACTIONS)}")
+    _armed[name] = action
+
+
+def disarm(name: str | None = None) -> None:
+    """Disarm one point, or all of them when name is None."""
+    if name is None:
+        _armed.clear()
+    else:
+        _armed.pop(name, None)
+
+
+def armed() -> dict[str, str]:
+    return dict(_armed)
+
+
+def _arm_from_env(spec: str) -> None:
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, action = item.partition("=")
+        if not sep:
+            raise ValueError(f"{ENV_VAR}: expected name=action, got {item!r}")
+        arm(name.strip(), action.strip())
+
+
+_arm_from_env(os.environ.get(ENV_VAR, ""))

@@ -1,0 +1,36 @@
+"""Small durable-file helpers. Functions look up os.* at call time so tests can monkeypatch them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written (short writes are continued, errors propagate)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def fdatasync(fd: int) -> None:
+    sync = getattr(os, "fdatasync", os.fsync)
+    sync(fd)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make renames, creations and deletions inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(directory: Path) -> None:
+    """Create `directory` (and parents) if missing, making the new entry durable."""
+    if directory.is_dir():
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    fsync_dir(directory.parent)

@@ -1,0 +1,335 @@
+"""Journal: an append-only, segmented, group-committed log of opaque records.
+
+Lifecycle:
+    j = Journal.open(directory, config)   # sync: scan, repair a torn tail
+    for r in j.records(after_rev): ...    # replay what was found at open()
+    j.truncate_after(rev)                 # optional, only before start()
+    await j.start()                       # one writer task owns the file
+    seq = j.append(rtype, rev, payload)   # non-blocking, from the event loop
+    await j.sync()                        # wait for durability
+    await j.close()
+
+Sequence numbers restart at 1 with every open(): they number this process's
+appends, not records on disk. durable_seq starts at 0.
+
+The append queue is unbounded: append() never blocks. Callers that need
+backpressure should watch `queued_bytes` (or await sync()).
+
+Failure is fail-stop: when a write or fsync fails the journal never retries on
+that fd and never acknowledges anything again; on_failure is called once and
+every pending or later append()/sync() raises JournalFailed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from pathlib import Path
+from typing import Callable, Iterator
+
+import aiofiles.os
+
+from journal.config import JournalConfig
+from journal.errors import JournalFailed
+from journal.fsutil import ensure_dir, fsync_dir
+from journal.reader import checked_frames
+from journal.record import Record, check_fields
+from journal.recovery import recover, truncate_segments
+from journal.segment import SegmentInfo
+from journal.writer import PendingRecord, SegmentWriter
+
+logger = logging.getLogger(__name__)
+
+
+def _call(fn: Callable, *args: object) -> object:
+    return fn(*args)
+
+
+_in_thread = aiofiles.os.wrap(_call)
+
+
+class Journal:
+    """One journal directory. Create with Journal.open()."""
+
+    def __init__(self, directory: Path, config: JournalConfig, segments: list[SegmentInfo]) -> None:
+        self.directory = directory
+        self.config = config
+        self.durable_seq = 0
+        self.on_durable: Callable[[int], None] | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self._segments = segments
+        self._replay = list(segments)
+        self._last_rev = _last_rev(segments)
+        self._last_seq = 0
+        self._queue: deque[PendingRecord] = deque()
+        self._queued_bytes = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._writer: SegmentWriter | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._hop_in_flight = False
+        self._closing = False
+        self._failure: BaseException | None = None
+
+    # ----------------------------------------------------------------- open / replay
+
+    @classmethod
+    def open(cls, directory: Path, config: JournalConfig = JournalConfig()) -> Journal:
+        """Scan `directory` (created if missing); repair a torn tail; raise JournalCorrupt on damage."""
+        directory = Path(directory)
+        ensure_dir(directory)
+        segments = recover(directory, config)
+        journal = cls(directory, config, segments)
+        logger.debug("journal opened dir=%s segments=%d records=%d bytes=%d last_rev=%d",
+                    directory, len(segments), sum(s.count for s in segments),
+                    journal.bytes_total, journal._last_rev)
+        return journal
+
+    def records(self, after_rev: int = 0) -> Iterator[Record]:
+        """Records with rev tag > after_rev, in file order, as found at open() (after truncate_after).
+
+        Records appended after open() are not included. Records with rev tag 0
+        are only returned for after_rev=-1.
+        """
+        todo = [s for s in self._replay if not s.covered_by(after_rev)]
+        total = sum(s.size for s in todo)
+        progress = _Progress(total, self.config.replay_progress_bytes)
+        for info in todo:
+            yield from self._segment_records(info, after_rev, progress)
+        progress.finish()
+
+    def _segment_records(self, info: SegmentInfo, after_rev: int, progress: _Progress) -> Iterator[Record]:
+        cfg = self.config
+        with open(info.path, "rb") as f:
+            frames = checked_frames(f, info.path, 0, info.size, cfg.record_bytes_max, cfg.read_chunk_bytes)
+            for frame in frames:
+                progress.add(frame.size)
+                if frame.rev > after_rev:
+                    yield Record(frame.rtype, frame.rev, bytes(frame.payload), info.path, frame.offset)
+
+    def truncate_after(self, rev: int) -> int:
+        """Before start(): physically remove every record with rev tag > rev; return how many."""
+        if self._task is not None or self._closing:
+            raise RuntimeError("truncate_after() is only allowed before start()")
+        self._segments, removed = truncate_segments(self._segments, rev, self.config)
+        self._replay = list(self._segments)
+        self._last_rev = _last_rev(self._segments)
+        return removed
+
+    # ----------------------------------------------------------------- introspection
+
+    @property
+    def segments(self) -> list[Path]:
+        return [s.path for s in self._segments]
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def last_rev(self) -> int:
+        """Revision tag of the last record appended or found on disk (0 if none)."""
+        return self._last_rev
+
+    @property
+    def queued_bytes(self) -> int:
+        """Payload bytes appended but not yet handed to the writer thread."""
+        return self._queued_bytes
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
+
+    # ----------------------------------------------------------------- writing
+
+    async def start(self) -> None:
+        """Start the writer task; it owns the segment file from now on."""
+        if self._task is not None or self._closing:
+            raise RuntimeError("journal already started or closed")
+        tail = self._segments[-1] if self._segments else None
+        writer = SegmentWriter(self.directory, self.config, tail)
+        await _in_thread(writer.open_tail)
+        self._writer = writer
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name=f"journal-writer:{self.directory}")
+        self._task.add_done_callback(self._writer_done)
+
+    def append(self, rtype: int, rev: int, payload: bytes) -> int:
+        """Queue one record; return its sequence number. Never blocks."""
+        self._check_writable()
+        if self._task is None:
+            raise RuntimeError("append() before start()")
+        check_fields(rtype, rev, len(payload), self.config.record_bytes_max)
+        if rev < self._last_rev:
+            raise ValueError(f"revision tag {rev} is below the last appended tag {self._last_rev}")
+        if not isinstance(payload, bytes):
+            payload = bytes(payload)
+        self._last_seq += 1
+        self._last_rev = rev
+        self._queue.append(PendingRecord(self._last_seq, rtype, rev, payload))
+        self._queued_bytes += len(payload)
+        self._wakeup.set()
+        return self._last_seq
+
+    async def sync(self) -> None:
+        """Wait until everything appended so far is durable; raise JournalFailed if it never will be."""
+        self._check_not_failed()
+        target = self._last_seq
+        if self.durable_seq >= target:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append((target, future))
+        await future
+
+    async def close(self) -> None:
+        """Write out everything queued, stop the writer task and close the file."""
+        self._closing = True
+        if self._task is not None:
+            self._wakeup.set()
+            await asyncio.wait([self._task])
+
+    def release_through(self, rev: int) -> int:
+        """Delete whole segments whose records all have rev tag <= rev (never the newest one)."""
+        doomed: list[SegmentInfo] = []
+        for info in self._segments[:-1]:
+            if not info.covered_by(rev):
+                break
+            doomed.append(info)
+        if not doomed:
+            return 0
+        for info in doomed:
+            info.path.unlink()
+        fsync_dir(self.directory)
+        gone = {info.path for info in doomed}
+        self._segments = self._segments[len(doomed):]
+        self._replay = [s for s in self._replay if s.path not in gone]
+        logger.info("journal segments released through_rev=%d count=%d first=%s last=%s",
+                    rev, len(doomed), doomed[0].path.name, doomed[-1].path.name)
+        return len(doomed)
+
+    # ----------------------------------------------------------------- writer task
+
+    async def _run(self) -> None:
+        try:
+            while (batch := await self._next_batch()) is not None:
+                self._hop_in_flight = True
+                touched = await _in_thread(self._writer.write_batch, batch)
+                self._hop_in_flight = False
+                self._acknowledge(batch[-1].seq, touched)
+        except asyncio.CancelledError:
+            self._fail(JournalFailed("journal writer task cancelled"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - every write error is fatal by design
+            self._hop_in_flight = False
+            self._fail(exc)
+
+    def _writer_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            self._fail(JournalFailed("journal writer task cancelled"))
+        if not self._hop_in_flight:  # a thread still using the fd keeps it; it is leaked, not reused
+            self._writer.close()
+
+    async def _next_batch(self) -> list[PendingRecord] | None:
+        while not self._queue:
+            if self._closing or self._failure is not None:
+                return None
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        if self._should_linger():
+            await asyncio.sleep(self.config.batch_linger_s)
+        return self._take_batch()
+
+    def _should_linger(self) -> bool:
+        return (self.config.fsync == "batch" and not self._closing
+                and self._queued_bytes < self.config.batch_bytes_max)
+
+    def _take_batch(self) -> list[PendingRecord]:
+        batch = [self._queue.popleft()]
+        size = batch[0].frame_bytes
+        while self._queue and size + self._queue[0].frame_bytes <= self.config.batch_bytes_max:
+            record = self._queue.popleft()
+            batch.append(record)
+            size += record.frame_bytes
+        self._queued_bytes -= sum(len(r.payload) for r in batch)
+        return batch
+
+    def _acknowledge(self, seq: int, touched: list[SegmentInfo]) -> None:
+        for info in touched:
+            if self._segments and self._segments[-1].path == info.path:
+                self._segments[-1] = info
+            else:
+                self._segments.append(info)
+        self.durable_seq = seq
+        while self._waiters and self._waiters[0][0] <= seq:
+            _, future = self._waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+        self._notify(self.on_durable, seq)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is not None:
+            return
+        self._failure = exc
+        dropped = len(self._queue)
+        self._queue.clear()
+        self._queued_bytes = 0
+        logger.error("journal failed dir=%s durable_seq=%d dropped_records=%d error=%r",
+                     self.directory, self.durable_seq, dropped, exc)
+        while self._waiters:
+            _, future = self._waiters.popleft()
+            if not future.done():
+                future.set_exception(self._failed_error())
+        self._notify(self.on_failure, exc)
+
+    def _notify(self, callback: Callable | None, arg: object) -> None:
+        if callback is None:
+            return
+        try:
+            callback(arg)
+        except Exception:  # noqa: BLE001 - a caller's bug must not kill the writer
+            logger.exception("journal callback raised dir=%s callback=%r", self.directory, callback)
+
+    # ----------------------------------------------------------------- state checks
+
+    def _check_not_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failed_error()
+
+    def _check_writable(self) -> None:
+        self._check_not_failed()
+        if self._closing:
+            raise JournalFailed(f"journal is closed: {self.directory}")
+
+    def _failed_error(self) -> JournalFailed:
+        error = JournalFailed(f"journal failed: {self.directory}: {self._failure!r}")
+        error.__cause__ = self._failure
+        return error
+
+
+class _Progress:
+    """Info-level replay progress: every `step_bytes` and once at the end."""
+
+    def __init__(self, total_bytes: int, step_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        self.step_bytes = step_bytes
+        self.read_bytes = 0
+        self._next_log = step_bytes
+
+    def add(self, nbytes: int) -> None:
+        self.read_bytes += nbytes
+        if self.read_bytes >= self._next_log:
+            self._log()
+            self._next_log = (self.read_bytes // self.step_bytes + 1) * self.step_bytes
+
+    def finish(self) -> None:
+        if self.total_bytes >= self.step_bytes:  # small journals replay silently
+            self._log()
+
+    def _log(self) -> None:
+        logger.info("journal replay progress read_bytes=%d total_bytes=%d", self.read_bytes, self.total_bytes)
+
+
+def _last_rev(segments: list[SegmentInfo]) -> int:
+    revs = [s.last_rev for s in segments if s.last_rev is not None]
+    return revs[-1] if revs else 0

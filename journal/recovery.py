@@ -1,0 +1,150 @@
+"""Open-time scan of a journal directory: validate every frame, cut a torn tail.
+
+Rules:
+  * Segments must have contiguous sequence numbers.
+  * Revision tags must never decrease, within or across segments.
+  * A bad frame in the last segment with no valid frame anywhere after it is
+    a torn tail (an interrupted write): the tail is copied to
+    `<segment>.broken-<offset>` and the segment is truncated at the bad frame.
+    A zero-filled tail has no magic and therefore counts as torn.
+  * Any other bad frame raises JournalCorrupt.
+  * Unless the fsync policy is "off", every segment found is fdatasynced, so
+    whatever is replayed is durable even if its writer died before fsyncing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from journal.config import JournalConfig
+from journal.errors import JournalCorrupt
+from journal.fsutil import fdatasync, fsync_dir
+from journal.reader import checked_frames, find_valid_frame, iter_frames
+from journal.record import FrameError
+from journal.segment import SegmentInfo, list_segments
+
+logger = logging.getLogger(__name__)
+
+
+def recover(directory: Path, config: JournalConfig) -> list[SegmentInfo]:
+    """Scan every segment in `directory`, repairing a torn tail; return their summaries."""
+    listed = list_segments(directory)
+    _check_contiguous(listed)
+    infos: list[SegmentInfo] = []
+    prev_rev = 0
+    for index, (seq, path) in enumerate(listed):
+        is_last = index == len(listed) - 1
+        info = _recover_segment(path, seq, prev_rev, is_last, config)
+        infos.append(info)
+        prev_rev = info.last_rev if info.last_rev is not None else prev_rev
+    if config.sync_writes and infos:
+        _make_durable(infos, directory)
+    return infos
+
+
+def _make_durable(infos: list[SegmentInfo], directory: Path) -> None:
+    """fdatasync what recovery found: a previous process may have died before its fsync,
+    and records about to be replayed must not vanish in a later OS crash."""
+    for info in infos:
+        fd = os.open(info.path, os.O_RDONLY)
+        try:
+            fdatasync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(directory)
+
+
+def _check_contiguous(listed: list[tuple[int, Path]]) -> None:
+    for (prev_seq, _), (seq, path) in zip(listed, listed[1:]):
+        if seq != prev_seq + 1:
+            raise JournalCorrupt(path, 0, f"segment sequence gap: expected seq {prev_seq + 1}, found {seq}")
+
+
+def _recover_segment(path: Path, seq: int, prev_rev: int, is_last: bool,
+                     config: JournalConfig) -> SegmentInfo:
+    with open(path, "rb") as f:
+        file_bytes = os.fstat(f.fileno()).st_size
+        info, bad = scan_segment(f, path, seq, file_bytes, prev_rev, config)
+        if bad is None:
+            return info
+        if not is_last:
+            raise JournalCorrupt(path, bad.offset, f"{bad.reason} (not in the last segment)")
+        later = find_valid_frame(f, bad.offset, file_bytes, config.record_bytes_max)
+        if later is not None:
+            raise JournalCorrupt(path, bad.offset, f"{bad.reason}; valid frame follows at offset {later}")
+        cut_torn_tail(f, path, bad.offset, file_bytes, bad.reason)
+    return info
+
+
+def scan_segment(f, path: Path, seq: int, end: int, prev_rev: int,
+                 config: JournalConfig) -> tuple[SegmentInfo, FrameError | None]:
+    """Summarise the valid prefix of a segment; also return the first bad frame, if any."""
+    info = SegmentInfo(path=path, seq=seq)
+    try:
+        for frame in iter_frames(f, 0, end, config.record_bytes_max, config.read_chunk_bytes):
+            if frame.rev < prev_rev:
+                raise JournalCorrupt(path, frame.offset,
+                                     f"revision tag goes backwards: {frame.rev} after {prev_rev}")
+            info = info.with_record(frame.rev, frame.size)
+            prev_rev = frame.rev
+    except FrameError as exc:
+        return info, exc
+    return info, None
+
+
+def cut_torn_tail(f, path: Path, offset: int, file_bytes: int, reason: str) -> None:
+    """Keep a copy of path[offset:] as <path>.broken-<offset>, then truncate path at offset."""
+    broken = path.with_name(f"{path.name}.broken-{offset}")
+    f.seek(offset)
+    with open(broken, "wb") as out:
+        shutil.copyfileobj(f, out)
+        out.flush()
+        os.fsync(out.fileno())
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, offset)
+        fdatasync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(path.parent)
+    logger.warning("journal torn tail truncated file=%s offset=%d bytes_cut=%d reason=%s copy=%s",
+                   path, offset, file_bytes - offset, reason, broken.name)
+
+
+def truncate_segments(segments: list[SegmentInfo], rev: int,
+                      config: JournalConfig) -> tuple[list[SegmentInfo], int]:
+    """Physically drop every record with rev tag > rev; return (remaining segments, records removed)."""
+    for index, info in enumerate(segments):
+        if not info.covered_by(rev):
+            break
+    else:
+        return segments, 0
+    kept, removed_here = _truncate_segment(info, rev, config)
+    later = segments[index + 1:]
+    for doomed in later:
+        doomed.path.unlink()
+    fsync_dir(info.path.parent)
+    removed = removed_here + sum(doomed.count for doomed in later)
+    logger.info("journal truncated after_rev=%d file=%s offset=%d records_removed=%d segments_removed=%d",
+                rev, info.path, kept.size, removed, len(later))
+    return segments[:index] + [kept], removed
+
+
+def _truncate_segment(info: SegmentInfo, rev: int, config: JournalConfig) -> tuple[SegmentInfo, int]:
+    kept = SegmentInfo(path=info.path, seq=info.seq)
+    with open(info.path, "rb") as f:
+        for frame in checked_frames(f, info.path, 0, info.size, config.record_bytes_max,
+                                    config.read_chunk_bytes):
+            if frame.rev > rev:
+                break
+            kept = kept.with_record(frame.rev, frame.size)
+    fd = os.open(info.path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, kept.size)
+        fdatasync(fd)
+    finally:
+        os.close(fd)
+    return kept, info.count - kept.count

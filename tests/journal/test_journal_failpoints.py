@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from journal import failpoints
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_arm_validates_names_and_actions():
+    with pytest.raises(ValueError):
+        failpoints.arm("journal.no_such_point", "raise")
+    with pytest.raises(ValueError):
+        failpoints.arm("journal.before_write", "explode")
+
+
+def test_hit_is_a_no_op_unless_armed():
+    failpoints.hit("journal.before_write")
+    failpoints.arm("journal.before_write", "raise")
+    with pytest.raises(OSError):
+        failpoints.hit("journal.before_write")
+    failpoints.hit("checkpoint.before_rename")
+    failpoints.disarm("journal.before_write")
+    failpoints.hit("journal.before_write")
+    assert failpoints.armed() == {}
+
+
+def test_env_var_exit_kills_the_process_mid_write(tmp_path, reopen_records):
+    script = textwrap.dedent(f"""
+        import asyncio
+        from journal import Journal
+
+        async def main():
+            journal = Journal.open({str(tmp_path)!r})
+            await journal.start()
+            journal.append(1, 1, b"written but never fsynced")
+            await journal.sync()
+            print("acknowledged")
+
+        asyncio.run(main())
+    """)
+    env = dict(os.environ, SHARDETCD_FAILPOINTS="journal.after_write_before_fsync=exit")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=60)
+    assert done.returncode == failpoints.EXIT_CODE, done.stderr
+    assert b"acknowledged" not in done.stdout
+    # The write reached the page cache, so the record survives a process crash.
+    assert reopen_records(tmp_path) == [(1, 1, b"written but never fsynced")]
+
+
+def test_malformed_env_spec_is_rejected():
+    with pytest.raises(ValueError):
+        failpoints._arm_from_env("journal.before_write")
+    failpoints._arm_from_env(" journal.before_write = raise , ")
+    assert failpoints.armed() == {"journal.before_write": "raise"}

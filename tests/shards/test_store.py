@@ -1,0 +1,235 @@
+"""The store end to end in-process: one revision space over shards, restart, watermark."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from proto.kv_pb2 import KeyValue
+from shards.errors import CompactedError, FutureRevisionError, LeaseNotFoundError
+from shards.types import (
+    CMP_MOD,
+    RESULT_EQUAL,
+    Compare,
+    DeleteReq,
+    PutReq,
+    RangeReq,
+    TxnReq,
+)
+
+from tests.shards.store_helpers import open_store
+
+POD, LEASE, EVENT, OTHER = b"/registry/pods/ns/p", b"/registry/leases/ns/l", b"/registry/events/ns/e", b"other"
+
+
+def kvs(result):
+    return [KeyValue.FromString(r) for r in result.kvs]
+
+
+def snapshot(store, rev=0):
+    """Every key-value visible at rev, as comparable tuples."""
+    r = store.range(RangeReq(b"\x00", b"\x00", revision=rev))
+    return [(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease) for kv in kvs(r)]
+
+
+def test_revisions_are_global_across_shards(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path)
+        revs = [(await store.put(PutReq(k, b"v"))).revision for k in (POD, LEASE, EVENT, OTHER)]
+        assert revs == [2, 3, 4, 5]
+        r = store.range(RangeReq(b"/registry/", b"/registry0"))
+        assert [kv.key for kv in kvs(r)] == [EVENT, LEASE, POD] and r.count == 3 and r.revision == 5
+        await store.close()
+
+    run(go())
+
+
+def test_cross_shard_txn_is_one_revision(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path)
+        await store.put(PutReq(POD, b"a"))
+        txn = TxnReq(
+            compare=(Compare(CMP_MOD, RESULT_EQUAL, POD, number=2),),
+            success=(PutReq(LEASE, b"x"), PutReq(EVENT, b"y"), DeleteReq(POD)),
+        )
+        r = await store.txn(txn)
+        assert r.succeeded and r.revision == 3
+        assert [(k, m) for k, _, _, m, _, _ in snapshot(store)] == [(EVENT, 3), (LEASE, 3)]
+        assert snapshot(store, 2) == [(POD, b"a", 2, 2, 1, 0)]
+        await store.close()
+
+    run(go())
+
+
+def test_restart_restores_everything(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path)
+        for i in range(50):
+            await store.put(PutReq(b"/registry/pods/ns/p%d" % (i % 7), b"v%d" % i))
+            await store.put(PutReq(b"/registry/leases/ns/l%d" % (i % 5), b"w%d" % i))
+        await store.delete_range(DeleteReq(b"/registry/pods/ns/p3"))
+        await store.compact(40)
+        before, rev, history = snapshot(store), store.committed, snapshot(store, 45)
+        await store.close()
+
+        store = await open_store(tmp_path)
+        assert store.committed == rev and store.compact_rev == 40
+        assert snapshot(store) == before
+        assert snapshot(store, 45) == history
+        with pytest.raises(CompactedError):
+            store.range(RangeReq(OTHER, revision=39))
+        assert (await store.put(PutReq(OTHER))).revision == rev + 1
+        await store.close()
+
+    run(go())
+
+
+def test_checkpoints_bound_the_journal_and_restore(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path, checkpoint_journal_bytes=8 * 1024)
+        for i in range(400):
+            await store.put(PutReq(b"/registry/pods/ns/p%d" % (i % 20), b"x" * 100))
+        await store.compact(300)
+        for i in range(50):
+            await store.put(PutReq(b"/registry/pods/ns/q%d" % i, b"y"))
+        await asyncio.sleep(0.2)
+        pods = store.shards[store.router.shard_for_key(POD)]
+        assert pods.checkpoint_rev > 0
+        assert list(pods.dir.glob("checkpoint-*.ckpt"))
+        before, rev = snapshot(store), store.committed
+        await store.close()
+
+        store = await open_store(tmp_path, checkpoint_journal_bytes=8 * 1024)
+        assert store.committed == rev and snapshot(store) == before
+        assert store.compact_rev == 300
+        await store.close()
+
+    run(go())
+
+
+def test_errors(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path)
+        await store.put(PutReq(OTHER))
+        with pytest.raises(FutureRevisionError):
+            store.range(RangeReq(OTHER, revision=3))
+        with pytest.raises(LeaseNotFoundError):
+            await store.put(PutReq(OTHER, lease=5))
+        await store.compact(2)
+        with pytest.raises(CompactedError):
+            await store.compact(2)
+        with pytest.raises(FutureRevisionError):
+            await store.compact(9)
+        assert store.committed == 2
+        await store.close()
+
+    run(go())
+
+
+def block_writer(shard):
+    """Hold a shard's journal writer before its next batch is written."""
+    gate = threading.Event()
+    writer = shard.journal._writer
+    original = writer.write_batch
+
+    def gated(batch):
+        gate.wait(10)
+        return original(batch)
+
+    writer.write_batch = gated
+    return gate
+
+
+def test_a_revision_is_visible_only_when_every_lower_one_is_durable(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path)
+        pods = store.shards[store.router.shard_for_key(POD)]
+        gate = block_writer(pods)
+        slow = asyncio.ensure_future(store.put(PutReq(POD, b"slow")))  # rev 2, pods shard blocked
+        await asyncio.sleep(0)
+        fast = asyncio.ensure_future(store.put(PutReq(LEASE, b"fast")))  # rev 3, leases shard
+        await asyncio.sleep(0.2)
+        assert not fast.done() and not slow.done(), "rev 3 acknowledged before rev 2 was durable"
+        assert store.committed == 1 and snapshot(store) == []
+        gate.set()
+        assert (await fast).revision == 3 and (await slow).revision == 2
+        assert store.committed == 3 and len(snapshot(store)) == 2
+        await store.close()
+
+    run(go())
+
+
+def test_txn_compares_see_pending_writes(tmp_path, run):
+    """Two concurrent create-if-absent txns on one key: exactly one succeeds."""
+
+    async def go():
+        store = await open_store(tmp_path)
+        pods = store.shards[store.router.shard_for_key(POD)]
+        gate = block_writer(pods)
+        create = TxnReq(compare=(Compare(CMP_MOD, RESULT_EQUAL, POD, number=0),), success=(PutReq(POD, b"x"),))
+        a = asyncio.ensure_future(store.txn(create))
+        b = asyncio.ensure_future(store.txn(create))
+        await asyncio.sleep(0.05)
+        gate.set()
+        results = [await a, await b]
+        assert sorted(r.succeeded for r in results) == [False, True]
+        await store.close()
+
+    run(go())
+
+
+def test_cross_shard_txn_torn_by_a_crash_is_discarded_whole(tmp_path, run):
+    """A txn whose record reached one shard's journal but not the other's was
+    never acknowledged: recovery drops it from both (DESIGN.md invariant 6)."""
+
+    async def write():
+        store = await open_store(tmp_path)
+        await store.put(PutReq(POD, b"before"))
+        r = await store.txn(TxnReq(success=(PutReq(POD, b"torn"), PutReq(LEASE, b"torn"))))
+        assert r.revision == 3
+        leases = store.shards[store.router.shard_for_key(LEASE)]
+        await store.close()
+        return leases.journal.segments[-1]
+
+    segment = run(write())
+    # Cut the leases shard's part of revision 3, as if the crash hit before its write.
+    from journal import Journal
+
+    records = list(Journal.open(segment.parent).records())
+    assert records[-1].rev == 3
+    with open(segment, "r+b") as f:
+        f.truncate(records[-1].offset)
+
+    async def check():
+        store = await open_store(tmp_path)
+        assert store.committed == 2
+        assert snapshot(store) == [(POD, b"before", 2, 2, 1, 0)]
+        pods = store.shards[store.router.shard_for_key(POD)]
+        assert [r.rev for r in pods.journal.records()] == [2], "the pods part of rev 3 must be cut from its journal"
+        assert (await store.put(PutReq(OTHER))).revision == 3
+        await store.close()
+        store = await open_store(tmp_path)
+        assert store.committed == 3 and [k for k, *_ in snapshot(store)] == [POD, OTHER]
+        await store.close()
+
+    run(check())
+
+
+def test_recovered_revision_prefix_rules():
+    from shards.recovery import recovered_revision
+    from shards.shard import Recovered
+
+    def shard(ckpt, *writes):
+        return Recovered(ckpt, -1, [(r, p, []) for r, p in writes], [])
+
+    # rev 2 on shard 0, rev 3 on shards 0+1 (both parts), rev 4 on shard 1 only
+    assert recovered_revision([shard(0, (2, (0,)), (3, (0, 1))), shard(0, (3, (0, 1)), (4, (1,)))]) == 4
+    # rev 3's part on shard 1 missing: stop at 2 even though rev 4 is whole
+    assert recovered_revision([shard(0, (2, (0,)), (3, (0, 1))), shard(0, (4, (1,)))]) == 2
+    # shard 1 checkpointed through 3: its part of rev 3 is in the checkpoint
+    assert recovered_revision([shard(0, (2, (0,)), (3, (0, 1))), shard(3, (4, (1,)))]) == 4
+    # a gap: rev 3 exists nowhere
+    assert recovered_revision([shard(0, (2, (0,)), (4, (0,)))]) == 2
+    # everything below the newest checkpoint counts as present
+    assert recovered_revision([shard(9), shard(0, (10, (1,)))]) == 10
