@@ -1,0 +1,141 @@
+"""The shardetcd command: defaults, clean stops, one-line start-up failures."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.etcd_fixture import free_port
+from tests.shardetcd_fixture import start_shardetcd
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "shim", *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_help_explains_every_flag():
+    out = run_cli("--help").stdout
+    for flag in (
+        "--listen-client-urls", "--advertise-client-urls", "--data-dir", "--name", "--max-request-bytes",
+        "--max-txn-ops", "--quota-backend-bytes", "--log-level", "--shard-layout", "--journal-fsync",
+    ):
+        assert flag in out, flag
+
+
+def start_raw(tmp_path: Path, *args: str, cwd: Path | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "shim", "--state-dir", str(tmp_path / "state"), *args],
+        cwd=cwd or tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_serves_defaults_and_stops_cleanly(tmp_path, sig):
+    """No data dir flag: ./default.shardetcd; prints where it listens; exits 0 on a signal."""
+    port = free_port()
+    proc = start_raw(tmp_path, "--listen-client-urls", f"http://127.0.0.1:{port}")
+    try:
+        line = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}" in line and str(tmp_path / "default.shardetcd") in line
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            assert pbg.KVStub(ch).Put(pb.PutRequest(key=b"k", value=b"v"), timeout=5).header.revision == 2
+        proc.send_signal(sig)
+        assert proc.wait(15) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (tmp_path / "default.shardetcd" / "meta.json").exists()
+
+
+def test_port_in_use(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_cli("--data-dir", str(tmp_path / "d"), "--state-dir", str(tmp_path / "s"),
+                    "--listen-client-urls", f"http://127.0.0.1:{port}")
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1] == f"shardetcd: cannot listen on http://127.0.0.1:{port}: address in use or not available"
+
+
+def test_data_dir_not_writable(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    if os.access(ro, os.W_OK):  # root ignores modes: use a path under a file instead
+        target = tmp_path / "file"
+        target.write_text("")
+        data_dir = target / "d"
+    else:
+        data_dir = ro / "d"
+    r = run_cli("--data-dir", str(data_dir), "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+    assert r.returncode != 0
+    assert "is not writable" in r.stderr.strip().splitlines()[-1]
+
+
+def test_incompatible_data_dir(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "LOCK").write_text("")
+    (d / "meta.json").write_text(json.dumps({"format": 99}))
+    r = run_cli("--data-dir", str(d), "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+    assert r.returncode != 0
+    assert "written by an incompatible version" in r.stderr.strip().splitlines()[-1]
+
+
+def test_bad_layout_file(tmp_path):
+    layout = tmp_path / "layout.toml"
+    layout.write_text("[[shard]\nname = ")
+    r = run_cli("--data-dir", str(tmp_path / "d"), "--shard-layout", str(layout),
+                "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1].startswith(f"shardetcd: shard layout {layout} does not parse")
+
+
+def test_changed_layout_is_refused(tmp_path):
+    server = start_shardetcd(tmp_path)
+    server.stop()
+    layout = tmp_path / "layout.toml"
+    layout.write_text('[[shard]]\nname = "pods"\nresources = ["pods"]\n')
+    r = run_cli("--data-dir", str(server.data_dir), "--state-dir", str(tmp_path / "s2"),
+                "--shard-layout", str(layout), "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+    assert r.returncode != 0 and "moving keys between shards is not supported" in r.stderr
+
+
+def test_data_dir_in_use(shardetcd, tmp_path):
+    r = run_cli("--data-dir", str(shardetcd.data_dir), "--state-dir", str(tmp_path / "s2"),
+                "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+    assert r.returncode != 0 and "in use by another shardetcd process" in r.stderr
+
+
+def test_client_keepalive_pings_every_5s_are_accepted(shardetcd):
+    """etcd lets clients ping every 5 s; kube-apiserver pings every 30 s."""
+    options = [
+        ("grpc.keepalive_time_ms", 5000),
+        ("grpc.keepalive_timeout_ms", 2000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+    with grpc.insecure_channel(shardetcd.endpoint, options=options) as ch:
+        kv = pbg.KVStub(ch)
+        kv.Put(pb.PutRequest(key=b"ka", value=b"1"), timeout=5)
+        state = []
+        ch.subscribe(state.append, try_to_connect=False)
+        time.sleep(16)  # three pings
+        kv.Range(pb.RangeRequest(key=b"ka"), timeout=5)
+        seen = list(state)
+        assert seen == [grpc.ChannelConnectivity.READY], f"the connection was dropped: {seen}"
