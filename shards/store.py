@@ -24,8 +24,10 @@ from .datadir import DataDir
 from .errors import CompactedError, FutureRevisionError, StoreFailedError
 from .layout import Layout, Router
 from .read import range_at
+from .record import Change
 from .shard import Shard
 from .types import DeleteReq, DeleteResult, PutReq, PutResult, RangeReq, RangeResult, TxnReq, TxnResult
+from .watch import WatchHub
 from .write import WriteTxn
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,8 @@ class Store:
         self._waiters: list[tuple[int, int, asyncio.Future]] = []
         self._waiter_seq = 0
         self._compaction: asyncio.Task | None = None
+        self._changes: dict[int, dict[int, list[Change]]] = {}  # pending revision -> shard parts
+        self.hub = WatchHub(self)
 
     # -- lifecycle ------------------------------------------------------
 
@@ -82,6 +86,7 @@ class Store:
         return store
 
     async def close(self) -> None:
+        self.hub.close()
         if self._compaction is not None:
             self._compaction.cancel()
             await asyncio.gather(self._compaction, return_exceptions=True)
@@ -157,6 +162,7 @@ class Store:
             for sid in participants:
                 self.shards[sid].append_write(rev, participants, w.parts[sid])
             self._pending[rev] = len(participants)
+            self._changes[rev] = w.parts
         await self.wait_committed(self.rev if not w.sub else w.rev)
 
     # -- commit tracking ------------------------------------------------
@@ -183,7 +189,13 @@ class Store:
             del pending[c]
         if c == self.committed:
             return
+        first = self.committed + 1
         self.committed = c
+        if self.hub.active:
+            self.hub.notify(self._committed_changes(first, c), c)
+        else:
+            for rev in range(first, c + 1):
+                del self._changes[rev]
         waiters = self._waiters
         while waiters and waiters[0][0] <= c:
             fut = heapq.heappop(waiters)[2]
@@ -191,6 +203,20 @@ class Store:
                 fut.set_result(None)
         if shard.wants_checkpoint(self.config.checkpoint_journal_bytes):
             shard.start_checkpoint(c, self.compact_rev)
+
+    def _committed_changes(self, first: int, last: int) -> list[tuple[int, int, Change]]:
+        """(rev, shard id, change) of revisions first..last in (rev, sub) order; forgets them."""
+        out: list[tuple[int, int, Change]] = []
+        pop = self._changes.pop
+        for rev in range(first, last + 1):
+            parts = pop(rev)
+            if len(parts) == 1:
+                ((sid, changes),) = parts.items()
+                out.extend((rev, sid, ch) for ch in changes)
+            else:
+                merged = sorted(((ch.sub, sid, ch) for sid, changes in parts.items() for ch in changes), key=lambda t: t[0])
+                out.extend((rev, sid, ch) for _, sid, ch in merged)
+        return out
 
     def _fail(self, exc: BaseException) -> None:
         if self.failure is not None:

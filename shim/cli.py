@@ -25,6 +25,22 @@ def _urls(text: str) -> tuple[str, ...]:
     return urls
 
 
+_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(text: str) -> float:
+    """A Go-style duration with one unit: 100ms, 5s, 10m, 1h."""
+    for unit in ("ms", "s", "m", "h"):
+        if text.endswith(unit):
+            try:
+                value = float(text[: -len(unit)]) * _UNITS_S[unit]
+            except ValueError:
+                break
+            if value > 0:
+                return value
+    raise argparse.ArgumentTypeError(f"invalid duration {text!r}: want e.g. 10m, 5s or 100ms")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardetcd", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = ServerConfig()
@@ -35,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes, help="largest write request accepted, in bytes (default: %(default)s = 1.5 MiB)")
     p.add_argument("--max-txn-ops", type=int, default=d.max_txn_ops, help="most operations in one txn (default: %(default)s)")
     p.add_argument("--quota-backend-bytes", type=int, default=d.quota_backend_bytes, help="state size that raises the NOSPACE alarm; 0 = etcd's default of 2 GiB (default: %(default)s)")
+    p.add_argument("--experimental-watch-progress-notify-interval", type=_duration, default="10m",
+                   help="how often idle watchers that asked for progress notifications get one, e.g. 10m, 5s, 100ms (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"], help="log verbosity; logs go to stderr (default: %(default)s)")
     p.add_argument("--shard-layout", type=Path, default=None, help="TOML file naming which Kubernetes resources each shard owns (default: built-in leases/events/pods/nodes/default)")
     p.add_argument("--journal-fsync", choices=["always", "batch", "off"], default=d.journal_fsync,
@@ -60,6 +78,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         journal_fsync=args.journal_fsync,
         journal_segment_bytes=args.journal_segment_bytes,
         checkpoint_journal_bytes=args.checkpoint_journal_bytes,
+        watch_progress_notify_interval_s=args.experimental_watch_progress_notify_interval,
     )
 
 

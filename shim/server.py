@@ -18,6 +18,7 @@ from .config import ServerConfig
 from .context import Member
 from .kv import KVService
 from .maintenance import ClusterService, MaintenanceService
+from .watch import WatchService
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class Running:
     store: Store
     ports: list[int]
     failed: asyncio.Event
+    progress: asyncio.Task | None = None
 
 
 def parse_listen_url(url: str) -> str:
@@ -77,7 +79,7 @@ async def start(config: ServerConfig) -> Running:
     store.on_failure = lambda exc: failed.set()
     member = Member(store, config)
     server = grpc.aio.server(options=grpc_options(config))
-    server.add_generic_rpc_handlers([KVService(member).handler()])
+    server.add_generic_rpc_handlers([KVService(member).handler(), WatchService(member).handler()])
     pbg.add_MaintenanceServicer_to_server(MaintenanceService(member), server)
     pbg.add_ClusterServicer_to_server(ClusterService(member), server)
     ports = []
@@ -91,10 +93,21 @@ async def start(config: ServerConfig) -> Running:
     except BaseException:
         await store.close()
         raise
-    return Running(server, store, ports, failed)
+    progress = asyncio.get_running_loop().create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
+    return Running(server, store, ports, failed, progress)
+
+
+async def _progress_ticks(store: Store, interval_s: float) -> None:
+    """Progress notifications to idle watchers that asked for them (etcd's ticker)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        store.hub.progress_tick()
 
 
 async def stop(running: Running, grace_s: float = 1.0) -> None:
+    if running.progress is not None:
+        running.progress.cancel()
+    running.store.hub.close()
     await running.server.stop(grace_s)
     await running.store.close()
 

@@ -75,3 +75,61 @@ def delete_response(header: bytes, deleted: int, prev_kvs: list[bytes]) -> bytes
         parts.append(varint(len(kv)))
         parts.append(kv)
     return b"".join(parts)
+
+
+def _len_field(tag: bytes, data: bytes) -> bytes:
+    return tag + varint(len(data)) + data
+
+
+def encode_event(kind: int, kv: bytes, prev_kv: bytes | None) -> bytes:
+    """mvccpb.Event: type=1 (omitted for PUT) kv=2 prev_kv=3."""
+    out = (b"\x08\x01" if kind else b"") + _len_field(b"\x12", kv)
+    return out + _len_field(b"\x1a", prev_kv) if prev_kv is not None else out
+
+
+def watch_response(
+    header: bytes,
+    watch_id: int,
+    events: list[bytes] = (),
+    *,
+    created: bool = False,
+    canceled: bool = False,
+    compact_revision: int = 0,
+    cancel_reason: str = "",
+    fragment: bool = False,
+) -> bytes:
+    """WatchResponse: header=1 watch_id=2 created=3 canceled=4 compact_revision=5
+    cancel_reason=6 fragment=7 events=11; events are encoded Event bytes."""
+    parts = [header]
+    if watch_id:
+        parts.append(b"\x10" + varint(watch_id))
+    if created:
+        parts.append(b"\x18\x01")
+    if canceled:
+        parts.append(b"\x20\x01")
+    if compact_revision:
+        parts.append(b"\x28" + varint(compact_revision))
+    if cancel_reason:
+        parts.append(_len_field(b"\x32", cancel_reason.encode()))
+    if fragment:
+        parts.append(b"\x38\x01")
+    for ev in events:
+        parts.append(_len_field(b"\x5a", ev))
+    return b"".join(parts)
+
+
+def fragments(events: list[bytes], base_bytes: int, max_bytes: int) -> list[list[bytes]]:
+    """Split events as etcd does: a fragment grows until adding an event would
+    reach max_bytes (each fragment keeps at least one event)."""
+    out: list[list[bytes]] = []
+    cur: list[bytes] = []
+    size = base_bytes
+    for ev in events:
+        ev_bytes = 1 + len(varint(len(ev))) + len(ev)
+        if cur and size + ev_bytes >= max_bytes:
+            out.append(cur)
+            cur, size = [], base_bytes
+        cur.append(ev)
+        size += ev_bytes
+    out.append(cur)
+    return out

@@ -1,0 +1,427 @@
+"""Watch: committed changes to watchers, in revision order, across shards.
+
+The store hands the hub every committed revision's changes as the committed
+watermark advances (``notify``).  A watcher is either
+
+* **synced** — it has been sent everything up to the committed revision and
+  receives each new committed batch as it happens; or
+* **unsynced** — it is behind (a past ``start_revision``, or its stream's
+  outbox was full): its stream's catch-up task reads its history from the
+  shards' RocksDB rows, whose keys sort by revision, in bounded batches, and
+  marks it synced — with no await between the last history read and the
+  switch, so there is no gap and no duplicate.
+
+Each stream has one outbox (a deque of messages) that the gRPC layer drains.
+The outbox is bounded by the number of events it holds: a watcher whose stream
+is full becomes unsynced rather than buffering without limit, and catches up
+from the store once the reader drains it.  A progress request is answered
+only when every watcher on the stream is synced, so its revision is never
+ahead of an event still to be sent on that stream.
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from proto.kv_pb2 import KeyValue
+
+from .read import normalize_end
+from .record import DELETE, PUT, Change
+from .revision import entry_bound, entry_main, first_row_key
+
+if TYPE_CHECKING:
+    from .store import Store
+
+logger = logging.getLogger(__name__)
+
+FILTER_NOPUT, FILTER_NODELETE = 0, 1
+PROGRESS_WATCH_ID = -1  # progress responses for a whole stream carry watch id -1
+
+ERR_DUPLICATE_ID = "mvcc: duplicate watch ID provided on the WatchStream"
+ERR_EMPTY_RANGE = "mvcc: watcher range is empty"
+
+
+@dataclass(slots=True)
+class Event:
+    kind: int  # PUT / DELETE (mvccpb.Event.EventType)
+    kv: bytes
+    prev_kv: bytes | None = None
+
+
+@dataclass(slots=True)
+class Message:
+    """One response on a watch stream (the gRPC layer encodes it)."""
+
+    watch_id: int
+    revision: int
+    events: list[Event] = field(default_factory=list)
+    created: bool = False
+    canceled: bool = False
+    compact_revision: int = 0
+    cancel_reason: str = ""
+    fragment: bool = False  # the watcher asked for fragmentation of large responses
+
+
+@dataclass(frozen=True, slots=True)
+class WatchSpec:
+    key: bytes
+    range_end: bytes = b""
+    start_revision: int = 0
+    watch_id: int = 0
+    prev_kv: bool = False
+    progress_notify: bool = False
+    fragment: bool = False
+    filters: tuple[int, ...] = ()
+
+
+class Watcher:
+    __slots__ = ("id", "stream", "key", "end", "prev_kv", "progress_notify", "fragment",
+                 "no_put", "no_delete", "min_rev", "next_rev", "synced", "sids", "sent_since_tick")
+
+    def __init__(self, wid: int, stream: WatchStream, spec: WatchSpec, next_rev: int, sids: list[int]) -> None:
+        self.id = wid
+        self.stream = stream
+        self.key = spec.key
+        self.end = normalize_end(spec.range_end)  # None: one key; b"": unbounded
+        self.prev_kv = spec.prev_kv
+        self.progress_notify = spec.progress_notify
+        self.fragment = spec.fragment
+        self.no_put = FILTER_NOPUT in spec.filters
+        self.no_delete = FILTER_NODELETE in spec.filters
+        self.min_rev = next_rev
+        self.next_rev = next_rev
+        self.synced = False
+        self.sids = sids
+        self.sent_since_tick = False
+
+    def matches(self, key: bytes) -> bool:
+        if self.end is None:
+            return key == self.key
+        return self.key <= key and (not self.end or key < self.end)
+
+    def wants(self, kind: int) -> bool:
+        return not (self.no_put if kind == PUT else self.no_delete)
+
+
+class WatchStream:
+    """One client stream: its watchers and its outbox."""
+
+    def __init__(self, hub: WatchHub) -> None:
+        self.hub = hub
+        self.watchers: dict[int, Watcher] = {}
+        self.outbox: deque[Message] = deque()
+        self.outbox_events = 0
+        self.unsynced: set[Watcher] = set()
+        self.progress_wanted = False
+        self.closed = False
+        self._next_id = 0
+        self._ready = asyncio.Event()  # outbox has messages (or stream closed)
+        self._drained = asyncio.Event()  # outbox below the low-water mark
+        self._drained.set()
+        self._catchup: asyncio.Task | None = None
+
+    # -- requests -------------------------------------------------------
+
+    def create(self, spec: WatchSpec) -> None:
+        hub = self.hub
+        rev = hub.store.committed
+        wid = spec.watch_id
+        if wid == 0 or wid < 0:
+            while self._next_id in self.watchers:
+                self._next_id += 1
+            wid = self._next_id
+            self._next_id += 1
+        elif wid in self.watchers:
+            self.put(Message(wid, rev, created=True, canceled=True, cancel_reason=ERR_DUPLICATE_ID))
+            return
+        end = normalize_end(spec.range_end)
+        if end and spec.key >= end:
+            self.put(Message(-1, rev, created=True, canceled=True, cancel_reason=ERR_EMPTY_RANGE))
+            return
+        next_rev = spec.start_revision if spec.start_revision > 0 else rev + 1
+        if end is None:
+            sids = [hub.store.router.shard_for_key(spec.key)]
+        else:
+            sids = hub.store.router.shards_for_range(spec.key, end)
+        w = Watcher(wid, self, spec, next_rev, sids)
+        self.watchers[wid] = w
+        self.put(Message(wid, rev, created=True))
+        if next_rev > rev:
+            hub.add_synced(w)
+        else:
+            self.unsynced.add(w)
+            self._start_catchup()
+
+    def cancel(self, wid: int) -> None:
+        w = self.watchers.pop(wid, None)
+        if w is None:
+            return
+        self.hub.remove(w)
+        self.unsynced.discard(w)
+        self.put(Message(wid, self.hub.store.committed, canceled=True))
+        self._maybe_progress()
+
+    def request_progress(self) -> None:
+        self.progress_wanted = True
+        self._maybe_progress()
+
+    def _maybe_progress(self) -> None:
+        if self.progress_wanted and not self.unsynced:
+            self.progress_wanted = False
+            self.put(Message(PROGRESS_WATCH_ID, self.hub.store.committed))
+
+    # -- outbox ---------------------------------------------------------
+
+    def put(self, msg: Message) -> None:
+        if self.closed:
+            return
+        self.outbox.append(msg)
+        n = len(msg.events)
+        if n:
+            self.outbox_events += n
+            if self.outbox_events >= self.hub.outbox_events_max:
+                self._drained.clear()
+        self._ready.set()
+
+    @property
+    def full(self) -> bool:
+        return self.outbox_events >= self.hub.outbox_events_max
+
+    async def get(self) -> Message | None:
+        """Next message to send; None once the stream is closed."""
+        while not self.outbox:
+            if self.closed:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        msg = self.outbox.popleft()
+        if msg.events:
+            self.outbox_events -= len(msg.events)
+            if self.outbox_events <= self.hub.outbox_events_max // 2:
+                self._drained.set()
+        return msg
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for w in self.watchers.values():
+            self.hub.remove(w)
+        self.watchers.clear()
+        self.unsynced.clear()
+        self.outbox.clear()
+        self._ready.set()
+        self._drained.set()
+        if self._catchup is not None:
+            self._catchup.cancel()
+        self.hub.streams.discard(self)
+
+    # -- falling behind and catching up ---------------------------------
+
+    def fall_behind(self, w: Watcher) -> None:
+        """The outbox is full: stop live delivery; catch up from the store later."""
+        self.hub.remove(w)
+        self.unsynced.add(w)
+        self._start_catchup()
+
+    def _start_catchup(self) -> None:
+        if self._catchup is None or self._catchup.done():
+            self._catchup = asyncio.get_running_loop().create_task(self._catch_up())
+
+    async def _catch_up(self) -> None:
+        hub = self.hub
+        try:
+            while self.unsynced and not self.closed:
+                await self._drained.wait()
+                for w in list(self.unsynced):
+                    if self.closed or self.full:
+                        break
+                    hub.catch_up(w)
+                self._maybe_progress()
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("watch catch-up failed")
+            self.close()
+
+
+class WatchHub:
+    def __init__(self, store: Store, outbox_events_max: int = 10_000, catchup_revs_max: int = 1000) -> None:
+        self.store = store
+        self.outbox_events_max = outbox_events_max
+        self.catchup_revs_max = catchup_revs_max
+        self.streams: set[WatchStream] = set()
+        self._by_key: dict[bytes, set[Watcher]] = {}
+        self._ranges: list[set[Watcher]] = [set() for _ in store.states]
+        self._count = 0
+
+    def open_stream(self) -> WatchStream:
+        s = WatchStream(self)
+        self.streams.add(s)
+        return s
+
+    @property
+    def active(self) -> bool:
+        """Is any watcher waiting for live events?"""
+        return self._count > 0
+
+    @property
+    def watcher_count(self) -> int:
+        return sum(len(s.watchers) for s in self.streams)
+
+    # -- the synced index -----------------------------------------------
+
+    def add_synced(self, w: Watcher) -> None:
+        w.synced = True
+        self._count += 1
+        if w.end is None:
+            self._by_key.setdefault(w.key, set()).add(w)
+        else:
+            for sid in w.sids:
+                self._ranges[sid].add(w)
+
+    def remove(self, w: Watcher) -> None:
+        if not w.synced:
+            return
+        w.synced = False
+        self._count -= 1
+        if w.end is None:
+            group = self._by_key.get(w.key)
+            if group is not None:
+                group.discard(w)
+                if not group:
+                    del self._by_key[w.key]
+        else:
+            for sid in w.sids:
+                self._ranges[sid].discard(w)
+
+    # -- live delivery --------------------------------------------------
+
+    def notify(self, changes: list[tuple[int, int, Change]], last: int) -> None:
+        """Revisions up to ``last`` were committed; ``changes`` are (rev, sid, change) in order."""
+        if not self._count:
+            return
+        batches: dict[Watcher, list[Event] | None] = {}  # None: fell behind in this batch
+        by_key, ranges = self._by_key, self._ranges
+        for rev, sid, change in changes:
+            key = change.key
+            for w in ranges[sid]:
+                if w.matches(key):
+                    self._deliver(batches, w, rev, change)
+            targets = by_key.get(key)
+            if targets:
+                for w in targets:
+                    self._deliver(batches, w, rev, change)
+        for w, events in batches.items():
+            if events is None:
+                w.stream.fall_behind(w)
+            elif events:
+                w.stream.put(Message(w.id, last, events, fragment=w.fragment))
+                w.sent_since_tick = True
+
+    def _deliver(self, batches: dict[Watcher, list[Event] | None], w: Watcher, rev: int, change: Change) -> None:
+        if rev < w.min_rev:
+            return
+        if w in batches:
+            events = batches[w]
+            if events is None:
+                return
+        elif w.stream.full:
+            batches[w] = None
+            w.next_rev = rev  # everything before rev was delivered
+            return
+        else:
+            events = batches[w] = []
+        if w.wants(change.kind):
+            events.append(self._event(w, rev, change.key, change.kind, change.row))
+
+    def _event(self, w: Watcher, rev: int, key: bytes, kind: int, row: bytes) -> Event:
+        prev = None
+        if w.prev_kv:
+            state = self.store.states[self.store.router.shard_for_key(key)]
+            e = state.entry_at(key, rev - 1)
+            if e is not None:
+                prev = state.get_row(e)
+        return Event(kind, row, prev)
+
+    # -- catch-up from the store ----------------------------------------
+
+    def catch_up(self, w: Watcher) -> None:
+        """Send ``w`` its next batch of history; mark it synced once current."""
+        store = self.store
+        stream = w.stream
+        if w.next_rev < store.compact_rev:
+            stream.watchers.pop(w.id, None)
+            stream.unsynced.discard(w)
+            stream.put(Message(w.id, store.committed, canceled=True, compact_revision=store.compact_rev))
+            return
+        last = min(store.committed, w.next_rev + self.catchup_revs_max - 1)
+        events = self.history(w, w.next_rev, last)
+        if events:
+            stream.put(Message(w.id, store.committed, events, fragment=w.fragment))
+            w.sent_since_tick = True
+        w.next_rev = last + 1
+        if last == store.committed:
+            stream.unsynced.discard(w)
+            self.add_synced(w)
+
+    def history(self, w: Watcher, first: int, last: int) -> list[Event]:
+        """Events for ``w`` with revisions first..last, read from shard rows."""
+        if w.end is None:
+            return self._key_history(w, first, last)
+        rows: list[tuple[bytes, int]] = []
+        lo, hi = first_row_key(first), first_row_key(last + 1)
+        for sid in w.sids:
+            it = self.store.states[sid].db.iter()
+            it.seek(lo)
+            while it.valid():
+                rk = it.key()
+                if rk >= hi:
+                    break
+                rows.append((rk, sid))
+                it.next()
+        rows.sort()
+        events = []
+        for rk, sid in rows:
+            row = self.store.states[sid].db[rk]
+            kind = DELETE if len(rk) > 16 else PUT
+            if not w.wants(kind):
+                continue
+            key = KeyValue.FromString(row).key
+            if w.matches(key):
+                events.append(self._event(w, int.from_bytes(rk[:8], "big"), key, kind, row))
+        return events
+
+    def _key_history(self, w: Watcher, first: int, last: int) -> list[Event]:
+        sid = w.sids[0]
+        state = self.store.states[sid]
+        revs = state.index.get(w.key, ())
+        lo, hi = bisect.bisect_left(revs, entry_bound(first - 1)), bisect.bisect_left(revs, entry_bound(last))
+        events = []
+        for e in revs[lo:hi]:
+            kind = DELETE if e & 1 else PUT
+            if w.wants(kind):
+                events.append(self._event(w, entry_main(e), w.key, kind, state.get_row(e)))
+        return events
+
+    # -- progress -------------------------------------------------------
+
+    def progress_tick(self) -> None:
+        """Periodic progress notification for idle synced watchers that asked for it."""
+        rev = self.store.committed
+        for stream in list(self.streams):
+            for w in stream.watchers.values():
+                if not w.progress_notify:
+                    continue
+                if w.synced and not w.sent_since_tick:
+                    stream.put(Message(w.id, rev))
+                w.sent_since_tick = False
+
+    def close(self) -> None:
+        for stream in list(self.streams):
+            stream.close()

@@ -1,0 +1,90 @@
+"""etcdserverpb.Watch: one bidirectional stream carrying many watchers."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from proto import rpc_pb2 as pb
+from shards.watch import Message, WatchSpec, WatchStream
+
+from . import wire
+from .context import Member
+
+logger = logging.getLogger(__name__)
+
+
+def watch_spec(r: pb.WatchCreateRequest) -> WatchSpec:
+    return WatchSpec(
+        key=r.key,
+        range_end=r.range_end,
+        start_revision=r.start_revision,
+        watch_id=r.watch_id,
+        prev_kv=r.prev_kv,
+        progress_notify=r.progress_notify,
+        fragment=r.fragment,
+        filters=tuple(r.filters),
+    )
+
+
+class WatchService:
+    def __init__(self, member: Member) -> None:
+        self.m = member
+        self.hub = member.store.hub
+
+    async def Watch(self, requests: AsyncIterator[pb.WatchRequest], context: grpc.aio.ServicerContext):
+        stream = self.hub.open_stream()
+        reader = asyncio.ensure_future(self._read(requests, stream))
+        try:
+            while (msg := await stream.get()) is not None:
+                for response in self.encode(msg):
+                    yield response
+        finally:
+            reader.cancel()
+            stream.close()
+
+    async def _read(self, requests: AsyncIterator[pb.WatchRequest], stream: WatchStream) -> None:
+        """Apply requests as they arrive. The client closing its side keeps the
+        stream open for sending, as in etcd; an error ends it."""
+        try:
+            async for req in requests:
+                which = req.WhichOneof("request_union")
+                if which == "create_request":
+                    stream.create(watch_spec(req.create_request))
+                elif which == "cancel_request":
+                    stream.cancel(req.cancel_request.watch_id)
+                elif which == "progress_request":
+                    stream.request_progress()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a broken client stream ends the watch stream
+            logger.debug("watch stream read ended error=%r", exc)
+            stream.close()
+
+    def encode(self, msg: Message) -> list[bytes]:
+        header = self.m.headers.framed(msg.revision)
+        events = [wire.encode_event(e.kind, e.kv, e.prev_kv) for e in msg.events]
+        flags = dict(created=msg.created, canceled=msg.canceled, compact_revision=msg.compact_revision,
+                     cancel_reason=msg.cancel_reason)
+        whole = wire.watch_response(header, msg.watch_id, events, **flags)
+        limit = self.m.config.max_request_bytes
+        if not msg.fragment or len(whole) < limit or len(events) < 2:
+            return [whole]
+        base = len(wire.watch_response(header, msg.watch_id, [], fragment=True, **flags))
+        chunks = wire.fragments(events, base, limit)
+        return [
+            wire.watch_response(header, msg.watch_id, chunk, fragment=i < len(chunks) - 1, **flags)
+            for i, chunk in enumerate(chunks)
+        ]
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            "etcdserverpb.Watch",
+            {
+                "Watch": grpc.stream_stream_rpc_method_handler(
+                    self.Watch, pb.WatchRequest.FromString, response_serializer=lambda b: b
+                )
+            },
+        )

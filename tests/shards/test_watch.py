@@ -1,0 +1,170 @@
+"""WatchHub in-process: order, catch-up without gap or duplicate, bounded outboxes."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+from proto.kv_pb2 import KeyValue
+from shards.record import DELETE, PUT
+from shards.types import DeleteReq, PutReq, TxnReq
+from shards.watch import PROGRESS_WATCH_ID, WatchSpec
+from tests.shards.store_helpers import open_store
+
+PODS, LEASES = b"/registry/pods/", b"/registry/leases/"
+
+
+def drain(stream):
+    msgs = []
+    while stream.outbox:
+        msgs.append(stream.outbox.popleft())
+    stream.outbox_events = 0
+    stream._drained.set()
+    return msgs
+
+
+def events_of(msgs, wid=None):
+    return [
+        (KeyValue.FromString(e.kv).mod_revision, e.kind, KeyValue.FromString(e.kv).key, e.prev_kv)
+        for m in msgs
+        if wid is None or m.watch_id == wid
+        for e in m.events
+    ]
+
+
+def test_live_events_across_shards_in_revision_order(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path)
+        stream = store.hub.open_stream()
+        stream.create(WatchSpec(b"/registry/", b"/registry0", prev_kv=True))
+        await store.put(PutReq(PODS + b"a", b"1"))
+        await store.txn(TxnReq(success=(PutReq(LEASES + b"l", b"x"), PutReq(PODS + b"a", b"2"))))
+        await store.delete_range(DeleteReq(PODS, b"/registry/pods0"))
+        msgs = drain(stream)
+        assert msgs[0].created and msgs[0].revision == 1
+        evs = events_of(msgs[1:])
+        assert [(r, k, key) for r, k, key, _ in evs] == [
+            (2, PUT, PODS + b"a"), (3, PUT, LEASES + b"l"), (3, PUT, PODS + b"a"), (4, DELETE, PODS + b"a"),
+        ]
+        assert evs[0][3] is None and KeyValue.FromString(evs[2][3]).value == b"1"
+        assert KeyValue.FromString(evs[3][3]).value == b"2"
+        # the txn's two events are in one response
+        assert [len(m.events) for m in msgs[1:]] == [1, 2, 1]
+        await store.close()
+
+    run(go())
+
+
+def test_history_then_live_no_gap_no_duplicate(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path)
+        store.hub.catchup_revs_max = 7  # many small catch-up batches
+        for i in range(60):
+            await store.put(PutReq(PODS + b"k%d" % (i % 5), b"%d" % i))
+        stream = store.hub.open_stream()
+        stream.create(WatchSpec(PODS, b"/registry/pods0", start_revision=2))
+        stream.create(WatchSpec(PODS + b"k3", start_revision=30, watch_id=9))
+        writer = asyncio.ensure_future(asyncio.gather(*(store.put(PutReq(PODS + b"k%d" % i, b"live")) for i in range(40))))
+        msgs = []
+        while not writer.done() or stream.unsynced or stream.outbox:
+            msgs += drain(stream)
+            await asyncio.sleep(0)
+        await writer
+        msgs += drain(stream)
+        revs = [r for r, *_ in events_of(msgs, 0)]
+        assert revs == list(range(2, store.committed + 1))
+        k3 = [r for r, *_ in events_of(msgs, 9)]
+        assert k3 == [r for r in range(30, 62) if (r - 2) % 5 == 3] + [65]
+        await store.close()
+
+    run(go())
+
+
+def test_slow_reader_is_bounded_and_catches_up(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path)
+        store.hub.outbox_events_max = 50
+        slow = store.hub.open_stream()
+        fast = store.hub.open_stream()
+        slow.create(WatchSpec(b"\x00", b"\x00"))
+        fast.create(WatchSpec(b"\x00", b"\x00"))
+        rng = random.Random(1)
+        got_fast = []
+        peak = 0
+        for i in range(600):
+            key = rng.choice([PODS, LEASES, b"/other/"]) + b"%d" % rng.randrange(30)
+            await store.put(PutReq(key, b"v"))
+            got_fast += drain(fast)
+            peak = max(peak, slow.outbox_events)
+        assert peak <= 50, "a slow reader's outbox must stay bounded"
+        assert slow.unsynced, "the slow watcher must have fallen behind"
+        got_slow = []
+        while slow.unsynced or slow.outbox:
+            got_slow += drain(slow)
+            await asyncio.sleep(0)
+        want = list(range(2, store.committed + 1))
+        assert [r for r, *_ in events_of(got_slow)] == want
+        assert [r for r, *_ in events_of(got_fast)] == want
+        await store.close()
+
+    run(go())
+
+
+def test_compacted_start_revision_is_canceled(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path)
+        for i in range(5):
+            await store.put(PutReq(b"k", b"%d" % i))
+        await store.compact(4)
+        stream = store.hub.open_stream()
+        stream.create(WatchSpec(b"k", start_revision=3))
+        stream.create(WatchSpec(b"k", start_revision=4))
+        await asyncio.sleep(0.05)
+        msgs = drain(stream)
+        canceled = [m for m in msgs if m.canceled]
+        assert [(m.watch_id, m.compact_revision) for m in canceled] == [(0, 4)]
+        assert [r for r, *_ in events_of(msgs, 1)] == [4, 5, 6]
+        await store.close()
+
+    run(go())
+
+
+def test_progress_waits_until_every_watcher_is_synced(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path)
+        for i in range(20):
+            await store.put(PutReq(b"k", b"%d" % i))
+        stream = store.hub.open_stream()
+        stream.create(WatchSpec(b"k", start_revision=2))
+        stream.request_progress()  # the watcher is unsynced: no answer yet
+        assert not any(m.watch_id == PROGRESS_WATCH_ID for m in stream.outbox)
+        await asyncio.sleep(0.05)
+        msgs = drain(stream)
+        progress = [i for i, m in enumerate(msgs) if m.watch_id == PROGRESS_WATCH_ID]
+        assert len(progress) == 1 and msgs[progress[0]].revision == store.committed
+        last_event = max(i for i, m in enumerate(msgs) if m.events)
+        assert progress[0] > last_event, "progress must come after every event up to its revision"
+        await store.close()
+
+    run(go())
+
+
+def test_duplicate_watch_id_and_cancel(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path)
+        stream = store.hub.open_stream()
+        stream.create(WatchSpec(b"a", watch_id=5))
+        stream.create(WatchSpec(b"b", watch_id=5))
+        stream.cancel(5)
+        stream.cancel(77)  # unknown: no answer, as etcd
+        await store.put(PutReq(b"a"))
+        msgs = drain(stream)
+        assert [(m.watch_id, m.created, m.canceled, m.cancel_reason) for m in msgs] == [
+            (5, True, False, ""),
+            (5, True, True, "mvcc: duplicate watch ID provided on the WatchStream"),
+            (5, False, True, ""),
+        ]
+        assert not store.hub.active
+        stream.close()
+        await store.close()
+
+    run(go())
