@@ -22,6 +22,14 @@ class LeaseNotFoundError(StoreError):
     """A put named a lease that does not exist."""
 
 
+class LeaseExistsError(StoreError):
+    """LeaseGrant with an id already in use."""
+
+
+class LeaseTTLTooLargeError(StoreError):
+    """LeaseGrant with a TTL above etcd's maximum."""
+
+
 class KeyNotFoundError(StoreError):
     """ignore_value / ignore_lease on a key that does not exist."""
 

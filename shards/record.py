@@ -18,6 +18,9 @@ frame's revision tag::
 COMPACT (type 2) — ``Compact(rev)`` was requested; payload: rev (u64 LE).
 The frame's revision tag is the latest revision when it was written.
 
+LEASE (type 3) — a lease grant or revocation (``lease.py`` has the payload);
+the tag is the latest revision when it was written.
+
 A revision is recovered only if every shard named in its WRITE records has
 its part (in its journal, or in a checkpoint at or above the revision).
 """
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 
 WRITE = 1
 COMPACT = 2
+LEASE = 3  # payload: see lease.py
 
 PUT, DELETE = 0, 1
 

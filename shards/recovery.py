@@ -9,6 +9,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from .lease import GRANT, decode_lease_record
+
 if TYPE_CHECKING:
     from .shard import Recovered
     from .store import Store
@@ -33,12 +35,24 @@ def recovered_revision(found: list[Recovered]) -> int:
 
 async def recover(store: Store) -> None:
     started = time.monotonic()
+    leases = store.leases
+    for shard in store.shards:
+        shard.on_replay = lambda key, lease: leases.detach(key) if lease < 0 else leases.attach(key, lease)
     found = [shard.read_disk() for shard in store.shards]
     rev = recovered_revision(found)
     for shard in store.shards:
         cut = shard.journal.truncate_after(rev)
         if cut:
             logger.warning("discarded unacknowledged journal records shard=%s records=%d above_rev=%d", shard.name, cut, rev)
+    lease_found = found[store.shards.index(store.lease_shard)]
+    leases.load_table(lease_found.extra_meta)
+    for tag, payload in lease_found.leases:
+        if tag <= rev:
+            op, lease_id, ttl = decode_lease_record(payload)
+            if op == GRANT:
+                leases.grant(lease_id, ttl)
+            else:
+                leases.remove(lease_id)
     compact = -1
     for shard, f in zip(store.shards, found):
         for r, _, changes in f.writes:
@@ -46,6 +60,12 @@ async def recover(store: Store) -> None:
                 shard.apply_recovered(r, changes)
         compact = max(compact, f.compact_rev, *(c for tag, c in f.compacts if tag <= rev))
     store.rev = store.committed = rev
+    orphans = leases.rebuild_keys()
+    if orphans:
+        logger.warning("keys attached to leases that no longer exist keys=%d", orphans)
+    leases.refresh_all()
+    for shard in store.shards:
+        shard.on_replay = lambda key, lease: None
     if compact >= 0:
         store.compact_rev = compact
         await store._compact_loop()

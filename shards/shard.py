@@ -11,6 +11,7 @@ import asyncio
 import logging
 import struct
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from journal import Journal, JournalConfig
 from journal.checkpoint import load_latest_checkpoint, write_checkpoint
 from proto.kv_pb2 import KeyValue
 
-from .record import COMPACT, DELETE, WRITE, Change, decode_compact, decode_write, encode_compact, encode_write
+from .record import COMPACT, DELETE, LEASE, WRITE, Change, decode_compact, decode_write, encode_compact, encode_write
 from .revision import entry_from_row_key
 from .state import ShardState
 
@@ -35,6 +36,8 @@ class Recovered:
     compact_rev: int
     writes: list[tuple[int, tuple[int, ...], list[Change]]]  # (rev, participants, changes)
     compacts: list[tuple[int, int]]  # (tag rev, compact rev)
+    leases: list[tuple[int, bytes]]  # (tag rev, LEASE payload)
+    extra_meta: bytes  # what the store saved beside this shard's last checkpoint
 
 
 class Shard:
@@ -48,19 +51,22 @@ class Shard:
         self.checkpoint_rev = 0
         self.checkpoint_task: asyncio.Task | None = None
         self.bytes_at_checkpoint = 0
+        # told of every row replayed: (key, lease id of a put, or -1 for a delete)
+        self.on_replay: Callable[[bytes, int], None] = lambda key, lease: None
 
     # -- recovery -------------------------------------------------------
 
     def read_disk(self) -> Recovered:
         ckpt = load_latest_checkpoint(self.dir)
-        ckpt_rev, compact_rev = 0, -1
+        ckpt_rev, compact_rev, extra = 0, -1, b""
         if ckpt is not None:
-            ckpt_rev, compact_rev, sid = _CKPT_META.unpack(ckpt.meta)
+            ckpt_rev, compact_rev, sid = _CKPT_META.unpack_from(ckpt.meta)
+            extra = ckpt.meta[_CKPT_META.size :]
             if sid != self.sid:
                 raise ValueError(f"checkpoint {ckpt.path} belongs to shard {sid}, not {self.sid}")
             self._load_checkpoint_rows(ckpt.rows())
         self.checkpoint_rev = ckpt_rev
-        writes, compacts = [], []
+        writes, compacts, leases = [], [], []
         for rec in self.journal.records(after_rev=0):
             if rec.rtype == WRITE:
                 if rec.rev > ckpt_rev:
@@ -68,23 +74,30 @@ class Shard:
                     writes.append((rec.rev, participants, changes))
             elif rec.rtype == COMPACT:
                 compacts.append((rec.rev, decode_compact(rec.payload)))
-        return Recovered(ckpt_rev, compact_rev, writes, compacts)
+            elif rec.rtype == LEASE:
+                leases.append((rec.rev, rec.payload))
+        return Recovered(ckpt_rev, compact_rev, writes, compacts, leases, extra)
 
     def _load_checkpoint_rows(self, rows) -> None:
-        state = self.state
+        state, on_replay = self.state, self.on_replay
         for blob in rows:
             klen = blob[0]
             rk = blob[1 : 1 + klen]
             value = blob[1 + klen :]
-            state.restore_row(KeyValue.FromString(value).key, entry_from_row_key(rk), value)
+            kv = KeyValue.FromString(value)
+            e = entry_from_row_key(rk)
+            state.restore_row(kv.key, e, value)
+            on_replay(kv.key, -1 if e & 1 else kv.lease)
 
     def apply_recovered(self, rev: int, changes: list[Change]) -> None:
-        state = self.state
+        state, on_replay = self.state, self.on_replay
         for c in changes:
             if c.kind == DELETE:
                 state.delete(c.key, rev, c.sub, c.row)
+                on_replay(c.key, -1)
             else:
                 state.put(c.key, rev, c.sub, c.row)
+                on_replay(c.key, KeyValue.FromString(c.row).lease)
 
     # -- writes ---------------------------------------------------------
 
@@ -95,6 +108,9 @@ class Shard:
     def append_compact(self, tag_rev: int, compact_rev: int) -> None:
         self.journal.append(COMPACT, tag_rev, encode_compact(compact_rev))
 
+    def append_lease(self, tag_rev: int, payload: bytes) -> None:
+        self.journal.append(LEASE, tag_rev, payload)
+
     # -- checkpoints ----------------------------------------------------
 
     def wants_checkpoint(self, journal_bytes_max: int) -> bool:
@@ -103,10 +119,10 @@ class Shard:
             and self.journal.bytes_total - self.bytes_at_checkpoint >= journal_bytes_max
         )
 
-    def start_checkpoint(self, committed: int, compact_rev: int) -> None:
+    def start_checkpoint(self, committed: int, compact_rev: int, extra_meta: bytes = b"") -> None:
         """Snapshot rows <= committed now; write and fsync them in a thread."""
         rows = self.state.snapshot_rows(committed)
-        meta = _CKPT_META.pack(committed, compact_rev, self.sid)
+        meta = _CKPT_META.pack(committed, compact_rev, self.sid) + extra_meta
         self.bytes_at_checkpoint = self.journal.bytes_total
         self.checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint(committed, meta, rows))
 

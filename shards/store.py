@@ -21,7 +21,15 @@ from pathlib import Path
 from journal import JournalConfig
 
 from .datadir import DataDir
-from .errors import CompactedError, FutureRevisionError, StoreFailedError
+from .errors import (
+    CompactedError,
+    FutureRevisionError,
+    LeaseExistsError,
+    LeaseNotFoundError,
+    LeaseTTLTooLargeError,
+    StoreFailedError,
+)
+from .lease import GRANT, MAX_TTL_S, REVOKE, LeaseTable, encode_lease_record
 from .layout import Layout, Router
 from .read import range_at
 from .record import Change
@@ -61,6 +69,9 @@ class Store:
         self._compaction: asyncio.Task | None = None
         self._changes: dict[int, dict[int, list[Change]]] = {}  # pending revision -> shard parts
         self.hub = WatchHub(self)
+        self.leases = LeaseTable(datadir.member_id)
+        self.lease_shard = shards[-1]  # lease records live in the default shard's journal
+        self._expiry_task: asyncio.Task | None = None
 
     # -- lifecycle ------------------------------------------------------
 
@@ -83,10 +94,14 @@ class Store:
             shard.journal.on_durable = _durable_callback(store, shard)
             shard.journal.on_failure = store._fail
             await shard.journal.start()
+        store._expiry_task = asyncio.get_running_loop().create_task(store._expire_leases())
         return store
 
     async def close(self) -> None:
         self.hub.close()
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+            await asyncio.gather(self._expiry_task, return_exceptions=True)
         if self._compaction is not None:
             self._compaction.cancel()
             await asyncio.gather(self._compaction, return_exceptions=True)
@@ -99,7 +114,7 @@ class Store:
         return sum(s.size_bytes() for s in self.states)
 
     def lease_exists(self, lease_id: int) -> bool:
-        return False  # leases arrive with the Lease API
+        return lease_id in self.leases
 
     # -- reads ----------------------------------------------------------
 
@@ -155,15 +170,20 @@ class Store:
 
     async def _finish(self, w: WriteTxn) -> None:
         """Journal the txn's parts (if it changed anything) and wait for commit."""
-        if w.sub:
-            rev = w.rev
-            self.rev = rev
-            participants = tuple(sorted(w.parts))
-            for sid in participants:
-                self.shards[sid].append_write(rev, participants, w.parts[sid])
-            self._pending[rev] = len(participants)
-            self._changes[rev] = w.parts
-        await self.wait_committed(self.rev if not w.sub else w.rev)
+        await self.wait_committed(self._append(w))
+
+    def _append(self, w: WriteTxn) -> int:
+        """Hand each shard its part of ``w``; return the revision to wait for."""
+        if not w.sub:
+            return self.rev  # read-only: wait until what it read is committed
+        rev = w.rev
+        self.rev = rev
+        participants = tuple(sorted(w.parts))
+        for sid in participants:
+            self.shards[sid].append_write(rev, participants, w.parts[sid])
+        self._pending[rev] = len(participants)
+        self._changes[rev] = w.parts
+        return rev
 
     # -- commit tracking ------------------------------------------------
 
@@ -202,7 +222,8 @@ class Store:
             if not fut.done():
                 fut.set_result(None)
         if shard.wants_checkpoint(self.config.checkpoint_journal_bytes):
-            shard.start_checkpoint(c, self.compact_rev)
+            extra = self.leases.encode_table() if shard is self.lease_shard else b""
+            shard.start_checkpoint(c, self.compact_rev, extra)
 
     def _committed_changes(self, first: int, last: int) -> list[tuple[int, int, Change]]:
         """(rev, shard id, change) of revisions first..last in (rev, sub) order; forgets them."""
@@ -229,6 +250,59 @@ class Store:
         self._waiters.clear()
         if self.on_failure is not None:
             self.on_failure(exc)
+
+    # -- leases ---------------------------------------------------------
+
+    async def lease_grant(self, lease_id: int, ttl: int) -> tuple[int, int, int]:
+        """etcd's LeaseGrant; returns (id, granted TTL, header revision)."""
+        self._check_alive()
+        if ttl > MAX_TTL_S:
+            raise LeaseTTLTooLargeError
+        if lease_id == 0:
+            lease_id = self.leases.new_id()
+        elif lease_id in self.leases:
+            raise LeaseExistsError
+        lease = self.leases.grant(lease_id, ttl)
+        await self._journal_lease(encode_lease_record(GRANT, lease_id, lease.ttl))
+        return lease_id, lease.ttl, self.committed
+
+    async def lease_revoke(self, lease_id: int) -> int:
+        """Delete every key the lease holds, in one revision, then forget the
+        lease; returns the header revision."""
+        self._check_alive()
+        lease = self.leases.remove(lease_id)
+        if lease is None:
+            raise LeaseNotFoundError
+        w = WriteTxn(self)
+        for key in sorted(lease.keys):
+            w.delete(DeleteReq(key))
+        wait_rev = self._append(w)
+        # Tagged at or above the deletion's revision: if a crash loses that
+        # revision, recovery cuts this record too, and the keys keep their lease.
+        await asyncio.gather(self._journal_lease(encode_lease_record(REVOKE, lease_id)), self.wait_committed(wait_rev))
+        return self.committed
+
+    async def _journal_lease(self, payload: bytes) -> None:
+        tag = self.rev
+        self.lease_shard.append_lease(tag, payload)
+        await self.lease_shard.journal.sync()
+        await self.wait_committed(tag)
+
+    def lease_renew(self, lease_id: int) -> int:
+        return self.leases.renew(lease_id)
+
+    async def _expire_leases(self, interval_s: float = 0.5, per_tick: int = 500) -> None:
+        """Revoke expired leases; at most ``per_tick`` per tick, so a mass expiry
+        is spread out instead of stalling the server (etcd: 1,000/s)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            expired = self.leases.expired(per_tick)
+            if not expired or self.failure is not None:
+                continue
+            results = await asyncio.gather(*(self.lease_revoke(i) for i in expired), return_exceptions=True)
+            for lease_id, r in zip(expired, results):
+                if isinstance(r, BaseException) and not isinstance(r, LeaseNotFoundError):
+                    logger.warning("lease expiry failed lease=%x error=%r", lease_id, r)
 
     # -- compaction -----------------------------------------------------
 

@@ -91,6 +91,7 @@ class WriteTxn:
             key=key, create_revision=create, mod_revision=self.rev, version=version, value=value, lease=lease
         ).SerializeToString()
         state.put(key, self.rev, self.sub, row)
+        self.store.leases.attach(key, lease)
         self._record(sid, Change(PUT, self.sub, key, row))
         return PutResult(self.rev, prev_row if req.prev_kv else None)
 
@@ -106,6 +107,7 @@ class WriteTxn:
                 prev.append(state.get_row(e))
             row = KeyValue(key=key, mod_revision=rev).SerializeToString()
             state.delete(key, rev, self.sub, row)
+            self.store.leases.detach(key)
             self._record(sid, Change(DELETE, self.sub, key, row))
         return DeleteResult(rev if self.sub else rev - 1, len(items), prev)
 

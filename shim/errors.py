@@ -21,6 +21,8 @@ REQUEST_TOO_LARGE = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: request is t
 COMPACTED = (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted")
 FUTURE_REV = (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision is a future revision")
 LEASE_NOT_FOUND = (grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found")
+LEASE_EXISTS = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: lease already exists")
+LEASE_TTL_TOO_LARGE = (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: too large lease TTL")
 NO_SPACE = (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded")
 STOPPED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped")
 MEMBER_NOT_SUPPORTED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: not capable")
@@ -39,6 +41,8 @@ _STORE_ERRORS: dict[type, tuple[grpc.StatusCode, str]] = {
     se.FutureRevisionError: FUTURE_REV,
     se.LeaseNotFoundError: LEASE_NOT_FOUND,
     se.KeyNotFoundError: KEY_NOT_FOUND,
+    se.LeaseExistsError: LEASE_EXISTS,
+    se.LeaseTTLTooLargeError: LEASE_TTL_TOO_LARGE,
     se.StoreFailedError: STOPPED,
 }
 

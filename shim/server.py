@@ -17,6 +17,7 @@ from shards.store import Store, StoreConfig
 from .config import ServerConfig
 from .context import Member
 from .kv import KVService
+from .lease import LeaseService
 from .maintenance import ClusterService, MaintenanceService
 from .watch import WatchService
 
@@ -82,6 +83,7 @@ async def start(config: ServerConfig) -> Running:
     server.add_generic_rpc_handlers([KVService(member).handler(), WatchService(member).handler()])
     pbg.add_MaintenanceServicer_to_server(MaintenanceService(member), server)
     pbg.add_ClusterServicer_to_server(ClusterService(member), server)
+    pbg.add_LeaseServicer_to_server(LeaseService(member), server)
     ports = []
     try:
         for url, addr in zip(config.listen_client_urls, addresses):

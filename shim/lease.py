@@ -1,0 +1,55 @@
+"""etcdserverpb.Lease: grant, revoke, keep-alive, time-to-live, list."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+
+from .context import Member, abort_with
+
+
+class LeaseService(pbg.LeaseServicer):
+    def __init__(self, member: Member) -> None:
+        self.m = member
+        self.store = member.store
+
+    async def LeaseGrant(self, request: pb.LeaseGrantRequest, context: grpc.aio.ServicerContext) -> pb.LeaseGrantResponse:
+        try:
+            lease_id, ttl, rev = await self.store.lease_grant(request.ID, request.TTL)
+        except Exception as exc:
+            await abort_with(context, exc)
+        return pb.LeaseGrantResponse(header=self.m.header(rev), ID=lease_id, TTL=ttl)
+
+    async def LeaseRevoke(self, request: pb.LeaseRevokeRequest, context: grpc.aio.ServicerContext) -> pb.LeaseRevokeResponse:
+        try:
+            rev = await self.store.lease_revoke(request.ID)
+        except Exception as exc:
+            await abort_with(context, exc)
+        return pb.LeaseRevokeResponse(header=self.m.header(rev))
+
+    async def LeaseKeepAlive(self, requests: AsyncIterator[pb.LeaseKeepAliveRequest], context: grpc.aio.ServicerContext):
+        """Each request renews one lease; an unknown or expired lease answers TTL 0."""
+        renew = self.store.lease_renew
+        async for req in requests:
+            yield pb.LeaseKeepAliveResponse(header=self.m.header(), ID=req.ID, TTL=renew(req.ID))
+
+    async def LeaseTimeToLive(
+        self, request: pb.LeaseTimeToLiveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LeaseTimeToLiveResponse:
+        lease = self.store.leases.leases.get(request.ID)
+        if lease is None:
+            return pb.LeaseTimeToLiveResponse(header=self.m.header(), ID=request.ID, TTL=-1)
+        remaining = int(lease.remaining_s(self.store.leases.clock()))
+        return pb.LeaseTimeToLiveResponse(
+            header=self.m.header(),
+            ID=lease.id,
+            TTL=max(remaining, 0),
+            grantedTTL=lease.ttl,
+            keys=sorted(lease.keys) if request.keys else [],
+        )
+
+    async def LeaseLeases(self, request: pb.LeaseLeasesRequest, context: grpc.aio.ServicerContext) -> pb.LeaseLeasesResponse:
+        ids = sorted(self.store.leases.leases)
+        return pb.LeaseLeasesResponse(header=self.m.header(), leases=[pb.LeaseStatus(ID=i) for i in ids])
