@@ -233,3 +233,29 @@ def test_recovered_revision_prefix_rules():
     assert recovered_revision([shard(0, (2, (0,)), (4, (0,)))]) == 2
     # everything below the newest checkpoint counts as present
     assert recovered_revision([shard(9), shard(0, (10, (1,)))]) == 10
+
+
+def test_leases_survive_checkpoints_that_release_their_records(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path, checkpoint_journal_bytes=4 * 1024)
+        lid, ttl, _ = await store.lease_grant(0, 100)
+        await store.lease_grant(55, 10)
+        await store.put(PutReq(OTHER, b"v", lease=lid))  # default shard: lease records' shard
+        await store.lease_revoke(55)
+        for i in range(300):  # push the default shard's journal through checkpoints
+            await store.put(PutReq(b"filler%d" % (i % 10), b"x" * 100))
+        await asyncio.sleep(0.2)
+        default = store.lease_shard
+        assert default.checkpoint_rev > 5
+        await store.close()
+        from journal import Journal
+
+        first = min(r.rev for r in Journal.open(default.dir / "journal").records())
+        assert first > 4, "the grant records must have been released"
+
+        store = await open_store(tmp_path, checkpoint_journal_bytes=4 * 1024)
+        assert sorted(store.leases.leases) == [lid]
+        assert store.leases.leases[lid].keys == {OTHER} and store.leases.leases[lid].ttl == 100
+        await store.close()
+
+    run(go())
