@@ -69,9 +69,8 @@ def scan_shards(store: Store, key: bytes, end: bytes | None, rev: int) -> Iterat
 
 def count_keys(store: Store, key: bytes, end: bytes | None, rev: int) -> int:
     if end is None:
-        return store.states[store.router.shard_for_key(key)].count(key, None, rev, store.rev)
-    latest = store.rev
-    return sum(store.states[s].count(key, end, rev, latest) for s in store.router.shards_for_range(key, end))
+        return store.states[store.router.shard_for_key(key)].count(key, None, rev)
+    return sum(store.states[s].count(key, end, rev) for s in store.router.shards_for_range(key, end))
 
 
 def fetch_rows(store: Store, items: list[tuple[bytes, int, int]]) -> list[bytes]:

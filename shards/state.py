@@ -62,6 +62,7 @@ class ShardState:
         self.index: dict[bytes, list[int]] = {}
         self._log_revs: list[int] = []
         self._log_keys: list[bytes] = []
+        self.last_main = 0  # highest revision applied here, pending ones included
 
     def close(self) -> None:
         self.db.close()
@@ -88,6 +89,7 @@ class ShardState:
         self.db[row_key(e)] = kv
         self._log_revs.append(main)
         self._log_keys.append(key)
+        self.last_main = main
 
     def delete(self, key: bytes, main: int, sub: int, tombstone_kv: bytes) -> None:
         """Tombstone a key that is live at the latest revision."""
@@ -97,6 +99,7 @@ class ShardState:
         self.db[row_key(e)] = tombstone_kv
         self._log_revs.append(main)
         self._log_keys.append(key)
+        self.last_main = main
 
     # -- reads ----------------------------------------------------------
 
@@ -151,14 +154,16 @@ class ShardState:
             if not e & 1:
                 yield k, e
 
-    def count(self, key: bytes, end: bytes | None, rev: int, latest: int) -> int:
+    def count(self, key: bytes, end: bytes | None, rev: int) -> int:
         """Number of keys live at ``rev`` in [key, end) (``end`` as in scan)."""
         if end is None:
             return 0 if self.entry_at(key, rev) is None else 1
+        if end and end <= key:
+            return 0
         live = self.live
         hi = len(live) if not end else live.bisect_left(end)
         n = hi - live.bisect_left(key)
-        if rev >= latest:
+        if rev >= self.last_main:
             return n
         start = bisect.bisect_right(self._log_revs, rev)
         if len(self._log_revs) - start > max(4096, 4 * n):

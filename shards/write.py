@@ -124,8 +124,7 @@ class WriteTxn:
     def txn(self, req: TxnReq) -> TxnResult:
         """Evaluate compares, check the chosen path, then apply it."""
         path = self._path(req)
-        writes = is_write(req)
-        self._check(req, iter(path), writes)
+        self._check(req, path, is_write(req))
         result = self._apply(req, iter(path))
         result.revision = self.rev if self.sub else self.rev - 1
         return result
@@ -138,19 +137,29 @@ class WriteTxn:
                 path.extend(self._path(op))
         return path
 
-    def _check(self, req: TxnReq, path, writes: bool) -> None:
-        ops = req.success if next(path) else req.failure
-        current, compact = self.rev - 1, self.store.compact_rev
-        for op in ops:
-            if isinstance(op, PutReq) and writes:
-                self.check_put(op)
-            elif isinstance(op, RangeReq) and op.revision:
-                if op.revision > current:
-                    raise FutureRevisionError
-                if op.revision < compact:
-                    raise CompactedError
-            elif isinstance(op, TxnReq):
-                self._check(op, path, writes)
+    def _check(self, req: TxnReq, path: list[bool], writes: bool) -> None:
+        """etcd's checkRequests: puts on the chosen path first (write txns only), then ranges."""
+        if writes:
+            self._walk(req, iter(path), self._check_put_op)
+        self._walk(req, iter(path), self._check_range_op)
+
+    def _walk(self, req: TxnReq, path, check) -> None:
+        for op in req.success if next(path) else req.failure:
+            if isinstance(op, TxnReq):
+                self._walk(op, path, check)
+            else:
+                check(op)
+
+    def _check_put_op(self, op) -> None:
+        if isinstance(op, PutReq):
+            self.check_put(op)
+
+    def _check_range_op(self, op) -> None:
+        if isinstance(op, RangeReq) and op.revision:
+            if op.revision > self.rev - 1:
+                raise FutureRevisionError
+            if op.revision < self.store.compact_rev:
+                raise CompactedError
 
     def _apply(self, req: TxnReq, path) -> TxnResult:
         ok = next(path)

@@ -9,10 +9,6 @@ from . import convert, validate, wire
 from .context import Member, abort_with
 
 
-def _raw(b: bytes) -> bytes:
-    return b
-
-
 class KVService:
     def __init__(self, member: Member) -> None:
         self.m = member
@@ -60,19 +56,3 @@ class KVService:
         except Exception as exc:
             await abort_with(context, exc)
         return pb.CompactionResponse(header=self.m.header(rev))
-
-    def handler(self) -> grpc.GenericRpcHandler:
-        raw = {"response_serializer": _raw}
-        std = {"response_serializer": lambda m: m.SerializeToString()}
-        return grpc.method_handlers_generic_handler(
-            "etcdserverpb.KV",
-            {
-                "Range": grpc.unary_unary_rpc_method_handler(self.Range, pb.RangeRequest.FromString, **raw),
-                "Put": grpc.unary_unary_rpc_method_handler(self.Put, pb.PutRequest.FromString, **raw),
-                "DeleteRange": grpc.unary_unary_rpc_method_handler(
-                    self.DeleteRange, pb.DeleteRangeRequest.FromString, **raw
-                ),
-                "Txn": grpc.unary_unary_rpc_method_handler(self.Txn, pb.TxnRequest.FromString, **std),
-                "Compact": grpc.unary_unary_rpc_method_handler(self.Compact, pb.CompactionRequest.FromString, **std),
-            },
-        )

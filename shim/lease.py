@@ -5,12 +5,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from proto import rpc_pb2 as pb
 
 from .context import Member, abort_with
 
 
-class LeaseService(pbg.LeaseServicer):
+class LeaseService:
     def __init__(self, member: Member) -> None:
         self.m = member
         self.store = member.store

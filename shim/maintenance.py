@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import grpc
 
-from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from proto import rpc_pb2 as pb
 
 from .config import ETCD_API_VERSION
 from .context import Member
 from .errors import MEMBER_NOT_SUPPORTED
 
 
-class MaintenanceService(pbg.MaintenanceServicer):
+class MaintenanceService:
     def __init__(self, member: Member) -> None:
         self.m = member
 
@@ -29,7 +29,7 @@ class MaintenanceService(pbg.MaintenanceServicer):
         )
 
 
-class ClusterService(pbg.ClusterServicer):
+class ClusterService:
     def __init__(self, member: Member) -> None:
         self.m = member
 
@@ -37,7 +37,9 @@ class ClusterService(pbg.ClusterServicer):
         return pb.Member(ID=self.m.member_id, name=self.m.config.name, clientURLs=list(self.m.config.client_urls))
 
     async def MemberList(self, request: pb.MemberListRequest, context: grpc.aio.ServicerContext) -> pb.MemberListResponse:
-        return pb.MemberListResponse(header=self.m.header(), members=[self._me()])
+        # etcd's Cluster service header carries no revision
+        header = pb.ResponseHeader(cluster_id=self.m.cluster_id, member_id=self.m.member_id, raft_term=self.m.raft_term)
+        return pb.MemberListResponse(header=header, members=[self._me()])
 
     async def _unsupported(self, request, context: grpc.aio.ServicerContext):
         await context.abort(*MEMBER_NOT_SUPPORTED)

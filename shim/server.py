@@ -10,12 +10,12 @@ from urllib.parse import urlsplit
 import grpc
 
 from journal import JournalConfig
-from proto import rpc_pb2_grpc as pbg
 from shards.layout import load_layout
 from shards.store import Store, StoreConfig
 
 from .config import ServerConfig
 from .context import Member
+from .handlers import service_handler
 from .kv import KVService
 from .lease import LeaseService
 from .maintenance import ClusterService, MaintenanceService
@@ -80,10 +80,14 @@ async def start(config: ServerConfig) -> Running:
     store.on_failure = lambda exc: failed.set()
     member = Member(store, config)
     server = grpc.aio.server(options=grpc_options(config))
-    server.add_generic_rpc_handlers([KVService(member).handler(), WatchService(member).handler()])
-    pbg.add_MaintenanceServicer_to_server(MaintenanceService(member), server)
-    pbg.add_ClusterServicer_to_server(ClusterService(member), server)
-    pbg.add_LeaseServicer_to_server(LeaseService(member), server)
+    services = {
+        "KV": KVService(member),
+        "Watch": WatchService(member),
+        "Lease": LeaseService(member),
+        "Maintenance": MaintenanceService(member),
+        "Cluster": ClusterService(member),
+    }
+    server.add_generic_rpc_handlers([service_handler(name, svc) for name, svc in services.items()])
     ports = []
     try:
         for url, addr in zip(config.listen_client_urls, addresses):

@@ -78,13 +78,3 @@ class WatchService:
             wire.watch_response(header, msg.watch_id, chunk, fragment=i < len(chunks) - 1, **flags)
             for i, chunk in enumerate(chunks)
         ]
-
-    def handler(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(
-            "etcdserverpb.Watch",
-            {
-                "Watch": grpc.stream_stream_rpc_method_handler(
-                    self.Watch, pb.WatchRequest.FromString, response_serializer=lambda b: b
-                )
-            },
-        )

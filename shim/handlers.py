@@ -1,0 +1,97 @@
+"""gRPC method registration for our services, from the proto descriptor.
+
+Every method a service class defines is registered with a request
+deserializer that turns undecodable bytes into etcd's answer
+(INTERNAL "grpc: error unmarshalling request: …") instead of an UNKNOWN
+crash report, and a serializer that passes pre-encoded response bytes
+through.  Methods a class does not define are not registered, so they
+answer UNIMPLEMENTED, as a Go server does for a method it lacks.
+"""
+from __future__ import annotations
+
+import inspect
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from proto import rpc_pb2
+
+
+class Malformed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _deserializer(cls):
+    parse = cls.FromString
+
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return Malformed(str(exc))
+
+    return deserialize
+
+
+def _serialize(msg) -> bytes:
+    return msg if isinstance(msg, bytes) else msg.SerializeToString()
+
+
+async def _reject(context: grpc.aio.ServicerContext, bad: Malformed):
+    await context.abort(grpc.StatusCode.INTERNAL, f"grpc: error unmarshalling request: {bad.error}")
+
+
+def _unary(fn):
+    async def handle(request, context):
+        if type(request) is Malformed:
+            await _reject(context, request)
+        return await fn(request, context)
+
+    return handle
+
+
+def _unary_stream(fn):
+    async def handle(request, context):
+        if type(request) is Malformed:
+            await _reject(context, request)
+        async for response in fn(request, context):
+            yield response
+
+    return handle
+
+
+async def _checked(requests, context):
+    async for request in requests:
+        if type(request) is Malformed:
+            await _reject(context, request)
+        yield request
+
+
+def _stream_stream(fn):
+    async def handle(requests, context):
+        async for response in fn(_checked(requests, context), context):
+            yield response
+
+    return handle
+
+
+def service_handler(service: str, servicer) -> grpc.GenericRpcHandler:
+    desc = rpc_pb2.DESCRIPTOR.services_by_name[service]
+    handlers = {}
+    for method in desc.methods:
+        fn = getattr(servicer, method.name, None)
+        if fn is None:
+            continue
+        des = _deserializer(getattr(rpc_pb2, method.input_type.name))
+        if method.client_streaming and method.server_streaming:
+            h = grpc.stream_stream_rpc_method_handler(_stream_stream(fn), des, _serialize)
+        elif method.server_streaming:
+            assert inspect.isasyncgenfunction(fn), method.full_name
+            h = grpc.unary_stream_rpc_method_handler(_unary_stream(fn), des, _serialize)
+        else:
+            h = grpc.unary_unary_rpc_method_handler(_unary(fn), des, _serialize)
+        handlers[method.name] = h
+    return grpc.method_handlers_generic_handler(desc.full_name, handlers)

@@ -1,0 +1,226 @@
+"""Run shardetcd (``python -m shim``) as a subprocess on a free loopback port.
+
+    server = start_shardetcd(tmp_path)
+    try:
+        channel = grpc.insecure_channel(server.endpoint)
+        ...
+        server.restart()      # same data dir, same port
+    finally:
+        server.stop()
+
+The process's stdout and stderr go to ``<tmp_path>/<name>.log`` (appended to
+across restarts). Readiness means a Range over gRPC was answered, not just that
+the port accepts connections.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from proto import rpc_pb2, rpc_pb2_grpc
+from tests.etcd_fixture import free_port
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ShardetcdStartError(RuntimeError):
+    pass
+
+
+class ShardetcdProcess:
+    """A shardetcd server process; ``stop()`` is safe to call repeatedly."""
+
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        state_dir: Path,
+        port: int,
+        log_path: Path,
+        extra_args: tuple[str, ...] = (),
+        timeout: float = 30.0,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.state_dir = Path(state_dir)
+        self.port = port
+        self.log_path = Path(log_path)
+        self.extra_args = tuple(extra_args)
+        self.timeout = timeout
+        self.proc: subprocess.Popen | None = None
+
+    # -- identity --------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """gRPC target, "127.0.0.1:PORT"."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.endpoint}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def args(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "shim",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen-client-urls",
+            self.client_url,
+            "--log-level",
+            "warn",
+            # keep the RocksDB state under the test's tmp dir rather than /dev/shm
+            "--state-dir",
+            str(self.state_dir),
+            *self.extra_args,
+        ]
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> ShardetcdProcess:
+        if self.running():
+            raise RuntimeError(f"shardetcd pid {self.pid} is already running")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+        env["PYTHONUNBUFFERED"] = "1"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"=== start: {' '.join(self.args())}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.args(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO_ROOT,
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if not self.running():
+                raise ShardetcdStartError(
+                    f"shardetcd exited with code {self.returncode}; log tail:\n{self.log_tail()}"
+                )
+            if self.answers_range():
+                return
+            time.sleep(0.05)
+        raise ShardetcdStartError(f"shardetcd not serving within {self.timeout}s; log tail:\n{self.log_tail()}")
+
+    def answers_range(self, timeout: float = 1.0) -> bool:
+        with grpc.insecure_channel(self.endpoint) as channel:
+            try:
+                rpc_pb2_grpc.KVStub(channel).Range(
+                    rpc_pb2.RangeRequest(key=b"\0", count_only=True), timeout=timeout
+                )
+                return True
+            except grpc.RpcError:
+                return False
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM, wait up to `grace` seconds, then SIGKILL. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.wait()
+
+    def kill(self) -> int | None:
+        """SIGKILL by PID and reap."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return self.proc.wait()
+
+    def restart(self) -> ShardetcdProcess:
+        """Stop (gracefully) if running, then start again on the same data dir and port."""
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> ShardetcdProcess:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        pid = self.proc.pid if self.proc else None
+        return f"<ShardetcdProcess pid={pid} endpoint={self.endpoint} data_dir={self.data_dir}>"
+
+
+def start_shardetcd(
+    tmp_path: Path,
+    *,
+    name: str = "shardetcd",
+    extra_args: tuple[str, ...] = (),
+    timeout: float = 30.0,
+    attempts: int = 3,
+) -> ShardetcdProcess:
+    """Start shardetcd with its data under ``tmp_path/<name>`` on a free port.
+
+    A start that fails (e.g. the picked port was taken meanwhile) is retried
+    on a new port, up to `attempts` times.
+    """
+    base = Path(tmp_path) / name
+    last: Exception | None = None
+    for _ in range(attempts):
+        server = ShardetcdProcess(
+            data_dir=base / "data",
+            state_dir=base / "state",
+            port=free_port(),
+            log_path=base / "shardetcd.log",
+            extra_args=extra_args,
+            timeout=timeout,
+        )
+        try:
+            return server.start()
+        except ShardetcdStartError as exc:
+            last = exc
+            if "cannot listen" not in str(exc):
+                break
+    assert last is not None
+    raise last
