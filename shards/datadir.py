@@ -61,6 +61,9 @@ class DataDir:
             raise
         return cls(path, meta, lock_fd)
 
+    def save_meta(self) -> None:
+        _write_atomic(self.path / "meta.json", json.dumps(self.meta, indent=1).encode())
+
     def shard_dir(self, name: str) -> Path:
         d = self.path / "shards" / name
         d.mkdir(parents=True, exist_ok=True)

@@ -63,15 +63,23 @@ class ShardState:
         self._log_revs: list[int] = []
         self._log_keys: list[bytes] = []
         self.last_main = 0  # highest revision applied here, pending ones included
+        self.bytes_in_use = 0  # row keys + values held (history included)
+        self.bytes_high = 0  # high-water mark of bytes_in_use since the last defragment
 
     def close(self) -> None:
         self.db.close()
         shutil.rmtree(self.path, ignore_errors=True)
 
-    def size_bytes(self) -> int:
-        db = self.db
-        sst = db.property_int_value("rocksdb.total-sst-files-size") or 0
-        return sst + (db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0)
+    def _grow(self, nbytes: int) -> None:
+        self.bytes_in_use += nbytes
+        if self.bytes_in_use > self.bytes_high:
+            self.bytes_high = self.bytes_in_use
+
+    def defragment(self) -> None:
+        """Flush memtables and compact every file (callable from a thread)."""
+        self.db.flush(True)
+        self.db.compact_range(None, None)
+        self.bytes_high = self.bytes_in_use
 
     # -- writes ---------------------------------------------------------
 
@@ -87,6 +95,7 @@ class ShardState:
                 self.live.add(key)
             revs.append(e)
         self.db[row_key(e)] = kv
+        self._grow(16 + len(kv))
         self._log_revs.append(main)
         self._log_keys.append(key)
         self.last_main = main
@@ -97,6 +106,7 @@ class ShardState:
         self.index[key].append(e)
         self.live.remove(key)
         self.db[row_key(e)] = tombstone_kv
+        self._grow(17 + len(tombstone_kv))
         self._log_revs.append(main)
         self._log_keys.append(key)
         self.last_main = main
@@ -200,7 +210,11 @@ class ShardState:
             return
         drop = i + 1 if revs[i] & 1 else i
         for e in revs[:drop]:
-            batch.delete(row_key(e))
+            rk = row_key(e)
+            value = self.db.get(rk)
+            if value is not None:
+                self.bytes_in_use -= len(rk) + len(value)
+            batch.delete(rk)
         if drop == len(revs):
             del self.index[key]
             self.keys.remove(key)

@@ -110,8 +110,14 @@ class Store:
         self.datadir.close()
 
     def db_size(self) -> int:
-        """Bytes of MVCC state held (RocksDB files and memtables, all shards)."""
-        return sum(s.size_bytes() for s in self.states)
+        """Like etcd's backend file size: the most row bytes held since the last
+        defragment (space freed by compaction is reused, but only a
+        defragment gives it back)."""
+        return sum(s.bytes_high for s in self.states)
+
+    def db_size_in_use(self) -> int:
+        """Row bytes held now, history included."""
+        return sum(s.bytes_in_use for s in self.states)
 
     def lease_exists(self, lease_id: int) -> bool:
         return lease_id in self.leases
@@ -250,6 +256,18 @@ class Store:
         self._waiters.clear()
         if self.on_failure is not None:
             self.on_failure(exc)
+
+    # -- maintenance ----------------------------------------------------
+
+    def hash_kv(self, rev: int) -> tuple[int, int]:
+        from .hashkv import hash_kv
+
+        return hash_kv(self, rev)
+
+    async def defragment(self) -> None:
+        """Give back the space of deleted and compacted rows (RocksDB flush + full compaction)."""
+        for state in self.states:
+            await asyncio.to_thread(state.defragment)
 
     # -- leases ---------------------------------------------------------
 

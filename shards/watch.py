@@ -341,6 +341,8 @@ class WatchHub:
             events.append(self._event(w, rev, change.key, change.kind, change.row))
 
     def _event(self, w: Watcher, rev: int, key: bytes, kind: int, row: bytes) -> Event:
+        if kind == DELETE:  # tombstone rows hold the key alone; events carry the revision
+            row = KeyValue(key=key, mod_revision=rev).SerializeToString()
         prev = None
         if w.prev_kv:
             state = self.store.states[self.store.router.shard_for_key(key)]

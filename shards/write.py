@@ -105,7 +105,7 @@ class WriteTxn:
             state = self.store.states[sid]
             if req.prev_kv:
                 prev.append(state.get_row(e))
-            row = KeyValue(key=key, mod_revision=rev).SerializeToString()
+            row = KeyValue(key=key).SerializeToString()  # etcd's tombstone row: the key alone
             state.delete(key, rev, self.sub, row)
             self.store.leases.detach(key)
             self._record(sid, Change(DELETE, self.sub, key, row))

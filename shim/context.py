@@ -7,10 +7,12 @@ from dataclasses import dataclass
 import grpc
 
 from proto import rpc_pb2 as pb
+from shards.alarms import AlarmStore
 from shards.store import Store
 
 from .config import ServerConfig
 from .errors import status_of
+from .quota import Quota
 from .wire import Headers
 
 logger = logging.getLogger(__name__)
@@ -25,6 +27,8 @@ class Member:
         d = self.store.datadir
         self.cluster_id, self.member_id, self.raft_term = d.cluster_id, d.member_id, d.term
         self.headers = Headers(self.cluster_id, self.member_id, self.raft_term)
+        self.alarms = AlarmStore(self.store.datadir)
+        self.quota = Quota(self.store, self.alarms, self.member_id, self.config.quota_backend_bytes)
 
     def header(self, revision: int | None = None) -> pb.ResponseHeader:
         return pb.ResponseHeader(

@@ -5,7 +5,7 @@ import grpc
 
 from proto import rpc_pb2 as pb
 
-from . import convert, validate, wire
+from . import convert, quota, validate, wire
 from .context import Member, abort_with
 
 
@@ -26,6 +26,7 @@ class KVService:
         try:
             validate.check_put(request)
             validate.check_size(request, self.m.config.max_request_bytes)
+            self.m.quota.check(quota.cost_put(request), capped=True)
             r = await self.store.put(convert.put_req(request))
         except Exception as exc:
             await abort_with(context, exc)
@@ -45,6 +46,8 @@ class KVService:
             validate.check_txn(request, self.m.config.max_txn_ops)
             validate.check_txn_intervals(request)
             validate.check_size(request, self.m.config.max_request_bytes)
+            cost = quota.cost_txn(request)
+            self.m.quota.check(cost, capped=cost > 0)
             r = await self.store.txn(convert.txn_req(request))
         except Exception as exc:
             await abort_with(context, exc)

@@ -8,6 +8,7 @@ import grpc
 from proto import rpc_pb2 as pb
 
 from .context import Member, abort_with
+from .quota import LEASE_OVERHEAD_BYTES
 
 
 class LeaseService:
@@ -17,6 +18,7 @@ class LeaseService:
 
     async def LeaseGrant(self, request: pb.LeaseGrantRequest, context: grpc.aio.ServicerContext) -> pb.LeaseGrantResponse:
         try:
+            self.m.quota.check(LEASE_OVERHEAD_BYTES, capped=True)
             lease_id, ttl, rev = await self.store.lease_grant(request.ID, request.TTL)
         except Exception as exc:
             await abort_with(context, exc)

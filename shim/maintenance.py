@@ -6,26 +6,59 @@ import grpc
 from proto import rpc_pb2 as pb
 
 from .config import ETCD_API_VERSION
-from .context import Member
+from shards.alarms import NAMES, NONE
+
+from .context import Member, abort_with
 from .errors import MEMBER_NOT_SUPPORTED
 
 
 class MaintenanceService:
     def __init__(self, member: Member) -> None:
         self.m = member
+        self.store = member.store
+
+    async def Alarm(self, request: pb.AlarmRequest, context: grpc.aio.ServicerContext) -> pb.AlarmResponse:
+        alarms = self.m.alarms
+        resp = pb.AlarmResponse(header=self.m.header())
+        if request.action == pb.AlarmRequest.GET:
+            found = alarms.get(request.alarm)
+        elif request.action == pb.AlarmRequest.ACTIVATE:
+            found = [alarms.activate(request.memberID, request.alarm)] if request.alarm != NONE else []
+        elif request.action == pb.AlarmRequest.DEACTIVATE:
+            gone = alarms.deactivate(request.memberID, request.alarm)
+            found = [gone] if gone else []
+        else:
+            found = []
+        resp.alarms.extend(pb.AlarmMember(memberID=m, alarm=a) for m, a in found)
+        return resp
+
+    async def Defragment(self, request: pb.DefragmentRequest, context: grpc.aio.ServicerContext) -> pb.DefragmentResponse:
+        await self.store.defragment()
+        return pb.DefragmentResponse(header=self.m.header())
+
+    async def Hash(self, request: pb.HashRequest, context: grpc.aio.ServicerContext) -> pb.HashResponse:
+        h, _ = self.store.hash_kv(0)
+        return pb.HashResponse(header=self.m.header(), hash=h)
+
+    async def HashKV(self, request: pb.HashKVRequest, context: grpc.aio.ServicerContext) -> pb.HashKVResponse:
+        try:
+            h, compact = self.store.hash_kv(request.revision)
+        except Exception as exc:
+            await abort_with(context, exc)
+        return pb.HashKVResponse(header=self.m.header(), hash=h, compact_revision=compact)
 
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusResponse:
         store = self.m.store
-        size = store.db_size()
         return pb.StatusResponse(
             header=self.m.header(),
             version=ETCD_API_VERSION,
-            dbSize=size,
-            dbSizeInUse=size,
+            dbSize=store.db_size(),
+            dbSizeInUse=store.db_size_in_use(),
             leader=self.m.member_id,
             raftIndex=store.committed,
             raftAppliedIndex=store.committed,
             raftTerm=self.m.raft_term,
+            errors=[f"memberID:{m} alarm:{NAMES[a]} " for m, a in self.m.alarms.get()],
         )
 
 

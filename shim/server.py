@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from journal import JournalConfig
 from shards.layout import load_layout
@@ -88,6 +89,9 @@ async def start(config: ServerConfig) -> Running:
         "Cluster": ClusterService(member),
     }
     server.add_generic_rpc_handlers([service_handler(name, svc) for name, svc in services.items()])
+    health_servicer = health.aio.HealthServicer()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     ports = []
     try:
         for url, addr in zip(config.listen_client_urls, addresses):
