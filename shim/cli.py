@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quota-backend-bytes", type=int, default=d.quota_backend_bytes, help="state size that raises the NOSPACE alarm; 0 = etcd's default of 2 GiB (default: %(default)s)")
     p.add_argument("--experimental-watch-progress-notify-interval", type=_duration, default="10m",
                    help="how often idle watchers that asked for progress notifications get one, e.g. 10m, 5s, 100ms (default: %(default)s)")
+    p.add_argument("--cert-file", type=Path, default=None, help="server TLS certificate (PEM), used by https:// client URLs")
+    p.add_argument("--key-file", type=Path, default=None, help="server TLS private key (PEM)")
+    p.add_argument("--trusted-ca-file", type=Path, default=None, help="CA bundle (PEM) that client certificates must be signed by")
+    p.add_argument("--client-cert-auth", action="store_true", help="refuse TLS clients without a certificate signed by --trusted-ca-file")
+    p.add_argument("--listen-metrics-urls", type=_urls, default=(), help="comma-separated http:// URLs serving /metrics, /health, /readyz, /livez and /version")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"], help="log verbosity; logs go to stderr (default: %(default)s)")
     p.add_argument("--shard-layout", type=Path, default=None, help="TOML file naming which Kubernetes resources each shard owns (default: built-in leases/events/pods/nodes/default)")
     p.add_argument("--journal-fsync", choices=["always", "batch", "off"], default=d.journal_fsync,
@@ -79,6 +84,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         journal_segment_bytes=args.journal_segment_bytes,
         checkpoint_journal_bytes=args.checkpoint_journal_bytes,
         watch_progress_notify_interval_s=args.experimental_watch_progress_notify_interval,
+        cert_file=args.cert_file,
+        key_file=args.key_file,
+        trusted_ca_file=args.trusted_ca_file,
+        client_cert_auth=args.client_cert_auth,
+        listen_metrics_urls=args.listen_metrics_urls,
     )
 
 

@@ -22,6 +22,11 @@ class ServerConfig:
     journal_segment_bytes: int = 64 * 1024 * 1024
     checkpoint_journal_bytes: int = 256 * 1024 * 1024
     watch_progress_notify_interval_s: float = 600.0
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    trusted_ca_file: Path | None = None
+    client_cert_auth: bool = False
+    listen_metrics_urls: tuple[str, ...] = ()
     grpc_keepalive_min_time_s: float = 5.0
     grpc_keepalive_interval_s: float = 2 * 60 * 60
     grpc_keepalive_timeout_s: float = 20.0

@@ -5,6 +5,7 @@ import asyncio
 import logging
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import grpc
@@ -40,14 +41,34 @@ class Running:
     progress: asyncio.Task | None = None
 
 
-def parse_listen_url(url: str) -> str:
+def parse_listen_url(url: str) -> tuple[str, bool]:
+    """(host:port, is TLS) of an http:// or https:// URL."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
-        raise StartupError(f"invalid listen URL {url!r}: want http://HOST:PORT")
-    if parts.scheme == "https":
-        raise StartupError(f"listen URL {url!r}: TLS is not supported yet")
+        raise StartupError(f"invalid listen URL {url!r}: want http://HOST:PORT or https://HOST:PORT")
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{host}:{parts.port}"
+    return f"{host}:{parts.port}", parts.scheme == "https"
+
+
+def _read(path: Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise StartupError(f"cannot read {what} {path}: {exc.strerror}") from None
+
+
+def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials:
+    """etcd's client TLS: certificate and key; with --client-cert-auth, clients
+    must present a certificate signed by --trusted-ca-file."""
+    if config.cert_file is None or config.key_file is None:
+        raise StartupError("https:// client URLs need --cert-file and --key-file")
+    if config.client_cert_auth and config.trusted_ca_file is None:
+        raise StartupError("--client-cert-auth needs --trusted-ca-file")
+    cert, key = _read(config.cert_file, "--cert-file"), _read(config.key_file, "--key-file")
+    ca = _read(config.trusted_ca_file, "--trusted-ca-file")
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=config.client_cert_auth)
 
 
 def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
@@ -94,9 +115,10 @@ async def start(config: ServerConfig) -> Running:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     ports = []
     try:
-        for url, addr in zip(config.listen_client_urls, addresses):
+        creds = tls_credentials(config) if any(tls for _, tls in addresses) else None
+        for url, (addr, tls) in zip(config.listen_client_urls, addresses):
             try:
-                ports.append(server.add_insecure_port(addr))
+                ports.append(server.add_secure_port(addr, creds) if tls else server.add_insecure_port(addr))
             except RuntimeError:
                 raise StartupError(f"cannot listen on {url}: address in use or not available") from None
         await server.start()

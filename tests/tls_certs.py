@@ -1,0 +1,63 @@
+"""Test certificates made with `cryptography`: a CA, server and client certs."""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _key():
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _pem_key(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool, usage=None, sans=()):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if usage:
+        b = b.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+    if sans:
+        b = b.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+    return b.sign(issuer_key, hashes.SHA256())
+
+
+def make_pki(directory: Path, name: str = "ca") -> dict[str, Path]:
+    """Files: ca.pem, server.pem/server-key.pem (127.0.0.1, localhost), client.pem/client-key.pem."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = _key()
+    ca = _cert(f"{name} test CA", ca_key, _name(f"{name} test CA"), ca_key, ca=True)
+    files = {"ca": directory / f"{name}.pem"}
+    files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    for role, usage, sans in (
+        ("server", [ExtendedKeyUsageOID.SERVER_AUTH],
+         [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+        ("client", [ExtendedKeyUsageOID.CLIENT_AUTH], []),
+    ):
+        key = _key()
+        cert = _cert(f"{name}-{role}", key, ca.subject, ca_key, ca=False, usage=usage, sans=sans)
+        files[role] = directory / f"{name}-{role}.pem"
+        files[f"{role}-key"] = directory / f"{name}-{role}-key.pem"
+        files[role].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        files[f"{role}-key"].write_bytes(_pem_key(key))
+    return files
