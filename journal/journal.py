@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
@@ -58,6 +59,8 @@ class Journal:
         self.durable_seq = 0
         self.on_durable: Callable[[int], None] | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
+        # told after each batch: (bytes written, seconds for write + sync)
+        self.on_batch: Callable[[int, float], None] | None = None
         self._segments = segments
         self._replay = list(segments)
         self._last_rev = _last_rev(segments)
@@ -214,8 +217,11 @@ class Journal:
         try:
             while (batch := await self._next_batch()) is not None:
                 self._hop_in_flight = True
+                started = time.monotonic()
                 touched = await _in_thread(self._writer.write_batch, batch)
                 self._hop_in_flight = False
+                if self.on_batch is not None:
+                    self.on_batch(sum(r.frame_bytes for r in batch), time.monotonic() - started)
                 self._acknowledge(batch[-1].seq, touched)
         except asyncio.CancelledError:
             self._fail(JournalFailed("journal writer task cancelled"))

@@ -51,6 +51,7 @@ class Shard:
         self.checkpoint_rev = 0
         self.checkpoint_task: asyncio.Task | None = None
         self.bytes_at_checkpoint = 0
+        self.writes = 0  # WRITE records appended since start
         # told of every row replayed: (key, lease id of a put, or -1 for a delete)
         self.on_replay: Callable[[bytes, int], None] = lambda key, lease: None
 
@@ -104,6 +105,7 @@ class Shard:
     def append_write(self, rev: int, participants: tuple[int, ...], changes: list[Change]) -> None:
         seq = self.journal.append(WRITE, rev, encode_write(participants, changes))
         self.inflight.append((seq, rev))
+        self.writes += 1
 
     def append_compact(self, tag_rev: int, compact_rev: int) -> None:
         self.journal.append(COMPACT, tag_rev, encode_compact(compact_rev))

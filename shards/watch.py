@@ -270,6 +270,9 @@ class WatchHub:
         """Is any watcher waiting for live events?"""
         return self._count > 0
 
+    def range_watchers(self, sid: int) -> int:
+        return len(self._ranges[sid])
+
     @property
     def watcher_count(self) -> int:
         return sum(len(s.watchers) for s in self.streams)

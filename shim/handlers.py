@@ -17,6 +17,13 @@ from google.protobuf.message import DecodeError
 from proto import rpc_pb2
 
 
+class Traffic:
+    """Bytes of gRPC messages received and sent (read by the metrics collector)."""
+
+    received = 0
+    sent = 0
+
+
 class Malformed:
     __slots__ = ("error",)
 
@@ -28,6 +35,7 @@ def _deserializer(cls):
     parse = cls.FromString
 
     def deserialize(data: bytes):
+        Traffic.received += len(data)
         try:
             return parse(data)
         except DecodeError as exc:
@@ -37,7 +45,9 @@ def _deserializer(cls):
 
 
 def _serialize(msg) -> bytes:
-    return msg if isinstance(msg, bytes) else msg.SerializeToString()
+    data = msg if isinstance(msg, bytes) else msg.SerializeToString()
+    Traffic.sent += len(data)
+    return data
 
 
 async def _reject(context: grpc.aio.ServicerContext, bad: Malformed):

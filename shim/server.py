@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -18,9 +18,11 @@ from shards.store import Store, StoreConfig
 from .config import ServerConfig
 from .context import Member
 from .handlers import service_handler
+from .http import HttpEndpoint, start_http
 from .kv import KVService
 from .lease import LeaseService
 from .maintenance import ClusterService, MaintenanceService
+from .metrics import Metrics
 from .watch import WatchService
 
 logger = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class Running:
     ports: list[int]
     failed: asyncio.Event
     progress: asyncio.Task | None = None
+    http: list = field(default_factory=list)
 
 
 def parse_listen_url(url: str) -> tuple[str, bool]:
@@ -126,7 +129,14 @@ async def start(config: ServerConfig) -> Running:
         await store.close()
         raise
     progress = asyncio.get_running_loop().create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
-    return Running(server, store, ports, failed, progress)
+    running = Running(server, store, ports, failed, progress)
+    try:
+        endpoint = HttpEndpoint(member, Metrics(member))
+        running.http = await start_http(config.listen_metrics_urls, endpoint, parse_listen_url)
+    except (OSError, ValueError) as exc:
+        await stop(running)
+        raise StartupError(f"cannot serve metrics on {', '.join(config.listen_metrics_urls)}: {exc}") from None
+    return running
 
 
 async def _progress_ticks(store: Store, interval_s: float) -> None:
@@ -137,6 +147,8 @@ async def _progress_ticks(store: Store, interval_s: float) -> None:
 
 
 async def stop(running: Running, grace_s: float = 1.0) -> None:
+    for http in running.http:
+        http.close()
     if running.progress is not None:
         running.progress.cancel()
     running.store.hub.close()

@@ -1,0 +1,79 @@
+"""Prometheus metrics, with etcd's names where a metric means the same thing.
+
+Gauges are computed when scraped (nothing on the request path); the journal
+reports each batch's write + sync time, which is what etcd's
+``etcd_disk_wal_fsync_duration_seconds`` measures for its WAL.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .handlers import Traffic
+
+FSYNC_BUCKETS_S = tuple(0.001 * 2**i for i in range(14))  # etcd's WAL fsync buckets
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class _StateCollector:
+    def __init__(self, member) -> None:
+        self.m = member
+
+    def collect(self):
+        m, store = self.m, self.m.store
+        yield _gauge("etcd_server_has_leader", "Whether a leader exists (always: no Raft).", 1)
+        yield _gauge("etcd_server_is_leader", "Whether this member is the leader.", 1)
+        yield _gauge("etcd_server_quota_backend_bytes", "Backend quota in bytes.", m.quota.limit or 0)
+        yield _gauge("etcd_mvcc_db_total_size_in_bytes", "State size, as etcd's backend file size.", store.db_size())
+        yield _gauge("etcd_mvcc_db_total_size_in_use_in_bytes", "State bytes in use.", store.db_size_in_use())
+        yield _gauge("etcd_debugging_mvcc_keys_total", "Keys live at the latest revision.",
+                     sum(len(s.live) for s in store.states))
+        yield _gauge("etcd_debugging_mvcc_current_revision", "Committed revision.", store.committed)
+        yield _gauge("etcd_debugging_mvcc_compact_revision", "Compacted revision.", max(store.compact_rev, 0))
+        yield _gauge("etcd_debugging_mvcc_watcher_total", "Watchers.", store.hub.watcher_count)
+        yield _gauge("etcd_debugging_lease_total", "Leases.", len(store.leases.leases))
+        yield _counter("etcd_network_client_grpc_received_bytes", "Bytes received from gRPC clients.", Traffic.received)
+        yield _counter("etcd_network_client_grpc_sent_bytes", "Bytes sent to gRPC clients.", Traffic.sent)
+        yield from self._per_shard()
+
+    def _per_shard(self):
+        store = self.m.store
+        keys = GaugeMetricFamily("shardetcd_shard_keys", "Keys live in the shard.", labels=["shard"])
+        writes = CounterMetricFamily("shardetcd_shard_writes", "Write records journaled.", labels=["shard"])
+        jbytes = GaugeMetricFamily("shardetcd_shard_journal_bytes", "Journal bytes on disk.", labels=["shard"])
+        watchers = GaugeMetricFamily("shardetcd_shard_watchers", "Range watchers following the shard.", labels=["shard"])
+        for sid, shard in enumerate(store.shards):
+            keys.add_metric([shard.name], len(shard.state.live))
+            writes.add_metric([shard.name], shard.writes)
+            jbytes.add_metric([shard.name], shard.journal.bytes_total)
+            watchers.add_metric([shard.name], store.hub.range_watchers(sid))
+        yield from (keys, writes, jbytes, watchers)
+
+
+class Metrics:
+    def __init__(self, member) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_StateCollector(member))
+        self.fsync = Histogram("etcd_disk_wal_fsync_duration_seconds", "Journal batch write + fsync latency.",
+                               buckets=FSYNC_BUCKETS_S, registry=self.registry)
+        self.shard_batch = Histogram("shardetcd_shard_journal_batch_seconds", "Journal batch write + fsync latency.",
+                                     ["shard"], buckets=FSYNC_BUCKETS_S, registry=self.registry)
+        for shard in member.store.shards:
+            shard.journal.on_batch = self._batch_observer(shard.name)
+
+    def _batch_observer(self, name: str):
+        child = self.shard_batch.labels(name)
+        fsync = self.fsync
+
+        def observe(nbytes: int, seconds: float) -> None:
+            fsync.observe(seconds)
+            child.observe(seconds)
+
+        return observe

@@ -1,0 +1,74 @@
+"""/metrics, /health, /readyz, /version on --listen-metrics-urls."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.etcd_fixture import free_port
+from tests.shardetcd_fixture import start_shardetcd
+
+
+@pytest.fixture
+def server(tmp_path):
+    port = free_port()
+    s = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}"))
+    try:
+        yield s, f"http://127.0.0.1:{port}"
+    finally:
+        s.stop()
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def scrape(base: str) -> dict[tuple[str, tuple], float]:
+    status, text = get(base + "/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_metrics_follow_the_state(server):
+    srv, base = server
+    with grpc.insecure_channel(srv.endpoint) as ch:
+        kv = pbg.KVStub(ch)
+        for i in range(5):
+            kv.Put(pb.PutRequest(key=b"/registry/pods/p%d" % i, value=b"v"))
+        kv.Put(pb.PutRequest(key=b"/registry/leases/l", value=b"v"))
+        kv.DeleteRange(pb.DeleteRangeRequest(key=b"/registry/pods/p0"))
+    m = scrape(base)
+    assert m[("etcd_server_has_leader", ())] == 1
+    assert m[("etcd_debugging_mvcc_keys_total", ())] == 5
+    assert m[("etcd_debugging_mvcc_current_revision", ())] == 8
+    assert m[("etcd_mvcc_db_total_size_in_bytes", ())] >= m[("etcd_mvcc_db_total_size_in_use_in_bytes", ())] > 0
+    assert m[("shardetcd_shard_keys", (("shard", "pods"),))] == 4
+    assert m[("shardetcd_shard_writes_total", (("shard", "pods"),))] == 6
+    assert m[("shardetcd_shard_writes_total", (("shard", "leases"),))] == 1
+    assert m[("etcd_disk_wal_fsync_duration_seconds_count", ())] >= 2
+    assert m[("etcd_network_client_grpc_received_bytes_total", ())] > 100
+    assert m[("etcd_network_client_grpc_sent_bytes_total", ())] > 50
+
+
+def test_health_readyz_version(server):
+    srv, base = server
+    assert get(base + "/health") == (200, json.dumps({"health": "true", "reason": ""}))
+    assert get(base + "/readyz") == (200, "ok")
+    version = json.loads(get(base + "/version")[1])
+    assert version["etcdserver"].startswith("3.5.") and version["etcdcluster"] == "3.5.0"
+    assert get(base + "/nope")[0] == 404
+    with grpc.insecure_channel(srv.endpoint) as ch:
+        pbg.MaintenanceStub(ch).Alarm(pb.AlarmRequest(action=pb.AlarmRequest.ACTIVATE, memberID=1, alarm=pb.NOSPACE))
+    status, body = get(base + "/health")
+    assert status == 503 and json.loads(body) == {"health": "false", "reason": "ALARM NOSPACE"}
+    assert get(base + "/readyz")[0] == 503
