@@ -46,6 +46,8 @@ class DataDir:
         path = path.absolute()
         try:
             path.mkdir(parents=True, exist_ok=True)
+            if not (path / "meta.json").exists() and any(p.name not in ("LOCK", "shards") for p in path.iterdir()):
+                raise DataDirError(f"data dir {path} is not empty and holds no shardetcd data")
             lock_fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise DataDirError(f"data dir {path} is not writable: {exc.strerror}") from None
@@ -99,8 +101,6 @@ def _load_or_create_meta(path: Path, layout: Layout) -> dict:
             )
         meta["starts"] += 1
     else:
-        if any(path.iterdir()) and not (path / "LOCK").exists():
-            raise DataDirError(f"data dir {path} is not empty and holds no shardetcd data")
         meta = {
             "format": FORMAT,
             "layout": layout.fingerprint(),

@@ -121,10 +121,13 @@ class Shard:
             and self.journal.bytes_total - self.bytes_at_checkpoint >= journal_bytes_max
         )
 
+    def checkpoint_source(self, committed: int, compact_rev: int, extra_meta: bytes = b""):
+        """(meta, rows) of a checkpoint at ``committed``, frozen now; rows may be read in a thread."""
+        return _CKPT_META.pack(committed, compact_rev, self.sid) + extra_meta, self.state.snapshot_rows(committed)
+
     def start_checkpoint(self, committed: int, compact_rev: int, extra_meta: bytes = b"") -> None:
         """Snapshot rows <= committed now; write and fsync them in a thread."""
-        rows = self.state.snapshot_rows(committed)
-        meta = _CKPT_META.pack(committed, compact_rev, self.sid) + extra_meta
+        meta, rows = self.checkpoint_source(committed, compact_rev, extra_meta)
         self.bytes_at_checkpoint = self.journal.bytes_total
         self.checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint(committed, meta, rows))
 

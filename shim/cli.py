@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from shards.errors import DataDirError, LayoutError
+from shards.layout import load_layout
+from shards.snapshot import SnapshotError, restore_snapshot
 
 from .config import ServerConfig
 from .server import StartupError, serve
@@ -100,7 +102,29 @@ def setup_logging(level: str) -> None:
     )
 
 
+def snapshot_main(argv: list[str]) -> int:
+    """shardetcd snapshot restore FILE --data-dir DIR [--shard-layout FILE]"""
+    p = argparse.ArgumentParser(prog="shardetcd snapshot", description="Restore a snapshot taken with etcdctl snapshot save.")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("restore", help="lay a snapshot into a new data dir")
+    r.add_argument("file", type=Path)
+    r.add_argument("--data-dir", type=Path, required=True, help="the new data dir (must not exist or be empty)")
+    r.add_argument("--shard-layout", type=Path, default=None, help="the layout the snapshot was taken with (default: built-in)")
+    args = p.parse_args(argv)
+    setup_logging("warn")
+    try:
+        meta = restore_snapshot(args.file, args.data_dir, load_layout(args.shard_layout))
+    except (SnapshotError, DataDirError, LayoutError) as exc:
+        print(f"shardetcd: {exc}", file=sys.stderr)
+        return 2
+    print(f"restored {args.file} at revision {meta['revision']} into {args.data_dir.absolute()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["snapshot"]:
+        return snapshot_main(argv[1:])
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     config = config_from_args(args)

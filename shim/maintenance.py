@@ -1,15 +1,22 @@
 """etcdserverpb.Maintenance and etcdserverpb.Cluster, as far as a single member answers them."""
 from __future__ import annotations
 
+import asyncio
+import tempfile
+from pathlib import Path
+
 import grpc
 
 from proto import rpc_pb2 as pb
 
 from .config import ETCD_API_VERSION
 from shards.alarms import NAMES, NONE
+from shards.snapshot import freeze, write_snapshot
 
 from .context import Member, abort_with
 from .errors import MEMBER_NOT_SUPPORTED
+
+SNAPSHOT_CHUNK_BYTES = 1024 * 1024
 
 
 class MaintenanceService:
@@ -35,6 +42,20 @@ class MaintenanceService:
     async def Defragment(self, request: pb.DefragmentRequest, context: grpc.aio.ServicerContext) -> pb.DefragmentResponse:
         await self.store.defragment()
         return pb.DefragmentResponse(header=self.m.header())
+
+    async def Snapshot(self, request: pb.SnapshotRequest, context: grpc.aio.ServicerContext):
+        """Stream a snapshot of the whole store at the committed revision."""
+        meta, sources = freeze(self.store)
+        header = self.m.header(meta["revision"])
+        tmp_root = self.store.datadir.path / "tmp"
+        tmp_root.mkdir(exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
+            path = await asyncio.to_thread(write_snapshot, meta, sources, Path(tmp) / "snapshot.tar")
+            size, sent = path.stat().st_size, 0
+            with open(path, "rb") as f:
+                while chunk := await asyncio.to_thread(f.read, SNAPSHOT_CHUNK_BYTES):
+                    sent += len(chunk)
+                    yield pb.SnapshotResponse(header=header, remaining_bytes=size - sent, blob=chunk)
 
     async def Hash(self, request: pb.HashRequest, context: grpc.aio.ServicerContext) -> pb.HashResponse:
         h, _ = self.store.hash_kv(0)
