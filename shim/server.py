@@ -15,6 +15,7 @@ from journal import JournalConfig
 from shards.layout import load_layout
 from shards.store import Store, StoreConfig
 
+from .auth import AuthService
 from .config import ServerConfig
 from .context import Member
 from .handlers import service_handler
@@ -111,6 +112,7 @@ async def start(config: ServerConfig) -> Running:
         "Lease": LeaseService(member),
         "Maintenance": MaintenanceService(member),
         "Cluster": ClusterService(member),
+        "Auth": AuthService(member),
     }
     server.add_generic_rpc_handlers([service_handler(name, svc) for name, svc in services.items()])
     health_servicer = health.aio.HealthServicer()
