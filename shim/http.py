@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 endpoint for /metrics, /health, /readyz, /livez and /version.
+"""A small HTTP/1.1 endpoint: /metrics, /health, /readyz, /livez, /version and the /v3 JSON gateway.
 
 etcd serves these beside gRPC; here they are served on --listen-metrics-urls
 (grpcio cannot share its port with an HTTP/1.1 server).
@@ -14,16 +14,23 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from shards.alarms import NAMES
 
 from .config import ETCD_API_VERSION
+from .gateway import HTTP_STATUS, Gateway, GatewayError
 
 logger = logging.getLogger(__name__)
 
 REQUEST_BYTES_MAX = 8192
 
 
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 429: "Too Many Requests",
+           500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
+
+
 class HttpEndpoint:
-    def __init__(self, member, metrics) -> None:
+    def __init__(self, member, metrics, gateway: Gateway | None = None) -> None:
         self.m = member
         self.metrics = metrics
+        self.gateway = gateway
+        self.body_bytes_max = 2 * member.config.max_request_bytes + 4096
 
     def health(self) -> tuple[bool, str]:
         if self.m.store.failure is not None:
@@ -51,22 +58,54 @@ class HttpEndpoint:
         return 404, "text/plain", b"404 page not found\n"
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve requests on one connection until the client closes it."""
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
-            if len(head) > REQUEST_BYTES_MAX:
-                raise ValueError("request too large")
-            method, path, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
-            status, ctype, body = self.route(path) if method in ("GET", "HEAD") else (405, "text/plain", b"")
-            reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}[status]
-            writer.write(
-                f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                f"Connection: close\r\n\r\n".encode() + (body if method == "GET" else b"")
-            )
-            await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError, ConnectionError):
+            while await self._one(reader, writer):
+                pass
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError,
+                ConnectionError):
             pass
         finally:
             writer.close()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=60)
+        if len(head) > REQUEST_BYTES_MAX:
+            raise ValueError("request head too large")
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:] if l)}
+        length = int(headers.get("content-length", "0"))
+        if length > self.body_bytes_max:
+            raise ValueError("request body too large")
+        body = await reader.readexactly(length) if length else b""
+        path = path.split("?", 1)[0]
+        if method == "POST" and path == "/v3/watch" and self.gateway is not None:
+            await self._stream(writer, self.gateway.watch_stream(body))
+            return False
+        if method == "POST" and path.startswith("/v3/") and self.gateway is not None:
+            try:
+                status, ctype, payload = 200, "application/json", await self.gateway.call(path, body)
+            except GatewayError as err:
+                status, ctype, payload = HTTP_STATUS.get(err.code, 500), "application/json", err.body()
+        elif method in ("GET", "HEAD"):
+            status, ctype, payload = self.route(path)
+        else:
+            status, ctype, payload = 405, "text/plain", b""
+        writer.write(
+            f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n".encode() + (payload if method != "HEAD" else b"")
+        )
+        await writer.drain()
+        return headers.get("connection", "").lower() != "close"
+
+    async def _stream(self, writer: asyncio.StreamWriter, chunks) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        async for chunk in chunks:
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
 
 
 async def start_http(urls: tuple[str, ...], endpoint: HttpEndpoint, parse_url) -> list[asyncio.base_events.Server]:

@@ -19,6 +19,7 @@ from .auth import AuthService
 from .config import ServerConfig
 from .context import Member
 from .handlers import service_handler
+from .gateway import Gateway
 from .http import HttpEndpoint, start_http
 from .kv import KVService
 from .lease import LeaseService
@@ -132,8 +133,9 @@ async def start(config: ServerConfig) -> Running:
         raise
     progress = asyncio.get_running_loop().create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
     running = Running(server, store, ports, failed, progress)
+
     try:
-        endpoint = HttpEndpoint(member, Metrics(member))
+        endpoint = HttpEndpoint(member, Metrics(member), Gateway(services))
         running.http = await start_http(config.listen_metrics_urls, endpoint, parse_listen_url)
     except (OSError, ValueError) as exc:
         await stop(running)
