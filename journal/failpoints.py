@@ -8,6 +8,7 @@ SHARDETCD_FAILPOINTS environment variable when this module is imported, e.g.
 or programmatically with arm(name, action) / disarm(name). Actions:
   "exit":  os._exit(70) on the spot (no cleanup, no flush);
   "raise": raise OSError(EIO).
+An action may carry a hit count, "exit@25": it fires on the 25th hit, not before.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ POINTS = (
     "segment.after_create_before_dirsync",
     "checkpoint.before_rename",
     "checkpoint.after_rename_before_dirsync",
+    "store.between_txn_parts",
 )
 
 _armed: dict[str, str] = {}
+_skips: dict[str, int] = {}  # hits to let pass before the action fires
 
 
 def hit(name: str) -> None:
@@ -40,6 +43,9 @@ def hit(name: str) -> None:
     action = _armed.get(name)
     if action is None:
         return
+    if _skips.get(name, 0) > 0:
+        _skips[name] -= 1
+        return
     logger.info("failpoint hit name=%s action=%s", name, action)
     if action == "exit":
         os._exit(EXIT_CODE)
@@ -47,19 +53,25 @@ def hit(name: str) -> None:
 
 
 def arm(name: str, action: str) -> None:
+    action, _, count = action.partition("@")
+    if count and (not count.isdigit() or int(count) < 1):
+        raise ValueError(f"failpoint {name}: hit count must be a positive integer, got {count!r}")
     if name not in POINTS:
         raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
     if action not in ACTIONS:
         raise ValueError(f"unknown failpoint action {action!r}; known: {', '.join(ACTIONS)}")
     _armed[name] = action
+    _skips[name] = int(count) - 1 if count else 0
 
 
 def disarm(name: str | None = None) -> None:
     """Disarm one point, or all of them when name is None."""
     if name is None:
         _armed.clear()
+        _skips.clear()
     else:
         _armed.pop(name, None)
+        _skips.pop(name, None)
 
 
 def armed() -> dict[str, str]:

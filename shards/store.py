@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from journal import JournalConfig
+from journal import JournalConfig, failpoints
 
 from .datadir import DataDir
 from .errors import (
@@ -185,7 +185,9 @@ class Store:
         rev = w.rev
         self.rev = rev
         participants = tuple(sorted(w.parts))
-        for sid in participants:
+        for i, sid in enumerate(participants):
+            if i:
+                failpoints.hit("store.between_txn_parts")
             self.shards[sid].append_write(rev, participants, w.parts[sid])
         self._pending[rev] = len(participants)
         self._changes[rev] = w.parts

@@ -34,6 +34,7 @@ class Writer(threading.Thread):
         self.acked: list[tuple[bytes, bytes, int]] = []  # (key, value, revision)
         self.txns: list[tuple[bytes, bytes]] = []  # (pod key, lease key) of every txn sent
         self.rng = random.Random(wid * 1000 + round_no)
+        self.error: grpc.RpcError | None = None
 
     def run(self) -> None:
         channel = grpc.insecure_channel(self.endpoint)
@@ -61,8 +62,8 @@ class Writer(threading.Thread):
                     key = self.rng.choice(shard_keys(self.wid, i))
                     r = kv.Put(pb.PutRequest(key=key, value=value), timeout=5)
                     self.acked.append((key, value, r.header.revision))
-        except grpc.RpcError:
-            return  # the server was killed
+        except grpc.RpcError as exc:
+            self.error = exc  # the server was killed or stopped
         finally:
             channel.close()
 
