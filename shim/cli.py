@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from journal import JournalCorrupt
+from journal.verify import repair, verify
 from shards.errors import DataDirError, LayoutError
 from shards.layout import load_layout
 from shards.snapshot import SnapshotError, restore_snapshot
@@ -121,10 +123,39 @@ def snapshot_main(argv: list[str]) -> int:
     return 0
 
 
+def journal_main(argv: list[str]) -> int:
+    """shardetcd journal verify|repair --data-dir DIR"""
+    p = argparse.ArgumentParser(prog="shardetcd journal", description="Check or repair the journals of a data dir (server stopped).")
+    p.add_argument("command", choices=["verify", "repair"],
+                   help="verify: report every segment and checkpoint, change nothing; repair: cut a torn tail, keeping a copy")
+    p.add_argument("--data-dir", type=Path, required=True)
+    args = p.parse_args(argv)
+    setup_logging("warn")
+    shards = sorted(d for d in (args.data_dir / "shards").glob("*") if d.is_dir())
+    if not shards:
+        print(f"shardetcd: {args.data_dir} holds no shard journals", file=sys.stderr)
+        return 2
+    worst = 0
+    for shard in shards:
+        if args.command == "repair":
+            try:
+                repair(shard / "journal")
+            except JournalCorrupt as exc:
+                print(f"{shard.name}: cannot repair: {exc}")
+                worst = 1
+        for r in verify(shard / "journal"):
+            revs = f"revs {r.first_rev}..{r.last_rev}" if r.first_rev is not None else "empty"
+            print(f"{shard.name}: {r.path.name}: {r.status}, {r.records} records, {revs}" + (f"; {r.detail}" if r.detail else ""))
+            worst = max(worst, {"ok": 0, "torn tail": 0, "corrupt": 1}[r.status])
+    return worst
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["snapshot"]:
         return snapshot_main(argv[1:])
+    if argv[:1] == ["journal"]:
+        return journal_main(argv[1:])
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     config = config_from_args(args)
@@ -137,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(serve(config, ready))
     except (StartupError, DataDirError, LayoutError) as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
+        return 2
+    except JournalCorrupt as exc:
+        print(f"shardetcd: journal corrupt, refusing to start: {exc} (see `shardetcd journal verify`)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0
