@@ -82,10 +82,10 @@ class Watcher:
     __slots__ = ("id", "stream", "key", "end", "prev_kv", "progress_notify", "fragment",
                  "no_put", "no_delete", "min_rev", "next_rev", "synced", "sids", "sent_since_tick")
 
-    def __init__(self, wid: int, stream: WatchStream, spec: WatchSpec, next_rev: int, sids: list[int]) -> None:
+    def __init__(self, wid: int, stream: WatchStream, spec: WatchSpec, key: bytes, next_rev: int, sids: list[int]) -> None:
         self.id = wid
         self.stream = stream
-        self.key = spec.key
+        self.key = key
         self.end = normalize_end(spec.range_end)  # None: one key; b"": unbounded
         self.prev_kv = spec.prev_kv
         self.progress_notify = spec.progress_notify
@@ -127,27 +127,30 @@ class WatchStream:
     # -- requests -------------------------------------------------------
 
     def create(self, spec: WatchSpec) -> None:
+        """etcd's order: key "" means "\\0"; an empty range is refused before an
+        id is taken; watch id 0 asks for the next free id; a taken id is refused."""
         hub = self.hub
         rev = hub.store.committed
+        key = spec.key or b"\x00"
+        end = normalize_end(spec.range_end)
+        if end and key >= end:
+            self.put(Message(-1, rev, created=True, canceled=True, cancel_reason=ERR_EMPTY_RANGE))
+            return
         wid = spec.watch_id
-        if wid == 0 or wid < 0:
+        if wid == 0:
             while self._next_id in self.watchers:
                 self._next_id += 1
             wid = self._next_id
             self._next_id += 1
         elif wid in self.watchers:
-            self.put(Message(wid, rev, created=True, canceled=True, cancel_reason=ERR_DUPLICATE_ID))
-            return
-        end = normalize_end(spec.range_end)
-        if end and spec.key >= end:
-            self.put(Message(-1, rev, created=True, canceled=True, cancel_reason=ERR_EMPTY_RANGE))
+            self.put(Message(-1, rev, created=True, canceled=True, cancel_reason=ERR_DUPLICATE_ID))
             return
         next_rev = spec.start_revision if spec.start_revision > 0 else rev + 1
         if end is None:
-            sids = [hub.store.router.shard_for_key(spec.key)]
+            sids = [hub.store.router.shard_for_key(key)]
         else:
-            sids = hub.store.router.shards_for_range(spec.key, end)
-        w = Watcher(wid, self, spec, next_rev, sids)
+            sids = hub.store.router.shards_for_range(key, end)
+        w = Watcher(wid, self, spec, key, next_rev, sids)
         self.watchers[wid] = w
         self.put(Message(wid, rev, created=True))
         if next_rev > rev:
@@ -363,7 +366,8 @@ class WatchHub:
         if w.next_rev < store.compact_rev:
             stream.watchers.pop(w.id, None)
             stream.unsynced.discard(w)
-            stream.put(Message(w.id, store.committed, canceled=True, compact_revision=store.compact_rev))
+            # etcd leaves this response's header revision unset
+            stream.put(Message(w.id, 0, canceled=True, compact_revision=store.compact_rev))
             return
         last = min(store.committed, w.next_rev + self.catchup_revs_max - 1)
         events = self.history(w, w.next_rev, last)

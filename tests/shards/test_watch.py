@@ -160,7 +160,7 @@ def test_duplicate_watch_id_and_cancel(tmp_path, run):
         msgs = drain(stream)
         assert [(m.watch_id, m.created, m.canceled, m.cancel_reason) for m in msgs] == [
             (5, True, False, ""),
-            (5, True, True, "mvcc: duplicate watch ID provided on the WatchStream"),
+            (-1, True, True, "mvcc: duplicate watch ID provided on the WatchStream"),
             (5, False, True, ""),
         ]
         assert not store.hub.active
