@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -72,3 +73,27 @@ def test_health_readyz_version(server):
     status, body = get(base + "/health")
     assert status == 503 and json.loads(body) == {"health": "false", "reason": "ALARM NOSPACE"}
     assert get(base + "/readyz")[0] == 503
+
+
+def test_disconnected_watch_streams_free_their_watchers(server):
+    from tests.watch_client import WatchClient
+
+    srv, base = server
+    channels = [grpc.insecure_channel(srv.endpoint) for _ in range(4)]
+    clients = [WatchClient(ch) for ch in channels]
+    for c in clients:
+        for i in range(25):
+            c.create(b"/registry/pods/%d" % i, b"/registry/pods0")
+        c.wait_for(lambda rs: sum(r.created for r in rs) == 25)
+    assert scrape(base)[("etcd_debugging_mvcc_watcher_total", ())] == 100
+    clients[0].close()  # the client cancels its call
+    channels[1].close()  # the connection goes away under an open stream
+    deadline = time.monotonic() + 10
+    while scrape(base)[("etcd_debugging_mvcc_watcher_total", ())] != 50:
+        assert time.monotonic() < deadline, "watchers of dead streams were not freed"
+        time.sleep(0.1)
+    assert scrape(base)[("shardetcd_shard_watchers", (("shard", "pods"),))] == 50
+    for c in clients[2:]:
+        c.close()
+    for ch in channels:
+        ch.close()
