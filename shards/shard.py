@@ -46,7 +46,11 @@ class Shard:
         self.name = name
         self.dir = data_dir
         self.state = ShardState(state_dir)
-        self.journal = Journal.open(data_dir / "journal", config)
+        try:
+            self.journal = Journal.open(data_dir / "journal", config)
+        except BaseException:
+            self.state.close()
+            raise
         self.inflight: deque[tuple[int, int]] = deque()  # (journal seq, revision)
         self.checkpoint_rev = 0
         self.checkpoint_task: asyncio.Task | None = None

@@ -67,6 +67,7 @@ class Store:
         self._waiters: list[tuple[int, int, asyncio.Future]] = []
         self._waiter_seq = 0
         self._compaction: asyncio.Task | None = None
+        self._compacted_through = -1  # history up to here is physically gone
         self._changes: dict[int, dict[int, list[Change]]] = {}  # pending revision -> shard parts
         self.hub = WatchHub(self)
         self.leases = LeaseTable(datadir.member_id)
@@ -80,16 +81,18 @@ class Store:
         from .recovery import recover
 
         datadir = DataDir.open(config.data_dir, config.layout)
+        shards: list[Shard] = []
         try:
-            shards = [
-                Shard(sid, spec.name, datadir.shard_dir(spec.name), datadir.state_dir(config.state_dir, spec.name), config.journal)
-                for sid, spec in enumerate(config.layout.shards)
-            ]
+            for sid, spec in enumerate(config.layout.shards):
+                state_dir = datadir.state_dir(config.state_dir, spec.name)
+                shards.append(Shard(sid, spec.name, datadir.shard_dir(spec.name), state_dir, config.journal))
+            store = cls(config, datadir, shards)
+            await recover(store)
         except BaseException:
+            for shard in shards:
+                shard.state.close()
             datadir.close()
             raise
-        store = cls(config, datadir, shards)
-        await recover(store)
         for shard in shards:
             shard.journal.on_durable = _durable_callback(store, shard)
             shard.journal.on_failure = store._fail
@@ -333,8 +336,7 @@ class Store:
 
     async def _compact_loop(self) -> None:
         """Drop history up to compact_rev, shard by shard, in bounded batches."""
-        done = getattr(self, "_compacted_through", -1)
-        while done < self.compact_rev:
+        while self._compacted_through < self.compact_rev:
             target = self.compact_rev
             for state in self.states:
                 keys = state.compact_keys(target)
@@ -344,7 +346,7 @@ class Store:
                         state.compact_key(key, target, batch)
                     state.write_batch(batch)
                     await asyncio.sleep(0)
-            done = self._compacted_through = target
+            self._compacted_through = target
             logger.info("compaction finished rev=%d", target)
 
 
