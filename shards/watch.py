@@ -50,6 +50,7 @@ class Event:
     kind: int  # PUT / DELETE (mvccpb.Event.EventType)
     kv: bytes
     prev_kv: bytes | None = None
+    encoded: bytes | None = None  # the gRPC layer's encoding, shared by every watcher sent this event
 
 
 @dataclass(slots=True)
@@ -309,20 +310,24 @@ class WatchHub:
     # -- live delivery --------------------------------------------------
 
     def notify(self, changes: list[tuple[int, int, Change]], last: int) -> None:
-        """Revisions up to ``last`` were committed; ``changes`` are (rev, sid, change) in order."""
+        """Revisions up to ``last`` were committed; ``changes`` are (rev, sid, change) in order.
+
+        Each change becomes at most two Event objects (with and without
+        prev_kv), shared by every watcher it goes to."""
         if not self._count:
             return
         batches: dict[Watcher, list[Event] | None] = {}  # None: fell behind in this batch
         by_key, ranges = self._by_key, self._ranges
         for rev, sid, change in changes:
             key = change.key
+            shared: list[Event | None] = [None, None]  # [without prev_kv, with prev_kv]
             for w in ranges[sid]:
                 if w.matches(key):
-                    self._deliver(batches, w, rev, change)
+                    self._deliver(batches, w, rev, change, shared)
             targets = by_key.get(key)
             if targets:
                 for w in targets:
-                    self._deliver(batches, w, rev, change)
+                    self._deliver(batches, w, rev, change, shared)
         for w, events in batches.items():
             if events is None:
                 w.stream.fall_behind(w)
@@ -330,7 +335,8 @@ class WatchHub:
                 w.stream.put(Message(w.id, last, events, fragment=w.fragment))
                 w.sent_since_tick = True
 
-    def _deliver(self, batches: dict[Watcher, list[Event] | None], w: Watcher, rev: int, change: Change) -> None:
+    def _deliver(self, batches: dict[Watcher, list[Event] | None], w: Watcher, rev: int, change: Change,
+                 shared: list[Event | None]) -> None:
         if rev < w.min_rev:
             return
         if w in batches:
@@ -344,7 +350,11 @@ class WatchHub:
         else:
             events = batches[w] = []
         if w.wants(change.kind):
-            events.append(self._event(w, rev, change.key, change.kind, change.row))
+            i = int(w.prev_kv)
+            ev = shared[i]
+            if ev is None:
+                ev = shared[i] = self._event(w, rev, change.key, change.kind, change.row)
+            events.append(ev)
 
     def _event(self, w: Watcher, rev: int, key: bytes, kind: int, row: bytes) -> Event:
         if kind == DELETE:  # tombstone rows hold the key alone; events carry the revision

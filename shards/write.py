@@ -181,9 +181,13 @@ class WriteTxn:
 
     def _compare(self, c: Compare) -> bool:
         store = self.store
-        rev = self.rev - 1
-        end = normalize_end(c.range_end)
-        items = list(scan_shards(store, c.key, end, rev))
+        if not c.range_end:  # one key: kube-apiserver's every txn
+            state = store.states[store.router.shard_for_key(c.key)]
+            e = state.latest_entry(c.key)  # compares run before the txn changes anything
+            if e is None:
+                return c.target != CMP_VALUE and _compare_kv(c, _EMPTY_KV)
+            return _compare_kv(c, KeyValue.FromString(state.get_row(e)))
+        items = list(scan_shards(store, c.key, normalize_end(c.range_end), self.rev - 1))
         if not items:
             if c.target == CMP_VALUE:
                 return False

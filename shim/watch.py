@@ -63,9 +63,14 @@ class WatchService:
             logger.debug("watch stream read ended error=%r", exc)
             stream.close()
 
+    @staticmethod
+    def _encode_event(e) -> bytes:
+        e.encoded = wire.encode_event(e.kind, e.kv, e.prev_kv)
+        return e.encoded
+
     def encode(self, msg: Message) -> list[bytes]:
         header = self.m.headers.framed(msg.revision)
-        events = [wire.encode_event(e.kind, e.kv, e.prev_kv) for e in msg.events]
+        events = [e.encoded or self._encode_event(e) for e in msg.events]
         flags = dict(created=msg.created, canceled=msg.canceled, compact_revision=msg.compact_revision,
                      cancel_reason=msg.cancel_reason)
         whole = wire.watch_response(header, msg.watch_id, events, **flags)
