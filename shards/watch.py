@@ -255,7 +255,7 @@ class WatchStream:
 
 
 class WatchHub:
-    def __init__(self, store: Store, outbox_events_max: int = 10_000, catchup_revs_max: int = 1000) -> None:
+    def __init__(self, store: Store, outbox_events_max: int = 1000, catchup_revs_max: int = 1000) -> None:
         self.store = store
         self.outbox_events_max = outbox_events_max
         self.catchup_revs_max = catchup_revs_max
