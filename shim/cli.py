@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quota-backend-bytes", type=int, default=d.quota_backend_bytes, help="state size that raises the NOSPACE alarm; 0 = etcd's default of 2 GiB (default: %(default)s)")
     p.add_argument("--experimental-watch-progress-notify-interval", type=_duration, default="10m",
                    help="how often idle watchers that asked for progress notifications get one, e.g. 10m, 5s, 100ms (default: %(default)s)")
+    p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams, help="most concurrent gRPC streams per client connection (default: %(default)s, as etcd)")
+    p.add_argument("--grpc-keepalive-min-time", type=_duration, default=f"{d.grpc_keepalive_min_time_s:g}s", help="shortest interval a client may ping at (default: %(default)s)")
+    p.add_argument("--grpc-keepalive-interval", type=_duration, default=f"{d.grpc_keepalive_interval_s / 3600:g}h", help="how often the server pings an idle connection (default: %(default)s)")
+    p.add_argument("--grpc-keepalive-timeout", type=_duration, default=f"{d.grpc_keepalive_timeout_s:g}s", help="how long the server waits for a ping answer before closing (default: %(default)s)")
     p.add_argument("--cert-file", type=Path, default=None, help="server TLS certificate (PEM), used by https:// client URLs")
     p.add_argument("--key-file", type=Path, default=None, help="server TLS private key (PEM)")
     p.add_argument("--trusted-ca-file", type=Path, default=None, help="CA bundle (PEM) that client certificates must be signed by")
@@ -93,6 +97,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         trusted_ca_file=args.trusted_ca_file,
         client_cert_auth=args.client_cert_auth,
         listen_metrics_urls=args.listen_metrics_urls,
+        max_concurrent_streams=args.max_concurrent_streams,
+        grpc_keepalive_min_time_s=args.grpc_keepalive_min_time,
+        grpc_keepalive_interval_s=args.grpc_keepalive_interval,
+        grpc_keepalive_timeout_s=args.grpc_keepalive_timeout,
     )
 
 

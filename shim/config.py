@@ -30,6 +30,7 @@ class ServerConfig:
     grpc_keepalive_min_time_s: float = 5.0
     grpc_keepalive_interval_s: float = 2 * 60 * 60
     grpc_keepalive_timeout_s: float = 20.0
+    max_concurrent_streams: int = 2**32 - 1  # etcd's default: math.MaxUint32
     extra: dict = field(default_factory=dict)
 
     @property

@@ -87,6 +87,7 @@ def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.keepalive_time_ms", int(config.grpc_keepalive_interval_s * 1000)),
         ("grpc.keepalive_timeout_ms", int(config.grpc_keepalive_timeout_s * 1000)),
+        ("grpc.max_concurrent_streams", min(config.max_concurrent_streams, 2**31 - 1)),
     ]
 
 

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -139,3 +140,26 @@ def test_client_keepalive_pings_every_5s_are_accepted(shardetcd):
         kv.Range(pb.RangeRequest(key=b"ka"), timeout=5)
         seen = list(state)
         assert seen == [grpc.ChannelConnectivity.READY], f"the connection was dropped: {seen}"
+
+
+def test_max_concurrent_streams_limits_one_connection_only(tmp_path):
+    """--max-concurrent-streams (etcd's flag) caps streams per connection: a
+    third call on a connection holding two open watch streams waits, while a
+    call on another connection is served."""
+    server = start_shardetcd(tmp_path, extra_args=("--max-concurrent-streams", "2"))
+    try:
+        with grpc.insecure_channel(server.endpoint, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+            watch = pbg.WatchStub(ch)
+            held = threading.Event()
+            streams = [watch.Watch(iter(held.wait, True)) for _ in range(2)]
+            kv = pbg.KVStub(ch)
+            with pytest.raises(grpc.RpcError) as err:
+                kv.Range(pb.RangeRequest(key=b"x"), timeout=1.5, wait_for_ready=True)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            with grpc.insecure_channel(server.endpoint, options=[("grpc.use_local_subchannel_pool", 1)]) as other:
+                assert pbg.KVStub(other).Range(pb.RangeRequest(key=b"x"), timeout=5).header.revision >= 1
+            for s in streams:
+                s.cancel()
+            assert kv.Range(pb.RangeRequest(key=b"x"), timeout=5).header.revision >= 1
+    finally:
+        server.stop()
