@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="always: fdatasync every group-commit batch before acknowledging; batch: the same, gathering writes for up to 2 ms per fsync; "
                         "off: acknowledge once written to the OS (survives a process crash, not a power loss) (default: %(default)s)")
     p.add_argument("--state-dir", type=Path, default=None, help="where the in-memory RocksDB state lives (default: a directory under /dev/shm); rebuilt on every start")
+    p.add_argument("--cluster-layout", type=Path, default=None, help="with --partition: the `shardetcd cluster` layout this process is one partition of")
+    p.add_argument("--partition", default=None, help="serve this partition of --cluster-layout: writes to other partitions' resources are refused")
     p.add_argument("--journal-segment-bytes", type=int, default=d.journal_segment_bytes, help="size at which a journal segment is closed and a new one started (default: %(default)s)")
     p.add_argument("--checkpoint-journal-bytes", type=int, default=d.checkpoint_journal_bytes, help="journal bytes after which a shard writes a checkpoint, bounding replay time (default: %(default)s)")
     return p
@@ -101,6 +103,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         grpc_keepalive_min_time_s=args.grpc_keepalive_min_time,
         grpc_keepalive_interval_s=args.grpc_keepalive_interval,
         grpc_keepalive_timeout_s=args.grpc_keepalive_timeout,
+        cluster_layout=args.cluster_layout,
+        partition=args.partition,
     )
 
 
@@ -164,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         return snapshot_main(argv[1:])
     if argv[:1] == ["journal"]:
         return journal_main(argv[1:])
+    if argv[:1] == ["cluster"]:
+        from .cluster import cluster_main
+
+        return cluster_main(argv[1:])
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     config = config_from_args(args)

@@ -31,6 +31,8 @@ class ServerConfig:
     grpc_keepalive_interval_s: float = 2 * 60 * 60
     grpc_keepalive_timeout_s: float = 20.0
     max_concurrent_streams: int = 2**32 - 1  # etcd's default: math.MaxUint32
+    cluster_layout: Path | None = None  # with partition: serve one partition of a `shardetcd cluster`
+    partition: str | None = None
     extra: dict = field(default_factory=dict)
 
     @property

@@ -8,6 +8,7 @@ import grpc
 
 from proto import rpc_pb2 as pb
 from shards.alarms import AlarmStore
+from shards.partition import PartitionGuard
 from shards.store import Store
 
 from .config import ServerConfig
@@ -22,6 +23,7 @@ logger = logging.getLogger(__name__)
 class Member:
     store: Store
     config: ServerConfig
+    guard: PartitionGuard | None = None  # set when serving one partition of a `shardetcd cluster`
 
     def __post_init__(self) -> None:
         d = self.store.datadir

@@ -28,6 +28,14 @@ STOPPED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped")
 MEMBER_NOT_SUPPORTED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: not capable")
 
 
+def wrong_partition(key: bytes, owner: str, mine: str) -> tuple[grpc.StatusCode, str]:
+    """A write to a resource another partition of a `shardetcd cluster` serves (no etcd equivalent)."""
+    shown = key.decode("utf-8", "backslashreplace")
+    return (grpc.StatusCode.FAILED_PRECONDITION,
+            f"shardetcd: key {shown!r} belongs to partition {owner!r}, this endpoint serves partition {mine!r}; "
+            "send that resource to its partition (kube-apiserver --etcd-servers-overrides)")
+
+
 class RequestError(Exception):
     """A request rejected by validation in the gRPC layer."""
 

@@ -25,6 +25,8 @@ class KVService:
     async def Put(self, request: pb.PutRequest, context: grpc.aio.ServicerContext) -> bytes:
         try:
             validate.check_put(request)
+            if self.m.guard is not None:
+                validate.check_partition(self.m.guard, (request.key,))
             validate.check_size(request, self.m.config.max_request_bytes)
             self.m.quota.check(quota.cost_put(request), capped=True)
             r = await self.store.put(convert.put_req(request))
@@ -35,6 +37,8 @@ class KVService:
     async def DeleteRange(self, request: pb.DeleteRangeRequest, context: grpc.aio.ServicerContext) -> bytes:
         try:
             validate.check_delete(request)
+            if self.m.guard is not None:
+                validate.check_partition(self.m.guard, (request.key,))
             validate.check_size(request, self.m.config.max_request_bytes)
             r = await self.store.delete_range(convert.delete_req(request))
         except Exception as exc:
@@ -45,6 +49,8 @@ class KVService:
         try:
             validate.check_txn(request, self.m.config.max_txn_ops)
             validate.check_txn_intervals(request)
+            if self.m.guard is not None:
+                validate.check_partition(self.m.guard, validate.txn_written_keys(request))
             validate.check_size(request, self.m.config.max_request_bytes)
             cost = quota.cost_txn(request)
             self.m.quota.check(cost, capped=cost > 0)

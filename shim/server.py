@@ -12,7 +12,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from journal import JournalConfig
-from shards.layout import load_layout
+from shards.layout import Layout, ShardSpec, load_layout
+from shards.partition import PartitionGuard, load_cluster_layout
 from shards.store import Store, StoreConfig
 
 from .auth import AuthService
@@ -91,10 +92,20 @@ def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
     ]
 
 
+def partition_guard(config: ServerConfig) -> PartitionGuard | None:
+    if config.partition is None:
+        return None
+    if config.cluster_layout is None:
+        raise StartupError("--partition needs --cluster-layout")
+    return PartitionGuard(load_cluster_layout(config.cluster_layout), config.partition)
+
+
 def store_config(config: ServerConfig) -> StoreConfig:
+    # a partition process keeps its resources in one shard named after it
+    layout = Layout((ShardSpec(config.partition, ()),)) if config.partition else load_layout(config.shard_layout)
     return StoreConfig(
         data_dir=config.data_dir,
-        layout=load_layout(config.shard_layout),
+        layout=layout,
         state_dir=config.state_dir,
         journal=JournalConfig(fsync=config.journal_fsync, segment_bytes_max=config.journal_segment_bytes),
         checkpoint_journal_bytes=config.checkpoint_journal_bytes,
@@ -103,10 +114,11 @@ def store_config(config: ServerConfig) -> StoreConfig:
 
 async def start(config: ServerConfig) -> Running:
     addresses = [parse_listen_url(u) for u in config.listen_client_urls]
+    guard = partition_guard(config)
     store = await Store.open(store_config(config))
     failed = asyncio.Event()
     store.on_failure = lambda exc: failed.set()
-    member = Member(store, config)
+    member = Member(store, config, guard)
     server = grpc.aio.server(options=grpc_options(config))
     services = {
         "KV": KVService(member),

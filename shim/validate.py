@@ -19,6 +19,7 @@ from .errors import (
     TOO_MANY_OPS,
     VALUE_PROVIDED,
     RequestError,
+    wrong_partition,
 )
 
 _RAFT_ENVELOPE_BYTES = 16  # etcd measures the request inside its raft envelope
@@ -73,6 +74,26 @@ def _check_op(op: pb.RequestOp, max_txn_ops: int) -> None:
         check_txn(op.request_txn, max_txn_ops)
     else:
         raise RequestError(KEY_NOT_FOUND)
+
+
+def check_partition(guard, keys) -> None:
+    """With a partition guard (``shardetcd cluster``): refuse writes to other partitions' resources."""
+    for key in keys:
+        owner = guard.owner(key)
+        if owner is not None:
+            raise RequestError(wrong_partition(key, owner, guard.layout.partitions[guard.mine].name))
+
+
+def txn_written_keys(r: pb.TxnRequest):
+    """Every key a txn may put or (start to) delete, in both branches, nested txns included."""
+    for op in (*r.success, *r.failure):
+        which = op.WhichOneof("request")
+        if which == "request_put":
+            yield op.request_put.key
+        elif which == "request_delete_range":
+            yield op.request_delete_range.key
+        elif which == "request_txn":
+            yield from txn_written_keys(op.request_txn)
 
 
 def check_txn_intervals(r: pb.TxnRequest) -> None:

@@ -1,0 +1,241 @@
+"""``shardetcd cluster``: one shardetcd process per partition, supervised.
+
+Each partition of the cluster layout (see ``shards/partition.py``) runs as
+its own ``shardetcd --cluster-layout L --partition NAME`` process with its own
+client URL, data dir (``DIR/<name>``) and log (``DIR/<name>.log``).  The
+supervisor restarts a process that dies (saying why, with the last line of
+its log), backing off while one keeps crashing; it stops them all on
+SIGINT/SIGTERM.  Once every partition serves it prints, and writes to
+``DIR/kube-apiserver.flags``, the ``--etcd-servers`` and
+``--etcd-servers-overrides`` flags that point kube-apiserver at them.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shards.errors import LayoutError
+from shards.partition import ClusterLayout, Partition, load_cluster_layout
+
+logger = logging.getLogger("shardetcd.cluster")
+
+READY_LINE = b"shardetcd serving the etcd v3 API"
+START_TIMEOUT_S = 60.0
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 10.0
+HEALTHY_AFTER_S = 30.0  # a process up this long has its restart backoff reset
+STOP_GRACE_S = 15.0
+POLL_S = 0.1
+# server flags the supervisor sets for each partition, which a user may not pass to all
+PER_PARTITION_FLAGS = frozenset({
+    "--name", "--listen-client-urls", "--advertise-client-urls", "--listen-metrics-urls",
+    "--cluster-layout", "--partition", "--shard-layout", "--state-dir",
+})
+
+
+@dataclass
+class Child:
+    partition: Partition
+    url: str
+    data_dir: Path
+    log_path: Path
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    log_offset: int = 0
+    ready: bool = False
+    restarts: int = 0
+    backoff_s: float = BACKOFF_MIN_S
+    restart_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.partition.name
+
+    def spawn(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.log_offset = log.tell()
+            # own session: a Ctrl-C reaches the supervisor, which stops the partitions in order
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+        self.started_at, self.ready, self.restart_at = time.monotonic(), False, None
+
+    def new_log(self) -> bytes:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self.log_offset)
+                return f.read()
+        except OSError:
+            return b""
+
+    def last_log_line(self) -> str:
+        lines = [ln for ln in self.new_log().decode("utf-8", "replace").splitlines() if ln.strip()]
+        return lines[-1] if lines else "(no output)"
+
+    def check_ready(self) -> bool:
+        if not self.ready and READY_LINE in self.new_log():
+            self.ready = True
+        return self.ready
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the supervisor dies, even by SIGKILL (Linux)."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Supervisor:
+    def __init__(self, layout: ClusterLayout, layout_path: Path, data_dir: Path, host: str, base_port: int,
+                 server_args: list[str], state_dir: Path | None = None, quota_backend_bytes: int | None = None) -> None:
+        self.layout = layout
+        self.data_dir = data_dir
+        self.stopping = False
+        ports = layout.ports(base_port)
+        self.children = []
+        for p in layout.partitions:
+            url = f"http://{host}:{ports[p.name]}"
+            argv = [sys.executable, "-m", "shim", "--name", p.name, "--data-dir", str(data_dir / p.name),
+                    "--listen-client-urls", url, "--cluster-layout", str(layout_path.absolute()), "--partition", p.name]
+            if state_dir is not None:
+                argv += ["--state-dir", str(state_dir / p.name)]
+            quota = p.quota_backend_bytes if p.quota_backend_bytes is not None else quota_backend_bytes
+            if quota is not None:
+                argv += ["--quota-backend-bytes", str(quota)]
+            self.children.append(Child(p, url, data_dir / p.name, data_dir / f"{p.name}.log", argv + server_args))
+
+    @property
+    def flags(self) -> list[str]:
+        return self.layout.apiserver_flags({c.name: [c.url] for c in self.children})
+
+    def start_all(self) -> str | None:
+        """Start every partition and wait until each serves; the reason if one cannot."""
+        for c in self.children:
+            c.spawn()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not all(c.check_ready() for c in self.children):
+            for c in self.children:
+                if c.proc.poll() is not None and not c.check_ready():
+                    return f"partition {c.name} {exit_reason(c.proc.returncode)}: {c.last_log_line()}"
+            if self.stopping:
+                return "stopped while starting"
+            if time.monotonic() > deadline:
+                late = [c.name for c in self.children if not c.ready]
+                return f"partitions {', '.join(late)} did not start within {START_TIMEOUT_S:.0f}s (see their logs in {self.data_dir})"
+            time.sleep(POLL_S)
+        return None
+
+    def tend(self) -> None:
+        """One supervision step: notice deaths, restart when their backoff is over."""
+        now = time.monotonic()
+        for c in self.children:
+            if c.restart_at is not None:
+                if now >= c.restart_at:
+                    c.restarts += 1
+                    c.spawn()
+                    logger.warning("restarted partition=%s pid=%d restarts=%d", c.name, c.proc.pid, c.restarts)
+                continue
+            code = c.proc.poll()
+            if code is None:
+                if not c.ready and c.check_ready():
+                    logger.warning("serving again partition=%s url=%s pid=%d", c.name, c.url, c.proc.pid)
+                continue
+            up_s = now - c.started_at
+            if up_s >= HEALTHY_AFTER_S:
+                c.backoff_s = BACKOFF_MIN_S
+            c.restart_at = now + c.backoff_s
+            c.backoff_s = min(BACKOFF_MAX_S, c.backoff_s * 2)
+            logger.warning("partition died partition=%s pid=%d reason=%r up_s=%.1f last_log=%r restart_in_s=%.1f",
+                           c.name, c.proc.pid, exit_reason(code), up_s, c.last_log_line(), c.restart_at - now)
+
+    def stop_all(self) -> None:
+        live = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for p in live:
+            p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in live:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="shardetcd cluster",
+        description="Run one shardetcd process per partition of a cluster layout, supervised, and print the "
+                    "kube-apiserver flags that use them. Unrecognised flags (e.g. --journal-fsync) go to every partition.")
+    p.add_argument("--layout", type=Path, required=True, help="cluster layout TOML: [[partition]] tables naming Kubernetes group/resources")
+    p.add_argument("--data-dir", type=Path, required=True, help="each partition keeps its data in DIR/<name> and logs to DIR/<name>.log")
+    p.add_argument("--host", default="127.0.0.1", help="address every partition listens on (default: %(default)s)")
+    p.add_argument("--base-port", type=int, default=2379, help="the default partition's port; the others take base+2, base+3, … unless the layout sets port (default: %(default)s)")
+    p.add_argument("--state-dir", type=Path, default=None, help="each partition keeps its in-memory state in STATE_DIR/<name> (default: under /dev/shm)")
+    p.add_argument("--quota-backend-bytes", type=int, default=None, help="quota of partitions whose layout entry sets none (default: etcd's 2 GiB)")
+    p.add_argument("--flags-file", type=Path, default=None, help="where to write the kube-apiserver flags (default: DIR/kube-apiserver.flags)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
+    return p
+
+
+def cluster_main(argv: list[str]) -> int:
+    parser = build_parser()
+    args, server_args = parser.parse_known_args(argv)
+    clash = sorted({a.split("=")[0] for a in server_args} & PER_PARTITION_FLAGS)
+    if clash:
+        parser.error(f"the cluster sets {', '.join(clash)} for each partition itself (see --base-port, --data-dir, --state-dir and the layout)")
+    from .cli import setup_logging
+
+    setup_logging(args.log_level)
+    try:
+        layout = load_cluster_layout(args.layout)
+    except LayoutError as exc:
+        print(f"shardetcd cluster: {exc}", file=sys.stderr)
+        return 2
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir, args.quota_backend_bytes)
+
+    def on_signal(signum, frame) -> None:
+        sup.stopping = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    try:
+        failure = sup.start_all()
+        if failure is not None:
+            print(f"shardetcd cluster: {failure}", file=sys.stderr)
+            return 2
+        _announce(sup, args.flags_file or args.data_dir / "kube-apiserver.flags")
+        while not sup.stopping:
+            sup.tend()
+            time.sleep(POLL_S)
+        return 0
+    finally:
+        sup.stop_all()
+
+
+def _announce(sup: Supervisor, flags_file: Path) -> None:
+    flags_file.write_text("\n".join(sup.flags) + "\n")
+    width = max(len(c.name) for c in sup.children)
+    print(f"shardetcd cluster: {len(sup.children)} partitions serving", flush=True)
+    for c in sup.children:
+        what = "everything else" if c.partition.default else ", ".join(r.override_name for r in c.partition.resources)
+        print(f"  {c.name:<{width}}  {c.url}  pid {c.proc.pid}  ({what}; data {c.data_dir})", flush=True)
+    print(f"kube-apiserver flags (also in {flags_file}):", flush=True)
+    for f in sup.flags:
+        print(f"  {f}", flush=True)

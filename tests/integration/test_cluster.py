@@ -1,0 +1,265 @@
+"""`shardetcd cluster`: one process per partition, supervised.
+
+Three partitions (leases, events with a small quota, everything else) on
+free loopback ports; each is driven through its own URL with etcdctl and a
+Python gRPC client.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.etcd_fixture import free_port
+from tests.integration.test_etcdctl import ctl, etcdctl_bin
+from tests.shards.test_partition import kube_apiserver_overrides
+
+EVENTS_QUOTA_BYTES = 400_000
+
+
+class Cluster:
+    def __init__(self, tmp_path: Path) -> None:
+        self.ports = {"leases": free_port(), "events": free_port(), "main": free_port()}
+        self.layout = tmp_path / "cluster.toml"
+        self.layout.write_text(f"""
+[[partition]]
+name = "leases"
+resources = ["coordination.k8s.io/leases"]
+port = {self.ports["leases"]}
+
+[[partition]]
+name = "events"
+resources = ["events"]
+port = {self.ports["events"]}
+quota-backend-bytes = {EVENTS_QUOTA_BYTES}
+
+[[partition]]
+name = "main"
+default = true
+port = {self.ports["main"]}
+""")
+        self.data_dir = tmp_path / "cluster"
+        self.out_path = tmp_path / "supervisor.out"
+        self.argv = [sys.executable, "-m", "shim", "cluster", "--layout", str(self.layout), "--data-dir", str(self.data_dir),
+                     "--state-dir", str(tmp_path / "state"), "--journal-fsync", "always"]
+        self.proc: subprocess.Popen | None = None
+        self.child_pids: dict[str, int] = {}
+
+    def start(self, timeout: float = 60.0) -> Cluster:
+        self.out = self.out_path.open("ab")
+        self.proc = subprocess.Popen(self.argv, stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while "--etcd-servers=" not in self.output():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"cluster did not start:\n{self.output()}")
+            time.sleep(0.1)
+        self.child_pids = {m[0]: int(m[1]) for m in re.findall(r"^  (\w+)\s+http://\S+\s+pid (\d+)", self.output(), re.M)}
+        return self
+
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def endpoint(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in self.child_pids.values():  # never leave a partition behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.out.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def kv(endpoint: str) -> pbg.KVStub:
+    return pbg.KVStub(grpc.insecure_channel(endpoint))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is not alive; the supervisor reaps its children
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_printed_flags_name_every_partition_in_kube_apiserver_format(cluster):
+    flags = (cluster.data_dir / "kube-apiserver.flags").read_text().split()
+    assert flags[0] == f"--etcd-servers=http://127.0.0.1:{cluster.ports['main']}"
+    assert flags[1].startswith("--etcd-servers-overrides=")
+    parsed = kube_apiserver_overrides(flags[1].split("=", 1)[1])
+    assert parsed == {
+        ("coordination.k8s.io", "leases"): [f"http://127.0.0.1:{cluster.ports['leases']}"],
+        ("", "events"): [f"http://127.0.0.1:{cluster.ports['events']}"],
+    }
+    for f in flags:
+        assert f"  {f}" in cluster.output()
+    assert set(cluster.child_pids) == {"leases", "events", "main"}
+
+
+def test_each_partition_is_its_own_etcd_and_refuses_other_resources(cluster, etcdctl_bin):
+    binary = etcdctl_bin
+    lease_key = "/registry/leases/kube-node-lease/node-1"
+    assert ctl(binary, cluster.endpoint("leases"), "put", lease_key, "v1").stdout.strip() == "OK"
+    assert ctl(binary, cluster.endpoint("events"), "put", "/registry/events/default/e1", "ev").stdout.strip() == "OK"
+    assert ctl(binary, cluster.endpoint("main"), "put", "/registry/pods/default/p1", "pod").stdout.strip() == "OK"
+    assert ctl(binary, cluster.endpoint("leases"), "get", lease_key, "--print-value-only").stdout.strip() == "v1"
+    # separate revision sequences, like separate etcd clusters
+    revs = {n: kv(cluster.endpoint(n)).Range(pb.RangeRequest(key=b"x"), timeout=5).header.revision for n in cluster.ports}
+    assert revs == {"leases": 2, "events": 2, "main": 2}
+    # a resource on the wrong partition is refused, through etcdctl and gRPC
+    r = ctl(binary, cluster.endpoint("leases"), "put", "/registry/pods/default/p2", "x", check=False)
+    assert r.returncode != 0 and "belongs to partition 'main'" in r.stderr
+    with pytest.raises(grpc.RpcError) as err:
+        kv(cluster.endpoint("main")).Txn(pb.TxnRequest(success=[pb.RequestOp(request_txn=pb.TxnRequest(failure=[
+            pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=b"/registry/events/default/e1"))]))]), timeout=5)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "belongs to partition 'events', this endpoint serves partition 'main'" in err.value.details()
+    # master leases go through --etcd-servers: main takes them, the leases partition does not
+    assert kv(cluster.endpoint("main")).Put(pb.PutRequest(key=b"/registry/masterleases/10.0.0.1", value=b"x"), timeout=5)
+    with pytest.raises(grpc.RpcError):
+        kv(cluster.endpoint("leases")).Put(pb.PutRequest(key=b"/registry/masterleases/10.0.0.1", value=b"x"), timeout=5)
+    # what kube-apiserver sends to every endpoint works on each partition
+    for name in cluster.ports:
+        c = kv(cluster.endpoint(name))
+        compact = c.Txn(pb.TxnRequest(
+            compare=[pb.Compare(key=b"compact_rev_key", target=pb.Compare.VERSION, result=pb.Compare.EQUAL, version=0)],
+            success=[pb.RequestOp(request_put=pb.PutRequest(key=b"compact_rev_key", value=b"2"))],
+            failure=[pb.RequestOp(request_range=pb.RangeRequest(key=b"compact_rev_key"))]), timeout=5)
+        assert compact.succeeded, name
+        c.Compact(pb.CompactionRequest(revision=2), timeout=5)
+        assert c.Range(pb.RangeRequest(key=b"/registry/health"), timeout=5).count == 0
+        lease = pbg.LeaseStub(grpc.insecure_channel(cluster.endpoint(name))).LeaseGrant(pb.LeaseGrantRequest(TTL=3660), timeout=5)
+        assert lease.ID > 0 and not lease.error
+    # no partition saw another's keys
+    assert ctl(binary, cluster.endpoint("events"), "get", "--prefix", "/registry/", "--keys-only").stdout.split() == ["/registry/events/default/e1"]
+
+
+def write_loop(endpoint: str, prefix: bytes, stop: threading.Event, acked: dict, errors: list) -> None:
+    c = kv(endpoint)
+    i = 0
+    while not stop.is_set():
+        key = prefix + b"%d" % i
+        try:
+            r = c.Put(pb.PutRequest(key=key, value=b"v%d" % i), timeout=5, wait_for_ready=True)
+            acked[key] = r.header.revision
+        except grpc.RpcError as exc:
+            errors.append((time.monotonic(), exc.code()))
+            time.sleep(0.05)
+        i += 1
+
+
+def test_sigkill_of_one_partition_restarts_it_losing_nothing_while_the_others_keep_serving(cluster):
+    stop = threading.Event()
+    acked = {n: {} for n in cluster.ports}
+    errors = {n: [] for n in cluster.ports}
+    prefixes = {"leases": b"/registry/leases/ns/", "events": b"/registry/events/ns/", "main": b"/registry/pods/ns/"}
+    threads = [threading.Thread(target=write_loop, args=(cluster.endpoint(n), prefixes[n], stop, acked[n], errors[n])) for n in cluster.ports]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)
+        victim = cluster.child_pids["events"]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while "serving again partition=events" not in cluster.output():
+            assert time.monotonic() < deadline, cluster.output()
+            time.sleep(0.1)
+        before = len(acked["events"])
+        while len(acked["events"]) < before + 20:
+            assert time.monotonic() < deadline, "the restarted partition takes no writes"
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    out = cluster.output()
+    assert "partition died partition=events" in out and "killed by SIGKILL" in out
+    new_pid = int(re.search(r"restarted partition=events pid=(\d+)", out)[1])
+    cluster.child_pids["events_restarted"] = new_pid
+    assert not alive(victim) and alive(new_pid)
+    # the others never stopped serving
+    assert errors["leases"] == [] and errors["main"] == []
+    assert alive(cluster.child_pids["leases"]) and alive(cluster.child_pids["main"])
+    # nothing acknowledged is lost, with the revision it was acknowledged at
+    for name, written in acked.items():
+        got = kv(cluster.endpoint(name)).Range(pb.RangeRequest(key=prefixes[name], range_end=prefixes[name][:-1] + b"0"), timeout=10)
+        have = {x.key: x.mod_revision for x in got.kvs}
+        missing = {k: r for k, r in written.items() if have.get(k) != r}
+        assert not missing, f"{name}: {len(missing)} acknowledged writes lost or changed, e.g. {list(missing.items())[:3]}"
+    # SIGTERM to the supervisor stops every partition
+    pids = [cluster.child_pids[n] for n in ("leases", "main")] + [new_pid]
+    assert cluster.stop() == 0
+    assert not any(alive(p) for p in pids)
+
+
+def test_a_full_events_partition_does_not_stop_lease_writes(cluster):
+    events, leases, main = kv(cluster.endpoint("events")), kv(cluster.endpoint("leases")), kv(cluster.endpoint("main"))
+    value = b"e" * 8000
+    with pytest.raises(grpc.RpcError) as err:
+        for i in range(10_000):
+            events.Put(pb.PutRequest(key=b"/registry/events/ns/e%d" % i, value=value), timeout=5)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err.value.details() == "etcdserver: mvcc: database space exceeded"
+    assert 10 < i < EVENTS_QUOTA_BYTES // len(value) + 1
+    maintenance = {n: pbg.MaintenanceStub(grpc.insecure_channel(cluster.endpoint(n))) for n in cluster.ports}
+    alarms = {n: list(m.Alarm(pb.AlarmRequest(action=pb.AlarmRequest.GET), timeout=5).alarms) for n, m in maintenance.items()}
+    assert [a.alarm for a in alarms["events"]] == [pb.NOSPACE]
+    assert alarms["leases"] == [] and alarms["main"] == []
+    # node leases and everything else keep writing
+    for i in range(50):
+        leases.Put(pb.PutRequest(key=b"/registry/leases/kube-node-lease/n%d" % (i % 5), value=value), timeout=5)
+        main.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (i % 5), value=value), timeout=5)
+    with pytest.raises(grpc.RpcError) as err:
+        events.Put(pb.PutRequest(key=b"/registry/events/ns/small", value=b"x"), timeout=5)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert maintenance["leases"].Status(pb.StatusRequest(), timeout=5).errors == []
+
+
+def test_a_partition_that_cannot_start_stops_the_cluster_with_a_reason(tmp_path):
+    c = Cluster(tmp_path)
+    blocker = __import__("socket").socket()
+    blocker.bind(("127.0.0.1", c.ports["events"]))
+    blocker.listen()
+    try:
+        proc = subprocess.run(c.argv, capture_output=True, text=True, timeout=90)
+    finally:
+        blocker.close()
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("shardetcd cluster: partition events exited with code 2: shardetcd: cannot listen on"), proc.stderr
+    leftovers = subprocess.run(["pgrep", "-f", str(c.data_dir)], capture_output=True, text=True).stdout.split()
+    assert leftovers == [], "the partitions that did start were left running"
