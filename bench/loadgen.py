@@ -297,7 +297,10 @@ RUNNERS = {"unary": run_unary, "keepalive": run_keepalive, "watch": run_watch}
 def _worker_main(conn) -> None:
     from . import k8s  # registers the k8s runner
 
+    from . import partitions
+
     RUNNERS["k8s"] = k8s.run_k8s
+    RUNNERS["groups"] = partitions.run_groups
     while True:
         msg = conn.recv()
         if msg[0] == "exit":

@@ -13,6 +13,7 @@ kube-apiserver which endpoint holds which resource through
     name = "events"
     resources = ["events"]            # core group: no group part
     quota-backend-bytes = 1073741824  # this partition's own NOSPACE limit
+    nice = 10                         # yield the CPU to the other partitions under load
 
     [[partition]]
     name = "main"
@@ -84,6 +85,7 @@ class Partition:
     default: bool = False
     port: int | None = None
     quota_backend_bytes: int | None = None
+    nice: int = 0  # CPU niceness of its process: >0 yields the CPU to the others when cores are scarce
 
 
 @dataclass(frozen=True)
@@ -154,14 +156,17 @@ def _partition(i: int, entry: dict, source: str) -> Partition:
     resources = entry.get("resources", [])
     if not isinstance(resources, list) or (not resources and not default) or not isinstance(default, bool):
         raise LayoutError(f"cluster layout {source}: partition {name!r} needs a non-empty resources list (or default = true)")
-    unknown = set(entry) - {"name", "resources", "default", "port", "quota-backend-bytes"}
+    unknown = set(entry) - {"name", "resources", "default", "port", "quota-backend-bytes", "nice"}
     if unknown:
         raise LayoutError(f"cluster layout {source}: partition {name!r} has unknown settings {sorted(unknown)}")
     port, quota = entry.get("port"), entry.get("quota-backend-bytes")
     for what, v in (("port", port), ("quota-backend-bytes", quota)):
         if v is not None and (not isinstance(v, int) or v < 0):
             raise LayoutError(f"cluster layout {source}: partition {name!r}: {what} must be a non-negative integer")
-    return Partition(name, tuple(parse_resource(r, source) for r in resources), default, port, quota)
+    nice = entry.get("nice", 0)
+    if not isinstance(nice, int) or not 0 <= nice <= 19:
+        raise LayoutError(f"cluster layout {source}: partition {name!r}: nice must be an integer from 0 to 19")
+    return Partition(name, tuple(parse_resource(r, source) for r in resources), default, port, quota, nice)
 
 
 def parse_cluster_layout(text: str, source: str = "<cluster layout>") -> ClusterLayout:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -64,7 +65,7 @@ class Child:
             self.log_offset = log.tell()
             # own session: a Ctrl-C reaches the supervisor, which stops the partitions in order
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+                                         start_new_session=True, preexec_fn=lambda: _child_setup(self.partition.nice))
         self.started_at, self.ready, self.restart_at = time.monotonic(), False, None
 
     def new_log(self) -> bytes:
@@ -85,8 +86,10 @@ class Child:
         return self.ready
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the supervisor dies, even by SIGKILL (Linux)."""
+def _child_setup(nice: int) -> None:
+    """In the child before exec: its niceness; SIGTERM if the supervisor dies, even by SIGKILL (Linux)."""
+    if nice:
+        os.nice(nice)
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

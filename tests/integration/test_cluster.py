@@ -41,6 +41,7 @@ name = "events"
 resources = ["events"]
 port = {self.ports["events"]}
 quota-backend-bytes = {EVENTS_QUOTA_BYTES}
+nice = 5
 
 [[partition]]
 name = "main"
@@ -128,6 +129,10 @@ def test_printed_flags_name_every_partition_in_kube_apiserver_format(cluster):
     for f in flags:
         assert f"  {f}" in cluster.output()
     assert set(cluster.child_pids) == {"leases", "events", "main"}
+    # the layout's nice applies to that partition's process only
+    nice = {n: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16]) for n, pid in cluster.child_pids.items()}
+    own = os.nice(0)
+    assert nice == {"leases": own, "events": min(19, own + 5), "main": own}
 
 
 def test_each_partition_is_its_own_etcd_and_refuses_other_resources(cluster, etcdctl_bin):

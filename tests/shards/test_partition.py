@@ -125,6 +125,7 @@ def test_guard_allows_own_and_resourceless_keys(key, leases, events, main):
     ('[[partition]]\nname = "a"\nresources = ["pods#x"]\n', "bad resource"),
     ('[[partition]]\nname = "a"\nresources = ["pods"]\nport = -1\n', "non-negative"),
     ('[[partition]]\nname = "a"\nresources = ["pods"]\nqouta = 1\n', "unknown settings"),
+    ('[[partition]]\nname = "a"\nresources = ["pods"]\nnice = 20\n', "nice must be"),
     ('[[partition]]\nname = "a"\ndefault = true\n[[partition]]\nname = "b"\ndefault = true\n', "more than one"),
 ])
 def test_bad_layouts_are_refused_with_a_reason(text, message):
