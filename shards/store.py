@@ -64,6 +64,7 @@ class Store:
         self.failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
         self._pending: dict[int, int] = {}  # revision -> journal parts not yet durable
+        self._grants_in_flight: dict[int, asyncio.Future] = {}  # lease id -> resolved once its grant is durable
         self._waiters: list[tuple[int, int, asyncio.Future]] = []
         self._waiter_seq = 0
         self._compaction: asyncio.Task | None = None
@@ -134,6 +135,8 @@ class Store:
 
     async def put(self, req: PutReq) -> PutResult:
         self._check_alive()
+        if req.lease and self._grants_in_flight:
+            await self._grants_durable((req.lease,))
         w = WriteTxn(self)
         w.check_put(req)
         result = w.put(req)
@@ -149,6 +152,8 @@ class Store:
 
     async def txn(self, req: TxnReq) -> TxnResult:
         self._check_alive()
+        if self._grants_in_flight:
+            await self._grants_durable(_txn_leases(req))
         w = WriteTxn(self)
         result = w.txn(req)
         await self._finish(w)
@@ -286,8 +291,27 @@ class Store:
         elif lease_id in self.leases:
             raise LeaseExistsError
         lease = self.leases.grant(lease_id, ttl)
-        await self._journal_lease(encode_lease_record(GRANT, lease_id, lease.ttl))
+        durable = self._grants_in_flight[lease_id] = asyncio.get_running_loop().create_future()
+        try:
+            await self._journal_lease(encode_lease_record(GRANT, lease_id, lease.ttl))
+        finally:
+            if self._grants_in_flight.get(lease_id) is durable:
+                del self._grants_in_flight[lease_id]
+            durable.set_result(None)
         return lease_id, lease.ttl, self.committed
+
+    async def _grants_durable(self, lease_ids) -> None:
+        """Wait until the grants of these leases are durable, if they are on their way.
+
+        A write attaching keys to a lease must not reach disk before the
+        lease's grant: a crash in between would leave keys held by a lease that
+        never existed, which never expire.  Only a client-chosen lease id can be
+        named before its grant is acknowledged.
+        """
+        for lease_id in lease_ids:
+            durable = self._grants_in_flight.get(lease_id)
+            if durable is not None:
+                await asyncio.shield(durable)
 
     async def lease_revoke(self, lease_id: int) -> int:
         """Delete every key the lease holds, in one revision, then forget the
@@ -348,6 +372,16 @@ class Store:
                     await asyncio.sleep(0)
             self._compacted_through = target
             logger.info("compaction finished rev=%d", target)
+
+
+def _txn_leases(req: TxnReq):
+    """Lease ids named by the puts of a txn, both branches, nested txns included."""
+    for op in (*req.success, *req.failure):
+        if isinstance(op, PutReq):
+            if op.lease:
+                yield op.lease
+        elif isinstance(op, TxnReq):
+            yield from _txn_leases(op)
 
 
 def _durable_callback(store: Store, shard: Shard) -> Callable[[int], None]:

@@ -259,3 +259,32 @@ def test_leases_survive_checkpoints_that_release_their_records(tmp_path, run):
         await store.close()
 
     run(go())
+
+
+def test_a_write_naming_a_lease_waits_for_the_grant_to_be_durable(tmp_path, run):
+    """A client-chosen lease id can be named before its grant is acknowledged;
+    the write must not reach disk first, or a crash in between leaves keys held
+    by a lease that never existed (they would never expire)."""
+
+    async def go():
+        store = await open_store(tmp_path)
+        gate = block_writer(store.lease_shard)  # lease records' shard; the put goes to pods
+        grant = asyncio.ensure_future(store.lease_grant(77, 60))
+        await asyncio.sleep(0)
+        put = asyncio.ensure_future(store.put(PutReq(POD, b"held", lease=77)))
+        txn = asyncio.ensure_future(store.txn(TxnReq(success=(TxnReq(success=(PutReq(EVENT, b"e", lease=77),)),))))
+        plain = asyncio.ensure_future(store.put(PutReq(POD + b"2", b"free")))
+        await asyncio.sleep(0.2)
+        assert not grant.done() and not put.done() and not txn.done()
+        assert store.rev == 2, "the lease writes took a revision before the grant was durable"
+        gate.set()
+        assert (await grant)[0] == 77
+        assert (await put).revision > (await plain).revision
+        await txn
+        assert store.leases.leases[77].keys == {POD, EVENT}
+        await store.close()
+        store = await open_store(tmp_path)
+        assert store.leases.leases[77].keys == {POD, EVENT}
+        await store.close()
+
+    run(go())
