@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .lease import GRANT, decode_lease_record
+from .progress import Progress
 
 if TYPE_CHECKING:
     from .shard import Recovered
@@ -55,9 +56,12 @@ async def recover(store: Store) -> None:
                 leases.remove(lease_id)
     compact = -1
     for shard, f in zip(store.shards, found):
+        progress = Progress("journal replay", shard=shard.name, records=len(f.writes))
         for r, _, changes in f.writes:
             if r <= rev:
                 shard.apply_recovered(r, changes)
+                progress.tick()
+        progress.done()
         compact = max(compact, f.compact_rev, *(c for tag, c in f.compacts if tag <= rev))
     store.rev = store.committed = rev
     orphans = leases.rebuild_keys()

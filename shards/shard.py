@@ -20,6 +20,7 @@ from journal.checkpoint import load_latest_checkpoint, write_checkpoint
 from proto.kv_pb2 import KeyValue
 
 from .record import COMPACT, DELETE, LEASE, WRITE, Change, decode_compact, decode_write, encode_compact, encode_write
+from .progress import Progress
 from .revision import entry_from_row_key
 from .state import ShardState
 
@@ -72,7 +73,9 @@ class Shard:
             self._load_checkpoint_rows(ckpt.rows())
         self.checkpoint_rev = ckpt_rev
         writes, compacts, leases = [], [], []
+        progress = Progress("journal read", shard=self.name)
         for rec in self.journal.records(after_rev=0):
+            progress.tick()
             if rec.rtype == WRITE:
                 if rec.rev > ckpt_rev:
                     participants, changes = decode_write(rec.payload)
@@ -81,11 +84,14 @@ class Shard:
                 compacts.append((rec.rev, decode_compact(rec.payload)))
             elif rec.rtype == LEASE:
                 leases.append((rec.rev, rec.payload))
+        progress.done()
         return Recovered(ckpt_rev, compact_rev, writes, compacts, leases, extra)
 
     def _load_checkpoint_rows(self, rows) -> None:
         state, on_replay = self.state, self.on_replay
+        progress = Progress("checkpoint load", shard=self.name)
         for blob in rows:
+            progress.tick()
             klen = blob[0]
             rk = blob[1 : 1 + klen]
             value = blob[1 + klen :]
@@ -93,6 +99,7 @@ class Shard:
             e = entry_from_row_key(rk)
             state.restore_row(kv.key, e, value)
             on_replay(kv.key, -1 if e & 1 else kv.lease)
+        progress.done()
 
     def apply_recovered(self, rev: int, changes: list[Change]) -> None:
         state, on_replay = self.state, self.on_replay
