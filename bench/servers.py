@@ -37,9 +37,23 @@ class Server:
     pid: int
     version: str
     _stop: object  # callable
+    _restart: object = None  # callable: graceful stop, start on the same data; returns the new pid
+    data_dir: Path | None = None
+    state_dir: Path | None = None  # shardetcd's RocksDB state on tmpfs (memory)
 
     def stop(self) -> None:
         self._stop()
+
+    def restart(self) -> float:
+        """Stop gracefully and start again on the same data; seconds until it answers a Range."""
+        t0 = time.monotonic()
+        self.pid = self._restart()
+        deadline = time.monotonic() + 3600
+        while not _answers(self.endpoint):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not come back within an hour")
+            time.sleep(0.05)
+        return time.monotonic() - t0
 
 
 def _answers(endpoint: str, timeout: float = 1.0) -> bool:
@@ -56,7 +70,16 @@ def start_real_etcd(tmp: Path) -> Server:
     proc = start_etcd(tmp / "etcd")
     out = subprocess.run([etcd351_binary(), "--version"], capture_output=True, text=True).stdout
     version = out.split("\n")[0].split(":")[-1].strip() or "?"
-    return Server("etcd", proc.endpoint, proc.pid, f"etcd {version}", proc.stop)
+
+    def restart() -> int:
+        proc.proc.send_signal(signal.SIGTERM)
+        proc.proc.wait(60)
+        with open(proc.log_path, "ab") as log:
+            proc.proc = subprocess.Popen(proc.proc.args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env={k: v for k, v in os.environ.items() if not k.startswith("ETCD")})
+        return proc.pid
+
+    return Server("etcd", proc.endpoint, proc.pid, f"etcd {version}", proc.stop, restart, data_dir=proc.data_dir)
 
 
 class _DefaultShardetcd(ShardetcdProcess):
@@ -93,7 +116,14 @@ def start_shardetcd_default(tmp: Path) -> Server:
         proc.stop(grace=15)
         shutil.rmtree(proc.default_state_dir(), ignore_errors=True)
 
-    return Server("shardetcd", proc.endpoint, proc.pid, "shardetcd (defaults, journal fsync=always)", stop)
+    def restart() -> int:
+        proc.stop(grace=60)
+        proc.timeout = 3600
+        proc.start()
+        return proc.pid
+
+    return Server("shardetcd", proc.endpoint, proc.pid, "shardetcd (defaults, journal fsync=always)", stop, restart,
+                  data_dir=proc.data_dir, state_dir=proc.default_state_dir())
 
 
 def start_ceiling(tmp: Path) -> Server:

@@ -27,6 +27,7 @@ class DataDir:
         self.path = path
         self.meta = meta
         self._lock_fd = lock_fd
+        self._default_state_base: Path | None = None  # set when state lives in the default place
 
     @property
     def cluster_id(self) -> int:
@@ -75,10 +76,16 @@ class DataDir:
         if base is None:
             root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
             tag = hashlib.sha256(str(self.path).encode()).hexdigest()[:12]
-            base = root / f"shardetcd-{os.getuid()}-{tag}"
+            base = self._default_state_base = root / f"shardetcd-{os.getuid()}-{tag}"
         return base / name
 
     def close(self) -> None:
+        """Release the lock; remove the default state base dir once the shards emptied it."""
+        if self._default_state_base is not None:
+            try:
+                self._default_state_base.rmdir()
+            except OSError:  # not empty (a shard still open elsewhere) or already gone
+                pass
         os.close(self._lock_fd)
 
 

@@ -18,6 +18,8 @@ from shards.types import (
     TxnReq,
 )
 
+from shards.layout import load_layout
+from shards.store import Store, StoreConfig
 from tests.shards.store_helpers import open_store
 
 POD, LEASE, EVENT, OTHER = b"/registry/pods/ns/p", b"/registry/leases/ns/l", b"/registry/events/ns/e", b"other"
@@ -286,5 +288,20 @@ def test_a_write_naming_a_lease_waits_for_the_grant_to_be_durable(tmp_path, run)
         store = await open_store(tmp_path)
         assert store.leases.leases[77].keys == {POD, EVENT}
         await store.close()
+
+    run(go())
+
+
+def test_default_state_dir_is_removed_on_close(tmp_path, run):
+    """State in the default place (a dir under /dev/shm named after the data
+    dir) is memory: closing the store leaves nothing of it behind."""
+
+    async def go():
+        store = await Store.open(StoreConfig(data_dir=tmp_path / "data", layout=load_layout(None)))
+        base = store.shards[0].state.path.parent
+        await store.put(PutReq(POD, b"x"))
+        assert base.is_dir() and base != tmp_path
+        await store.close()
+        assert not base.exists()
 
     run(go())
