@@ -35,6 +35,7 @@ class Lease:
     ttl: int  # granted TTL, seconds
     expiry: float  # monotonic deadline
     keys: set[bytes] = field(default_factory=set)
+    queued: float = 0.0  # the deadline of this lease's one entry in the expiry heap
 
     def remaining_s(self, now: float) -> float:
         return self.expiry - now
@@ -74,39 +75,53 @@ class LeaseTable:
         ttl = max(ttl, MIN_TTL_S)
         lease = Lease(lease_id, ttl, self.clock() + ttl)
         self.leases[lease_id] = lease
-        heapq.heappush(self._expiry_heap, (lease.expiry, lease_id))
+        self._queue(lease)
         return lease
+
+    def _queue(self, lease: Lease) -> None:
+        lease.queued = lease.expiry
+        heapq.heappush(self._expiry_heap, (lease.expiry, lease.id))
 
     def renew(self, lease_id: int) -> int:
         """Reset the lease's deadline; its TTL, or 0 when it does not exist."""
         lease = self.leases.get(lease_id)
         if lease is None:
             return 0
-        lease.expiry = self.clock() + lease.ttl
-        heapq.heappush(self._expiry_heap, (lease.expiry, lease_id))
+        lease.expiry = self.clock() + lease.ttl  # its heap entry moves when it comes due
         return lease.ttl
 
     def remove(self, lease_id: int) -> Lease | None:
         return self.leases.pop(lease_id, None)
 
     def expired(self, limit: int) -> list[int]:
-        """Up to ``limit`` leases past their deadline, earliest first."""
+        """Up to ``limit`` leases past their deadline, earliest first.
+
+        Each lease has one heap entry, at the deadline it had when queued; a
+        keep-alive only moves ``lease.expiry``.  An entry that comes due for a
+        renewed lease is queued again at the new deadline (one heap operation
+        per TTL period, not per keep-alive); an entry of a revoked lease, or
+        of an earlier grant of the same id, is dropped.
+        """
         now = self.clock()
         heap = self._expiry_heap
         out: list[int] = []
         while heap and heap[0][0] <= now and len(out) < limit:
             deadline, lease_id = heapq.heappop(heap)
             lease = self.leases.get(lease_id)
-            if lease is not None and lease.expiry == deadline:
+            if lease is None or lease.queued != deadline:
+                continue
+            if lease.expiry <= now:
                 out.append(lease_id)
+            else:
+                self._queue(lease)
         return out
 
     def refresh_all(self) -> None:
         """After a restart: every lease gets its full TTL from now."""
         now = self.clock()
-        self._expiry_heap = [(now + l.ttl, l.id) for l in self.leases.values()]
         for lease in self.leases.values():
-            lease.expiry = now + lease.ttl
+            lease.expiry = lease.queued = now + lease.ttl
+        self._expiry_heap = [(lease.expiry, lease.id) for lease in self.leases.values()]
         heapq.heapify(self._expiry_heap)
 
     # -- attachments ------------------------------------------------------

@@ -7,6 +7,7 @@ import grpc
 
 from proto import rpc_pb2 as pb
 
+from . import wire
 from .context import Member, abort_with
 from .quota import LEASE_OVERHEAD_BYTES
 
@@ -33,9 +34,9 @@ class LeaseService:
 
     async def LeaseKeepAlive(self, requests: AsyncIterator[pb.LeaseKeepAliveRequest], context: grpc.aio.ServicerContext):
         """Each request renews one lease; an unknown or expired lease answers TTL 0."""
-        renew = self.store.lease_renew
+        renew, store, headers = self.store.lease_renew, self.store, self.m.headers
         async for req in requests:
-            yield pb.LeaseKeepAliveResponse(header=self.m.header(), ID=req.ID, TTL=renew(req.ID))
+            yield wire.keepalive_response(headers.framed(store.committed), req.ID, renew(req.ID))
 
     async def LeaseTimeToLive(
         self, request: pb.LeaseTimeToLiveRequest, context: grpc.aio.ServicerContext

@@ -8,6 +8,7 @@ parse and a re-serialize per key.  Field numbers are etcd's:
     RangeResponse:       header=1 kvs=2 (repeated) more=3 count=4
     PutResponse:         header=1 prev_kv=2
     DeleteRangeResponse: header=1 deleted=2 prev_kvs=3 (repeated)
+    LeaseKeepAliveResponse: header=1 ID=2 TTL=3 (int64 varints)
 """
 from __future__ import annotations
 
@@ -133,3 +134,7 @@ def fragments(events: list[bytes], base_bytes: int, max_bytes: int) -> list[list
         size += ev_bytes
     out.append(cur)
     return out
+
+
+def keepalive_response(header: bytes, lease_id: int, ttl: int) -> bytes:
+    return header + _field_varint(0x10, lease_id) + _field_varint(0x18, ttl)
