@@ -129,6 +129,21 @@ class ShardState:
             return None
         return revs[i]
 
+    def prev_entry_of_put(self, key: bytes, rev: int) -> int | None:
+        """Entry a PUT of ``key`` at main revision ``rev`` replaced, as etcd's
+        watch reports it in prev_kv: none when the put is a creation, which
+        includes a key deleted and put again in one txn (the tombstone shares
+        the put's main revision)."""
+        revs = self.index.get(key)
+        if not revs:
+            return None
+        i = bisect.bisect_left(revs, entry_bound(rev - 1))
+        if i < len(revs) and revs[i] & 1 and entry_main(revs[i]) == rev:
+            return None
+        if i == 0 or revs[i - 1] & 1:
+            return None
+        return revs[i - 1]
+
     def get_row(self, e: int) -> bytes:
         return self.db[row_key(e)]
 

@@ -362,7 +362,7 @@ class WatchHub:
         prev = None
         if w.prev_kv:
             state = self.store.states[self.store.router.shard_for_key(key)]
-            e = state.entry_at(key, rev - 1)
+            e = state.prev_entry_of_put(key, rev) if kind == PUT else state.entry_at(key, rev - 1)
             if e is not None:
                 prev = state.get_row(e)
         return Event(kind, row, prev)

@@ -12,8 +12,7 @@ the compacted one), and, a few times per example, a graceful restart and a
 kill -9, each followed by a read of the whole key space at every live
 revision.  Every response (header revisions included, nested ones too) must
 be the model's; reads below the compacted revision and above the head must
-fail as etcd's do.  One known divergence from etcd is tolerated and pinned
-by a strict xfail test at the end.
+fail as etcd's do.
 
 One server serves every example.  An example begins by deleting every key and
 compacting at the head, and its model begins there, knowing nothing before.
@@ -188,28 +187,6 @@ def assert_range(got: RangeResult, want: RangeResult, op: RangeOp) -> None:
 
 def _revs(kv: KV) -> tuple[int, int, int]:
     return kv.create_revision, kv.mod_revision, kv.version
-
-
-def without_prev_kv_of_recreations(events: list[Event], model: KVModel) -> list[Event]:
-    """KNOWN DIVERGENCE from etcd 3.5, tolerated here and pinned down by
-    test_prev_kv_of_a_key_recreated_in_its_deleting_txn (strict xfail).
-
-    A txn may delete a key and put it again ("delete from k on, then put k":
-    etcd takes a delete range ending in "\\0" literally when it checks a txn
-    for duplicate keys).  The put is a creation (create == mod revision), and
-    etcd's watch adds no prev_kv to creations; shardetcd adds the key as it
-    was before the txn.  Such a prev_kv is dropped before comparing, and
-    counted as a Hypothesis event."""
-    out = []
-    for ev in events:
-        creation = ev.type == PUT and ev.kv.create_revision == ev.kv.mod_revision
-        before = ev.kv.mod_revision - 1
-        if (creation and ev.prev_kv is not None and before >= max(model.first, model.compacted)
-                and ev.prev_kv == model.state(before).get(ev.kv.key)):
-            event("watch: prev_kv on a recreation (known divergence)")
-            ev = Event(ev.type, ev.kv, None)
-        out.append(ev)
-    return out
 
 
 def assert_txn(got: TxnResult, want: TxnResult, op: TxnOp) -> None:
@@ -477,7 +454,7 @@ class GrpcModel(RuleBasedStateMachine):
         assert responses[0].created and not any(r.canceled for r in responses), responses
         assert responses[-1].header.revision == m.rev
         got = [event_of(e) for r in responses for e in r.events]
-        assert without_prev_kv_of_recreations(got, m) == m.events(start, *key_range, prev_kv=prev_kv)
+        assert got == m.events(start, *key_range, prev_kv=prev_kv)
 
     @precondition(lambda self: self.model.compacted > 1)
     @rule(data=st.data())
@@ -520,10 +497,10 @@ def test_server_matches_model_across_restarts(tmp_path):
         proc.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="known divergence from etcd 3.5: shardetcd adds prev_kv to the watch "
-                                       "event of a key recreated in the txn that deleted it")
 def test_prev_kv_of_a_key_recreated_in_its_deleting_txn(shardetcd):
-    """etcd 3.5.1 (checked against the real binary): no prev_kv on a creation event."""
+    """etcd 3.5.1 (checked against the real binary): no prev_kv on a creation
+    event, also when the txn that creates the key deleted it first.  Found by
+    the state machine above; it once added the key as it was before the txn."""
     with grpc.insecure_channel(shardetcd.endpoint) as channel:
         kv = pbg.KVStub(channel)
         kv.Put(pb.PutRequest(key=b"k", value=b"1"), timeout=RPC_TIMEOUT_S)  # revision 2

@@ -632,6 +632,15 @@ class Script:
         elif x < 0.6:
             k, e = self.key_range() if r.random() < 0.5 else (self.key(), b"")
             h.delete(k, e, prev_kv=r.random() < 0.3)
+        elif x < 0.65:
+            # delete from a key on, then put some back: etcd's duplicate-key
+            # check takes the "\0" end literally, and a put after the delete
+            # is a creation (no prev_kv on its watch event)
+            start = r.choice(KEYS)
+            back = [k for k in KEYS if k >= start]
+            ops = [pb.DeleteRangeRequest(key=start, range_end=b"\x00")]
+            ops += [pb.PutRequest(key=k, value=r.choice(VALUES)) for k in r.sample(back, min(len(back), r.randint(1, 3)))]
+            h.write(_txn(*ops))
         elif x < 0.9:
             keys = r.sample(KEYS, r.randint(2, 5))
             ops = []
