@@ -123,3 +123,99 @@ def run_stalled_streams(shardetcd, base: str) -> None:
             assert time.monotonic() < deadline, "watchers of closed streams were not freed"
             time.sleep(0.1)
         kv.Put(pb.PutRequest(key=b"after", value=b"ok"), timeout=10)
+
+
+N_STREAMS = 1000
+N_STREAM_CHANNELS = 10
+N_EVENTS = 40
+N_VANISH = 300  # streams whose client goes away mid-stream
+
+
+def test_thousand_watch_streams_with_clients_vanishing_mid_stream(tmp_path):
+    """1,000 watch streams (one watcher each, over 10 connections) while a
+    writer runs: every stream that stays gets every event once, in revision
+    order; clients vanish half-way: 240 cancel their calls, and the 200
+    streams of two connections lose them (a few of those had cancelled
+    first); the server keeps serving and frees every watcher."""
+    import asyncio
+
+    from tests.etcd_fixture import free_port
+    from tests.shardetcd_fixture import start_shardetcd
+
+    metrics_port = free_port()
+    shardetcd = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{metrics_port}"))
+    base = f"http://127.0.0.1:{metrics_port}"
+    try:
+        asyncio.run(run_thousand_streams(shardetcd.endpoint, base))
+        deadline = time.monotonic() + 30
+        while watchers(base) != 0:
+            assert time.monotonic() < deadline, f"{watchers(base):.0f} watchers of closed streams were not freed"
+            time.sleep(0.2)
+        with grpc.insecure_channel(shardetcd.endpoint) as ch:
+            r = pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/after", value=b"ok"), timeout=10)
+            assert r.header.revision == N_EVENTS + 2
+    finally:
+        shardetcd.stop()
+
+
+async def run_thousand_streams(endpoint: str, metrics_base: str) -> None:
+    import asyncio
+
+    channels = [grpc.aio.insecure_channel(endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(N_STREAM_CHANNELS)]
+    create = pb.WatchRequest(create_request=pb.WatchCreateRequest(
+        key=b"/registry/", range_end=b"/registry0", prev_kv=True))
+    calls = [pbg.WatchStub(channels[i % N_STREAM_CHANNELS]).Watch() for i in range(N_STREAMS)]
+    half = asyncio.Event()
+
+    async def follow(i: int, call) -> list[int]:
+        await call.write(create)
+        first = await call.read()
+        assert first.created and not first.canceled, first
+        revs: list[int] = []
+        while len(revs) < N_EVENTS:
+            if i < N_VANISH and len(revs) >= N_EVENTS // 2:
+                call.cancel()  # this client goes away mid-stream
+                return revs
+            r = await asyncio.wait_for(call.read(), 60)
+            assert r is not grpc.aio.EOF, f"stream {i} ended early"
+            revs.extend(e.kv.mod_revision for e in r.events)
+            if len(revs) >= N_EVENTS // 2:
+                half.set()
+        return revs
+
+    readers = [asyncio.ensure_future(follow(i, c)) for i, c in enumerate(calls)]
+    while await asyncio.to_thread(watchers, metrics_base) != N_STREAMS:  # every stream's watcher exists
+        assert not any(r.done() and r.exception() for r in readers), [r.exception() for r in readers if r.done()][:1]
+        await asyncio.sleep(0.1)
+
+    async with grpc.aio.insecure_channel(endpoint) as ch:
+        kv = pbg.KVStub(ch)
+        for n in range(N_EVENTS):
+            key = b"/registry/%s/k%d" % (b"pods" if n % 2 else b"leases", n)
+            await kv.Put(pb.PutRequest(key=key, value=b"v" * 100), timeout=30)
+            if n == N_EVENTS // 2:
+                await asyncio.wait_for(half.wait(), 60)
+                # 200 more clients drop their connections without cancelling
+                for c in channels[-2:]:
+                    await c.close()
+        # the server still answers other clients while fan-out goes on
+        r = await kv.Range(pb.RangeRequest(key=b"/registry/", range_end=b"/registry0", count_only=True), timeout=30)
+        assert r.count == N_EVENTS
+
+    dropped = set(range(N_STREAM_CHANNELS - 2, N_STREAM_CHANNELS))
+    results = await asyncio.gather(*readers, return_exceptions=True)
+    want = list(range(2, N_EVENTS + 2))
+    for i, got in enumerate(results):
+        if i % N_STREAM_CHANNELS in dropped:
+            # its connection went away: whatever it read was in order
+            assert isinstance(got, (grpc.aio.AioRpcError, asyncio.CancelledError, list)), repr(got)
+            assert not isinstance(got, list) or got == want[:len(got)], (i, got)
+            continue
+        assert not isinstance(got, BaseException), f"stream {i}: {got!r}"
+        if i < N_VANISH:
+            assert got == want[:len(got)] and len(got) >= N_EVENTS // 2, (i, got)
+        else:
+            assert got == want, (i, got)
+    for c in channels[:-2]:
+        await c.close()
