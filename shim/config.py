@@ -5,6 +5,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ETCD_API_VERSION = "3.5.16"  # the etcd release whose API and behaviour we implement
+# etcd's slack above --max-request-bytes: how much gRPC may receive, and the
+# size at which a watch response that allows fragments is cut
+GRPC_OVERHEAD_BYTES = 512 * 1024
 
 
 @dataclass(frozen=True)

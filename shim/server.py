@@ -17,7 +17,7 @@ from shards.partition import PartitionGuard, load_cluster_layout
 from shards.store import Store, StoreConfig
 
 from .auth import AuthService
-from .config import ServerConfig
+from .config import GRPC_OVERHEAD_BYTES, ServerConfig
 from .context import Member
 from .handlers import service_handler
 from .gateway import Gateway
@@ -29,8 +29,6 @@ from .metrics import Metrics
 from .watch import WatchService
 
 logger = logging.getLogger(__name__)
-
-GRPC_OVERHEAD_BYTES = 512 * 1024  # etcd lets gRPC receive this much above max-request-bytes
 
 
 class StartupError(RuntimeError):

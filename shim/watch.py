@@ -11,6 +11,7 @@ from proto import rpc_pb2 as pb
 from shards.watch import Message, WatchSpec, WatchStream
 
 from . import wire
+from .config import GRPC_OVERHEAD_BYTES
 from .context import Member
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class WatchService:
         flags = dict(created=msg.created, canceled=msg.canceled, compact_revision=msg.compact_revision,
                      cancel_reason=msg.cancel_reason)
         whole = wire.watch_response(header, msg.watch_id, events, **flags)
-        limit = self.m.config.max_request_bytes
+        limit = self.m.config.max_request_bytes + GRPC_OVERHEAD_BYTES  # as etcd
         if not msg.fragment or len(whole) < limit or len(events) < 2:
             return [whole]
         base = len(wire.watch_response(header, msg.watch_id, [], fragment=True, **flags))

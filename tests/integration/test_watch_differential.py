@@ -738,3 +738,57 @@ def test_seeded_random_script(harness, seed):
     }
     print(kinds)
     assert kinds["events"] > 300 and kinds["past"] > 3 and kinds["canceled"] > 2, kinds
+
+
+FRAGMENT_LIMIT = 8192  # --max-request-bytes on both servers: watch responses are cut at 8 KiB + 512 KiB
+FRAGMENT_KEYS = 800  # deleted in one revision: ~1.3 MB of events with prev_kv
+
+
+def _fragment_script(endpoint: str) -> list[tuple]:
+    """Live watches with and without ``fragment``; one revision's events
+    outgrow the limit; returns every response's shape."""
+    value = b"v" * 1500
+    prefix = b"/registry/pods/frag/"
+    keys = [prefix + b"%04d" % i for i in range(FRAGMENT_KEYS)]
+    with grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", 16 << 20)]) as ch:
+        kv = pbg.KVStub(ch)
+        w = WatchClient(ch)
+        try:
+            w.create(prefix, prefix_end(prefix), prev_kv=True, fragment=True)
+            w.create(prefix, prefix_end(prefix), prev_kv=True)  # no fragment: one response per revision
+            w.create(b"/registry/", prefix_end(b"/registry/"), fragment=True)  # small events: never cut
+            w.wait_for(lambda rs: sum(r.created for r in rs) == 3)
+            for i in range(0, FRAGMENT_KEYS, 4):  # four 1.5 KB puts: under the request limit
+                kv.Txn(_txn(*[pb.PutRequest(key=k, value=value) for k in keys[i:i + 4]]), timeout=10)
+            kv.DeleteRange(pb.DeleteRangeRequest(key=prefix, range_end=prefix_end(prefix)), timeout=30)
+            w.wait_for(lambda rs: sum(len(r.events) for r in rs) == 3 * 2 * FRAGMENT_KEYS, timeout=30)
+            time.sleep(0.3)  # nothing more may come
+            return [(r.watch_id, r.header.revision, r.fragment, r.created,
+                     [(e.type, e.kv.key, e.kv.mod_revision, e.prev_kv.mod_revision) for e in r.events])
+                    for r in w.responses]
+        finally:
+            w.close()
+
+
+def test_fragmented_watch_responses_match_etcd(tmp_path):
+    """etcd cuts a response of several events that reaches --max-request-bytes
+    into fragments (fragment=true on all but the last) when the watch asked
+    for it; the fragments and where they are cut must be etcd's."""
+    from tests.conftest import require_etcd_binary
+    from tests.etcd_fixture import start_etcd
+    from tests.shardetcd_fixture import start_shardetcd
+
+    require_etcd_binary()
+    limit = ("--max-request-bytes", str(FRAGMENT_LIMIT))
+    got = {}
+    for name, start in (("etcd", start_etcd), ("shardetcd", start_shardetcd)):
+        server = start(tmp_path / name, extra_args=limit)
+        try:
+            got[name] = _fragment_script(server.endpoint)
+        finally:
+            server.stop()
+    for wid in (0, 1, 2):  # the order of different watches' responses is not etcd's contract
+        mine, theirs = ([r for r in got[n] if r[0] == wid] for n in ("shardetcd", "etcd"))
+        assert mine == theirs, (wid, [(r[1], r[2], len(r[4])) for r in mine], [(r[1], r[2], len(r[4])) for r in theirs])
+    fragmented = [r for r in got["etcd"] if r[2]]
+    assert len(fragmented) >= 2 and {r[0] for r in fragmented} == {0}, [r[:3] for r in fragmented]
