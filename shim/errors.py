@@ -26,6 +26,11 @@ LEASE_TTL_TOO_LARGE = (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: too large leas
 NO_SPACE = (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded")
 STOPPED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped")
 MEMBER_NOT_SUPPORTED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: not capable")
+BAD_LEADER_TRANSFEREE = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: bad leader transferee")
+DOWNGRADE_VERSION_FORMAT = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: wrong downgrade target version format")
+DOWNGRADE_TARGET = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: invalid downgrade target version")
+NO_INFLIGHT_DOWNGRADE = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: no inflight downgrade job")
+UNKNOWN_METHOD = (grpc.StatusCode.UNKNOWN, "etcdserver: unknown method")
 
 
 def wrong_partition(key: bytes, owner: str, mine: str) -> tuple[grpc.StatusCode, str]:

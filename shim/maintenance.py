@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import tempfile
 from pathlib import Path
 
@@ -14,9 +15,19 @@ from shards.alarms import NAMES, NONE
 from shards.snapshot import freeze, write_snapshot
 
 from .context import Member, abort_with
-from .errors import MEMBER_NOT_SUPPORTED
+from .errors import (BAD_LEADER_TRANSFEREE, DOWNGRADE_TARGET, DOWNGRADE_VERSION_FORMAT, MEMBER_NOT_SUPPORTED,
+                     NO_INFLIGHT_DOWNGRADE, UNKNOWN_METHOD)
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
+CLUSTER_VERSION = ".".join(ETCD_API_VERSION.split(".")[:2]) + ".0"  # etcd's cluster version keeps major.minor
+# a semantic version as etcd's downgrade parses it (also accepted: MAJOR.MINOR)
+_SEMVER = re.compile(r"(\d+)\.(\d+)\.\d+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?")
+
+
+def downgrade_target(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a downgrade target, or None if etcd could not parse it."""
+    m = _SEMVER.fullmatch(version) or _SEMVER.fullmatch(version + ".0")
+    return (int(m[1]), int(m[2])) if m else None
 
 
 class MaintenanceService:
@@ -67,6 +78,30 @@ class MaintenanceService:
         except Exception as exc:
             await abort_with(context, exc)
         return pb.HashKVResponse(header=self.m.header(), hash=h, compact_revision=compact)
+
+    async def MoveLeader(self, request: pb.MoveLeaderRequest, context: grpc.aio.ServicerContext) -> pb.MoveLeaderResponse:
+        """The only member is the leader: moving leadership to it is done at
+        once (etcd answers with an empty response), to anyone else refused."""
+        if request.targetID != self.m.member_id:
+            await context.abort(*BAD_LEADER_TRANSFEREE)
+        return pb.MoveLeaderResponse()
+
+    async def Downgrade(self, request: pb.DowngradeRequest, context: grpc.aio.ServicerContext) -> pb.DowngradeResponse:
+        """VALIDATE answers as etcd; a downgrade itself is not something this
+        server can do, so ENABLE of a valid target is refused as not capable."""
+        if request.action == pb.DowngradeRequest.CANCEL:
+            await context.abort(*NO_INFLIGHT_DOWNGRADE)
+        if request.action not in (pb.DowngradeRequest.VALIDATE, pb.DowngradeRequest.ENABLE):
+            await context.abort(*UNKNOWN_METHOD)
+        target = downgrade_target(request.version)
+        if target is None:
+            await context.abort(*DOWNGRADE_VERSION_FORMAT)
+        major, minor = map(int, CLUSTER_VERSION.split(".")[:2])
+        if target != (major, minor - 1):
+            await context.abort(*DOWNGRADE_TARGET)
+        if request.action == pb.DowngradeRequest.ENABLE:
+            await context.abort(*MEMBER_NOT_SUPPORTED)
+        return pb.DowngradeResponse(header=self.m.header(), version=CLUSTER_VERSION)
 
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusResponse:
         store = self.m.store

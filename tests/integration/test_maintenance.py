@@ -113,3 +113,34 @@ def test_grpc_health_service_serves(shardetcd):
     with grpc.insecure_channel(shardetcd.endpoint) as ch:
         r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
     assert r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def leader_and_downgrade_answers(endpoint: str) -> list:
+    """MoveLeader and Downgrade as a client would try them; a Downgrade ENABLE
+    of a valid target is left out (etcd would start downgrading)."""
+    V, E, C = pb.DowngradeRequest.VALIDATE, pb.DowngradeRequest.ENABLE, pb.DowngradeRequest.CANCEL
+    with grpc.insecure_channel(endpoint) as ch:
+        mt = pbg.MaintenanceStub(ch)
+        me = mt.Status(pb.StatusRequest()).header.member_id
+        calls = [(mt.MoveLeader, pb.MoveLeaderRequest(targetID=t)) for t in (0, me, me + 1)]
+        calls += [(mt.Downgrade, pb.DowngradeRequest(action=V, version=v))
+                  for v in ("", "3.4", "3.4.0", "3.4.9", "3.4.0-rc.1+b", "3.3", "3.5", "4.4", "x", "3.4.x", " 3.4")]
+        calls += [(mt.Downgrade, pb.DowngradeRequest(action=a, version=v))
+                  for a, v in ((E, "3.3"), (E, "x"), (C, ""), (C, "3.4"), (7, "3.4"))]
+        out = []
+        for method, req in calls:
+            try:
+                resp = method(req, timeout=10)
+                header = resp.header
+                resp.ClearField("header")
+                out.append(("ok", resp, header.revision, header.member_id == me))
+            except grpc.RpcError as exc:
+                out.append((exc.code(), exc.details()))
+        return out
+
+
+def test_move_leader_and_downgrade_answer_as_etcd(shardetcd, real_etcd):
+    got = {name: leader_and_downgrade_answers(ep)
+           for name, ep in (("etcd", real_etcd.endpoint), ("shardetcd", shardetcd.endpoint))}
+    assert got["shardetcd"] == got["etcd"]
+    assert ("ok", pb.DowngradeResponse(version="3.5.0"), 1, True) in got["etcd"]
