@@ -5,11 +5,17 @@ An operation is (call time, return time, input, output).  An operation whose
 outcome is unknown (the server died while it was in flight) returns at +inf
 with output None: it may take effect at any point after its call, or never.
 Linearizability is compositional, so histories are checked one key at a time.
+
+A failing history is saved with ``save`` (JSON, one object per operation) and
+checked again with ``python -m tests.lincheck FILE...``.
 """
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 UNKNOWN = None
@@ -114,3 +120,33 @@ def linearizable(ops: list[Op], init=None) -> bool:
             _unlift(entry)
             entry = entry.next
     return True
+
+
+def save(ops: list[Op], path: Path) -> None:
+    """Write a history as JSON (an unknown return time as null)."""
+    rows = [asdict(op) | {"ret": None if math.isinf(op.ret) else op.ret} for op in ops]
+    path.write_text(json.dumps(rows, indent=0))
+
+
+def load(path: Path) -> list[Op]:
+    ops = []
+    for row in json.loads(Path(path).read_text()):
+        arg = tuple(row["arg"]) if row["kind"] == "cas" else row["arg"]
+        ops.append(Op(row["client"], row["call"], math.inf if row["ret"] is None else row["ret"],
+                      row["kind"], arg, row["out"]))
+    return ops
+
+
+def main(argv: list[str]) -> int:
+    """Replay saved histories: exit 1 if any is not linearizable."""
+    bad = 0
+    for name in argv:
+        ops = load(Path(name))
+        ok = linearizable(ops)
+        bad += not ok
+        print(f"{name}: {len(ops)} operations, {'linearizable' if ok else 'NOT linearizable'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,7 @@
 """The checker itself, on histories whose answer is known."""
 import math
 
-from tests.lincheck import Op, linearizable
+from tests.lincheck import Op, linearizable, load, main, save
 
 
 def test_sequential_history():
@@ -33,3 +33,14 @@ def test_unknown_outcomes_may_or_may_not_happen():
 
 def test_a_read_of_a_value_never_written_is_caught():
     assert not linearizable([Op(0, 0, 1, "get", None, "ghost")])
+
+
+def test_a_saved_history_replays_to_the_same_verdict(tmp_path, capsys):
+    good = [Op(0, 0, 1, "put", "a", True), Op(1, 2, math.inf, "cas", ("a", "b"), None), Op(2, 3, 4, "get", None, "b")]
+    bad = good + [Op(2, 5, 6, "cas", ("b", "c"), False)]  # b is there, so this cas cannot fail
+    for name, ops in (("good", good), ("bad", bad)):
+        save(ops, tmp_path / f"{name}.json")
+        assert load(tmp_path / f"{name}.json") == ops
+    assert main([str(tmp_path / "good.json")]) == 0
+    assert main([str(tmp_path / "good.json"), str(tmp_path / "bad.json")]) == 1
+    assert "bad.json: 4 operations, NOT linearizable" in capsys.readouterr().out

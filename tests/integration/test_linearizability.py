@@ -3,20 +3,23 @@
 Clients run get / put / delete / compare-and-swap on a few keys (on several
 shards) while the server is SIGKILLed and restarted; every key's recorded
 history must be linearizable against a register model.  A failing history is
-saved as JSON next to the test's tmp dir for replay.
+saved as JSON in $SHARDETCD_FAILURE_DIR (default: the test's tmp dir) and can
+be checked again with ``python -m tests.lincheck FILE``.
 """
 from __future__ import annotations
 
-import json
 import math
+import os
 import random
 import threading
 import time
 
+from pathlib import Path
+
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests.lincheck import Op, linearizable
+from tests.lincheck import Op, linearizable, save
 
 KEYS = [b"/registry/pods/lin", b"/registry/leases/lin", b"lin-plain"]
 CLIENTS = 6
@@ -94,9 +97,12 @@ def test_history_is_linearizable_across_kills(shardetcd, tmp_path):
     for key in KEYS:
         ops = [op for k, op in history if k == key]
         if not linearizable(ops):
-            path = tmp_path / f"history-{key.decode().replace('/', '_')}.json"
-            path.write_text(json.dumps([op.__dict__ | {"ret": None if math.isinf(op.ret) else op.ret} for op in ops]))
-            raise AssertionError(f"history of {key!r} is not linearizable; saved to {path}")
+            out = Path(os.environ.get("SHARDETCD_FAILURE_DIR", tmp_path))
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"history-{key.decode().replace('/', '_')}.json"
+            save(ops, path)
+            raise AssertionError(f"history of {key!r} is not linearizable; saved to {path} "
+                                 f"(replay: python -m tests.lincheck {path})")
     # the checker is not vacuous on this history: one read of a value nobody
     # wrote makes it fail
     ops = [op for k, op in history if k == KEYS[0]]
