@@ -32,6 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs, fewer concurrency points (<= 5 min)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="smoke run (implies --quick): the lowest concurrency point of each scenario, 0.5 s runs, "
+                         "a small k8s-mix; keeps the harness working, its figures mean nothing")
     ap.add_argument("--only", default="", help="comma-separated scenario names: " + ",".join(s.name for s in sc.SCENARIOS))
     ap.add_argument("--servers", default="etcd,shardetcd,ceiling", help="comma-separated: etcd,shardetcd,ceiling")
     ap.add_argument("--duration", type=float, help="override the measured seconds per run")
@@ -47,11 +50,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def plan(args) -> list[tuple[sc.Scenario, int]]:
-    table = sc.by_name()
+    table = sc.by_name(tiny=args.tiny)
     names = [n for n in args.only.split(",") if n] or list(table)
     unknown = [n for n in names if n not in table]
     if unknown:
         raise SystemExit(f"unknown scenario(s) {unknown}; known: {list(table)}")
+    if args.tiny:
+        return [(table[n], table[n].quick[0]) for n in names]
     return [(table[n], c) for n in names for c in (table[n].quick if args.quick else table[n].full)]
 
 
@@ -93,7 +98,8 @@ def prepare(s: sc.Scenario, target: str, quick: bool) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    timing = sc.QUICK if args.quick else sc.FULL
+    args.quick = args.quick or args.tiny
+    timing = sc.TINY if args.tiny else sc.QUICK if args.quick else sc.FULL
     if args.duration:
         timing = sc.Timing(timing.warmup, args.duration)
     servers = [s for s in args.servers.split(",") if s]
@@ -106,11 +112,11 @@ def main(argv=None) -> int:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     tmp = Path(tempfile.mkdtemp(prefix="shardetcd-bench-"))
     total_runs = sum(1 for srv in servers for s, _ in runs if srv in s.servers)
-    print(f"bench: {'quick' if args.quick else 'full'} mode, {total_runs} runs, servers {','.join(servers)}; "
+    print(f"bench: {'tiny' if args.tiny else 'quick' if args.quick else 'full'} mode, {total_runs} runs, servers {','.join(servers)}; "
           f"{os.cpu_count()} cores shared by client and server; data under {tmp}", flush=True)
 
     rows: list[dict] = []
-    meta: dict = {"timestamp": stamp, "mode": "quick" if args.quick else "full", "cores": os.cpu_count(),
+    meta: dict = {"timestamp": stamp, "mode": "tiny" if args.tiny else "quick" if args.quick else "full", "cores": os.cpu_count(),
                   "python": platform.python_version(), "grpcio": grpc.__version__, "note": report.NOTE,
                   "timing": {"warmup_s": timing.warmup, "duration_s": timing.duration}, "workers": args.workers,
                   "servers": {}, "scenarios": {s.name: {"describe": s.describe, "params": s.params} for s in sc.SCENARIOS}}
@@ -118,7 +124,7 @@ def main(argv=None) -> int:
     t_begin = time.monotonic()
     done = 0
     pool = Pool(args.workers + 1)  # +1: the watch scenarios' writer gets its own process
-    quiet_wait = args.quiet_wait if args.quiet_wait is not None else (10.0 if args.quick else 60.0)
+    quiet_wait = args.quiet_wait if args.quiet_wait is not None else (0.0 if args.tiny else 10.0 if args.quick else 60.0)
 
     def wait_quiet() -> float:
         """Wait (bounded) until the machine is idle apart from the server; return the last busy %."""

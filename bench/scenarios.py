@@ -12,7 +12,7 @@ so "high concurrency" here is 8 connections / 64 clients (quick) up to
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 KEY_SIZE = 8  # bytes, raw (not text): the hot key is eight zero bytes
 VAL_SIZE = 256
@@ -27,6 +27,7 @@ class Timing:
 
 
 QUICK = Timing(warmup=0.5, duration=2.5)
+TINY = Timing(warmup=0.2, duration=0.5)  # --tiny: a smoke run of the harness
 FULL = Timing(warmup=2.0, duration=15.0)
 
 
@@ -78,5 +79,11 @@ SCENARIOS: list[Scenario] = [
 ]
 
 
-def by_name() -> dict[str, Scenario]:
-    return {s.name: s for s in SCENARIOS}
+# --tiny shrinks the Kubernetes mix's set-up and run (other scenarios only run shorter)
+TINY_PARAMS = {"k8s-mix": dict(pods_quick=200, nodes_quick=20, duration_quick=1.0)}
+
+
+def by_name(tiny: bool = False) -> dict[str, Scenario]:
+    if not tiny:
+        return {s.name: s for s in SCENARIOS}
+    return {s.name: replace(s, params={**s.params, **TINY_PARAMS.get(s.name, {})}) for s in SCENARIOS}
