@@ -21,7 +21,7 @@ import grpc
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 
 from . import k8s, report, scenarios as sc
-from .checkperf import check_perf
+from .checkperf import check_datascale, check_perf
 from .loadgen import HOT_KEY, Pool, value_bytes
 from .servers import STARTERS, machine_busy, sample
 
@@ -40,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--duration", type=float, help="override the measured seconds per run")
     ap.add_argument("--workers", type=int, default=sc.WORKERS, help="load-generator processes (default 2)")
     ap.add_argument("--check-perf", choices=("auto", "yes", "no"), default="auto",
-                    help="run `etcdctl check perf --load=s` per server (auto: full mode only)")
+                    help="run `etcdctl check perf` and `check datascale` (--load=s) per server (auto: full mode only)")
     ap.add_argument("--quiet-wait", type=float, default=None,
                     help="before each run, wait up to this many seconds for other CPU load on the machine to drop "
                          "below --quiet-below (default 10 s quick, 60 s full)")
@@ -167,8 +167,11 @@ def main(argv=None) -> int:
                 if do_check_perf and srv != "ceiling":
                     print(f"  etcdctl check perf --load=s against {srv} (~60 s) ...", flush=True)
                     perf[srv] = check_perf(server.endpoint)
-                    for line in perf[srv]["summary"]:
-                        print(f"    {line}", flush=True)
+                    print(f"  etcdctl check datascale --load=s against {srv} ...", flush=True)
+                    perf[srv + " datascale"] = check_datascale(server.endpoint, server.metrics_url)
+                    for name in (srv, srv + " datascale"):
+                        for line in perf[name]["summary"]:
+                            print(f"    {line}", flush=True)
             finally:
                 server.stop()
                 print(f"  stopped {srv} (pid {server.pid})", flush=True)
@@ -185,7 +188,8 @@ def main(argv=None) -> int:
     print(f"Note: {report.NOTE} 'other CPU %' is what the rest of the machine used during the measured "
           f"window (percent of one core; 200 = both cores).")
     for srv, p in perf.items():
-        print(f"etcdctl check perf --load=s, {srv}: " + " | ".join(p["summary"]))
+        print(f"etcdctl check {'datascale' if srv.endswith('datascale') else 'perf'} --load=s, "
+              f"{srv.split()[0]}: " + " | ".join(p["summary"]))
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / stamp
     report.write_json(stem.with_suffix(".json"), {"meta": meta, "rows": rows, "check_perf": perf, "table_md": md})

@@ -40,6 +40,7 @@ class Server:
     _restart: object = None  # callable: graceful stop, start on the same data; returns the new pid
     data_dir: Path | None = None
     state_dir: Path | None = None  # shardetcd's RocksDB state on tmpfs (memory)
+    metrics_url: str | None = None  # where /metrics is served over HTTP
 
     def stop(self) -> None:
         self._stop()
@@ -79,16 +80,21 @@ def start_real_etcd(tmp: Path) -> Server:
                                          env={k: v for k, v in os.environ.items() if not k.startswith("ETCD")})
         return proc.pid
 
-    return Server("etcd", proc.endpoint, proc.pid, f"etcd {version}", proc.stop, restart, data_dir=proc.data_dir)
+    return Server("etcd", proc.endpoint, proc.pid, f"etcd {version}", proc.stop, restart, data_dir=proc.data_dir,
+                  metrics_url=f"http://{proc.endpoint}")
 
 
 class _DefaultShardetcd(ShardetcdProcess):
     """shardetcd with its defaults: no --state-dir (RocksDB state under
-    /dev/shm), default log level; only the data dir and the port are given."""
+    /dev/shm), default log level; only the data dir, the port and a metrics
+    port (for `etcdctl check datascale`) are given."""
+
+    metrics_port = 0
 
     def args(self) -> list[str]:
         return [sys.executable, "-m", "shim", "--data-dir", str(self.data_dir),
-                "--listen-client-urls", self.client_url]
+                "--listen-client-urls", self.client_url,
+                "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}"]
 
     def default_state_dir(self) -> Path:
         # mirrors shards/datadir.py: /dev/shm/shardetcd-<uid>-<sha256(abs data dir)[:12]>
@@ -102,6 +108,7 @@ def start_shardetcd_default(tmp: Path) -> Server:
     for _ in range(3):
         proc = _DefaultShardetcd(data_dir=base / "data", state_dir=base / "unused",
                                  port=free_port(), log_path=base / "shardetcd.log", timeout=60)
+        proc.metrics_port = free_port()
         try:
             proc.start()
             break
@@ -123,7 +130,8 @@ def start_shardetcd_default(tmp: Path) -> Server:
         return proc.pid
 
     return Server("shardetcd", proc.endpoint, proc.pid, "shardetcd (defaults, journal fsync=always)", stop, restart,
-                  data_dir=proc.data_dir, state_dir=proc.default_state_dir())
+                  data_dir=proc.data_dir, state_dir=proc.default_state_dir(),
+                  metrics_url=f"http://127.0.0.1:{proc.metrics_port}")
 
 
 def start_ceiling(tmp: Path) -> Server:

@@ -6,7 +6,7 @@ reports each batch's write + sync time, which is what etcd's
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .handlers import Traffic
@@ -61,6 +61,9 @@ class Metrics:
     def __init__(self, member) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_StateCollector(member))
+        # process_resident_memory_bytes, process_cpu_seconds_total, ... as etcd
+        # exposes them (etcdctl check datascale reads the first)
+        ProcessCollector(registry=self.registry)
         self.fsync = Histogram("etcd_disk_wal_fsync_duration_seconds", "Journal batch write + fsync latency.",
                                buckets=FSYNC_BUCKETS_S, registry=self.registry)
         self.shard_batch = Histogram("shardetcd_shard_journal_batch_seconds", "Journal batch write + fsync latency.",

@@ -310,3 +310,24 @@ def test_binary_key(etcdctl_bin, real_etcd, shardetcd):
     assert base64.b64decode(doc["kvs"][1]["value"]) == b"\x00\x01\xfe\xff"
     # deleting "from the empty key" removes the binary keys too
     assert ctl(etcdctl_bin, shardetcd.endpoint, "del", "", "--from-key").stdout == "4\n"
+
+
+def test_check_datascale(etcdctl_bin, tmp_path):
+    """`etcdctl check datascale` writes 10,000 1 KiB keys with 50 clients and
+    reads the server's process_resident_memory_bytes over HTTP at the first
+    endpoint. etcd serves /metrics on its client URL; shardetcd on
+    --listen-metrics-urls, so that URL goes first and the gRPC client
+    balances the puts to the client URL (the README says so)."""
+    from tests.etcd_fixture import free_port
+    from tests.shardetcd_fixture import start_shardetcd
+
+    metrics = f"http://127.0.0.1:{free_port()}"
+    server = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", metrics))
+    try:
+        p = ctl(etcdctl_bin, f"{metrics},http://{server.endpoint}", "check", "datascale", "--load=s", "--auto-compact")
+        assert "PASS: Approximate system memory used" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+        with grpc.insecure_channel(server.endpoint) as ch:
+            r = rpc_pb2_grpc.KVStub(ch).Range(pb.RangeRequest(key=b"\x00", range_end=b"\x00", count_only=True))
+        assert r.count == 0 and r.header.revision == 10_002  # cleaned up after itself: 10,000 puts and one delete
+    finally:
+        server.stop()

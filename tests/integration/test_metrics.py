@@ -59,6 +59,8 @@ def test_metrics_follow_the_state(server):
     assert m[("etcd_disk_wal_fsync_duration_seconds_count", ())] >= 2
     assert m[("etcd_network_client_grpc_received_bytes_total", ())] > 100
     assert m[("etcd_network_client_grpc_sent_bytes_total", ())] > 50
+    rss = int(next(line for line in open(f"/proc/{srv.pid}/status") if line.startswith("VmRSS:")).split()[1]) * 1024
+    assert 0.5 < m[("process_resident_memory_bytes", ())] / rss < 2  # the server's own, as etcd exposes it
 
 
 def test_health_readyz_version(server):
