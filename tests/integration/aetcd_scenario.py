@@ -132,6 +132,14 @@ async def scenario(host: str, port: int) -> dict:
         )
         out["after_txns"] = {"a": await c.get(b"/registry/pods/default/a") is None, "plain": s((await c.get(b"plain")).value)}
 
+        # history through the library: a watch replaying every pod event from revision 2
+        events = []
+        async for ev in await c.watch_prefix(b"/registry/pods/", start_revision=2, prev_kv=True):
+            events.append({"kind": str(ev.kind), "kv": kv(ev.kv), "prev": kv(ev.prev_kv) if ev.prev_kv and ev.prev_kv.key else None})
+            if len(events) == 7:
+                break
+        out["watch_history"] = events
+
         head = (await c.get(b"plain")).header.revision
         await c.compact(head - 2)
         out["compacted_at"] = head - 2

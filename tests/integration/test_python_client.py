@@ -92,6 +92,12 @@ def test_aetcd_scenario(shardetcd, real_etcd):
     ]
     assert got["txn_dup_key"] == {"error": "InvalidArgumentError", "message": "etcdserver: duplicate key given in txn request"}
     assert got["after_txns"] == {"a": True, "plain": "p2"}
+    # watch history from revision 2, with prev_kv on updates and deletes
+    hist = got["watch_history"]
+    assert [(e["kv"]["key"], e["kv"]["mod_revision"]) for e in hist[:2]] == [
+        ("/registry/pods/default/a", 2), ("/registry/pods/default/a", 3)]
+    assert hist[0]["prev"] is None and hist[1]["prev"] == kv("/registry/pods/default/a", "v1", 2, 2, 1)
+    assert len(hist) == 7 and [e["kv"]["mod_revision"] for e in hist] == sorted(e["kv"]["mod_revision"] for e in hist)
     # compaction
     assert got["compacted_at"] == 13
     assert got["compact_again"]["message"] == "etcdserver: mvcc: required revision has been compacted"
