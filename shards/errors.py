@@ -44,3 +44,75 @@ class LayoutError(ValueError):
 
 class DataDirError(RuntimeError):
     """A data directory this version cannot serve (incompatible or changed layout)."""
+
+
+class AuthError(StoreError):
+    """Base class of the auth store's named outcomes (etcd's ``auth.Err*``)."""
+
+
+class RootUserNotExistError(AuthError):
+    """AuthEnable without a user named root."""
+
+
+class RootRoleNotExistError(AuthError):
+    """AuthEnable while the root user lacks the root role."""
+
+
+class UserExistsError(AuthError):
+    pass
+
+
+class UserEmptyError(AuthError):
+    """An empty user name; also a permission check for a request that named no user (no token)."""
+
+
+class UserNotFoundError(AuthError):
+    pass
+
+
+class RoleExistsError(AuthError):
+    pass
+
+
+class RoleNotFoundError(AuthError):
+    pass
+
+
+class RoleEmptyError(AuthError):
+    pass
+
+
+class PermissionNotGivenError(AuthError):
+    """RoleGrantPermission without a permission."""
+
+
+class AuthFailedError(AuthError):
+    """Authenticate with an unknown user or a wrong password."""
+
+
+class NoPasswordUserError(AuthError):
+    """Authenticate as a user added without a password (or a password change etcd cannot decode)."""
+
+
+class PermissionDeniedError(AuthError):
+    pass
+
+
+class RoleNotGrantedError(AuthError):
+    """UserRevokeRole of a role the user does not have."""
+
+
+class PermissionNotGrantedError(AuthError):
+    """RoleRevokePermission of a range the role does not have."""
+
+
+class AuthNotEnabledError(AuthError):
+    pass
+
+
+class InvalidAuthTokenError(AuthError):
+    """A token that is malformed, unknown, expired or revoked."""
+
+
+class InvalidAuthMgmtError(AuthError):
+    """Removing root's powers while auth is enabled (delete root, delete role root, revoke root from root)."""

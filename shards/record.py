@@ -21,6 +21,23 @@ The frame's revision tag is the latest revision when it was written.
 LEASE (type 3) — a lease grant or revocation (``lease.py`` has the payload);
 the tag is the latest revision when it was written.
 
+AUTH (type 4) — one change of the auth store (``auth.py`` has the payload);
+the tag is the latest revision when it was written.  LEASE and AUTH records
+live in the default shard's journal.
+
+The default shard's checkpoints carry the lease table and the auth table
+in their meta, after the shard's own fields::
+
+    | off | size | field                                             |
+    |   0 |    8 | magic b"SEXTRA\x01\xff"                            |
+    |   8 |    4 | L: lease table length (u32 LE)                    |
+    |  12 |    L | lease table (lease.py)                            |
+    | 12+L|  ... | auth table (auth.py)                              |
+
+Checkpoints written before auth existed hold only the lease table (16-byte
+entries of positive lease ids); the magic, read as a lease id, is negative,
+so the two never look alike.
+
 A revision is recovered only if every shard named in its WRITE records has
 its part (in its journal, or in a checkpoint at or above the revision).
 """
@@ -32,6 +49,7 @@ from dataclasses import dataclass
 WRITE = 1
 COMPACT = 2
 LEASE = 3  # payload: see lease.py
+AUTH = 4  # payload: see auth.py
 
 PUT, DELETE = 0, 1
 
@@ -85,3 +103,20 @@ def encode_compact(rev: int) -> bytes:
 
 def decode_compact(payload: bytes) -> int:
     return _U64.unpack(payload)[0]
+
+
+_EXTRA_MAGIC = b"SEXTRA\x01\xff"
+
+
+def encode_extra_meta(lease_table: bytes, auth_table: bytes) -> bytes:
+    return _EXTRA_MAGIC + _U32.pack(len(lease_table)) + lease_table + auth_table
+
+
+def decode_extra_meta(extra: bytes) -> tuple[bytes, bytes]:
+    """(lease table, auth table) of a checkpoint's extra meta, old format included."""
+    if not extra.startswith(_EXTRA_MAGIC):
+        return extra, b""
+    pos = len(_EXTRA_MAGIC)
+    (n,) = _U32.unpack_from(extra, pos)
+    pos += _U32.size
+    return extra[pos : pos + n], extra[pos + n :]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .lease import GRANT, decode_lease_record
 from .progress import Progress
+from .record import decode_extra_meta
 
 if TYPE_CHECKING:
     from .shard import Recovered
@@ -46,7 +47,12 @@ async def recover(store: Store) -> None:
         if cut:
             logger.warning("discarded unacknowledged journal records shard=%s records=%d above_rev=%d", shard.name, cut, rev)
     lease_found = found[store.shards.index(store.lease_shard)]
-    leases.load_table(lease_found.extra_meta)
+    lease_table, auth_table = decode_extra_meta(lease_found.extra_meta)
+    leases.load_table(lease_table)
+    store.auth.load_table(auth_table)
+    for tag, payload in lease_found.auths:
+        if tag <= rev:
+            store.auth.replay(payload)
     for tag, payload in lease_found.leases:
         if tag <= rev:
             op, lease_id, ttl = decode_lease_record(payload)

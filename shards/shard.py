@@ -12,14 +12,14 @@ import logging
 import struct
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from journal import Journal, JournalConfig
 from journal.checkpoint import load_latest_checkpoint, write_checkpoint
 from proto.kv_pb2 import KeyValue
 
-from .record import COMPACT, DELETE, LEASE, WRITE, Change, decode_compact, decode_write, encode_compact, encode_write
+from .record import AUTH, COMPACT, DELETE, LEASE, WRITE, Change, decode_compact, decode_write, encode_compact, encode_write
 from .progress import Progress
 from .revision import entry_from_row_key
 from .state import ShardState
@@ -39,6 +39,7 @@ class Recovered:
     compacts: list[tuple[int, int]]  # (tag rev, compact rev)
     leases: list[tuple[int, bytes]]  # (tag rev, LEASE payload)
     extra_meta: bytes  # what the store saved beside this shard's last checkpoint
+    auths: list[tuple[int, bytes]] = field(default_factory=list)  # (tag rev, AUTH payload)
 
 
 class Shard:
@@ -72,7 +73,7 @@ class Shard:
                 raise ValueError(f"checkpoint {ckpt.path} belongs to shard {sid}, not {self.sid}")
             self._load_checkpoint_rows(ckpt.rows())
         self.checkpoint_rev = ckpt_rev
-        writes, compacts, leases = [], [], []
+        writes, compacts, leases, auths = [], [], [], []
         progress = Progress("journal read", shard=self.name)
         for rec in self.journal.records(after_rev=0):
             progress.tick()
@@ -84,8 +85,10 @@ class Shard:
                 compacts.append((rec.rev, decode_compact(rec.payload)))
             elif rec.rtype == LEASE:
                 leases.append((rec.rev, rec.payload))
+            elif rec.rtype == AUTH:
+                auths.append((rec.rev, rec.payload))
         progress.done()
-        return Recovered(ckpt_rev, compact_rev, writes, compacts, leases, extra)
+        return Recovered(ckpt_rev, compact_rev, writes, compacts, leases, extra, auths)
 
     def _load_checkpoint_rows(self, rows) -> None:
         state, on_replay = self.state, self.on_replay
@@ -123,6 +126,9 @@ class Shard:
 
     def append_lease(self, tag_rev: int, payload: bytes) -> None:
         self.journal.append(LEASE, tag_rev, payload)
+
+    def append_auth(self, tag_rev: int, payload: bytes) -> None:
+        self.journal.append(AUTH, tag_rev, payload)
 
     # -- checkpoints ----------------------------------------------------
 

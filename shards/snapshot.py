@@ -42,8 +42,7 @@ def freeze(store: Store):
     rev, compact = store.committed, store.compact_rev
     sources = []
     for shard in store.shards:
-        extra = store.leases.encode_table() if shard is store.lease_shard else b""
-        sources.append((shard.name, *shard.checkpoint_source(rev, compact, extra)))
+        sources.append((shard.name, *shard.checkpoint_source(rev, compact, store.checkpoint_extra(shard))))
     meta = {"format": SNAPSHOT_FORMAT, "revision": rev, "compact_revision": compact,
             "layout": store.config.layout.fingerprint(), "shards": store.config.layout.names}
     return meta, sources

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from journal import JournalConfig, failpoints
 
+from .auth import AuthStore
 from .datadir import DataDir
 from .errors import (
     CompactedError,
@@ -32,7 +33,7 @@ from .errors import (
 from .lease import GRANT, MAX_TTL_S, REVOKE, LeaseTable, encode_lease_record
 from .layout import Layout, Router
 from .read import range_at
-from .record import Change
+from .record import Change, encode_extra_meta
 from .shard import Shard
 from .types import DeleteReq, DeleteResult, PutReq, PutResult, RangeReq, RangeResult, TxnReq, TxnResult
 from .watch import WatchHub
@@ -49,6 +50,8 @@ class StoreConfig:
     journal: JournalConfig = field(default_factory=JournalConfig)
     checkpoint_journal_bytes: int = 256 * 1024 * 1024
     compaction_batch_keys: int = 10_000
+    bcrypt_cost: int = 10  # etcd's --bcrypt-cost
+    auth_token_ttl_s: float = 300.0  # etcd's --auth-token-ttl
 
 
 class Store:
@@ -72,7 +75,8 @@ class Store:
         self._changes: dict[int, dict[int, list[Change]]] = {}  # pending revision -> shard parts
         self.hub = WatchHub(self)
         self.leases = LeaseTable(datadir.member_id)
-        self.lease_shard = shards[-1]  # lease records live in the default shard's journal
+        self.lease_shard = shards[-1]  # lease and auth records live in the default shard's journal
+        self.auth = AuthStore(self._journal_auth, config.bcrypt_cost, config.auth_token_ttl_s)
         self._expiry_task: asyncio.Task | None = None
 
     # -- lifecycle ------------------------------------------------------
@@ -122,6 +126,12 @@ class Store:
     def db_size_in_use(self) -> int:
         """Row bytes held now, history included."""
         return sum(s.bytes_in_use for s in self.states)
+
+    def checkpoint_extra(self, shard: Shard) -> bytes:
+        """What ``shard``'s checkpoint keeps beside its rows: the lease and auth tables, on the default shard."""
+        if shard is not self.lease_shard:
+            return b""
+        return encode_extra_meta(self.leases.encode_table(), self.auth.encode_table())
 
     def lease_exists(self, lease_id: int) -> bool:
         return lease_id in self.leases
@@ -238,8 +248,7 @@ class Store:
             if not fut.done():
                 fut.set_result(None)
         if shard.wants_checkpoint(self.config.checkpoint_journal_bytes):
-            extra = self.leases.encode_table() if shard is self.lease_shard else b""
-            shard.start_checkpoint(c, self.compact_rev, extra)
+            shard.start_checkpoint(c, self.compact_rev, self.checkpoint_extra(shard))
 
     def _committed_changes(self, first: int, last: int) -> list[tuple[int, int, Change]]:
         """(rev, shard id, change) of revisions first..last in (rev, sub) order; forgets them."""
@@ -330,8 +339,16 @@ class Store:
         return self.committed
 
     async def _journal_lease(self, payload: bytes) -> None:
+        await self._journal_meta(self.lease_shard.append_lease, payload)
+
+    async def _journal_auth(self, payload: bytes) -> None:
+        self._check_alive()
+        await self._journal_meta(self.lease_shard.append_auth, payload)
+
+    async def _journal_meta(self, append: Callable[[int, bytes], None], payload: bytes) -> None:
+        """Journal a LEASE or AUTH record and wait until it and every revision before it are durable."""
         tag = self.rev
-        self.lease_shard.append_lease(tag, payload)
+        append(tag, payload)
         await self.lease_shard.journal.sync()
         await self.wait_committed(tag)
 

@@ -45,6 +45,26 @@ def _duration(text: str) -> float:
     raise argparse.ArgumentTypeError(f"invalid duration {text!r}: want e.g. 10m, 5s or 100ms")
 
 
+def _bcrypt_cost(text: str) -> int:
+    try:
+        cost = int(text)
+    except ValueError:
+        cost = 0
+    if not 4 <= cost <= 31:
+        raise argparse.ArgumentTypeError(f"invalid bcrypt cost {text!r}: valid values are between 4 and 31")
+    return cost
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: want a positive whole number")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardetcd", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = ServerConfig()
@@ -75,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-layout", type=Path, default=None, help="with --partition: the `shardetcd cluster` layout this process is one partition of")
     p.add_argument("--partition", default=None, help="serve this partition of --cluster-layout: writes to other partitions' resources are refused")
     p.add_argument("--journal-segment-bytes", type=int, default=d.journal_segment_bytes, help="size at which a journal segment is closed and a new one started (default: %(default)s)")
+    p.add_argument("--auth-token", choices=["simple"], default="simple", help="auth token type; only etcd's default, simple, is supported (default: %(default)s)")
+    p.add_argument("--auth-token-ttl", type=_positive_int, default=d.auth_token_ttl_s, help="seconds an auth token lives unused (default: %(default)s)")
+    p.add_argument("--bcrypt-cost", type=_bcrypt_cost, default=d.bcrypt_cost, help="bcrypt cost of stored password hashes, 4 to 31 (default: %(default)s)")
     p.add_argument("--checkpoint-journal-bytes", type=int, default=d.checkpoint_journal_bytes, help="journal bytes after which a shard writes a checkpoint, bounding replay time (default: %(default)s)")
     return p
 
@@ -105,6 +128,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         grpc_keepalive_timeout_s=args.grpc_keepalive_timeout,
         cluster_layout=args.cluster_layout,
         partition=args.partition,
+        bcrypt_cost=args.bcrypt_cost,
+        auth_token_ttl_s=args.auth_token_ttl,
     )
 
 

@@ -36,6 +36,8 @@ class ServerConfig:
     max_concurrent_streams: int = 2**32 - 1  # etcd's default: math.MaxUint32
     cluster_layout: Path | None = None  # with partition: serve one partition of a `shardetcd cluster`
     partition: str | None = None
+    bcrypt_cost: int = 10  # etcd's --bcrypt-cost
+    auth_token_ttl_s: int = 300  # etcd's --auth-token-ttl
     extra: dict = field(default_factory=dict)
 
     @property

@@ -11,6 +11,7 @@ from shards.alarms import AlarmStore
 from shards.partition import PartitionGuard
 from shards.store import Store
 
+from .access import Access
 from .config import ServerConfig
 from .errors import status_of
 from .quota import Quota
@@ -31,6 +32,8 @@ class Member:
         self.headers = Headers(self.cluster_id, self.member_id, self.raft_term)
         self.alarms = AlarmStore(self.store.datadir)
         self.quota = Quota(self.store, self.alarms, self.member_id, self.config.quota_backend_bytes)
+        self.auth = self.store.auth  # auth.enabled is the one thing a request checks while auth is off
+        self.access = Access(self.store.auth, self.store.leases)
 
     def header(self, revision: int | None = None) -> pb.ResponseHeader:
         return pb.ResponseHeader(

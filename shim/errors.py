@@ -31,6 +31,27 @@ DOWNGRADE_VERSION_FORMAT = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: wrong
 DOWNGRADE_TARGET = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: invalid downgrade target version")
 NO_INFLIGHT_DOWNGRADE = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: no inflight downgrade job")
 UNKNOWN_METHOD = (grpc.StatusCode.UNKNOWN, "etcdserver: unknown method")
+# auth, as etcd 3.5.1 answers (tests/integration/test_auth.py compares each with the real binary)
+ROOT_USER_NOT_EXIST = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: root user does not exist")
+ROOT_ROLE_NOT_EXIST = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: root user does not have root role")
+USER_EXISTS = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: user name already exists")
+USER_EMPTY = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: user name is empty")
+USER_NOT_FOUND = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: user name not found")
+ROLE_EXISTS = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: role name already exists")
+ROLE_NOT_FOUND = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: role name not found")
+ROLE_EMPTY = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: role name is empty")
+AUTH_FAILED = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: authentication failed, invalid user ID or password")
+PERMISSION_NOT_GIVEN = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: permission not given")
+PERMISSION_DENIED = (grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied")
+ROLE_NOT_GRANTED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: role is not granted to the user")
+PERMISSION_NOT_GRANTED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: permission is not granted to the role")
+AUTH_NOT_ENABLED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: authentication is not enabled")
+INVALID_AUTH_TOKEN = (grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token")
+INVALID_AUTH_MGMT = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: invalid auth management")
+# etcd has no gRPC status for this one: it reaches clients as UNKNOWN with the auth package's own text
+NO_PASSWORD_USER = (grpc.StatusCode.UNKNOWN, "auth: authentication failed, password was given for no password user")
+# what a watch create refused for lack of READ carries: etcd sends the status's Go error string
+WATCH_PERMISSION_DENIED = "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
 
 
 def wrong_partition(key: bytes, owner: str, mine: str) -> tuple[grpc.StatusCode, str]:
@@ -57,7 +78,37 @@ _STORE_ERRORS: dict[type, tuple[grpc.StatusCode, str]] = {
     se.LeaseExistsError: LEASE_EXISTS,
     se.LeaseTTLTooLargeError: LEASE_TTL_TOO_LARGE,
     se.StoreFailedError: STOPPED,
+    se.RootUserNotExistError: ROOT_USER_NOT_EXIST,
+    se.RootRoleNotExistError: ROOT_ROLE_NOT_EXIST,
+    se.UserExistsError: USER_EXISTS,
+    se.UserEmptyError: USER_EMPTY,
+    se.UserNotFoundError: USER_NOT_FOUND,
+    se.RoleExistsError: ROLE_EXISTS,
+    se.RoleNotFoundError: ROLE_NOT_FOUND,
+    se.RoleEmptyError: ROLE_EMPTY,
+    se.AuthFailedError: AUTH_FAILED,
+    se.NoPasswordUserError: NO_PASSWORD_USER,
+    se.PermissionNotGivenError: PERMISSION_NOT_GIVEN,
+    se.PermissionDeniedError: PERMISSION_DENIED,
+    se.RoleNotGrantedError: ROLE_NOT_GRANTED,
+    se.PermissionNotGrantedError: PERMISSION_NOT_GRANTED,
+    se.AuthNotEnabledError: AUTH_NOT_ENABLED,
+    se.InvalidAuthTokenError: INVALID_AUTH_TOKEN,
+    se.InvalidAuthMgmtError: INVALID_AUTH_MGMT,
 }
+
+# Maintenance's Hash, HashKV, Defragment and Snapshot hand etcd's auth errors
+# to gRPC unconverted: clients see UNKNOWN and the auth package's own text.
+_UNCONVERTED_AUTH_ERRORS: dict[type, str] = {
+    se.UserEmptyError: "auth: user name is empty",
+    se.UserNotFoundError: "auth: user not found",
+    se.PermissionDeniedError: "auth: permission denied",
+    se.InvalidAuthTokenError: "auth: invalid auth token",
+}
+
+
+def unconverted_auth_status(exc: se.AuthError) -> tuple[grpc.StatusCode, str]:
+    return grpc.StatusCode.UNKNOWN, _UNCONVERTED_AUTH_ERRORS[type(exc)]
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:

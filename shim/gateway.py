@@ -4,6 +4,8 @@ Each route calls the same service method as gRPC does, so validation,
 errors and results are identical; messages map to JSON as etcd's gateway
 maps them (original field names, 64-bit integers as strings, bytes as
 base64).  /v3/watch streams newline-delimited {"result": WatchResponse}.
+The HTTP "Authorization" header carries an auth token, as etcd's gateway
+forwards it (gRPC metadata "authorization").
 """
 from __future__ import annotations
 
@@ -36,6 +38,12 @@ class GatewayError(Exception):
 class _Context:
     """The little of grpc.aio.ServicerContext our services use."""
 
+    def __init__(self, authorization: str | None = None) -> None:
+        self.metadata = () if authorization is None else (("authorization", authorization),)
+
+    def invocation_metadata(self):
+        return self.metadata
+
     async def abort(self, code: grpc.StatusCode, details: str):
         raise GatewayError(code, details)
 
@@ -67,6 +75,25 @@ class Gateway:
             "/v3/maintenance/hash": (mt.HashKV, pb.HashKVRequest, pb.HashKVResponse),
             "/v3/cluster/member/list": (cluster.MemberList, pb.MemberListRequest, pb.MemberListResponse),
             "/v3/auth/status": (auth.AuthStatus, pb.AuthStatusRequest, pb.AuthStatusResponse),
+            "/v3/auth/enable": (auth.AuthEnable, pb.AuthEnableRequest, pb.AuthEnableResponse),
+            "/v3/auth/disable": (auth.AuthDisable, pb.AuthDisableRequest, pb.AuthDisableResponse),
+            "/v3/auth/authenticate": (auth.Authenticate, pb.AuthenticateRequest, pb.AuthenticateResponse),
+            "/v3/auth/user/add": (auth.UserAdd, pb.AuthUserAddRequest, pb.AuthUserAddResponse),
+            "/v3/auth/user/get": (auth.UserGet, pb.AuthUserGetRequest, pb.AuthUserGetResponse),
+            "/v3/auth/user/list": (auth.UserList, pb.AuthUserListRequest, pb.AuthUserListResponse),
+            "/v3/auth/user/delete": (auth.UserDelete, pb.AuthUserDeleteRequest, pb.AuthUserDeleteResponse),
+            "/v3/auth/user/changepw": (auth.UserChangePassword, pb.AuthUserChangePasswordRequest,
+                                       pb.AuthUserChangePasswordResponse),
+            "/v3/auth/user/grant": (auth.UserGrantRole, pb.AuthUserGrantRoleRequest, pb.AuthUserGrantRoleResponse),
+            "/v3/auth/user/revoke": (auth.UserRevokeRole, pb.AuthUserRevokeRoleRequest, pb.AuthUserRevokeRoleResponse),
+            "/v3/auth/role/add": (auth.RoleAdd, pb.AuthRoleAddRequest, pb.AuthRoleAddResponse),
+            "/v3/auth/role/get": (auth.RoleGet, pb.AuthRoleGetRequest, pb.AuthRoleGetResponse),
+            "/v3/auth/role/list": (auth.RoleList, pb.AuthRoleListRequest, pb.AuthRoleListResponse),
+            "/v3/auth/role/delete": (auth.RoleDelete, pb.AuthRoleDeleteRequest, pb.AuthRoleDeleteResponse),
+            "/v3/auth/role/grant": (auth.RoleGrantPermission, pb.AuthRoleGrantPermissionRequest,
+                                    pb.AuthRoleGrantPermissionResponse),
+            "/v3/auth/role/revoke": (auth.RoleRevokePermission, pb.AuthRoleRevokePermissionRequest,
+                                     pb.AuthRoleRevokePermissionResponse),
         }
         self.renew = lease.store.lease_renew
         self.member = lease.m
@@ -77,7 +104,7 @@ class Gateway:
         except json_format.ParseError as exc:
             raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
-    async def call(self, path: str, body: bytes) -> bytes:
+    async def call(self, path: str, body: bytes, authorization: str | None = None) -> bytes:
         """Answer one unary route; raises GatewayError."""
         if path == "/v3/lease/keepalive":
             req = self.parse(body, pb.LeaseKeepAliveRequest)
@@ -87,20 +114,18 @@ class Gateway:
         if route is None:
             raise GatewayError(grpc.StatusCode.NOT_FOUND, "Not Found")
         method, req_cls, resp_cls = route
-        resp = await method(self.parse(body, req_cls), _Context())
+        resp = await method(self.parse(body, req_cls), _Context(authorization))
         if isinstance(resp, bytes):
             resp = resp_cls.FromString(resp)
         return json.dumps(to_json(resp)).encode()
 
-    async def watch_stream(self, body: bytes):
+    async def watch_stream(self, body: bytes, authorization: str | None = None):
         """Yield JSON lines for a watch opened with one WatchRequest."""
         req = self.parse(body, pb.WatchRequest)
         stream = self.watch.hub.open_stream()
         try:
             if req.WhichOneof("request_union") == "create_request":
-                from .watch import watch_spec
-
-                stream.create(watch_spec(req.create_request))
+                self.watch.create(stream, req.create_request, _Context(authorization).invocation_metadata)
             while (msg := await stream.get()) is not None:
                 for raw in self.watch.encode(msg):
                     yield json.dumps({"result": to_json(pb.WatchResponse.FromString(raw))}).encode() + b"\n"

@@ -81,11 +81,12 @@ class HttpEndpoint:
         body = await reader.readexactly(length) if length else b""
         path = path.split("?", 1)[0]
         if method == "POST" and path == "/v3/watch" and self.gateway is not None:
-            await self._stream(writer, self.gateway.watch_stream(body))
+            await self._stream(writer, self.gateway.watch_stream(body, headers.get("authorization")))
             return False
         if method == "POST" and path.startswith("/v3/") and self.gateway is not None:
             try:
-                status, ctype, payload = 200, "application/json", await self.gateway.call(path, body)
+                payload = await self.gateway.call(path, body, headers.get("authorization"))
+                status, ctype = 200, "application/json"
             except GatewayError as err:
                 status, ctype, payload = HTTP_STATUS.get(err.code, 500), "application/json", err.body()
         elif method in ("GET", "HEAD"):

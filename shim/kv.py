@@ -13,10 +13,14 @@ class KVService:
     def __init__(self, member: Member) -> None:
         self.m = member
         self.store = member.store
+        self.auth = member.auth
+        self.access = member.access
 
     async def Range(self, request: pb.RangeRequest, context: grpc.aio.ServicerContext) -> bytes:
         try:
             validate.check_range(request)
+            if self.auth.enabled:
+                self.access.range(self.access.caller(context), request)
             r = self.store.range(convert.range_req(request))
         except Exception as exc:
             await abort_with(context, exc)
@@ -27,7 +31,11 @@ class KVService:
             validate.check_put(request)
             if self.m.guard is not None:
                 validate.check_partition(self.m.guard, (request.key,))
+            if auth := self.auth.enabled:
+                user = self.access.caller(context)
             validate.check_size(request, self.m.config.max_request_bytes)
+            if auth:
+                self.access.put(user, request)
             self.m.quota.check(quota.cost_put(request), capped=True)
             r = await self.store.put(convert.put_req(request))
         except Exception as exc:
@@ -39,7 +47,11 @@ class KVService:
             validate.check_delete(request)
             if self.m.guard is not None:
                 validate.check_partition(self.m.guard, (request.key,))
+            if auth := self.auth.enabled:
+                user = self.access.caller(context)
             validate.check_size(request, self.m.config.max_request_bytes)
+            if auth:
+                self.access.delete(user, request)
             r = await self.store.delete_range(convert.delete_req(request))
         except Exception as exc:
             await abort_with(context, exc)
@@ -51,7 +63,11 @@ class KVService:
             validate.check_txn_intervals(request)
             if self.m.guard is not None:
                 validate.check_partition(self.m.guard, validate.txn_written_keys(request))
+            if auth := self.auth.enabled:
+                user = self.access.caller(context)
             validate.check_size(request, self.m.config.max_request_bytes)
+            if auth:
+                self.access.txn(user, request)
             cost = quota.cost_txn(request)
             self.m.quota.check(cost, capped=cost > 0)
             r = await self.store.txn(convert.txn_req(request))
@@ -61,6 +77,8 @@ class KVService:
 
     async def Compact(self, request: pb.CompactionRequest, context: grpc.aio.ServicerContext) -> pb.CompactionResponse:
         try:
+            if self.auth.enabled:
+                self.access.caller(context)  # no permission needed, but a bad token is refused
             rev = await self.store.compact(request.revision, request.physical)
         except Exception as exc:
             await abort_with(context, exc)

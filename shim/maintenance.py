@@ -12,11 +12,12 @@ from proto import rpc_pb2 as pb
 
 from .config import ETCD_API_VERSION
 from shards.alarms import NAMES, NONE
+from shards.errors import AuthError
 from shards.snapshot import freeze, write_snapshot
 
 from .context import Member, abort_with
 from .errors import (BAD_LEADER_TRANSFEREE, DOWNGRADE_TARGET, DOWNGRADE_VERSION_FORMAT, MEMBER_NOT_SUPPORTED,
-                     NO_INFLIGHT_DOWNGRADE, UNKNOWN_METHOD)
+                     NO_INFLIGHT_DOWNGRADE, UNKNOWN_METHOD, unconverted_auth_status)
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
 CLUSTER_VERSION = ".".join(ETCD_API_VERSION.split(".")[:2]) + ".0"  # etcd's cluster version keeps major.minor
@@ -30,12 +31,27 @@ def downgrade_target(version: str) -> tuple[int, int] | None:
     return (int(m[1]), int(m[2])) if m else None
 
 
+async def _require_root(m: Member, context: grpc.aio.ServicerContext) -> None:
+    """While auth is enabled: the caller holds the root role.  etcd's Hash, HashKV,
+    Defragment and Snapshot answer a refusal with the auth error unconverted."""
+    if m.auth.enabled:
+        try:
+            m.access.admin(context)
+        except AuthError as exc:
+            await context.abort(*unconverted_auth_status(exc))
+
+
 class MaintenanceService:
     def __init__(self, member: Member) -> None:
         self.m = member
         self.store = member.store
 
     async def Alarm(self, request: pb.AlarmRequest, context: grpc.aio.ServicerContext) -> pb.AlarmResponse:
+        if self.m.auth.enabled:
+            try:
+                self.m.access.caller(context)  # etcd checks no permission here, but refuses a bad token
+            except Exception as exc:
+                await abort_with(context, exc)
         alarms = self.m.alarms
         resp = pb.AlarmResponse(header=self.m.header())
         if request.action == pb.AlarmRequest.GET:
@@ -51,11 +67,13 @@ class MaintenanceService:
         return resp
 
     async def Defragment(self, request: pb.DefragmentRequest, context: grpc.aio.ServicerContext) -> pb.DefragmentResponse:
+        await _require_root(self.m, context)
         await self.store.defragment()
-        return pb.DefragmentResponse(header=self.m.header())
+        return pb.DefragmentResponse()  # etcd 3.5 answers with no header at all
 
     async def Snapshot(self, request: pb.SnapshotRequest, context: grpc.aio.ServicerContext):
         """Stream a snapshot of the whole store at the committed revision."""
+        await _require_root(self.m, context)
         meta, sources = freeze(self.store)
         header = self.m.header(meta["revision"])
         tmp_root = self.store.datadir.path / "tmp"
@@ -69,10 +87,12 @@ class MaintenanceService:
                     yield pb.SnapshotResponse(header=header, remaining_bytes=size - sent, blob=chunk)
 
     async def Hash(self, request: pb.HashRequest, context: grpc.aio.ServicerContext) -> pb.HashResponse:
+        await _require_root(self.m, context)
         h, _ = self.store.hash_kv(0)
         return pb.HashResponse(header=self.m.header(), hash=h)
 
     async def HashKV(self, request: pb.HashKVRequest, context: grpc.aio.ServicerContext) -> pb.HashKVResponse:
+        await _require_root(self.m, context)
         try:
             h, compact = self.store.hash_kv(request.revision)
         except Exception as exc:
@@ -131,6 +151,12 @@ class ClusterService:
         return pb.MemberListResponse(header=header, members=[self._me()])
 
     async def _unsupported(self, request, context: grpc.aio.ServicerContext):
+        """Membership changes need the root role while auth is enabled (checked first, as etcd), then are refused."""
+        if self.m.auth.enabled:
+            try:
+                self.m.access.admin(context)
+            except Exception as exc:
+                await abort_with(context, exc)
         await context.abort(*MEMBER_NOT_SUPPORTED)
 
     MemberAdd = MemberRemove = MemberUpdate = MemberPromote = _unsupported

@@ -23,7 +23,7 @@ from .handlers import service_handler
 from .gateway import Gateway
 from .http import HttpEndpoint, start_http
 from .kv import KVService
-from .lease import LeaseService
+from .lease_auth import CheckedLeaseService
 from .maintenance import ClusterService, MaintenanceService
 from .metrics import Metrics
 from .watch import WatchService
@@ -107,6 +107,8 @@ def store_config(config: ServerConfig) -> StoreConfig:
         state_dir=config.state_dir,
         journal=JournalConfig(fsync=config.journal_fsync, segment_bytes_max=config.journal_segment_bytes),
         checkpoint_journal_bytes=config.checkpoint_journal_bytes,
+        bcrypt_cost=config.bcrypt_cost,
+        auth_token_ttl_s=config.auth_token_ttl_s,
     )
 
 
@@ -121,7 +123,7 @@ async def start(config: ServerConfig) -> Running:
     services = {
         "KV": KVService(member),
         "Watch": WatchService(member),
-        "Lease": LeaseService(member),
+        "Lease": CheckedLeaseService(member),
         "Maintenance": MaintenanceService(member),
         "Cluster": ClusterService(member),
         "Auth": AuthService(member),

@@ -13,6 +13,7 @@ from shards.watch import Message, WatchSpec, WatchStream
 from . import wire
 from .config import GRPC_OVERHEAD_BYTES
 from .context import Member
+from .errors import WATCH_PERMISSION_DENIED
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class WatchService:
 
     async def Watch(self, requests: AsyncIterator[pb.WatchRequest], context: grpc.aio.ServicerContext):
         stream = self.hub.open_stream()
-        reader = asyncio.ensure_future(self._read(requests, stream))
+        reader = asyncio.ensure_future(self._read(requests, stream, context))
         try:
             while (msg := await stream.get()) is not None:
                 for response in self.encode(msg):
@@ -46,14 +47,14 @@ class WatchService:
             reader.cancel()
             stream.close()
 
-    async def _read(self, requests: AsyncIterator[pb.WatchRequest], stream: WatchStream) -> None:
+    async def _read(self, requests: AsyncIterator[pb.WatchRequest], stream: WatchStream, context) -> None:
         """Apply requests as they arrive. The client closing its side keeps the
         stream open for sending, as in etcd; an error ends it."""
         try:
             async for req in requests:
                 which = req.WhichOneof("request_union")
                 if which == "create_request":
-                    stream.create(watch_spec(req.create_request))
+                    self.create(stream, req.create_request, context.invocation_metadata)
                 elif which == "cancel_request":
                     stream.cancel(req.cancel_request.watch_id)
                 elif which == "progress_request":
@@ -63,6 +64,15 @@ class WatchService:
         except Exception as exc:  # a broken client stream ends the watch stream
             logger.debug("watch stream read ended error=%r", exc)
             stream.close()
+
+    def create(self, stream: WatchStream, r: pb.WatchCreateRequest, metadata) -> None:
+        """Create a watcher; while auth is enabled, one the caller may not read is refused as etcd
+        refuses it: a created and canceled response with the requested watch id."""
+        if self.m.auth.enabled and not self.m.access.may_watch(metadata(), r.key, r.range_end):
+            stream.put(Message(r.watch_id, self.m.store.committed, created=True, canceled=True,
+                               cancel_reason=WATCH_PERMISSION_DENIED))
+            return
+        stream.create(watch_spec(r))
 
     @staticmethod
     def _encode_event(e) -> bytes:

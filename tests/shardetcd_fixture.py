@@ -147,8 +147,9 @@ class ShardetcdProcess:
                     rpc_pb2.RangeRequest(key=b"\0", count_only=True), timeout=timeout
                 )
                 return True
-            except grpc.RpcError:
-                return False
+            except grpc.RpcError as e:
+                # a server with auth enabled answers, but refuses a request without a token
+                return e.code() == grpc.StatusCode.INVALID_ARGUMENT and e.details() == "etcdserver: user name is empty"
 
     def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM, wait up to `grace` seconds, then SIGKILL. Returns the exit code."""

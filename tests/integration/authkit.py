@@ -1,0 +1,117 @@
+"""Helpers for the auth differential tests: one session per server, calls made
+as a named user, outcomes normalised where two servers legitimately differ.
+
+A ``Session`` keeps the tokens its server handed out, by user name; a call
+made ``who="alice"`` sends alice's token from that server.  ``who`` may also
+be None (no token), ``"bad"`` (a well-formed token no server issued) or
+``"empty"`` (an empty token).
+
+Outcomes are ``("ok", dict)`` or ``("error", code, message)``.  Taken out
+before comparing: the member identity in headers (cluster_id, member_id,
+raft_term), token strings (checked to be etcd's 16 letters, ".", index),
+remaining lease TTLs, hash values, and whatever the label says is
+server-specific (Status, MemberList, Snapshot bodies).
+"""
+from __future__ import annotations
+
+import re
+
+import grpc
+from google.protobuf import json_format
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.watch_client import WatchClient
+
+TOKEN = re.compile(r"^[a-zA-Z]{16}\.\d+$")
+SPECIAL = {"bad": "bogusbogusbogusx.1", "empty": ""}
+
+
+def normalise(resp) -> dict:
+    d = json_format.MessageToDict(resp, preserving_proto_field_name=True)
+    for h in _headers(d):
+        for k in ("cluster_id", "member_id", "raft_term"):
+            h.pop(k, None)
+    if "token" in d:
+        assert TOKEN.match(d["token"]), f"not an etcd simple token: {d['token']!r}"
+        d["token"] = "<token>"
+    if isinstance(resp, pb.LeaseTimeToLiveResponse) and "TTL" in d:
+        d["TTL"] = int(d["TTL"]) > 0
+    if isinstance(resp, (pb.HashResponse, pb.HashKVResponse)):
+        d.pop("hash", None)
+    if isinstance(resp, pb.LeaseLeasesResponse):
+        d["leases"] = sorted(d.get("leases", []), key=lambda l: int(l["ID"]))  # etcd lists by expiry
+    return d
+
+
+def _headers(d):
+    if isinstance(d, dict):
+        if "header" in d:
+            yield d["header"]
+        for v in d.values():
+            yield from _headers(v)
+    elif isinstance(d, list):
+        for v in d:
+            yield from _headers(v)
+
+
+class Session:
+    def __init__(self, endpoint: str) -> None:
+        self.channel = grpc.insecure_channel(endpoint)
+        ch = self.channel
+        self.stubs = {
+            "Auth": pbg.AuthStub(ch), "KV": pbg.KVStub(ch), "Lease": pbg.LeaseStub(ch),
+            "Maintenance": pbg.MaintenanceStub(ch), "Cluster": pbg.ClusterStub(ch),
+        }
+        self.tokens: dict[str, str] = {}
+        self.log: list[tuple[str, tuple]] = []
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def metadata(self, who: str | None, key: str = "token"):
+        if who is None:
+            return None
+        token = SPECIAL[who] if who in SPECIAL else self.tokens[who]
+        return ((key, token),)
+
+    def call(self, label: str, method: str, req, who: str | None = None, *, shape: str = "full",
+             metadata=None) -> tuple:
+        """Call "Service.Method"; record and return the outcome.  shape="ok" keeps only success."""
+        service, name = method.split(".")
+        fn = getattr(self.stubs[service], name)
+        md = metadata if metadata is not None else self.metadata(who)
+        try:
+            if name in ("Snapshot", "LeaseKeepAlive"):  # streams: the first response
+                stream = fn(iter([req]) if name == "LeaseKeepAlive" else req, metadata=md, timeout=10)
+                resp = next(stream)
+                stream.cancel()
+            else:
+                resp = fn(req, metadata=md, timeout=10)
+            out: tuple = ("ok", normalise(resp) if shape == "full" else None)
+        except grpc.RpcError as e:
+            out = ("error", e.code().name, e.details())
+        if name == "Authenticate" and out[0] == "ok":
+            self.tokens[req.name] = resp.token
+        self.log.append((label, out))
+        return out
+
+    def watch(self, label: str, who: str | None, key: bytes, range_end: bytes = b"", **kw) -> tuple:
+        """The first response to one watch create, made as ``who``."""
+        w = WatchClient(self.channel, metadata=self.metadata(who))
+        try:
+            w.create(key, range_end, **kw)
+            out: tuple = ("ok", normalise(w.wait_for(lambda rs: rs, timeout=10)[0]))
+        finally:
+            w.close()
+        self.log.append((label, out))
+        return out
+
+
+def differences(a: Session, b: Session) -> list[str]:
+    """Labels whose outcomes differ, with both outcomes, in call order."""
+    out = []
+    assert [l for l, _ in a.log] == [l for l, _ in b.log], "the sessions made different calls"
+    for (label, x), (_, y) in zip(a.log, b.log):
+        if x != y:
+            out.append(f"{label}:\n    etcd:      {x}\n    shardetcd: {y}")
+    return out
