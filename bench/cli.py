@@ -20,7 +20,7 @@ import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 
-from . import k8s, report, scenarios as sc
+from . import k8s, machine, report, scenarios as sc
 from .checkperf import check_datascale, check_perf
 from .loadgen import HOT_KEY, Pool, value_bytes
 from .servers import STARTERS, machine_busy, sample
@@ -119,7 +119,9 @@ def main(argv=None) -> int:
     meta: dict = {"timestamp": stamp, "mode": "tiny" if args.tiny else "quick" if args.quick else "full", "cores": os.cpu_count(),
                   "python": platform.python_version(), "grpcio": grpc.__version__, "note": report.NOTE,
                   "timing": {"warmup_s": timing.warmup, "duration_s": timing.duration}, "workers": args.workers,
-                  "servers": {}, "scenarios": {s.name: {"describe": s.describe, "params": s.params} for s in sc.SCENARIOS}}
+                  "servers": {}, "scenarios": {s.name: {"describe": s.describe, "params": s.params} for s in sc.SCENARIOS},
+                  "machine": machine.describe(tmp)}
+    print(f"  machine: {machine.one_line(meta['machine'])}", flush=True)
     perf: dict = {}
     t_begin = time.monotonic()
     done = 0
@@ -195,4 +197,16 @@ def main(argv=None) -> int:
     report.write_json(stem.with_suffix(".json"), {"meta": meta, "rows": rows, "check_perf": perf, "table_md": md})
     pngs = report.plots(rows, stem)
     print(f"results: {stem.with_suffix('.json')}" + "".join(f", {p}" for p in pngs) + f"  ({elapsed:.0f} s)")
+    if publishable(args, servers):
+        kept = report.publish(stem, pngs, args.out / LATEST, meta, md, perf)
+        print(f"kept as the latest quick run (tracked in git): {', '.join(str(p) for p in kept)}")
     return 0
+
+
+LATEST = "latest-quick"
+
+
+def publishable(args, servers: list[str]) -> bool:
+    """Only a complete, default quick run replaces the results kept in the repository."""
+    return (args.quick and not args.tiny and not args.only and not args.duration
+            and servers == list(report.SERVER_ORDER) and args.out.resolve() == RESULTS.resolve())

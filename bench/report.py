@@ -188,3 +188,32 @@ def plots(rows: list[dict], stem: Path) -> list[Path]:
         plt.close(fig)
         out.append(path)
     return out
+
+
+def publish(stem: Path, pngs: list[Path], latest: Path, meta: dict, md: str, perf: dict) -> list[Path]:
+    """Copy one run's JSON and plots to `<latest>.json` / `<latest>-<scenario>.png` and write
+    `<latest>.md`: the machine, the table and how to reproduce it. These files are the ones
+    kept in git; the timestamped files stay local."""
+    import shutil
+
+    from .machine import one_line
+
+    kept = [latest.with_name(latest.name + ".json")]
+    shutil.copyfile(stem.with_suffix(".json"), kept[0])
+    for png in pngs:
+        dst = latest.with_name(latest.name + png.name[len(stem.name):])
+        shutil.copyfile(png, dst)
+        kept.append(dst)
+    lines = [f"# Latest `python -m bench --quick` ({meta['timestamp']})", "",
+             f"Machine: {one_line(meta['machine'])}; grpcio {meta['grpcio']}.", "",
+             f"Servers: " + "; ".join(f"{k}: {v['version']}" for k, v in meta["servers"].items()) + ".", "",
+             NOTE, "", md, ""]
+    for srv, p in perf.items():
+        lines.append(f"- etcdctl check {'datascale' if srv.endswith('datascale') else 'perf'} --load=s, "
+                     f"{srv.split()[0]}: " + " | ".join(p["summary"]))
+    lines += ["", "Reproduce: `pip install -e '.[bench]' && python -m bench --quick` from the repository root "
+              f"(took {meta['elapsed_s']:.0f} s). Plots: " + ", ".join(f"`{p.name}`" for p in kept[1:]) + ".", ""]
+    md_path = latest.with_name(latest.name + ".md")
+    md_path.write_text("\n".join(lines))
+    kept.append(md_path)
+    return kept

@@ -38,3 +38,41 @@ def test_bench_tiny_runs_every_scenario_on_every_server(tmp_path):
     assert all(float(x) > 0 for x in ratios), put_seq
     # every server was stopped by PID
     assert p.stdout.count("  stopped ") == len({srv for _, srv in want}), p.stdout
+    # the machine the figures came from is part of the result
+    m = data["meta"]["machine"]
+    assert m["cores"] == os.cpu_count() and m["memory_gib"] > 0
+    assert m["disk"]["fstype"] and 0 < m["disk"]["fdatasync_ms"]["p50"] <= m["disk"]["fdatasync_ms"]["p99"]
+    assert "machine: " in p.stdout
+    # a tiny run into another directory never replaces the results kept in git
+    assert "kept as the latest quick run" not in p.stdout
+    assert not list(tmp_path.glob("latest-quick*"))
+
+
+def test_publish_keeps_json_plots_and_a_table_with_the_machine(tmp_path):
+    from bench import cli, report
+
+    stem = tmp_path / "20260101-000000"
+    doc = {"meta": {"timestamp": "20260101-000000", "grpcio": "1", "elapsed_s": 200.0,
+                    "servers": {"etcd": {"version": "etcd 3.5.1"}},
+                    "machine": {"cores": 2, "cpu_model": "X", "memory_gib": 1.0, "kernel": "k", "python": "3",
+                                "dev_shm_gib": 1.0,
+                                "disk": {"device": "/dev/x", "fstype": "ext4", "rotational": False, "size_gib": 9.0,
+                                         "fdatasync_ms": {"p50": 0.2, "p99": 0.5}}}},
+           "rows": [], "check_perf": {}, "table_md": "| t |"}
+    report.write_json(stem.with_suffix(".json"), doc)
+    png = tmp_path / (stem.name + "-put-seq.png")
+    png.write_bytes(b"\x89PNG")
+    kept = report.publish(stem, [png], tmp_path / cli.LATEST, doc["meta"], doc["table_md"], {})
+    assert sorted(p.name for p in kept) == ["latest-quick-put-seq.png", "latest-quick.json", "latest-quick.md"]
+    assert json.loads((tmp_path / "latest-quick.json").read_text()) == doc
+    text = (tmp_path / "latest-quick.md").read_text()
+    assert "2 cores (X), 1.0 GiB RAM, data dir on ext4 /dev/x (non-rotational" in text and "| t |" in text
+    # only a complete default quick run is published
+    args = cli.parse_args(["--quick"])
+    assert cli.publishable(args, list(report.SERVER_ORDER))
+    assert not cli.publishable(args, ["etcd", "shardetcd"])
+    assert not cli.publishable(cli.parse_args(["--quick", "--only", "put-seq"]), list(report.SERVER_ORDER))
+    tiny = cli.parse_args(["--tiny"])
+    tiny.quick = True
+    assert not cli.publishable(tiny, list(report.SERVER_ORDER))
+    assert not cli.publishable(cli.parse_args(["--quick", "--out", str(tmp_path)]), list(report.SERVER_ORDER))
