@@ -1,4 +1,5 @@
-"""The ceiling: a do-nothing grpc.aio server that answers KV.Put and KV.Range.
+"""The ceiling: a do-nothing grpc.aio server that answers KV.Put, KV.Range,
+Lease.LeaseGrant and Lease.LeaseKeepAlive.
 
 It parses each request (any real server has to) and answers with a canned,
 pre-serialized response, so driving it with the same load generator shows how
@@ -34,12 +35,30 @@ async def _range(request: bytes, context) -> bytes:
     return RANGE_RESPONSE
 
 
+KEEPALIVE_RESPONSE = pb.LeaseKeepAliveResponse(header=_HEADER, ID=1, TTL=600).SerializeToString()
+_lease_ids = iter(range(1, 1 << 62))
+
+
+async def _grant(request: bytes, context) -> bytes:
+    req = pb.LeaseGrantRequest.FromString(request)
+    return pb.LeaseGrantResponse(header=_HEADER, ID=req.ID or next(_lease_ids), TTL=req.TTL).SerializeToString()
+
+
+async def _keepalive(requests, context):
+    async for request in requests:
+        pb.LeaseKeepAliveRequest.FromString(request)
+        yield KEEPALIVE_RESPONSE
+
+
 async def serve(port: int) -> None:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     # no (de)serializers: handlers see and return raw bytes
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("etcdserverpb.KV", {
         "Put": grpc.unary_unary_rpc_method_handler(_put),
         "Range": grpc.unary_unary_rpc_method_handler(_range),
+    }), grpc.method_handlers_generic_handler("etcdserverpb.Lease", {
+        "LeaseGrant": grpc.unary_unary_rpc_method_handler(_grant),
+        "LeaseKeepAlive": grpc.stream_stream_rpc_method_handler(_keepalive),
     })])
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()

@@ -69,6 +69,8 @@ def make_job(s: sc.Scenario, clients: int, target: str, timing: sc.Timing, quick
             job["keyspace"] = s.params["keyspace_quick" if quick else "keyspace_full"]
     elif s.kind == "watch":
         job["conns"] = 2
+    elif s.kind == "keepalive-pipelined":
+        job["setup"] = setup
     elif s.kind == "k8s":
         job["params"] = s.params
         job["setup"] = setup
@@ -81,6 +83,8 @@ def point_label(s: sc.Scenario, job: dict) -> str:
         return f"{job['clients']} watchers/{job['streams']} streams" + (f", {job['put_rate']} put/s" if job["put_rate"] else "")
     if s.kind == "keepalive":
         return f"{job['clients']} streams/{job['conns']}"
+    if s.kind == "keepalive-pipelined":
+        return f"{len(job['setup']['lease_ids']):,} leases/{job['clients']} streams/{job['conns']}"
     if s.kind == "k8s":
         c = s.params["clients"]
         return f"{sum(c.values())} clients/4 conns"
@@ -93,7 +97,20 @@ def prepare(s: sc.Scenario, target: str, quick: bool) -> dict:
             pbg.KVStub(ch).Put(pb.PutRequest(key=HOT_KEY, value=value_bytes(sc.VAL_SIZE)), timeout=30)
     if s.kind == "k8s":
         return k8s.prepare(target, s.params, quick)
+    if s.kind == "keepalive-pipelined":
+        return {"lease_ids": grant_leases(target, s.params["leases_quick" if quick else "leases_full"])}
     return {}
+
+
+def grant_leases(target: str, n: int, ttl: int = 3600, batch: int = 256) -> list[int]:
+    """n leases, granted `batch` at a time in flight."""
+    ids: list[int] = []
+    with grpc.insecure_channel(target) as ch:
+        grant = pbg.LeaseStub(ch).LeaseGrant
+        for lo in range(0, n, batch):
+            futs = [grant.future(pb.LeaseGrantRequest(TTL=ttl), timeout=60) for _ in range(min(batch, n - lo))]
+            ids.extend(f.result().ID for f in futs)
+    return ids
 
 
 def main(argv=None) -> int:

@@ -24,7 +24,7 @@ import struct
 import time
 import traceback
 from array import array
-from collections import Counter
+from collections import Counter, deque
 
 import grpc
 
@@ -195,6 +195,64 @@ async def run_keepalive(job: dict, wi: int, wn: int, conn) -> dict:
     return {"lat": array("d", lat).tobytes(), "errors": dict(errors), "total": total[0], "cpu": cpu}
 
 
+async def run_keepalive_pipelined(job: dict, wi: int, wn: int, conn) -> dict:
+    """clientv3's shape: a few streams, each renewing many leases without waiting
+    for each answer (up to `window` keep-alives in flight per stream). A stream
+    answers in order, so a FIFO of send times gives each answer's latency."""
+    streams = my_share(job["clients"], wi, wn)
+    nconns = max(1, len(my_share(job["conns"], wi, wn)))
+    chans = await open_channels(job["target"], nconns)
+    ids = job["setup"]["lease_ids"]
+    calls = [chans[j % nconns].stream_stream(LEASE_KEEPALIVE)() for j in range(len(streams))]
+    # stream g renews leases g, g+S, g+2S, ... (S streams in all)
+    reqs = [[pb.LeaseKeepAliveRequest(ID=i).SerializeToString() for i in ids[g::job["clients"]]] for g in streams]
+    lat: list[float] = []
+    errors: Counter = Counter()
+    total = [0]
+    parse = pb.LeaseKeepAliveResponse.FromString
+
+    async def one(call, mine: list[bytes]) -> None:
+        sent: deque[float] = deque()
+        room = asyncio.Semaphore(job["window"])
+        start, end = win.start, win.end
+
+        async def reader() -> None:
+            while True:
+                r = await call.read()
+                if r is grpc.aio.EOF:
+                    return
+                t0 = sent.popleft()
+                if parse(r).TTL <= 0:
+                    errors["TTL0"] += 1
+                elif t0 >= start:
+                    lat.append(now() - t0)
+                total[0] += 1
+                room.release()
+
+        await wait_until(win.t0)
+        read = asyncio.create_task(reader())
+        i, n = 0, len(mine)
+        try:
+            while now() < end:
+                await room.acquire()
+                sent.append(now())
+                await call.write(mine[i])
+                i = i + 1 if i + 1 < n else 0
+            await call.done_writing()
+            await read
+        except grpc.aio.AioRpcError as exc:
+            errors[exc.code().name] += 1
+            read.cancel()
+
+    win = Window(await ready(conn), job["warmup"], job["duration"])
+    cpu0 = time.process_time()
+    await asyncio.gather(*(one(c, r) for c, r in zip(calls, reqs)))
+    cpu = time.process_time() - cpu0
+    for ch in chans:
+        await ch.close()
+    return {"lat": array("d", lat).tobytes(), "errors": dict(errors), "total": total[0], "cpu": cpu}
+
+
 # -------------------------------------------------------------------- watch
 
 _STAMP = struct.Struct("<dB")  # put-sent time, stop flag; then padding to the value size
@@ -288,7 +346,8 @@ async def run_watch(job: dict, wi: int, wn: int, conn) -> dict:
             "timed_out": timed_out, "cpu": cpu, "total": len(lat), "errors": {}, **out}
 
 
-RUNNERS = {"unary": run_unary, "keepalive": run_keepalive, "watch": run_watch}
+RUNNERS = {"unary": run_unary, "keepalive": run_keepalive, "keepalive-pipelined": run_keepalive_pipelined,
+           "watch": run_watch}
 
 
 # ------------------------------------------------------------- worker pool

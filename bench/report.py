@@ -54,7 +54,7 @@ def _errors(results: list[dict]) -> dict:
 
 def summarize(kind: str, results: list[dict], duration: float) -> list[dict]:
     """Rows (without scenario/server labels) for one run."""
-    if kind in ("unary", "keepalive"):
+    if kind in ("unary", "keepalive", "keepalive-pipelined"):
         lat = np.concatenate([_arr(r["lat"]) for r in results])
         return [{"req_s": lat.size / duration, "n": int(lat.size), **_pcts(lat), **_cpu(results, duration, lat.size),
                  "errors": _errors(results)}]

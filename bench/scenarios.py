@@ -34,7 +34,7 @@ FULL = Timing(warmup=2.0, duration=15.0)
 @dataclass
 class Scenario:
     name: str
-    kind: str  # "unary" | "watch" | "keepalive" | "k8s"
+    kind: str  # "unary" | "watch" | "keepalive" | "keepalive-pipelined" | "k8s"
     quick: list[int]  # concurrency points (clients) in --quick
     full: list[int]  # concurrency points in full mode
     params: dict = field(default_factory=dict)
@@ -68,7 +68,13 @@ SCENARIOS: list[Scenario] = [
              describe="1 writer as fast as it can (1 client), N watchers; req/s = events delivered/s"),
     Scenario("lease-keepalive", "keepalive", [8], [8, 64],
              dict(conns=2),
+             servers=("etcd", "shardetcd", "ceiling"),
              describe="N LeaseKeepAlive streams over 2 connections, each keep-alive -> response in a loop"),
+    Scenario("lease-keepalive-many", "keepalive-pipelined", [4], [4, 16],
+             dict(conns=2, window=64, leases_quick=1_000, leases_full=10_000),
+             servers=("etcd", "shardetcd", "ceiling"),
+             describe="clientv3's shape: N LeaseKeepAlive streams over 2 connections renew 1,000 (full: 10,000) "
+                      "granted leases, up to 64 keep-alives in flight per stream; req/s = keep-alives answered/s"),
     Scenario("k8s-mix", "k8s", [1], [1],
              dict(pods_quick=2_000, pods_full=10_000, nodes_quick=200, nodes_full=2_000,
                   clients=dict(heartbeat=16, pod=8, event=8, list=1, count=1),
@@ -80,7 +86,8 @@ SCENARIOS: list[Scenario] = [
 
 
 # --tiny shrinks the Kubernetes mix's set-up and run (other scenarios only run shorter)
-TINY_PARAMS = {"k8s-mix": dict(pods_quick=200, nodes_quick=20, duration_quick=1.0)}
+TINY_PARAMS = {"k8s-mix": dict(pods_quick=200, nodes_quick=20, duration_quick=1.0),
+               "lease-keepalive-many": dict(leases_quick=100)}
 
 
 def by_name(tiny: bool = False) -> dict[str, Scenario]:
