@@ -64,7 +64,7 @@ def make_job(s: sc.Scenario, clients: int, target: str, timing: sc.Timing, quick
     job = {"kind": s.kind, "target": target, "warmup": timing.warmup, "duration": timing.duration,
            "clients": clients, "val_size": sc.VAL_SIZE, **s.params}
     if s.kind == "unary":
-        job["conns"] = min(clients, sc.MAX_CONNS)
+        job["conns"] = sc.ETCD_STD_CONNS if clients == sc.ETCD_STD_CLIENTS else min(clients, sc.MAX_CONNS)
         if "keyspace_quick" in s.params:
             job["keyspace"] = s.params["keyspace_quick" if quick else "keyspace_full"]
     elif s.kind == "watch":
@@ -72,7 +72,7 @@ def make_job(s: sc.Scenario, clients: int, target: str, timing: sc.Timing, quick
     elif s.kind == "keepalive-pipelined":
         job["setup"] = setup
     elif s.kind == "k8s":
-        job["params"] = s.params
+        job["params"] = {**s.params, "compact_every_s": s.params["compact_every_s_quick" if quick else "compact_every_s_full"]}
         job["setup"] = setup
         job["duration"] = s.params["duration_quick" if quick else "duration_full"]
     return job

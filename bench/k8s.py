@@ -17,6 +17,12 @@ events. Then, all at the same time, closed-loop clients of each kind:
   watch       one Watch per resource prefix (pods, leases, events) with prev_kv;
               values carry their send time, so the report shows the watch
               delivery delay (write sent -> event received) per prefix.
+  progress    every `progress_every_s`, each watch stream sends a
+              WatchProgressRequest (the watch cache's consistent reads); the
+              latency is request -> progress notification
+  compact     the apiserver's compaction loop, every `compact_every_s`:
+              Txn{ version(compact_rev_key) == last } then Put(compact_rev_key)
+              else Range, then Compact to the revision seen one period before
 """
 from __future__ import annotations
 
@@ -197,6 +203,56 @@ async def run_k8s(job: dict, wi: int, wn: int, conn) -> dict:
             assert (await call.read()).created
             watch_calls.append((prefix, call))
     watch_events: Counter = Counter()
+    progress_seen = {prefix: asyncio.Event() for prefix, _ in watch_calls}
+    progress_req = pb.WatchRequest(progress_request=pb.WatchProgressRequest()).SerializeToString()
+
+    async def progress(prefix: bytes, call) -> None:
+        """One WatchProgressRequest at a time; etcd answers only when the stream's watchers are synced."""
+        await wait_until(win.t0)
+        while now() < win.end:
+            seen = progress_seen[prefix]
+            seen.clear()
+            t0 = now()
+            await call.write(progress_req)
+            try:
+                await asyncio.wait_for(seen.wait(), 2.0)
+            except asyncio.TimeoutError:
+                errors["progress:no answer in 2 s"] += 1
+                continue
+            if t0 >= win.start:
+                lat["progress"].append(now() - t0)
+            await asyncio.sleep(p["progress_every_s"])
+
+    compact_key = b"compact_rev_key"
+
+    async def compactor() -> None:
+        """kube-apiserver's compaction loop (storage/etcd3/compact.go's shape)."""
+        kv_compact = chans[0].unary_unary("/etcdserverpb.KV/Compact")
+        version, prev_rev = 0, 0
+
+        async def cycle():
+            nonlocal version, prev_rev
+            req = pb.TxnRequest(
+                compare=[pb.Compare(key=compact_key, target=pb.Compare.VERSION, result=pb.Compare.EQUAL,
+                                    version=version)],
+                success=[pb.RequestOp(request_put=pb.PutRequest(key=compact_key, value=str(prev_rev).encode()))],
+                failure=[pb.RequestOp(request_range=pb.RangeRequest(key=compact_key))])
+            resp = await txn[0](req.SerializeToString())
+            if resp.succeeded:
+                version += 1
+                if prev_rev:
+                    await kv_compact(pb.CompactionRequest(revision=prev_rev).SerializeToString())
+            else:  # another apiserver compacted: follow its key's version
+                kvs = resp.responses[0].response_range.kvs
+                version = kvs[0].version if kvs else 0
+            prev_rev = resp.header.revision
+
+        # the first cycle (at the window's start) only records a revision, as the apiserver's
+        # first tick does; each later one compacts to the revision seen a period before
+        await wait_until(win.start)
+        while now() < win.end:
+            await timed("compact", cycle)
+            await asyncio.sleep(p["compact_every_s"])
 
     async def watcher(prefix: bytes, call) -> None:
         name = "watch " + prefix.decode()
@@ -206,6 +262,8 @@ async def run_k8s(job: dict, wi: int, wn: int, conn) -> dict:
             if resp is grpc.aio.EOF:
                 return
             t = now()
+            if not resp.events and not resp.created and not resp.canceled:
+                progress_seen[prefix].set()
             for ev in resp.events:
                 if win.start <= t < win.end:
                     watch_events[name] += 1
@@ -218,6 +276,9 @@ async def run_k8s(job: dict, wi: int, wn: int, conn) -> dict:
     win = Window(await ready(conn), job["warmup"], job["duration"])
     cpu0 = time.process_time()
     wtasks = [asyncio.ensure_future(watcher(prefix, c)) for prefix, c in watch_calls]
+    tasks += [progress(prefix, c) for prefix, c in watch_calls]
+    if wi == 0:
+        tasks.append(compactor())
     await asyncio.gather(*tasks)
     await asyncio.sleep(0.5)  # let the watchers drain
     for (_, c), t in zip(watch_calls, wtasks):

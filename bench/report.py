@@ -84,12 +84,14 @@ def summarize(kind: str, results: list[dict], duration: float) -> list[dict]:
                 conflicts[k] = conflicts.get(k, 0) + v
         pages = [p for r in results for p in r["pages"]]
         rows = []
-        total_n = sum(a.size for k, v in ops.items() if not k.startswith("watch") for a in v)
+        # watch deliveries and progress answers are not requests of their own
+        counted = [k for k in ops if not k.startswith("watch") and k != "progress"]
+        total_n = sum(a.size for k in counted for a in ops[k])
         cpu = _cpu(results, duration, total_n)
         rows.append({"op": "all writes+reads", "req_s": total_n / duration, "n": total_n,
-                     **_pcts(np.concatenate([a for k, v in ops.items() if not k.startswith("watch") for a in v])),
+                     **_pcts(np.concatenate([a for k in counted for a in ops[k]])),
                      **cpu, "errors": _errors(results), "conflicts": conflicts})
-        order = ["heartbeat", "pod-create", "pod-update", "pod-delete", "event", "list", "count"]
+        order = ["heartbeat", "pod-create", "pod-update", "pod-delete", "event", "list", "count", "compact", "progress"]
         for k in order + sorted(k for k in ops if k not in order):
             if k not in ops and not k.startswith("watch"):
                 continue

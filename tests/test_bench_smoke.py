@@ -32,6 +32,11 @@ def test_bench_tiny_runs_every_scenario_on_every_server(tmp_path):
     for r in data["rows"]:
         assert not r.get("errors"), r
         assert r["n"] > 0 and r["req_s"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0, r
+    # the Kubernetes mix ran every call shape, the compaction loop and progress requests included
+    for srv in ("etcd", "shardetcd"):
+        ops = {r["op"] for r in data["rows"] if r["scenario"] == "k8s-mix" and r["server"] == srv}
+        assert {"heartbeat", "pod-create", "pod-update", "pod-delete", "event", "list", "count", "compact",
+                "progress", "watch /registry/pods/"} <= ops, (srv, ops)
     # the table puts shardetcd beside etcd as ratios
     put_seq = next(line for line in data["table_md"].splitlines() if line.startswith("| put-seq | 1/1 | shardetcd |"))
     ratios = [c.strip() for c in put_seq.strip("|").split("|")][-3:]
