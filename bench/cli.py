@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     pngs = report.plots(rows, stem)
     print(f"results: {stem.with_suffix('.json')}" + "".join(f", {p}" for p in pngs) + f"  ({elapsed:.0f} s)")
     if publishable(args, servers):
-        kept = report.publish(stem, pngs, args.out / LATEST, meta, md, perf)
+        kept = report.publish(stem, pngs, args.out / LATEST, meta, md, perf, rows)
         print(f"kept as the latest quick run (tracked in git): {', '.join(str(p) for p in kept)}")
     return 0
 

@@ -149,6 +149,27 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[dict]) -> str:
+    """One line per scenario point (k8s-mix: its total only): req/s of each server, p99 of
+    etcd and shardetcd, and the ratios. The README's Performance table is this table."""
+    index = {(r["scenario"], r["point"], r.get("op"), r["server"]): r for r in rows}
+    head = ["scenario", "clients", "etcd req/s", "shardetcd req/s", "ceiling req/s", "shardetcd/etcd",
+            "shardetcd/ceiling", "p99 ms etcd / shardetcd"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    seen = []
+    for r in rows:
+        k = (r["scenario"], r["point"], r.get("op"))
+        if k not in seen and r.get("op") in (None, "all writes+reads"):
+            seen.append(k)
+    for k in seen:
+        e, s, c = (index.get((*k, srv)) for srv in SERVER_ORDER)
+        ratio = lambda a, b: f"{a['req_s'] / b['req_s']:.2f}×" if a and b and b["req_s"] else ""  # noqa: E731
+        p99 = " / ".join(_f(x.get("p99_ms"), "{:.1f}") if x else "-" for x in (e, s))
+        lines.append("| " + " | ".join([k[0], k[1], *(_thr(x["req_s"]) if x else "" for x in (e, s, c)),
+                                         ratio(s, e), ratio(s, c), p99]) + " |")
+    return "\n".join(lines)
+
+
 def write_json(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=str))
@@ -192,7 +213,8 @@ def plots(rows: list[dict], stem: Path) -> list[Path]:
     return out
 
 
-def publish(stem: Path, pngs: list[Path], latest: Path, meta: dict, md: str, perf: dict) -> list[Path]:
+def publish(stem: Path, pngs: list[Path], latest: Path, meta: dict, md: str, perf: dict,
+            doc_rows: list[dict]) -> list[Path]:
     """Copy one run's JSON and plots to `<latest>.json` / `<latest>-<scenario>.png` and write
     `<latest>.md`: the machine, the table and how to reproduce it. These files are the ones
     kept in git; the timestamped files stay local."""
@@ -209,7 +231,7 @@ def publish(stem: Path, pngs: list[Path], latest: Path, meta: dict, md: str, per
     lines = [f"# Latest `python -m bench --quick` ({meta['timestamp']})", "",
              f"Machine: {one_line(meta['machine'])}; grpcio {meta['grpcio']}.", "",
              f"Servers: " + "; ".join(f"{k}: {v['version']}" for k, v in meta["servers"].items()) + ".", "",
-             NOTE, "", md, ""]
+             NOTE, "", "## Summary", "", summary(doc_rows), "", "## Every row", "", md, ""]
     for srv, p in perf.items():
         lines.append(f"- etcdctl check {'datascale' if srv.endswith('datascale') else 'perf'} --load=s, "
                      f"{srv.split()[0]}: " + " | ".join(p["summary"]))

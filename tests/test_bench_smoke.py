@@ -67,7 +67,7 @@ def test_publish_keeps_json_plots_and_a_table_with_the_machine(tmp_path):
     report.write_json(stem.with_suffix(".json"), doc)
     png = tmp_path / (stem.name + "-put-seq.png")
     png.write_bytes(b"\x89PNG")
-    kept = report.publish(stem, [png], tmp_path / cli.LATEST, doc["meta"], doc["table_md"], {})
+    kept = report.publish(stem, [png], tmp_path / cli.LATEST, doc["meta"], doc["table_md"], {}, doc["rows"])
     assert sorted(p.name for p in kept) == ["latest-quick-put-seq.png", "latest-quick.json", "latest-quick.md"]
     assert json.loads((tmp_path / "latest-quick.json").read_text()) == doc
     text = (tmp_path / "latest-quick.md").read_text()
@@ -81,3 +81,17 @@ def test_publish_keeps_json_plots_and_a_table_with_the_machine(tmp_path):
     tiny.quick = True
     assert not cli.publishable(tiny, list(report.SERVER_ORDER))
     assert not cli.publishable(cli.parse_args(["--quick", "--out", str(tmp_path)]), list(report.SERVER_ORDER))
+
+
+def test_readme_performance_table_is_the_kept_quick_run():
+    """The README shows the summary of the results kept in bench/results, not older figures."""
+    from bench import report
+
+    kept = json.loads((REPO / "bench" / "results" / "latest-quick.json").read_text())
+    assert kept["meta"]["mode"] == "quick" and kept["meta"]["machine"]["cores"]
+    assert {r["server"] for r in kept["rows"]} == {"etcd", "shardetcd", "ceiling"}
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- bench-summary:", 1)[1].split("-->", 1)[1].split("<!-- /bench-summary -->", 1)[0]
+    assert block.strip() == report.summary(kept["rows"]).strip()
+    md = (REPO / "bench" / "results" / "latest-quick.md").read_text()
+    assert report.summary(kept["rows"]) in md and kept["meta"]["timestamp"] in md
