@@ -1,9 +1,13 @@
 """python -m bench.partitions [--quick]: one process vs a partitioned cluster.
 
 Two scenarios, each run against real etcd 3.5.1, shardetcd as one process
-(all shards, one revision space) and `shardetcd cluster` (one process per
-partition: leases, events, pods, everything else) — also as *cluster-nice*,
-with the events partition at `nice = 10` — in the same run:
+with every key in one shard (*shardetcd-1shard*) and with its default five
+shards (one revision space), `shardetcd cluster` with two partition processes
+(*cluster-2*: node leases + events, everything else) and with four (*cluster*:
+leases, events, pods, everything else) — also as *cluster-nice*, with the
+events partition at `nice = 10` — in the same run, so the spread-put rows show
+throughput going from 1 to 5 shards in one process and from 1 to 2 and 4
+processes:
 
 * **spread-put** — writes spread evenly over four resource types (node
   leases, events, pods, configmaps), C clients per resource, each putting
@@ -74,6 +78,18 @@ name = "main"
 default = true
 """
 PARTITION_OF = {"leases": "leases", "events": "events", "pods": "pods", "configmaps": "main"}
+# two partitions: node leases and events in one process, everything else in the other
+CLUSTER2_LAYOUT = """
+[[partition]]
+name = "nodes"
+resources = ["coordination.k8s.io/leases", "events"]
+
+[[partition]]
+name = "main"
+default = true
+"""
+PARTITION2_OF = {"leases": "nodes", "events": "nodes", "pods": "main", "configmaps": "main"}
+ONE_SHARD_LAYOUT = 'default = "default"\n'  # every key in one shard: one journal, one state
 
 
 # ------------------------------------------------------------ load (in workers)
@@ -138,12 +154,12 @@ async def run_groups(job: dict, wi: int, wn: int, conn) -> dict:
 # ------------------------------------------------------------ servers
 
 
-def start_cluster(tmp: Path, events_nice: int = 0) -> tuple[Server, dict[str, str]]:
-    """`shardetcd cluster` with one partition per resource; (server, partition → endpoint)."""
+def start_cluster(tmp: Path, events_nice: int = 0, template: str = CLUSTER_LAYOUT) -> tuple[Server, dict[str, str]]:
+    """`shardetcd cluster` with the partitions of `template`; (server, partition → endpoint)."""
     tmp.mkdir(parents=True, exist_ok=True)
     layout = tmp / "cluster.toml"
     # every partition on a port known to be free (rather than base+2, base+3, ...)
-    text = CLUSTER_LAYOUT.format(events_nice=events_nice)
+    text = template.format(events_nice=events_nice)
     layout.write_text(re.sub(r'^(name = "\w+")$', lambda m: f"{m[1]}\nport = {free_port()}", text, flags=re.M))
     base = free_port()
     out_path = tmp / "cluster.out"
@@ -220,8 +236,10 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.partitions", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2.5 s runs, fewer points (≈ 3 min)")
-    ap.add_argument("--servers", default="etcd,shardetcd,cluster,cluster-nice",
-                    help="cluster-nice: the cluster with its events partition at nice 10 (default: %(default)s)")
+    ap.add_argument("--servers", default="etcd,shardetcd-1shard,shardetcd,cluster-2,cluster,cluster-nice",
+                    help="shardetcd-1shard: one process, every key in one shard; shardetcd: one process, the default "
+                         "5 shards; cluster-2: two partition processes; cluster: four; cluster-nice: four, the events "
+                         "partition at nice 10 (default: %(default)s)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
@@ -238,12 +256,22 @@ def main(argv=None) -> int:
     done, t_begin = 0, time.monotonic()
     try:
         for srv in servers:
-            if srv.startswith("cluster"):
+            if srv == "cluster-2":
+                server, parts = start_cluster(tmp / srv, template=CLUSTER2_LAYOUT)
+                targets = {res: parts[PARTITION2_OF[res]] for res in RESOURCES}
+            elif srv.startswith("cluster"):
                 server, parts = start_cluster(tmp / srv, events_nice=10 if srv == "cluster-nice" else 0)
                 targets = {res: parts[PARTITION_OF[res]] for res in RESOURCES}
             else:
                 (tmp / srv).mkdir(parents=True, exist_ok=True)
-                server = (start_real_etcd if srv == "etcd" else start_shardetcd_default)(tmp / srv)
+                if srv == "etcd":
+                    server = start_real_etcd(tmp / srv)
+                elif srv == "shardetcd-1shard":
+                    layout = tmp / srv / "one-shard.toml"
+                    layout.write_text(ONE_SHARD_LAYOUT)
+                    server = start_shardetcd_default(tmp / srv, ("--shard-layout", str(layout)), "one shard")
+                else:
+                    server = start_shardetcd_default(tmp / srv)
                 targets = {res: server.endpoint for res in RESOURCES}
             print(f"  started {srv}: {server.version} (pid {server.pid})", flush=True)
             try:

@@ -90,11 +90,12 @@ class _DefaultShardetcd(ShardetcdProcess):
     port (for `etcdctl check datascale`) are given."""
 
     metrics_port = 0
+    extra_args: tuple[str, ...] = ()
 
     def args(self) -> list[str]:
         return [sys.executable, "-m", "shim", "--data-dir", str(self.data_dir),
                 "--listen-client-urls", self.client_url,
-                "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}"]
+                "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}", *self.extra_args]
 
     def default_state_dir(self) -> Path:
         # mirrors shards/datadir.py: /dev/shm/shardetcd-<uid>-<sha256(abs data dir)[:12]>
@@ -102,13 +103,14 @@ class _DefaultShardetcd(ShardetcdProcess):
         return Path("/dev/shm") / f"shardetcd-{os.getuid()}-{tag}"
 
 
-def start_shardetcd_default(tmp: Path) -> Server:
+def start_shardetcd_default(tmp: Path, extra_args: tuple[str, ...] = (), describe: str = "defaults") -> Server:
     base = tmp / "shardetcd"
     last: Exception | None = None
     for _ in range(3):
         proc = _DefaultShardetcd(data_dir=base / "data", state_dir=base / "unused",
                                  port=free_port(), log_path=base / "shardetcd.log", timeout=60)
         proc.metrics_port = free_port()
+        proc.extra_args = extra_args
         try:
             proc.start()
             break
@@ -129,7 +131,7 @@ def start_shardetcd_default(tmp: Path) -> Server:
         proc.start()
         return proc.pid
 
-    return Server("shardetcd", proc.endpoint, proc.pid, "shardetcd (defaults, journal fsync=always)", stop, restart,
+    return Server("shardetcd", proc.endpoint, proc.pid, f"shardetcd ({describe}, journal fsync=always)", stop, restart,
                   data_dir=proc.data_dir, state_dir=proc.default_state_dir(),
                   metrics_url=f"http://127.0.0.1:{proc.metrics_port}")
 
