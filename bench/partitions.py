@@ -236,6 +236,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.partitions", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2.5 s runs, fewer points (≈ 3 min)")
+    ap.add_argument("--tiny", action="store_true", help="smoke run: 0.5 s runs, one spread point; its figures mean nothing")
     ap.add_argument("--servers", default="etcd,shardetcd-1shard,shardetcd,cluster-2,cluster,cluster-nice",
                     help="shardetcd-1shard: one process, every key in one shard; shardetcd: one process, the default "
                          "5 shards; cluster-2: two partition processes; cluster: four; cluster-nice: four, the events "
@@ -243,13 +244,13 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    timing = (0.5, 2.5) if args.quick else (2.0, 15.0)
-    spread_points = [2, 16] if args.quick else [1, 4, 16, 32]
+    timing = (0.2, 0.5) if args.tiny else (0.5, 2.5) if args.quick else (2.0, 15.0)
+    spread_points = [2] if args.tiny else [2, 16] if args.quick else [1, 4, 16, 32]
     servers = [s for s in args.servers.split(",") if s]
     tmp = Path(tempfile.mkdtemp(prefix="shardetcd-bench-partitions-"))
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     runs = len(servers) * (len(spread_points) + 2)
-    print(f"bench.partitions: {'quick' if args.quick else 'full'} mode, {runs} runs, servers {','.join(servers)}; "
+    print(f"bench.partitions: {'tiny' if args.tiny else 'quick' if args.quick else 'full'} mode, {runs} runs, servers {','.join(servers)}; "
           f"{os.cpu_count()} cores shared by client and server; data under {tmp}", flush=True)
     pool = Pool(max(3, args.workers))
     rows: list[dict] = []

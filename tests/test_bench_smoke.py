@@ -95,3 +95,23 @@ def test_readme_performance_table_is_the_kept_quick_run():
     assert block.strip() == report.summary(kept["rows"]).strip()
     md = (REPO / "bench" / "results" / "latest-quick.md").read_text()
     assert report.summary(kept["rows"]) in md and kept["meta"]["timestamp"] in md
+
+
+def test_bench_partitions_tiny_runs_one_process_and_a_cluster(tmp_path):
+    """python -m bench.partitions still starts etcd, shardetcd with one shard and a two-partition
+    cluster, drives spread-put and isolation against each, and stops them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+    servers = ["etcd", "shardetcd-1shard", "cluster-2"]
+    p = subprocess.run([sys.executable, "-m", "bench.partitions", "--tiny", "--servers", ",".join(servers),
+                        "--out", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    [result] = tmp_path.glob("*-partitions.json")
+    rows = json.loads(result.read_text())["rows"]
+    for srv in servers:
+        mine = {(r["scenario"], r["op"]) for r in rows if r["server"] == srv}
+        assert {("spread-put", "pods"), ("spread-put", "leases"), ("isolation", "heartbeat"),
+                ("isolation", "event flood")} <= mine, (srv, mine)
+    for r in rows:
+        assert not r["errors"], r
+        assert r["req_s"] > 0, r
+    assert p.stdout.count("  stopped ") == len(servers), p.stdout
