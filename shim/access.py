@@ -52,10 +52,19 @@ def token_of(metadata) -> str | None:
     return found
 
 
+def common_name(context) -> str | None:
+    """The Common Name of the client certificate the TLS connection was verified with, if any."""
+    auth_context = getattr(context, "auth_context", None)
+    names = auth_context().get("x509_common_name") if auth_context is not None else None
+    return names[0].decode() if names else None
+
+
 class Access:
-    def __init__(self, auth: AuthStore, leases: LeaseTable) -> None:
+    def __init__(self, auth: AuthStore, leases: LeaseTable, cert_users: bool = False) -> None:
         self.auth = auth
         self.leases = leases
+        # --client-cert-auth: a request without a token acts as the user its certificate's CN names
+        self.cert_users = cert_users
 
     def user(self, metadata) -> str | None:
         """The user the request's token names; None without a token; InvalidAuthTokenError."""
@@ -63,7 +72,12 @@ class Access:
         return None if token is None else self.auth.user_of(token)
 
     def caller(self, context) -> str | None:
-        return self.user(context.invocation_metadata())
+        """etcd's order: a token (a bad one is an error), else with --client-cert-auth the
+        certificate's Common Name (never for the JSON gateway, whose context has none), else nobody."""
+        token = token_of(context.invocation_metadata())
+        if token is not None:
+            return self.auth.user_of(token)
+        return common_name(context) if self.cert_users else None
 
     def _check(self, user: str | None, key: bytes, range_end: bytes, write: bool) -> None:
         self.auth.state.check(user, key, range_end, write)
@@ -117,10 +131,10 @@ class Access:
             raise UserEmptyError
         self.lease_keys(user, lease_id, write=False)
 
-    def may_watch(self, metadata, key: bytes, range_end: bytes) -> bool:
+    def may_watch(self, context, key: bytes, range_end: bytes) -> bool:
         """Whether a watch on [key, range_end) may be created (etcd turns key "" into "\\0")."""
         try:
-            self._check(self.user(metadata), key or b"\x00", range_end, False)
+            self._check(self.caller(context), key or b"\x00", range_end, False)
         except AuthError:
             return False
         return True

@@ -33,7 +33,7 @@ class Member:
         self.alarms = AlarmStore(self.store.datadir)
         self.quota = Quota(self.store, self.alarms, self.member_id, self.config.quota_backend_bytes)
         self.auth = self.store.auth  # auth.enabled is the one thing a request checks while auth is off
-        self.access = Access(self.store.auth, self.store.leases)
+        self.access = Access(self.store.auth, self.store.leases, cert_users=self.config.client_cert_auth)
 
     def header(self, revision: int | None = None) -> pb.ResponseHeader:
         return pb.ResponseHeader(

@@ -125,7 +125,7 @@ class Gateway:
         stream = self.watch.hub.open_stream()
         try:
             if req.WhichOneof("request_union") == "create_request":
-                self.watch.create(stream, req.create_request, _Context(authorization).invocation_metadata)
+                self.watch.create(stream, req.create_request, _Context(authorization))
             while (msg := await stream.get()) is not None:
                 for raw in self.watch.encode(msg):
                     yield json.dumps({"result": to_json(pb.WatchResponse.FromString(raw))}).encode() + b"\n"

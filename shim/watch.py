@@ -54,7 +54,7 @@ class WatchService:
             async for req in requests:
                 which = req.WhichOneof("request_union")
                 if which == "create_request":
-                    self.create(stream, req.create_request, context.invocation_metadata)
+                    self.create(stream, req.create_request, context)
                 elif which == "cancel_request":
                     stream.cancel(req.cancel_request.watch_id)
                 elif which == "progress_request":
@@ -65,10 +65,10 @@ class WatchService:
             logger.debug("watch stream read ended error=%r", exc)
             stream.close()
 
-    def create(self, stream: WatchStream, r: pb.WatchCreateRequest, metadata) -> None:
+    def create(self, stream: WatchStream, r: pb.WatchCreateRequest, context) -> None:
         """Create a watcher; while auth is enabled, one the caller may not read is refused as etcd
         refuses it: a created and canceled response with the requested watch id."""
-        if self.m.auth.enabled and not self.m.access.may_watch(metadata(), r.key, r.range_end):
+        if self.m.auth.enabled and not self.m.access.may_watch(context, r.key, r.range_end):
             stream.put(Message(r.watch_id, self.m.store.committed, created=True, canceled=True,
                                cancel_reason=WATCH_PERMISSION_DENIED))
             return

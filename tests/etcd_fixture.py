@@ -140,6 +140,7 @@ def start_etcd(
     *,
     name: str = "etcd0",
     extra_args: tuple[str, ...] = (),
+    extra_client_urls: tuple[str, ...] = (),
     timeout: float = 30.0,
     attempts: int = 3,
 ) -> EtcdProcess:
@@ -147,7 +148,9 @@ def start_etcd(
     healthy (has a leader and serves clients).
 
     A start that fails, e.g. because a picked port was taken in the meantime,
-    is retried on new ports up to `attempts` times.
+    is retried on new ports up to `attempts` times. `extra_client_urls` are
+    served beside the plain one (e.g. an https URL with --cert-file/--key-file);
+    health is checked on the plain one.
     """
     binary = etcd_binary()
     if binary is None:
@@ -169,7 +172,7 @@ def start_etcd(
             binary,
             f"--name={name}",
             f"--data-dir={data_dir}",
-            f"--listen-client-urls={client_url}",
+            f"--listen-client-urls={','.join((client_url, *extra_client_urls))}",
             f"--advertise-client-urls={client_url}",
             f"--listen-peer-urls={peer_url}",
             f"--initial-advertise-peer-urls={peer_url}",

@@ -42,8 +42,9 @@ def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool, us
     return b.sign(issuer_key, hashes.SHA256())
 
 
-def make_pki(directory: Path, name: str = "ca") -> dict[str, Path]:
-    """Files: ca.pem, server.pem/server-key.pem (127.0.0.1, localhost), client.pem/client-key.pem."""
+def make_pki(directory: Path, name: str = "ca", client_cns: tuple[str, ...] = ()) -> dict[str, Path]:
+    """Files: ca.pem, server.pem/server-key.pem (127.0.0.1, localhost), client.pem/client-key.pem,
+    and for each CN in `client_cns` a client certificate with that Common Name ("client:CN", "client:CN-key")."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
     ca = _cert(f"{name} test CA", ca_key, _name(f"{name} test CA"), ca_key, ca=True)
@@ -60,4 +61,11 @@ def make_pki(directory: Path, name: str = "ca") -> dict[str, Path]:
         files[f"{role}-key"] = directory / f"{name}-{role}-key.pem"
         files[role].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         files[f"{role}-key"].write_bytes(_pem_key(key))
+    for cn in client_cns:
+        key = _key()
+        cert = _cert(cn, key, ca.subject, ca_key, ca=False, usage=[ExtendedKeyUsageOID.CLIENT_AUTH])
+        files[f"client:{cn}"] = directory / f"{name}-client-cn-{cn}.pem"
+        files[f"client:{cn}-key"] = directory / f"{name}-client-cn-{cn}-key.pem"
+        files[f"client:{cn}"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        files[f"client:{cn}-key"].write_bytes(_pem_key(key))
     return files
