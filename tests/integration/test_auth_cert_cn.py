@@ -33,9 +33,7 @@ def servers(tmp_path_factory, pki):
     tmp = tmp_path_factory.mktemp("cn")
     etcd_tls = free_port()
     etcd = start_etcd(tmp / "etcd", extra_client_urls=(f"https://127.0.0.1:{etcd_tls}",),
-                      extra_args=tuple(f"{k}={v}" if v.startswith("/") else k
-                                       for k, v in zip(_tls_flags(pki)[::2], _tls_flags(pki)[1::2]))
-                      + ("--client-cert-auth",))
+                      extra_args=tuple(_tls_flags(pki)))
     port, tls_port = free_port(), free_port()
     shard = ShardetcdProcess(
         data_dir=tmp / "s" / "data", state_dir=tmp / "s" / "state", port=port, log_path=tmp / "s" / "log",
