@@ -49,7 +49,7 @@ from . import errors as e
 from .auth_state import (DISABLE, ENABLE, ROLE_ADD, ROLE_DELETE, ROLE_GRANT, ROLE_REVOKE, USER_ADD, USER_DELETE,
                          USER_GRANT, USER_PASSWORD, USER_REVOKE, AuthState, Permission, Role, User,
                          decode_hashed_password)
-from .tokens import SimpleTokens
+from .tokens import JWTTokens, SimpleTokens
 
 logger = logging.getLogger(__name__)
 
@@ -147,19 +147,20 @@ def decode_table(blob: bytes) -> AuthState:
 
 class AuthStore:
     def __init__(self, journal: Callable[[bytes], Awaitable[None]], bcrypt_cost: int = 10,
-                 token_ttl_s: float = 300.0) -> None:
+                 token_ttl_s: float = 300.0, tokens: SimpleTokens | JWTTokens | None = None) -> None:
         self._journal = journal
         self.bcrypt_cost = bcrypt_cost
         self.state = AuthState()
         self.enabled = False  # a plain attribute: the one check a request makes while auth is off
-        self.tokens = SimpleTokens(token_ttl_s)
+        self.tokens = tokens if tokens is not None else SimpleTokens(token_ttl_s)
         self._pending: AuthState | None = None
         self._lock = asyncio.Lock()
 
     # -- who is asking -------------------------------------------------------
 
     def user_of(self, token: str) -> str:
-        name = self.tokens.user(token)
+        """Who ``token`` names (for a JWT token, a Caller with its revision); InvalidAuthTokenError."""
+        name = self.tokens.caller(token)
         if name is None:
             raise e.InvalidAuthTokenError
         return name
@@ -178,7 +179,7 @@ class AuthStore:
             if not await asyncio.to_thread(password_matches, user.password, password):
                 raise e.AuthFailedError
             if self.state.enabled and self.state.users.get(name) is user:
-                return self.tokens.assign(name)
+                return self.tokens.assign(name, self.state.revision)
             # the user changed while bcrypt ran: check again, as etcd does
 
     # -- changes -------------------------------------------------------------

@@ -109,6 +109,8 @@ class AuthState:
         """etcd's isOpPermitted for a request made as ``name`` (None: no token given)."""
         if name is None:
             raise e.UserEmptyError
+        if getattr(name, "revision", self.revision) < self.revision:  # a JWT token from before an auth change
+            raise e.AuthOldRevisionError
         if name not in self.users:
             raise e.PermissionDeniedError
         if self.is_root(name) or self.permissions(name).allows(key, range_end, write):

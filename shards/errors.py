@@ -114,5 +114,9 @@ class InvalidAuthTokenError(AuthError):
     """A token that is malformed, unknown, expired or revoked."""
 
 
+class AuthOldRevisionError(AuthError):
+    """A JWT token issued before the latest auth change, used where a permission is checked."""
+
+
 class InvalidAuthMgmtError(AuthError):
     """Removing root's powers while auth is enabled (delete root, delete role root, revoke root from root)."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from journal import JournalConfig, failpoints
 
 from .auth import AuthStore
+from .tokens import parse_auth_token
 from .datadir import DataDir
 from .errors import (
     CompactedError,
@@ -52,6 +53,7 @@ class StoreConfig:
     compaction_batch_keys: int = 10_000
     bcrypt_cost: int = 10  # etcd's --bcrypt-cost
     auth_token_ttl_s: float = 300.0  # etcd's --auth-token-ttl
+    auth_token: str = "simple"  # etcd's --auth-token: "simple" or "jwt,sign-method=...,priv-key=...,..."
 
 
 class Store:
@@ -76,7 +78,8 @@ class Store:
         self.hub = WatchHub(self)
         self.leases = LeaseTable(datadir.member_id)
         self.lease_shard = shards[-1]  # lease and auth records live in the default shard's journal
-        self.auth = AuthStore(self._journal_auth, config.bcrypt_cost, config.auth_token_ttl_s)
+        self.auth = AuthStore(self._journal_auth, config.bcrypt_cost, config.auth_token_ttl_s,
+                              parse_auth_token(config.auth_token, config.auth_token_ttl_s))
         self._expiry_task: asyncio.Task | None = None
 
     # -- lifecycle ------------------------------------------------------

@@ -12,6 +12,7 @@ from journal.verify import repair, verify
 from shards.errors import DataDirError, LayoutError
 from shards.layout import load_layout
 from shards.snapshot import SnapshotError, restore_snapshot
+from shards.tokens import TokenOptionsError, parse_auth_token
 
 from .config import ServerConfig
 from .server import StartupError, serve
@@ -55,6 +56,15 @@ def _bcrypt_cost(text: str) -> int:
     return cost
 
 
+def _auth_token(text: str) -> str:
+    """Checked now (keys read, options parsed) so that a bad value stops the start, as in etcd."""
+    try:
+        parse_auth_token(text, 300.0)
+    except TokenOptionsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -95,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-layout", type=Path, default=None, help="with --partition: the `shardetcd cluster` layout this process is one partition of")
     p.add_argument("--partition", default=None, help="serve this partition of --cluster-layout: writes to other partitions' resources are refused")
     p.add_argument("--journal-segment-bytes", type=int, default=d.journal_segment_bytes, help="size at which a journal segment is closed and a new one started (default: %(default)s)")
-    p.add_argument("--auth-token", choices=["simple"], default="simple", help="auth token type; only etcd's default, simple, is supported (default: %(default)s)")
+    p.add_argument("--auth-token", type=_auth_token, default="simple",
+                   help="auth token type as etcd: simple, or jwt,sign-method=RS256|ES256|HS256|...,priv-key=FILE[,pub-key=FILE][,ttl=5m] "
+                        "(default: %(default)s)")
     p.add_argument("--auth-token-ttl", type=_positive_int, default=d.auth_token_ttl_s, help="seconds an auth token lives unused (default: %(default)s)")
     p.add_argument("--bcrypt-cost", type=_bcrypt_cost, default=d.bcrypt_cost, help="bcrypt cost of stored password hashes, 4 to 31 (default: %(default)s)")
     p.add_argument("--checkpoint-journal-bytes", type=int, default=d.checkpoint_journal_bytes, help="journal bytes after which a shard writes a checkpoint, bounding replay time (default: %(default)s)")
@@ -130,6 +142,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         partition=args.partition,
         bcrypt_cost=args.bcrypt_cost,
         auth_token_ttl_s=args.auth_token_ttl,
+        auth_token=args.auth_token,
     )
 
 

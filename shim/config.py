@@ -38,6 +38,7 @@ class ServerConfig:
     partition: str | None = None
     bcrypt_cost: int = 10  # etcd's --bcrypt-cost
     auth_token_ttl_s: int = 300  # etcd's --auth-token-ttl
+    auth_token: str = "simple"  # etcd's --auth-token
     extra: dict = field(default_factory=dict)
 
     @property

@@ -109,6 +109,7 @@ def store_config(config: ServerConfig) -> StoreConfig:
         checkpoint_journal_bytes=config.checkpoint_journal_bytes,
         bcrypt_cost=config.bcrypt_cost,
         auth_token_ttl_s=config.auth_token_ttl_s,
+        auth_token=config.auth_token,
     )
 
 
