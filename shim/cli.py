@@ -14,6 +14,7 @@ from shards.layout import load_layout
 from shards.snapshot import SnapshotError, restore_snapshot
 from shards.tokens import TokenOptionsError, parse_auth_token
 
+from .autocompact import AutoCompaction
 from .config import ServerConfig
 from .server import StartupError, serve
 
@@ -110,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     p.add_argument("--auth-token-ttl", type=_positive_int, default=d.auth_token_ttl_s, help="seconds an auth token lives unused (default: %(default)s)")
     p.add_argument("--bcrypt-cost", type=_bcrypt_cost, default=d.bcrypt_cost, help="bcrypt cost of stored password hashes, 4 to 31 (default: %(default)s)")
+    p.add_argument("--auto-compaction-mode", choices=["periodic", "revision"], default="periodic",
+                   help="how --auto-compaction-retention is read: periodic (a time window) or revision (a count) (default: %(default)s)")
+    p.add_argument("--auto-compaction-retention", default="0",
+                   help="history to keep, as etcd: periodic: a duration (30m, 72h) or a number of hours; revision: a number of revisions; "
+                        "0 = no automatic compaction (default: %(default)s)")
     p.add_argument("--checkpoint-journal-bytes", type=int, default=d.checkpoint_journal_bytes, help="journal bytes after which a shard writes a checkpoint, bounding replay time (default: %(default)s)")
     return p
 
@@ -143,6 +149,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         bcrypt_cost=args.bcrypt_cost,
         auth_token_ttl_s=args.auth_token_ttl,
         auth_token=args.auth_token,
+        auto_compaction=AutoCompaction.parse(args.auto_compaction_mode, args.auto_compaction_retention),
     )
 
 
@@ -210,9 +217,13 @@ def main(argv: list[str] | None = None) -> int:
         from .cluster import cluster_main
 
         return cluster_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     setup_logging(args.log_level)
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:  # e.g. an --auto-compaction-retention its mode cannot read
+        parser.error(str(exc))
 
     def ready(running) -> None:
         urls = ", ".join(config.listen_client_urls)

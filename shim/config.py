@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .autocompact import AutoCompaction
+
 ETCD_API_VERSION = "3.5.16"  # the etcd release whose API and behaviour we implement
 # etcd's slack above --max-request-bytes: how much gRPC may receive, and the
 # size at which a watch response that allows fragments is cut
@@ -39,6 +41,7 @@ class ServerConfig:
     bcrypt_cost: int = 10  # etcd's --bcrypt-cost
     auth_token_ttl_s: int = 300  # etcd's --auth-token-ttl
     auth_token: str = "simple"  # etcd's --auth-token
+    auto_compaction: AutoCompaction = AutoCompaction("periodic", 0.0)  # off, as etcd's default
     extra: dict = field(default_factory=dict)
 
     @property

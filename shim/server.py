@@ -16,6 +16,7 @@ from shards.layout import Layout, ShardSpec, load_layout
 from shards.partition import PartitionGuard, load_cluster_layout
 from shards.store import Store, StoreConfig
 
+from . import autocompact
 from .auth import AuthService
 from .config import GRPC_OVERHEAD_BYTES, ServerConfig
 from .context import Member
@@ -42,6 +43,7 @@ class Running:
     ports: list[int]
     failed: asyncio.Event
     progress: asyncio.Task | None = None
+    autocompact: asyncio.Task | None = None
     http: list = field(default_factory=list)
 
 
@@ -147,6 +149,7 @@ async def start(config: ServerConfig) -> Running:
         raise
     progress = asyncio.get_running_loop().create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
     running = Running(server, store, ports, failed, progress)
+    running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
 
     try:
         endpoint = HttpEndpoint(member, Metrics(member), Gateway(services))
@@ -167,8 +170,9 @@ async def _progress_ticks(store: Store, interval_s: float) -> None:
 async def stop(running: Running, grace_s: float = 1.0) -> None:
     for http in running.http:
         http.close()
-    if running.progress is not None:
-        running.progress.cancel()
+    for task in (running.progress, running.autocompact):
+        if task is not None:
+            task.cancel()
     running.store.hub.close()
     await running.server.stop(grace_s)
     await running.store.close()
