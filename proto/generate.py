@@ -25,9 +25,9 @@ from pathlib import Path
 PROTO_DIR = Path(__file__).resolve().parent
 PACKAGE = PROTO_DIR.name  # "proto"
 
-# Sources in dependency order; only rpc.proto declares services.
-PROTO_FILES = ("kv.proto", "auth.proto", "rpc.proto")
-SERVICE_FILES = ("rpc.proto",)
+# Sources in dependency order, and those that declare services.
+PROTO_FILES = ("kv.proto", "auth.proto", "rpc.proto", "v3lock.proto", "v3election.proto")
+SERVICE_FILES = ("rpc.proto", "v3lock.proto", "v3election.proto")
 
 _MODULES = tuple(Path(name).stem + "_pb2" for name in PROTO_FILES)
 _IMPORT_RE = re.compile(

@@ -82,6 +82,8 @@ class Access:
     def _check(self, user: str | None, key: bytes, range_end: bytes, write: bool) -> None:
         self.auth.state.check(user, key, range_end, write)
 
+    check = _check  # for services built on KV requests of their own (Lock, Election)
+
     def admin(self, context) -> str | None:
         user = self.caller(context)
         self.auth.state.check_admin(user)

@@ -88,14 +88,15 @@ def _stream_stream(fn):
     return handle
 
 
-def service_handler(service: str, servicer) -> grpc.GenericRpcHandler:
-    desc = rpc_pb2.DESCRIPTOR.services_by_name[service]
+def service_handler(service: str, servicer, module=rpc_pb2) -> grpc.GenericRpcHandler:
+    """Handlers for ``servicer``'s methods of ``service`` as declared in ``module`` (a *_pb2)."""
+    desc = module.DESCRIPTOR.services_by_name[service]
     handlers = {}
     for method in desc.methods:
         fn = getattr(servicer, method.name, None)
         if fn is None:
             continue
-        des = _deserializer(getattr(rpc_pb2, method.input_type.name))
+        des = _deserializer(getattr(module, method.input_type.name))
         if method.client_streaming and method.server_streaming:
             h = grpc.stream_stream_rpc_method_handler(_stream_stream(fn), des, _serialize)
         elif method.server_streaming:

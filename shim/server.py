@@ -16,7 +16,10 @@ from shards.layout import Layout, ShardSpec, load_layout
 from shards.partition import PartitionGuard, load_cluster_layout
 from shards.store import Store, StoreConfig
 
+from proto import v3election_pb2, v3lock_pb2
+
 from . import autocompact
+from .concurrency import ElectionService, LockService
 from .auth import AuthService
 from .config import GRPC_OVERHEAD_BYTES, ServerConfig
 from .context import Member
@@ -132,6 +135,8 @@ async def start(config: ServerConfig) -> Running:
         "Auth": AuthService(member),
     }
     server.add_generic_rpc_handlers([service_handler(name, svc) for name, svc in services.items()])
+    server.add_generic_rpc_handlers([service_handler("Lock", LockService(member), v3lock_pb2),
+                                     service_handler("Election", ElectionService(member), v3election_pb2)])
     health_servicer = health.aio.HealthServicer()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
