@@ -16,6 +16,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from proto import rpc_pb2 as pb
+from proto import v3election_pb2 as epb, v3lock_pb2 as lpb
 
 # grpc code -> HTTP status, as grpc-gateway maps them
 HTTP_STATUS = {
@@ -95,6 +96,16 @@ class Gateway:
             "/v3/auth/role/revoke": (auth.RoleRevokePermission, pb.AuthRoleRevokePermissionRequest,
                                      pb.AuthRoleRevokePermissionResponse),
         }
+        if "Lock" in services:
+            lock, election = services["Lock"], services["Election"]
+            self.routes |= {
+                "/v3/lock/lock": (lock.Lock, lpb.LockRequest, lpb.LockResponse),
+                "/v3/lock/unlock": (lock.Unlock, lpb.UnlockRequest, lpb.UnlockResponse),
+                "/v3/election/campaign": (election.Campaign, epb.CampaignRequest, epb.CampaignResponse),
+                "/v3/election/proclaim": (election.Proclaim, epb.ProclaimRequest, epb.ProclaimResponse),
+                "/v3/election/leader": (election.Leader, epb.LeaderRequest, epb.LeaderResponse),
+                "/v3/election/resign": (election.Resign, epb.ResignRequest, epb.ResignResponse),
+            }
         self.renew = lease.store.lease_renew
         self.member = lease.m
 

@@ -135,8 +135,9 @@ async def start(config: ServerConfig) -> Running:
         "Auth": AuthService(member),
     }
     server.add_generic_rpc_handlers([service_handler(name, svc) for name, svc in services.items()])
-    server.add_generic_rpc_handlers([service_handler("Lock", LockService(member), v3lock_pb2),
-                                     service_handler("Election", ElectionService(member), v3election_pb2)])
+    recipes = {"Lock": LockService(member), "Election": ElectionService(member)}
+    server.add_generic_rpc_handlers([service_handler("Lock", recipes["Lock"], v3lock_pb2),
+                                     service_handler("Election", recipes["Election"], v3election_pb2)])
     health_servicer = health.aio.HealthServicer()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -157,7 +158,7 @@ async def start(config: ServerConfig) -> Running:
     running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
 
     try:
-        endpoint = HttpEndpoint(member, Metrics(member), Gateway(services))
+        endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes))
         running.http = await start_http(config.listen_metrics_urls, endpoint, parse_listen_url)
     except (OSError, ValueError) as exc:
         await stop(running)

@@ -71,3 +71,34 @@ def test_gateway_json_matches_etcd(gateway, real_etcd):
             for k in ("cluster_id", "member_id", "raft_term"):
                 doc.get("header", {}).pop(k, None)
         assert a == b, (path, body)
+
+
+def test_gateway_lock_and_election_json_matches_etcd(gateway, real_etcd):
+    """/v3/lock/* and /v3/election/* as etcd's gateway answers them (a client-chosen lease id
+    makes the keys the same on both servers)."""
+    import base64
+
+    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    ours, theirs = f"http://127.0.0.1:{gateway}", f"http://{real_etcd.endpoint}"
+
+    def both(path: str, body: dict) -> dict:
+        a, b = post(ours, path, body), post(theirs, path, body)
+        for _, doc in (a, b):
+            for k in ("cluster_id", "member_id", "raft_term"):
+                doc.get("header", {}).pop(k, None)
+        assert a == b, (path, body, a, b)
+        return a[1]
+
+    both("/v3/lease/grant", {"ID": "4660", "TTL": "60"})
+    locked = both("/v3/lock/lock", {"name": b64("gl"), "lease": "4660"})
+    assert base64.b64decode(locked["key"]) == b"gl/1234"
+    both("/v3/lock/unlock", {"key": locked["key"]})
+    both("/v3/lock/unlock", {})  # etcd's error for a missing key
+    both("/v3/election/leader", {"name": b64("ge")})  # no leader yet: etcd's error
+    won = both("/v3/election/campaign", {"name": b64("ge"), "lease": "4660", "value": b64("v1")})
+    leader = won["leader"]
+    both("/v3/election/proclaim", {"leader": leader, "value": b64("v2")})
+    assert base64.b64decode(both("/v3/election/leader", {"name": b64("ge")})["kv"]["value"]) == b"v2"
+    both("/v3/election/resign", {"leader": leader})
+    both("/v3/election/proclaim", {"leader": leader, "value": b64("v3")})  # not leader any more
+    both("/v3/election/resign", {})
