@@ -407,3 +407,66 @@ def test_wire_bytes():
     wr = rpc_pb2.WatchRequest(progress_request=rpc_pb2.WatchProgressRequest())
     assert wr.SerializeToString() == b"\x1a\x00"
     assert rpc_pb2.RangeRequest(count_only=True).SerializeToString() == b"\x48\x01"
+
+
+# ---------------------------------------------------------------------------
+# v3lockpb and v3electionpb (etcd's server/etcdserver/api/v3lock, v3election)
+# ---------------------------------------------------------------------------
+
+RECIPE_FIELDS = [
+    ("v3lockpb.LockRequest", "name", 1, T.TYPE_BYTES),
+    ("v3lockpb.LockRequest", "lease", 2, T.TYPE_INT64),
+    ("v3lockpb.LockResponse", "header", 1, T.TYPE_MESSAGE),
+    ("v3lockpb.LockResponse", "key", 2, T.TYPE_BYTES),
+    ("v3lockpb.UnlockRequest", "key", 1, T.TYPE_BYTES),
+    ("v3lockpb.UnlockResponse", "header", 1, T.TYPE_MESSAGE),
+    ("v3electionpb.CampaignRequest", "name", 1, T.TYPE_BYTES),
+    ("v3electionpb.CampaignRequest", "lease", 2, T.TYPE_INT64),
+    ("v3electionpb.CampaignRequest", "value", 3, T.TYPE_BYTES),
+    ("v3electionpb.CampaignResponse", "header", 1, T.TYPE_MESSAGE),
+    ("v3electionpb.CampaignResponse", "leader", 2, T.TYPE_MESSAGE),
+    ("v3electionpb.LeaderKey", "name", 1, T.TYPE_BYTES),
+    ("v3electionpb.LeaderKey", "key", 2, T.TYPE_BYTES),
+    ("v3electionpb.LeaderKey", "rev", 3, T.TYPE_INT64),
+    ("v3electionpb.LeaderKey", "lease", 4, T.TYPE_INT64),
+    ("v3electionpb.LeaderRequest", "name", 1, T.TYPE_BYTES),
+    ("v3electionpb.LeaderResponse", "header", 1, T.TYPE_MESSAGE),
+    ("v3electionpb.LeaderResponse", "kv", 2, T.TYPE_MESSAGE),
+    ("v3electionpb.ResignRequest", "leader", 1, T.TYPE_MESSAGE),
+    ("v3electionpb.ResignResponse", "header", 1, T.TYPE_MESSAGE),
+    ("v3electionpb.ProclaimRequest", "leader", 1, T.TYPE_MESSAGE),
+    ("v3electionpb.ProclaimRequest", "value", 2, T.TYPE_BYTES),
+    ("v3electionpb.ProclaimResponse", "header", 1, T.TYPE_MESSAGE),
+]
+
+
+@pytest.mark.parametrize("message, field, number, ftype", RECIPE_FIELDS,
+                         ids=[f"{m.split('.')[-1]}.{f}" for m, f, _, _ in RECIPE_FIELDS])
+def test_recipe_fields(message, field, number, ftype):
+    from proto import v3election_pb2, v3lock_pb2  # noqa: F401 - registers the messages
+
+    msg = POOL.FindMessageTypeByName(message)
+    assert (msg.fields_by_name[field].number, msg.fields_by_name[field].type) == (number, ftype)
+    assert sorted(f.number for f in msg.fields) == sorted(n for m, _, n, _ in RECIPE_FIELDS if m == message)
+
+
+def test_recipe_services_and_paths():
+    from proto import v3election_pb2, v3election_pb2_grpc, v3lock_pb2, v3lock_pb2_grpc  # noqa: F401
+
+    lock = POOL.FindServiceByName("v3lockpb.Lock")
+    assert {m.name: (m.input_type.full_name, m.output_type.full_name, m.server_streaming) for m in lock.methods} == {
+        "Lock": ("v3lockpb.LockRequest", "v3lockpb.LockResponse", False),
+        "Unlock": ("v3lockpb.UnlockRequest", "v3lockpb.UnlockResponse", False),
+    }
+    election = POOL.FindServiceByName("v3electionpb.Election")
+    assert {m.name: (m.input_type.name, m.output_type.name, m.server_streaming) for m in election.methods} == {
+        "Campaign": ("CampaignRequest", "CampaignResponse", False),
+        "Proclaim": ("ProclaimRequest", "ProclaimResponse", False),
+        "Leader": ("LeaderRequest", "LeaderResponse", False),
+        "Observe": ("LeaderRequest", "LeaderResponse", True),
+        "Resign": ("ResignRequest", "ResignResponse", False),
+    }
+    assert POOL.FindMessageTypeByName("v3electionpb.LeaderResponse").fields_by_name["kv"].message_type.full_name \
+        == "mvccpb.KeyValue"
+    assert "'/v3lockpb.Lock/Lock'" in (generate.PROTO_DIR / "v3lock_pb2_grpc.py").read_text()
+    assert "'/v3electionpb.Election/Observe'" in (generate.PROTO_DIR / "v3election_pb2_grpc.py").read_text()
