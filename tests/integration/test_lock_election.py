@@ -171,3 +171,63 @@ def test_lock_and_election_transcripts_match_etcd(real_etcd, shardetcd):
     assert seen["B waits"] is True and seen["B gets the lock"][0] == "ok"
     assert seen["C gives up"][1] == "DEADLINE_EXCEEDED"
     assert [o["kv"][1] for o in seen["observed"]] == ["a", "a2", "a3", "c", "a4"]
+
+
+def auth_script(endpoint: str) -> list[tuple]:
+    """With auth on, a user with READWRITE on "mine/" (and nothing else) uses Lock and Election."""
+    from proto import auth_pb2
+
+    t = Transcript()
+    with grpc.insecure_channel(endpoint) as ch:
+        auth = pbg.AuthStub(ch)
+        auth.UserAdd(pb.AuthUserAddRequest(name="root", password="r"), timeout=10)
+        auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user="root", role="root"), timeout=10)
+        auth.UserAdd(pb.AuthUserAddRequest(name="u", password="p"), timeout=10)
+        auth.RoleAdd(pb.AuthRoleAddRequest(name="mine"), timeout=10)
+        auth.RoleGrantPermission(pb.AuthRoleGrantPermissionRequest(name="mine", perm=auth_pb2.Permission(
+            permType=auth_pb2.Permission.READWRITE, key=b"mine/", range_end=b"mine0")), timeout=10)
+        auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user="u", role="mine"), timeout=10)
+        auth.AuthEnable(pb.AuthEnableRequest(), timeout=10)
+        token = auth.Authenticate(pb.AuthenticateRequest(name="u", password="p"), timeout=10).token
+        md = (("token", token),)
+        lease_id = pbg.LeaseStub(ch).LeaseGrant(pb.LeaseGrantRequest(ID=0x77, TTL=60), metadata=md, timeout=10).ID
+        t.lease(lease_id)
+        lock, elect = lg.LockStub(ch), eg.ElectionStub(ch)
+
+        def c(label, fn, req):
+            try:
+                out = ("ok", fn(req, metadata=md, timeout=5))
+            except grpc.RpcError as exc:
+                out = ("error", exc.code().name, exc.details())
+            t.add(label, shape(t, out))
+
+        c("lock in my prefix", lock.Lock, lpb.LockRequest(name=b"mine", lease=lease_id))
+        c("lock elsewhere", lock.Lock, lpb.LockRequest(name=b"theirs", lease=lease_id))
+        c("unlock mine", lock.Unlock, lpb.UnlockRequest(key=b"mine/77"))
+        c("unlock elsewhere", lock.Unlock, lpb.UnlockRequest(key=b"theirs/77"))
+        c("campaign in my prefix", elect.Campaign, epb.CampaignRequest(name=b"mine", lease=lease_id, value=b"v"))
+        c("campaign elsewhere", elect.Campaign, epb.CampaignRequest(name=b"theirs", lease=lease_id, value=b"v"))
+        c("leader mine", elect.Leader, epb.LeaderRequest(name=b"mine"))
+        c("leader elsewhere", elect.Leader, epb.LeaderRequest(name=b"theirs"))
+        c("proclaim elsewhere", elect.Proclaim, epb.ProclaimRequest(
+            leader=epb.LeaderKey(name=b"theirs", key=b"theirs/77", rev=1, lease=lease_id), value=b"x"))
+        c("resign mine", elect.Resign, epb.ResignRequest(
+            leader=epb.LeaderKey(name=b"mine", key=b"mine/77", rev=0, lease=lease_id)))
+        for label, name in (("observe mine", b"mine"), ("observe elsewhere", b"theirs")):
+            try:
+                first = next(iter(elect.Observe(epb.LeaderRequest(name=name), metadata=md, timeout=3)))
+                t.add(label, shape(t, ("ok", first)))
+            except StopIteration:
+                t.add(label, "ended")
+            except grpc.RpcError as exc:
+                t.add(label, ("error", exc.code().name, exc.details()))
+    return t.lines
+
+
+def test_lock_and_election_under_auth_match_etcd(real_etcd, shardetcd):
+    got = {"etcd": auth_script(real_etcd.endpoint), "shardetcd": auth_script(shardetcd.endpoint)}
+    assert got["shardetcd"] == got["etcd"]
+    seen = dict(got["etcd"])
+    assert seen["lock in my prefix"][0] == "ok"
+    assert seen["lock elsewhere"] == ("error", "UNKNOWN", "etcdserver: permission denied")
+    assert seen["observe elsewhere"] == "ended"
