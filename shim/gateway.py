@@ -3,7 +3,8 @@
 Each route calls the same service method as gRPC does, so validation,
 errors and results are identical; messages map to JSON as etcd's gateway
 maps them (original field names, 64-bit integers as strings, bytes as
-base64).  /v3/watch streams newline-delimited {"result": WatchResponse}.
+base64).  /v3/watch streams newline-delimited {"result": WatchResponse}, and
+/v3/election/observe {"result": LeaderResponse}.
 The HTTP "Authorization" header carries an auth token, as etcd's gateway
 forwards it (gRPC metadata "authorization").
 """
@@ -96,8 +97,10 @@ class Gateway:
             "/v3/auth/role/revoke": (auth.RoleRevokePermission, pb.AuthRoleRevokePermissionRequest,
                                      pb.AuthRoleRevokePermissionResponse),
         }
+        self.observe = None
         if "Lock" in services:
             lock, election = services["Lock"], services["Election"]
+            self.observe = election.Observe
             self.routes |= {
                 "/v3/lock/lock": (lock.Lock, lpb.LockRequest, lpb.LockResponse),
                 "/v3/lock/unlock": (lock.Unlock, lpb.UnlockRequest, lpb.UnlockResponse),
@@ -129,6 +132,12 @@ class Gateway:
         if isinstance(resp, bytes):
             resp = resp_cls.FromString(resp)
         return json.dumps(to_json(resp)).encode()
+
+    async def observe_stream(self, body: bytes, authorization: str | None = None):
+        """Yield JSON lines {"result": LeaderResponse} for /v3/election/observe."""
+        req = self.parse(body, epb.LeaderRequest)
+        async for resp in self.observe(req, _Context(authorization)):
+            yield json.dumps({"result": to_json(resp)}).encode() + b"\n"
 
     async def watch_stream(self, body: bytes, authorization: str | None = None):
         """Yield JSON lines for a watch opened with one WatchRequest."""

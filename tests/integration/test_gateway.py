@@ -99,6 +99,17 @@ def test_gateway_lock_and_election_json_matches_etcd(gateway, real_etcd):
     leader = won["leader"]
     both("/v3/election/proclaim", {"leader": leader, "value": b64("v2")})
     assert base64.b64decode(both("/v3/election/leader", {"name": b64("ge")})["kv"]["value"]) == b"v2"
+    # /v3/election/observe streams {"result": LeaderResponse} lines: the current leader's value first
+    firsts = []
+    for base in (ours, theirs):
+        req = urllib.request.Request(base + "/v3/election/observe", data=json.dumps({"name": b64("ge")}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            doc = json.loads(r.readline())
+        for k in ("cluster_id", "member_id", "raft_term"):
+            doc["result"]["header"].pop(k, None)
+        firsts.append(doc)
+    assert firsts[0] == firsts[1] and base64.b64decode(firsts[0]["result"]["kv"]["value"]) == b"v2"
     both("/v3/election/resign", {"leader": leader})
     both("/v3/election/proclaim", {"leader": leader, "value": b64("v3")})  # not leader any more
     both("/v3/election/resign", {})
