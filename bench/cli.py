@@ -11,7 +11,6 @@ import datetime as dt
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path

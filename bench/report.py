@@ -230,7 +230,7 @@ def publish(stem: Path, pngs: list[Path], latest: Path, meta: dict, md: str, per
         kept.append(dst)
     lines = [f"# Latest `python -m bench --quick` ({meta['timestamp']})", "",
              f"Machine: {one_line(meta['machine'])}; grpcio {meta['grpcio']}.", "",
-             f"Servers: " + "; ".join(f"{k}: {v['version']}" for k, v in meta["servers"].items()) + ".", "",
+             "Servers: " + "; ".join(f"{k}: {v['version']}" for k, v in meta["servers"].items()) + ".", "",
              NOTE, "", "## Summary", "", summary(doc_rows), "", "## Every row", "", md, ""]
     for srv, p in perf.items():
         lines.append(f"- etcdctl check {'datascale' if srv.endswith('datascale') else 'perf'} --load=s, "

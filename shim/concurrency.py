@@ -120,6 +120,20 @@ class Recipes:
         finally:
             stream.close()
 
+    async def join(self, context, name: bytes, lease: int, value: bytes, with_owner: bool = False):
+        """The recipes' first Txn: put ``<name>/<lease in hex>`` with the lease if it is absent (else
+        read it), and with ``with_owner`` read the oldest key under the prefix too. Returns
+        (prefix, lease, key, txn result, the key's create revision)."""
+        pfx = name + b"/"
+        lease = await self.session(lease)
+        key = pfx + f"{lease:x}".encode()
+        self.check(context, writes=(key,), reads=((pfx, prefix_end(pfx)),))
+        also = (_first_created(pfx),) if with_owner else ()
+        r = await self.store.txn(TxnReq(compare=(_created_at(key, 0),), success=(PutReq(key, value, lease), *also),
+                                        failure=(RangeReq(key), *also)))
+        rev = r.revision if r.succeeded else _kv(r.responses[0].kvs[0]).create_revision
+        return pfx, lease, key, r, rev
+
     async def delete_quietly(self, key: bytes, guard_rev: int | None = None) -> None:
         """Clean up after a cancelled wait, as the recipes do (their context is gone, the client's is not)."""
         req = (DeleteReq(key) if guard_rev is None
@@ -138,14 +152,7 @@ class LockService:
     async def Lock(self, request: lpb.LockRequest, context: grpc.aio.ServicerContext) -> lpb.LockResponse:
         store = self.r.store
         try:
-            pfx = request.name + b"/"
-            lease = await self.r.session(request.lease)
-            my_key = pfx + f"{lease:x}".encode()
-            self.r.check(context, writes=(my_key,), reads=((pfx, prefix_end(pfx)),))
-            r = await store.txn(TxnReq(compare=(_created_at(my_key, 0),),
-                                       success=(PutReq(my_key, b"", lease), _first_created(pfx)),
-                                       failure=(RangeReq(my_key), _first_created(pfx))))
-            my_rev = r.revision if r.succeeded else _kv(r.responses[0].kvs[0]).create_revision
+            pfx, _, my_key, r, my_rev = await self.r.join(context, request.name, request.lease, b"", with_owner=True)
             owner = r.responses[1].kvs
             header_rev = r.revision
             if owner and _kv(owner[0]).create_revision != my_rev:
@@ -179,18 +186,10 @@ class ElectionService:
         self.m = member
 
     async def Campaign(self, request: epb.CampaignRequest, context: grpc.aio.ServicerContext) -> epb.CampaignResponse:
-        store = self.r.store
         try:
-            pfx = request.name + b"/"
-            lease = await self.r.session(request.lease)
-            key = pfx + f"{lease:x}".encode()
-            self.r.check(context, writes=(key,), reads=((pfx, prefix_end(pfx)),))
-            r = await store.txn(TxnReq(compare=(_created_at(key, 0),), success=(PutReq(key, request.value, lease),),
-                                       failure=(RangeReq(key),)))
-            leader_rev = r.revision
+            pfx, lease, key, r, leader_rev = await self.r.join(context, request.name, request.lease, request.value)
             if not r.succeeded:
                 mine = _kv(r.responses[0].kvs[0])
-                leader_rev = mine.create_revision
                 if mine.value != request.value:
                     try:
                         await self._proclaim(key, leader_rev, lease, request.value)

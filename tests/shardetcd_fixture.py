@@ -15,6 +15,7 @@ the port accepts connections.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -225,3 +226,20 @@ def start_shardetcd(
                 break
     assert last is not None
     raise last
+
+
+@contextlib.contextmanager
+def etcd_beside_shardetcd(tmp_path: Path, etcd_args: tuple[str, ...] = (), shardetcd_args: tuple[str, ...] = ()):
+    """A real etcd and a shardetcd started with the given flags; yields {"etcd": endpoint,
+    "shardetcd": endpoint} and stops both by PID afterwards."""
+    from tests.etcd_fixture import start_etcd
+
+    etcd = start_etcd(Path(tmp_path) / "etcd", extra_args=etcd_args)
+    try:
+        shard = start_shardetcd(tmp_path, extra_args=shardetcd_args)
+        try:
+            yield {"etcd": etcd.endpoint, "shardetcd": shard.endpoint}
+        finally:
+            shard.stop()
+    finally:
+        etcd.stop()

@@ -18,9 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from proto import auth_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests.etcd_fixture import start_etcd
-from tests.etcd_fixture import free_port
-from tests.shardetcd_fixture import ShardetcdProcess
+from tests.shardetcd_fixture import etcd_beside_shardetcd
 from tests.watch_client import WatchClient
 
 TTL_S = 600
@@ -49,21 +47,13 @@ def keys(tmp_path_factory):
 def servers(tmp_path_factory, keys):
     tmp = tmp_path_factory.mktemp("jwt-servers")
     spec = f"jwt,pub-key={keys['pub']},priv-key={keys['priv']},sign-method=RS256,ttl={TTL_S // 60}m"
-    etcd = start_etcd(tmp / "etcd", extra_args=(f"--auth-token={spec}",))
-    port = free_port()
-    shard = ShardetcdProcess(data_dir=tmp / "s" / "data", state_dir=tmp / "s" / "state", port=port,
-                             log_path=tmp / "s" / "log", extra_args=("--auth-token", spec))
-    try:
-        shard.start()
-        yield {"etcd": etcd.endpoint, "shardetcd": shard.endpoint}
-    finally:
-        shard.stop()
-        etcd.stop()
+    with etcd_beside_shardetcd(tmp, (f"--auth-token={spec}",), ("--auth-token", spec)) as endpoints:
+        yield endpoints
 
 
 def outcome(fn, req, token=None):
     try:
-        resp = fn(req, timeout=10, metadata=(("token", token),) if token is not None else None)
+        fn(req, timeout=10, metadata=(("token", token),) if token is not None else None)
     except grpc.RpcError as exc:
         return ("error", exc.code().name, exc.details())
     return ("ok",)
@@ -199,14 +189,9 @@ def test_bad_auth_token_options_stop_the_start(tmp_path, keys):
 def test_verify_only_server_refuses_to_sign_as_etcd(tmp_path, keys):
     """Given only a public key, a server checks tokens but cannot issue them: Authenticate fails as in etcd."""
     spec = f"jwt,pub-key={keys['pub']},sign-method=RS256"
-    etcd = start_etcd(tmp_path / "etcd", extra_args=(f"--auth-token={spec}",))
-    port = free_port()
-    shard = ShardetcdProcess(data_dir=tmp_path / "s" / "data", state_dir=tmp_path / "s" / "state", port=port,
-                             log_path=tmp_path / "s" / "log", extra_args=("--auth-token", spec))
-    try:
-        shard.start()
+    with etcd_beside_shardetcd(tmp_path, (f"--auth-token={spec}",), ("--auth-token", spec)) as endpoints:
         got = {}
-        for name, endpoint in (("etcd", etcd.endpoint), ("shardetcd", shard.endpoint)):
+        for name, endpoint in endpoints.items():
             with grpc.insecure_channel(endpoint) as ch:
                 a = pbg.AuthStub(ch)
                 a.UserAdd(pb.AuthUserAddRequest(name="root", password="rootpw"), timeout=10)
@@ -219,6 +204,3 @@ def test_verify_only_server_refuses_to_sign_as_etcd(tmp_path, keys):
         assert got["shardetcd"] == got["etcd"]
         assert got["etcd"][0] == ("error", "UNKNOWN", "auth: token signing attempted with verify-only key")
         assert got["etcd"][1] == ("ok",)  # a token signed by the key holder is honoured
-    finally:
-        shard.stop()
-        etcd.stop()

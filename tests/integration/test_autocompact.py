@@ -12,23 +12,15 @@ import grpc
 import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests.etcd_fixture import free_port, start_etcd
-from tests.shardetcd_fixture import ShardetcdProcess
+from tests.shardetcd_fixture import etcd_beside_shardetcd
 
 FLAGS = ("--auto-compaction-mode", "periodic", "--auto-compaction-retention", "2s")
 
 
 @pytest.fixture
 def servers(tmp_path):
-    etcd = start_etcd(tmp_path / "etcd", extra_args=FLAGS)
-    shard = ShardetcdProcess(data_dir=tmp_path / "s" / "data", state_dir=tmp_path / "s" / "state", port=free_port(),
-                             log_path=tmp_path / "s" / "log", extra_args=FLAGS)
-    try:
-        shard.start()
-        yield {"etcd": etcd.endpoint, "shardetcd": shard.endpoint}
-    finally:
-        shard.stop()
-        etcd.stop()
+    with etcd_beside_shardetcd(tmp_path, FLAGS, FLAGS) as endpoints:
+        yield endpoints
 
 
 def compacted_revision(kv, key: bytes, top: int) -> int:

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
 

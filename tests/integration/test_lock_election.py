@@ -4,7 +4,6 @@ campaigns, proclamations, resignations, Observe) must give the same transcript o
 both servers, with lease IDs (which each server picks) replaced by names."""
 from __future__ import annotations
 
-import re
 import threading
 import time
 
