@@ -115,3 +115,19 @@ def differences(a: Session, b: Session) -> list[str]:
         if x != y:
             out.append(f"{label}:\n    etcd:      {x}\n    shardetcd: {y}")
     return out
+
+
+def enable_with_user(auth: pbg.AuthStub, user: str, password: str, key: bytes, range_end: bytes,
+                     root_password: str = "rootpw") -> None:
+    """root (with the root role), ``user`` with READWRITE on [key, range_end) through role
+    "<user>-rw", then AuthEnable; the same calls whatever the server."""
+    from proto import auth_pb2
+
+    auth.UserAdd(pb.AuthUserAddRequest(name="root", password=root_password), timeout=10)
+    auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user="root", role="root"), timeout=10)
+    auth.UserAdd(pb.AuthUserAddRequest(name=user, password=password), timeout=10)
+    auth.RoleAdd(pb.AuthRoleAddRequest(name=f"{user}-rw"), timeout=10)
+    auth.RoleGrantPermission(pb.AuthRoleGrantPermissionRequest(name=f"{user}-rw", perm=auth_pb2.Permission(
+        permType=auth_pb2.Permission.READWRITE, key=key, range_end=range_end)), timeout=10)
+    auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user=user, role=f"{user}-rw"), timeout=10)
+    auth.AuthEnable(pb.AuthEnableRequest(), timeout=10)

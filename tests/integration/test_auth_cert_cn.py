@@ -9,7 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from proto import auth_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.integration.authkit import enable_with_user
 from tests.etcd_fixture import free_port, start_etcd
 from tests.shardetcd_fixture import ShardetcdProcess
 from tests.tls_certs import make_pki
@@ -68,16 +69,8 @@ def scenario(endpoint: str, pki) -> list[tuple]:
         kv = {cn: pbg.KVStub(ch) for cn, ch in chans.items()}
         auth = {cn: pbg.AuthStub(ch) for cn, ch in chans.items()}
         lease = {cn: pbg.LeaseStub(ch) for cn, ch in chans.items()}
-        a = auth["alice"]
-        a.UserAdd(pb.AuthUserAddRequest(name="root", password="rootpw"), timeout=10)
-        a.UserGrantRole(pb.AuthUserGrantRoleRequest(user="root", role="root"), timeout=10)
-        a.UserAdd(pb.AuthUserAddRequest(name="alice", password="alicepw"), timeout=10)
-        a.RoleAdd(pb.AuthRoleAddRequest(name="alice-rw"), timeout=10)
-        a.RoleGrantPermission(pb.AuthRoleGrantPermissionRequest(name="alice-rw", perm=auth_pb2.Permission(
-            permType=auth_pb2.Permission.READWRITE, key=b"/alice/", range_end=b"/alice0")), timeout=10)
-        a.UserGrantRole(pb.AuthUserGrantRoleRequest(user="alice", role="alice-rw"), timeout=10)
         kv["alice"].Put(pb.PutRequest(key=b"/bob/k", value=b"before"), timeout=10)
-        a.AuthEnable(pb.AuthEnableRequest(), timeout=10)
+        enable_with_user(auth["alice"], "alice", "alicepw", b"/alice/", b"/alice0")
         root_token = auth["alice"].Authenticate(pb.AuthenticateRequest(name="root", password="rootpw"), timeout=10).token
         as_root = (("token", root_token),)
         out = []

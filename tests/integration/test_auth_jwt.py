@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from proto import auth_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.integration.authkit import enable_with_user
 from tests.shardetcd_fixture import etcd_beside_shardetcd
 from tests.watch_client import WatchClient
 
@@ -64,15 +65,7 @@ def claims(token: str, keys) -> dict:
 
 
 def set_up(ch) -> None:
-    a = pbg.AuthStub(ch)
-    a.UserAdd(pb.AuthUserAddRequest(name="root", password="rootpw"), timeout=10)
-    a.UserGrantRole(pb.AuthUserGrantRoleRequest(user="root", role="root"), timeout=10)
-    a.UserAdd(pb.AuthUserAddRequest(name="alice", password="alicepw"), timeout=10)
-    a.RoleAdd(pb.AuthRoleAddRequest(name="rw"), timeout=10)
-    a.RoleGrantPermission(pb.AuthRoleGrantPermissionRequest(name="rw", perm=auth_pb2.Permission(
-        permType=auth_pb2.Permission.READWRITE, key=b"/alice/", range_end=b"/alice0")), timeout=10)
-    a.UserGrantRole(pb.AuthUserGrantRoleRequest(user="alice", role="rw"), timeout=10)
-    a.AuthEnable(pb.AuthEnableRequest(), timeout=10)
+    enable_with_user(pbg.AuthStub(ch), "alice", "alicepw", b"/alice/", b"/alice0")
 
 
 def login(ch, name: str, password: str) -> str:
@@ -118,7 +111,7 @@ def test_jwt_tokens_behave_as_etcd(servers, keys):
             ]
             # an auth change: alice's tokens from before it are old where a permission is checked
             out.append(("root grants more", outcome(auth.RoleGrantPermission, pb.AuthRoleGrantPermissionRequest(
-                name="rw", perm=auth_pb2.Permission(permType=auth_pb2.Permission.READ, key=b"/pub/")), root[name])))
+                name="alice-rw", perm=auth_pb2.Permission(permType=auth_pb2.Permission.READ, key=b"/pub/")), root[name])))
             out += [
                 ("old token put", outcome(kv.Put, put(b"/alice/c"), t1[name])),
                 ("old token range", outcome(kv.Range, pb.RangeRequest(key=b"/alice/a"), t1[name])),

@@ -12,6 +12,7 @@ import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg, v3election_pb2 as epb, v3election_pb2_grpc as eg
 from proto import v3lock_pb2 as lpb, v3lock_pb2_grpc as lg
+from tests.integration.authkit import enable_with_user
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,7 +108,9 @@ def script(endpoint: str) -> list[tuple]:
         t.add("unlock A", shape(t, call(t, lock.Unlock, lpb.UnlockRequest(key=b"l/" + f"{A:x}".encode()))))
         t.add("B gets the lock", shape(t, waiter.join()))
         t.add("C gives up", shape(t, call(t, lock.Lock, lpb.LockRequest(name=b"l", lease=C), timeout=1.0)))
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10  # the server removes the waiter's key once it sees the call end
+        while len(keys(b"l/")) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
         t.add("keys after C gave up", keys(b"l/"))
         waiter = Background(lock.Lock, lpb.LockRequest(name=b"l", lease=C))
         t.add("C waits again", waiter.pending())
@@ -174,19 +177,10 @@ def test_lock_and_election_transcripts_match_etcd(real_etcd, shardetcd):
 
 def auth_script(endpoint: str) -> list[tuple]:
     """With auth on, a user with READWRITE on "mine/" (and nothing else) uses Lock and Election."""
-    from proto import auth_pb2
-
     t = Transcript()
     with grpc.insecure_channel(endpoint) as ch:
         auth = pbg.AuthStub(ch)
-        auth.UserAdd(pb.AuthUserAddRequest(name="root", password="r"), timeout=10)
-        auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user="root", role="root"), timeout=10)
-        auth.UserAdd(pb.AuthUserAddRequest(name="u", password="p"), timeout=10)
-        auth.RoleAdd(pb.AuthRoleAddRequest(name="mine"), timeout=10)
-        auth.RoleGrantPermission(pb.AuthRoleGrantPermissionRequest(name="mine", perm=auth_pb2.Permission(
-            permType=auth_pb2.Permission.READWRITE, key=b"mine/", range_end=b"mine0")), timeout=10)
-        auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user="u", role="mine"), timeout=10)
-        auth.AuthEnable(pb.AuthEnableRequest(), timeout=10)
+        enable_with_user(auth, "u", "p", b"mine/", b"mine0")
         token = auth.Authenticate(pb.AuthenticateRequest(name="u", password="p"), timeout=10).token
         md = (("token", token),)
         lease_id = pbg.LeaseStub(ch).LeaseGrant(pb.LeaseGrantRequest(ID=0x77, TTL=60), metadata=md, timeout=10).ID
