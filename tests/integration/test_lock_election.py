@@ -98,11 +98,18 @@ def script(endpoint: str) -> list[tuple]:
         keys = lambda pfx: [(t.name(k.key), k.create_revision, t.lease(k.lease)) for k in kv.Range(  # noqa: E731
             pb.RangeRequest(key=pfx, range_end=pfx[:-1] + bytes([pfx[-1] + 1])), timeout=10).kvs]
 
+        def wait_keys(pfx: bytes, n: int) -> None:
+            """Until a waiter started in the background has put its key (the server is slow under load)."""
+            deadline = time.monotonic() + 10
+            while len(keys(pfx)) < n and time.monotonic() < deadline:
+                time.sleep(0.05)
+
         # -- locks
         t.add("lock, unknown lease", shape(t, call(t, lock.Lock, lpb.LockRequest(name=b"l", lease=777))))
         t.add("lock A", shape(t, call(t, lock.Lock, lpb.LockRequest(name=b"l", lease=A))))
         t.add("lock A again", shape(t, call(t, lock.Lock, lpb.LockRequest(name=b"l", lease=A))))
         waiter = Background(lock.Lock, lpb.LockRequest(name=b"l", lease=B))
+        wait_keys(b"l/", 2)
         t.add("B waits", waiter.pending())
         t.add("keys while B waits", keys(b"l/"))
         t.add("unlock A", shape(t, call(t, lock.Unlock, lpb.UnlockRequest(key=b"l/" + f"{A:x}".encode()))))
@@ -113,6 +120,7 @@ def script(endpoint: str) -> list[tuple]:
             time.sleep(0.05)
         t.add("keys after C gave up", keys(b"l/"))
         waiter = Background(lock.Lock, lpb.LockRequest(name=b"l", lease=C))
+        wait_keys(b"l/", 2)
         t.add("C waits again", waiter.pending())
         lease.LeaseRevoke(pb.LeaseRevokeRequest(ID=B), timeout=10)
         t.add("C gets it when B's lease is revoked", shape(t, waiter.join()))
@@ -122,15 +130,19 @@ def script(endpoint: str) -> list[tuple]:
 
         # -- election
         e = b"e"
-        seen: list = []
-        observe = elect.Observe(epb.LeaderRequest(name=e), timeout=60)
-        reader = threading.Thread(target=lambda: [seen.append(r) for r in _quiet(observe)], daemon=True)
-        reader.start()
         t.add("no leader", shape(t, call(t, elect.Leader, epb.LeaderRequest(name=e))))
         a = call(t, elect.Campaign, epb.CampaignRequest(name=e, lease=A, value=b"a"))
         t.add("A campaigns", shape(t, a))
         lead_a = a[1].leader
+        seen: list = []
+        observe = elect.Observe(epb.LeaderRequest(name=e), timeout=60)
+        reader = threading.Thread(target=lambda: [seen.append(r) for r in _quiet(observe)], daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:  # the observer has the current leader: it is watching
+            time.sleep(0.05)
         b = Background(elect.Campaign, epb.CampaignRequest(name=e, lease=C, value=b"c"))
+        wait_keys(e + b"/", 2)
         t.add("C waits to lead", b.pending())
         t.add("A proclaims", shape(t, call(t, elect.Proclaim, epb.ProclaimRequest(leader=lead_a, value=b"a2"))))
         t.add("leader is A", shape(t, call(t, elect.Leader, epb.LeaderRequest(name=e))))
