@@ -54,61 +54,66 @@ def to_json(msg: Message) -> dict:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
 
+# path -> (service, method), as etcd's gateway maps them; the request and response
+# messages come from the method's descriptor
+ROUTES = {
+    "/v3/kv/range": ("KV", "Range"),
+    "/v3/kv/put": ("KV", "Put"),
+    "/v3/kv/deleterange": ("KV", "DeleteRange"),
+    "/v3/kv/txn": ("KV", "Txn"),
+    "/v3/kv/compaction": ("KV", "Compact"),
+    "/v3/lease/grant": ("Lease", "LeaseGrant"),
+    "/v3/lease/revoke": ("Lease", "LeaseRevoke"),
+    "/v3/kv/lease/revoke": ("Lease", "LeaseRevoke"),
+    "/v3/lease/timetolive": ("Lease", "LeaseTimeToLive"),
+    "/v3/kv/lease/timetolive": ("Lease", "LeaseTimeToLive"),
+    "/v3/lease/leases": ("Lease", "LeaseLeases"),
+    "/v3/kv/lease/leases": ("Lease", "LeaseLeases"),
+    "/v3/maintenance/status": ("Maintenance", "Status"),
+    "/v3/maintenance/alarm": ("Maintenance", "Alarm"),
+    "/v3/maintenance/defragment": ("Maintenance", "Defragment"),
+    "/v3/maintenance/hash": ("Maintenance", "HashKV"),
+    "/v3/cluster/member/list": ("Cluster", "MemberList"),
+    "/v3/auth/status": ("Auth", "AuthStatus"),
+    "/v3/auth/enable": ("Auth", "AuthEnable"),
+    "/v3/auth/disable": ("Auth", "AuthDisable"),
+    "/v3/auth/authenticate": ("Auth", "Authenticate"),
+    "/v3/auth/user/add": ("Auth", "UserAdd"),
+    "/v3/auth/user/get": ("Auth", "UserGet"),
+    "/v3/auth/user/list": ("Auth", "UserList"),
+    "/v3/auth/user/delete": ("Auth", "UserDelete"),
+    "/v3/auth/user/changepw": ("Auth", "UserChangePassword"),
+    "/v3/auth/user/grant": ("Auth", "UserGrantRole"),
+    "/v3/auth/user/revoke": ("Auth", "UserRevokeRole"),
+    "/v3/auth/role/add": ("Auth", "RoleAdd"),
+    "/v3/auth/role/get": ("Auth", "RoleGet"),
+    "/v3/auth/role/list": ("Auth", "RoleList"),
+    "/v3/auth/role/delete": ("Auth", "RoleDelete"),
+    "/v3/auth/role/grant": ("Auth", "RoleGrantPermission"),
+    "/v3/auth/role/revoke": ("Auth", "RoleRevokePermission"),
+    "/v3/lock/lock": ("Lock", "Lock"),
+    "/v3/lock/unlock": ("Lock", "Unlock"),
+    "/v3/election/campaign": ("Election", "Campaign"),
+    "/v3/election/proclaim": ("Election", "Proclaim"),
+    "/v3/election/leader": ("Election", "Leader"),
+    "/v3/election/resign": ("Election", "Resign"),
+}
+MODULES = {"Lock": lpb, "Election": epb}  # every other service is declared in rpc.proto
+
+
+def _route(servicer, service: str, method: str):
+    module = MODULES.get(service, pb)
+    desc = module.DESCRIPTOR.services_by_name[service].methods_by_name[method]
+    return getattr(servicer, method), getattr(module, desc.input_type.name), getattr(module, desc.output_type.name)
+
+
 class Gateway:
     def __init__(self, services: dict) -> None:
-        kv, lease, mt, cluster, auth = (services[n] for n in ("KV", "Lease", "Maintenance", "Cluster", "Auth"))
+        """``services``: the servicer of each service by its name in the protos ("KV", ..., "Election")."""
+        self.routes = {path: _route(services[svc], svc, method) for path, (svc, method) in ROUTES.items()}
         self.watch = services["Watch"]
-        self.routes = {
-            "/v3/kv/range": (kv.Range, pb.RangeRequest, pb.RangeResponse),
-            "/v3/kv/put": (kv.Put, pb.PutRequest, pb.PutResponse),
-            "/v3/kv/deleterange": (kv.DeleteRange, pb.DeleteRangeRequest, pb.DeleteRangeResponse),
-            "/v3/kv/txn": (kv.Txn, pb.TxnRequest, pb.TxnResponse),
-            "/v3/kv/compaction": (kv.Compact, pb.CompactionRequest, pb.CompactionResponse),
-            "/v3/lease/grant": (lease.LeaseGrant, pb.LeaseGrantRequest, pb.LeaseGrantResponse),
-            "/v3/lease/revoke": (lease.LeaseRevoke, pb.LeaseRevokeRequest, pb.LeaseRevokeResponse),
-            "/v3/kv/lease/revoke": (lease.LeaseRevoke, pb.LeaseRevokeRequest, pb.LeaseRevokeResponse),
-            "/v3/lease/timetolive": (lease.LeaseTimeToLive, pb.LeaseTimeToLiveRequest, pb.LeaseTimeToLiveResponse),
-            "/v3/kv/lease/timetolive": (lease.LeaseTimeToLive, pb.LeaseTimeToLiveRequest, pb.LeaseTimeToLiveResponse),
-            "/v3/lease/leases": (lease.LeaseLeases, pb.LeaseLeasesRequest, pb.LeaseLeasesResponse),
-            "/v3/kv/lease/leases": (lease.LeaseLeases, pb.LeaseLeasesRequest, pb.LeaseLeasesResponse),
-            "/v3/maintenance/status": (mt.Status, pb.StatusRequest, pb.StatusResponse),
-            "/v3/maintenance/alarm": (mt.Alarm, pb.AlarmRequest, pb.AlarmResponse),
-            "/v3/maintenance/defragment": (mt.Defragment, pb.DefragmentRequest, pb.DefragmentResponse),
-            "/v3/maintenance/hash": (mt.HashKV, pb.HashKVRequest, pb.HashKVResponse),
-            "/v3/cluster/member/list": (cluster.MemberList, pb.MemberListRequest, pb.MemberListResponse),
-            "/v3/auth/status": (auth.AuthStatus, pb.AuthStatusRequest, pb.AuthStatusResponse),
-            "/v3/auth/enable": (auth.AuthEnable, pb.AuthEnableRequest, pb.AuthEnableResponse),
-            "/v3/auth/disable": (auth.AuthDisable, pb.AuthDisableRequest, pb.AuthDisableResponse),
-            "/v3/auth/authenticate": (auth.Authenticate, pb.AuthenticateRequest, pb.AuthenticateResponse),
-            "/v3/auth/user/add": (auth.UserAdd, pb.AuthUserAddRequest, pb.AuthUserAddResponse),
-            "/v3/auth/user/get": (auth.UserGet, pb.AuthUserGetRequest, pb.AuthUserGetResponse),
-            "/v3/auth/user/list": (auth.UserList, pb.AuthUserListRequest, pb.AuthUserListResponse),
-            "/v3/auth/user/delete": (auth.UserDelete, pb.AuthUserDeleteRequest, pb.AuthUserDeleteResponse),
-            "/v3/auth/user/changepw": (auth.UserChangePassword, pb.AuthUserChangePasswordRequest,
-                                       pb.AuthUserChangePasswordResponse),
-            "/v3/auth/user/grant": (auth.UserGrantRole, pb.AuthUserGrantRoleRequest, pb.AuthUserGrantRoleResponse),
-            "/v3/auth/user/revoke": (auth.UserRevokeRole, pb.AuthUserRevokeRoleRequest, pb.AuthUserRevokeRoleResponse),
-            "/v3/auth/role/add": (auth.RoleAdd, pb.AuthRoleAddRequest, pb.AuthRoleAddResponse),
-            "/v3/auth/role/get": (auth.RoleGet, pb.AuthRoleGetRequest, pb.AuthRoleGetResponse),
-            "/v3/auth/role/list": (auth.RoleList, pb.AuthRoleListRequest, pb.AuthRoleListResponse),
-            "/v3/auth/role/delete": (auth.RoleDelete, pb.AuthRoleDeleteRequest, pb.AuthRoleDeleteResponse),
-            "/v3/auth/role/grant": (auth.RoleGrantPermission, pb.AuthRoleGrantPermissionRequest,
-                                    pb.AuthRoleGrantPermissionResponse),
-            "/v3/auth/role/revoke": (auth.RoleRevokePermission, pb.AuthRoleRevokePermissionRequest,
-                                     pb.AuthRoleRevokePermissionResponse),
-        }
-        self.observe = None
-        if "Lock" in services:
-            lock, election = services["Lock"], services["Election"]
-            self.observe = election.Observe
-            self.routes |= {
-                "/v3/lock/lock": (lock.Lock, lpb.LockRequest, lpb.LockResponse),
-                "/v3/lock/unlock": (lock.Unlock, lpb.UnlockRequest, lpb.UnlockResponse),
-                "/v3/election/campaign": (election.Campaign, epb.CampaignRequest, epb.CampaignResponse),
-                "/v3/election/proclaim": (election.Proclaim, epb.ProclaimRequest, epb.ProclaimResponse),
-                "/v3/election/leader": (election.Leader, epb.LeaderRequest, epb.LeaderResponse),
-                "/v3/election/resign": (election.Resign, epb.ResignRequest, epb.ResignResponse),
-            }
+        self.observe = services["Election"].Observe
+        lease = services["Lease"]
         self.renew = lease.store.lease_renew
         self.member = lease.m
 

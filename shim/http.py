@@ -83,7 +83,7 @@ class HttpEndpoint:
         if method == "POST" and path == "/v3/watch" and self.gateway is not None:
             await self._stream(writer, self.gateway.watch_stream(body, headers.get("authorization")))
             return False
-        if method == "POST" and path == "/v3/election/observe" and self.gateway is not None and self.gateway.observe:
+        if method == "POST" and path == "/v3/election/observe" and self.gateway is not None:
             await self._stream(writer, self.gateway.observe_stream(body, headers.get("authorization")))
             return False
         if method == "POST" and path.startswith("/v3/") and self.gateway is not None:
