@@ -13,10 +13,11 @@ signed claims, nothing kept per token; see ``JWTTokens``.
 """
 from __future__ import annotations
 
-import re
 import secrets
 import string
 import time
+
+from .durations import go_duration_s
 
 LETTERS = string.ascii_lowercase + string.ascii_uppercase
 PREFIX_LETTERS = 16
@@ -80,28 +81,10 @@ class SimpleTokens:
 JWT_SIGN_METHODS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
                     "ES256", "ES384", "ES512", "HS256", "HS384", "HS512")
 JWT_DEFAULT_TTL_S = 300.0  # etcd's default ttl option: 5m
-_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
 class TokenOptionsError(ValueError):
     """An --auth-token value etcd would refuse to start with."""
-
-
-def go_duration_s(text: str) -> float:
-    """Seconds in a Go duration string ("5m", "1h30m", "1.5s", "0")."""
-    if text == "0":
-        return 0.0
-    sign, body = (-1.0, text[1:]) if text[:1] == "-" else (1.0, text.lstrip("+"))
-    pos, total = 0, 0.0
-    for m in _GO_DURATION.finditer(body):
-        if m.start() != pos:
-            break
-        total += float(m[1]) * _GO_UNITS[m[2]]
-        pos = m.end()
-    if not body or pos != len(body):
-        raise TokenOptionsError(f"time: invalid duration {text!r}")
-    return sign * total
 
 
 class JWTTokens:
@@ -127,7 +110,10 @@ class JWTTokens:
         method = options.get("sign-method", "")
         if method not in JWT_SIGN_METHODS:
             raise TokenOptionsError(f"jwt: unsupported or missing sign-method {method!r}")
-        ttl = go_duration_s(options["ttl"]) if "ttl" in options else JWT_DEFAULT_TTL_S
+        try:
+            ttl = go_duration_s(options["ttl"]) if "ttl" in options else JWT_DEFAULT_TTL_S
+        except ValueError as exc:
+            raise TokenOptionsError(f"jwt: ttl: {exc}") from None
 
         def read(option: str) -> bytes | None:
             path = options.get(option)

@@ -79,10 +79,9 @@ class Access:
             return self.auth.user_of(token)
         return common_name(context) if self.cert_users else None
 
-    def _check(self, user: str | None, key: bytes, range_end: bytes, write: bool) -> None:
+    def check(self, user: str | None, key: bytes, range_end: bytes, write: bool) -> None:
+        """etcd's isOpPermitted for one key or range (also used by Lock and Election, which make KV requests of their own)."""
         self.auth.state.check(user, key, range_end, write)
-
-    check = _check  # for services built on KV requests of their own (Lock, Election)
 
     def admin(self, context) -> str | None:
         user = self.caller(context)
@@ -92,22 +91,22 @@ class Access:
     # -- KV -------------------------------------------------------------------
 
     def range(self, user: str | None, r: pb.RangeRequest) -> None:
-        self._check(user, r.key, r.range_end, False)
+        self.check(user, r.key, r.range_end, False)
 
     def put(self, user: str | None, r: pb.PutRequest) -> None:
-        self._check(user, r.key, b"", True)
+        self.check(user, r.key, b"", True)
         self.lease_keys(user, r.lease, write=True)
         if r.prev_kv:
-            self._check(user, r.key, b"", False)
+            self.check(user, r.key, b"", False)
 
     def delete(self, user: str | None, r: pb.DeleteRangeRequest) -> None:
-        self._check(user, r.key, r.range_end, True)
+        self.check(user, r.key, r.range_end, True)
         if r.prev_kv:
-            self._check(user, r.key, r.range_end, False)
+            self.check(user, r.key, r.range_end, False)
 
     def txn(self, user: str | None, r: pb.TxnRequest) -> None:
         for c in r.compare:
-            self._check(user, c.key, c.range_end, False)
+            self.check(user, c.key, c.range_end, False)
         for op in (*r.success, *r.failure):
             which = op.WhichOneof("request")
             if which == "request_range":
@@ -126,7 +125,7 @@ class Access:
         lease = self.leases.leases.get(lease_id) if lease_id else None
         if lease is not None:
             for key in sorted(lease.keys):
-                self._check(user, key, b"", write)
+                self.check(user, key, b"", write)
 
     def time_to_live(self, user: str | None, lease_id: int) -> None:
         if user is None:
@@ -136,7 +135,7 @@ class Access:
     def may_watch(self, context, key: bytes, range_end: bytes) -> bool:
         """Whether a watch on [key, range_end) may be created (etcd turns key "" into "\\0")."""
         try:
-            self._check(self.caller(context), key or b"\x00", range_end, False)
+            self.check(self.caller(context), key or b"\x00", range_end, False)
         except AuthError:
             return False
         return True

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from shards.errors import CompactedError
-from shards.tokens import TokenOptionsError, go_duration_s
+from shards.durations import go_duration_s
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class AutoCompaction:
             return cls(mode, number * HOUR_S)
         try:
             seconds = go_duration_s(retention)
-        except TokenOptionsError:
+        except ValueError:
             seconds = -1.0
         if seconds < 0:
             raise ValueError(f"invalid periodic retention {retention!r}: want e.g. 1h, 30m or a number of hours")

@@ -136,10 +136,10 @@ class Recipes:
 
     async def delete_quietly(self, key: bytes, guard_rev: int | None = None) -> None:
         """Clean up after a cancelled wait, as the recipes do (their context is gone, the client's is not)."""
-        req = (DeleteReq(key) if guard_rev is None
-               else TxnReq(compare=(_created_at(key, guard_rev),), success=(DeleteReq(key),)))
+        delete = (self.store.delete_range(DeleteReq(key)) if guard_rev is None else
+                  self.store.txn(TxnReq(compare=(_created_at(key, guard_rev),), success=(DeleteReq(key),))))
         try:
-            await asyncio.shield(self.store.delete_range(req) if guard_rev is None else self.store.txn(req))
+            await asyncio.shield(delete)
         except Exception:  # noqa: BLE001 - best effort; the lease still bounds the key's life
             pass
 

@@ -1,0 +1,23 @@
+"""Go duration strings, as etcd's flags and options take them ("5m", "1h30m", "1.5s", "0")."""
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def go_duration_s(text: str) -> float:
+    """Seconds in a Go duration string; ValueError if Go's time.ParseDuration would refuse it."""
+    if text == "0":
+        return 0.0
+    sign, body = (-1.0, text[1:]) if text[:1] == "-" else (1.0, text.lstrip("+"))
+    pos, total = 0, 0.0
+    for m in _PART.finditer(body):
+        if m.start() != pos:
+            break
+        total += float(m[1]) * _UNITS[m[2]]
+        pos = m.end()
+    if not body or pos != len(body):
+        raise ValueError(f"time: invalid duration {text!r}")
+    return sign * total
