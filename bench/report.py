@@ -117,18 +117,19 @@ def _thr(v):
     return "-" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.1f}")
 
 
+def _points(rows: list[dict]) -> tuple[dict, list[tuple]]:
+    """(row by (scenario, point, op, server), the (scenario, point, op) keys in first-seen order)."""
+    index = {(r["scenario"], r["point"], r.get("op"), r["server"]): r for r in rows}
+    return index, list(dict.fromkeys(k[:3] for k in index))
+
+
 def table(rows: list[dict]) -> str:
     """Markdown table; a shardetcd row carries its ratios to etcd (and to the ceiling)."""
-    index = {(r["scenario"], r["point"], r.get("op"), r["server"]): r for r in rows}
+    index, points = _points(rows)
     head = ["scenario", "clients/conns", "server", "req/s", "p50 ms", "p99 ms", "srv CPU µs/req", "cli CPU µs/req",
             "other CPU %", "shardetcd/etcd req/s", "shardetcd/etcd p99", "shardetcd/ceiling req/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    seen = []
-    for r in rows:
-        k = (r["scenario"], r["point"], r.get("op"))
-        if k not in seen:
-            seen.append(k)
-    for k in seen:
+    for k in points:
         for srv in SERVER_ORDER:
             r = index.get((*k, srv))
             if not r:
@@ -152,16 +153,11 @@ def table(rows: list[dict]) -> str:
 def summary(rows: list[dict]) -> str:
     """One line per scenario point (k8s-mix: its total only): req/s of each server, p99 of
     etcd and shardetcd, and the ratios. The README's Performance table is this table."""
-    index = {(r["scenario"], r["point"], r.get("op"), r["server"]): r for r in rows}
+    index, points = _points(rows)
     head = ["scenario", "clients", "etcd req/s", "shardetcd req/s", "ceiling req/s", "shardetcd/etcd",
             "shardetcd/ceiling", "p99 ms etcd / shardetcd"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    seen = []
-    for r in rows:
-        k = (r["scenario"], r["point"], r.get("op"))
-        if k not in seen and r.get("op") in (None, "all writes+reads"):
-            seen.append(k)
-    for k in seen:
+    for k in (k for k in points if k[2] in (None, "all writes+reads")):
         e, s, c = (index.get((*k, srv)) for srv in SERVER_ORDER)
         ratio = lambda a, b: f"{a['req_s'] / b['req_s']:.2f}×" if a and b and b["req_s"] else ""  # noqa: E731
         p99 = " / ".join(_f(x.get("p99_ms"), "{:.1f}") if x else "-" for x in (e, s))

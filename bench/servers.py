@@ -90,7 +90,6 @@ class _DefaultShardetcd(ShardetcdProcess):
     port (for `etcdctl check datascale`) are given."""
 
     metrics_port = 0
-    extra_args: tuple[str, ...] = ()
 
     def args(self) -> list[str]:
         return [sys.executable, "-m", "shim", "--data-dir", str(self.data_dir),
@@ -107,10 +106,9 @@ def start_shardetcd_default(tmp: Path, extra_args: tuple[str, ...] = (), describ
     base = tmp / "shardetcd"
     last: Exception | None = None
     for _ in range(3):
-        proc = _DefaultShardetcd(data_dir=base / "data", state_dir=base / "unused",
-                                 port=free_port(), log_path=base / "shardetcd.log", timeout=60)
+        proc = _DefaultShardetcd(data_dir=base / "data", state_dir=base / "unused", port=free_port(),
+                                 log_path=base / "shardetcd.log", extra_args=extra_args, timeout=60)
         proc.metrics_port = free_port()
-        proc.extra_args = extra_args
         try:
             proc.start()
             break

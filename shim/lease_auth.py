@@ -25,26 +25,22 @@ class CheckedLeaseService(LeaseService):
         self.auth = member.auth
         self.access = member.access
 
-    async def LeaseGrant(self, request: pb.LeaseGrantRequest, context: grpc.aio.ServicerContext):
+    async def _checked(self, context: grpc.aio.ServicerContext, check=lambda user: None) -> None:
+        """While auth is on: the caller's token must be valid, and ``check(user)`` pass."""
         if self.auth.enabled:
             try:
-                self.access.caller(context)
+                check(self.access.caller(context))
             except Exception as exc:
                 await abort_with(context, exc)
+
+    async def LeaseGrant(self, request: pb.LeaseGrantRequest, context: grpc.aio.ServicerContext):
+        await self._checked(context)
         return await super().LeaseGrant(request, context)
 
     async def LeaseRevoke(self, request: pb.LeaseRevokeRequest, context: grpc.aio.ServicerContext):
-        if self.auth.enabled:
-            try:
-                self.access.lease_keys(self.access.caller(context), request.ID, write=True)
-            except Exception as exc:
-                await abort_with(context, exc)
+        await self._checked(context, lambda user: self.access.lease_keys(user, request.ID, write=True))
         return await super().LeaseRevoke(request, context)
 
     async def LeaseTimeToLive(self, request: pb.LeaseTimeToLiveRequest, context: grpc.aio.ServicerContext):
-        if self.auth.enabled:
-            try:
-                self.access.time_to_live(self.access.caller(context), request.ID)
-            except Exception as exc:
-                await abort_with(context, exc)
+        await self._checked(context, lambda user: self.access.time_to_live(user, request.ID))
         return await super().LeaseTimeToLive(request, context)
