@@ -30,6 +30,7 @@ POINTS = (
     "checkpoint.before_rename",
     "checkpoint.after_rename_before_dirsync",
     "store.between_txn_parts",
+    "state.write",
 )
 
 _armed: dict[str, str] = {}

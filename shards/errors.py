@@ -38,6 +38,10 @@ class StoreFailedError(StoreError):
     """The store stopped acknowledging writes after an I/O failure (fail-stop)."""
 
 
+class StateStoreError(StoreFailedError):
+    """The in-memory state (RocksDB) failed a read or write: fail-stop, nothing more is served."""
+
+
 class LayoutError(ValueError):
     """A shard layout file that does not parse or does not make sense."""
 

@@ -19,6 +19,7 @@ from journal import Journal, JournalConfig
 from journal.checkpoint import load_latest_checkpoint, write_checkpoint
 from proto.kv_pb2 import KeyValue
 
+from .errors import StateStoreError
 from .record import AUTH, COMPACT, DELETE, LEASE, WRITE, Change, decode_compact, decode_write, encode_compact, encode_write
 from .progress import Progress
 from .revision import entry_from_row_key
@@ -156,6 +157,8 @@ class Shard:
             # snapshot (a Compact tags the latest revision), so keep them.
             released = self.journal.release_through(rev - 1)
             logger.info("checkpoint written shard=%s rev=%d path=%s segments_released=%d", self.name, rev, path, released)
+        except StateStoreError as exc:  # reading the rows failed: the state is not to be trusted
+            self.state.on_failure(exc)
         except Exception:
             logger.exception("checkpoint failed shard=%s rev=%d", self.name, rev)
         finally:

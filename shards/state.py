@@ -14,6 +14,14 @@ keeps ``[e(3,0), e(5,0,tomb), e(7,0)]``.
 Writes are applied as soon as they are assigned a revision (pending);
 readers pass the revision they read at and never see rows above it.
 
+Every RocksDB error (a full tmpfs, an I/O or checksum error) is fail-stop,
+like a journal error (DESIGN.md invariant 7): the in-memory index may no
+longer match the rows, so the state reports it once through ``on_failure``
+and raises ``StateStoreError``; the store then stops serving and the process
+exits, and a restart rebuilds the state from checkpoint + journal.  A row is
+written before the index learns of it, so a failed put or delete leaves the
+index as it was.
+
 Counting keys in a range at revision R must not scan the key space: ``live``
 is a sorted list of the keys live at the latest revision, and ``_log_*``
 records which keys changed at which revision, so
@@ -27,12 +35,15 @@ from __future__ import annotations
 import bisect
 import logging
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from sortedcontainers import SortedList
 
+from journal import failpoints
+
+from .errors import StateStoreError
 from .revision import entry, entry_bound, entry_main, row_key
 
 logger = logging.getLogger(__name__)
@@ -53,10 +64,17 @@ def open_rocks(path: Path) -> Rdict:
     return db
 
 
+def _ignore_failure(exc: BaseException) -> None:
+    pass
+
+
 class ShardState:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.db = open_rocks(path)
+        # told once of the first RocksDB error (the store turns it into a fail-stop)
+        self.on_failure: Callable[[BaseException], None] = _ignore_failure
+        self.failure: BaseException | None = None
         self.keys: SortedList = SortedList()  # every key with any entry
         self.live: SortedList = SortedList()  # keys live at the latest revision
         self.index: dict[bytes, list[int]] = {}
@@ -67,8 +85,29 @@ class ShardState:
         self.bytes_high = 0  # high-water mark of bytes_in_use since the last defragment
 
     def close(self) -> None:
-        self.db.close()
+        try:
+            self.db.close()
+        except Exception as exc:  # noqa: BLE001 - the rows are a cache; the directory goes either way
+            logger.warning("state close failed path=%s error=%r", self.path, exc)
         shutil.rmtree(self.path, ignore_errors=True)
+
+    def _failed(self, exc: BaseException) -> StateStoreError:
+        """Record the first state-store error, tell the store, and return the error to raise."""
+        if self.failure is None:
+            self.failure = exc
+            self.on_failure(StateStoreError(f"state store {self.path}: {exc}"))
+        error = StateStoreError(f"state store {self.path}: {exc}")
+        error.__cause__ = exc
+        return error
+
+    def _write_row(self, rk: bytes, value: bytes) -> None:
+        if self.failure is not None:
+            raise self._failed(self.failure)
+        try:
+            failpoints.hit("state.write")
+            self.db[rk] = value
+        except Exception as exc:
+            raise self._failed(exc) from exc
 
     def _grow(self, nbytes: int) -> None:
         self.bytes_in_use += nbytes
@@ -76,15 +115,20 @@ class ShardState:
             self.bytes_high = self.bytes_in_use
 
     def defragment(self) -> None:
-        """Flush memtables and compact every file (callable from a thread)."""
-        self.db.flush(True)
-        self.db.compact_range(None, None)
+        """Flush memtables and compact every file (callable from a thread; an
+        error is raised as StateStoreError, for the caller to report on the loop)."""
+        try:
+            self.db.flush(True)
+            self.db.compact_range(None, None)
+        except Exception as exc:
+            raise StateStoreError(f"state store {self.path}: {exc}") from exc
         self.bytes_high = self.bytes_in_use
 
     # -- writes ---------------------------------------------------------
 
     def put(self, key: bytes, main: int, sub: int, kv: bytes) -> None:
         e = entry(main, sub, False)
+        self._write_row(row_key(e), kv)
         revs = self.index.get(key)
         if revs is None:
             self.index[key] = [e]
@@ -94,7 +138,6 @@ class ShardState:
             if not revs or revs[-1] & 1:
                 self.live.add(key)
             revs.append(e)
-        self.db[row_key(e)] = kv
         self._grow(16 + len(kv))
         self._log_revs.append(main)
         self._log_keys.append(key)
@@ -103,9 +146,9 @@ class ShardState:
     def delete(self, key: bytes, main: int, sub: int, tombstone_kv: bytes) -> None:
         """Tombstone a key that is live at the latest revision."""
         e = entry(main, sub, True)
+        self._write_row(row_key(e), tombstone_kv)
         self.index[key].append(e)
         self.live.remove(key)
-        self.db[row_key(e)] = tombstone_kv
         self._grow(17 + len(tombstone_kv))
         self._log_revs.append(main)
         self._log_keys.append(key)
@@ -145,14 +188,23 @@ class ShardState:
         return revs[i - 1]
 
     def get_row(self, e: int) -> bytes:
-        return self.db[row_key(e)]
+        try:
+            return self.db[row_key(e)]
+        except Exception as exc:  # a missing row (KeyError) means the index and rows disagree
+            raise self._failed(exc) from exc
 
     def get_rows(self, entries: list[int]) -> list[bytes]:
         if not entries:
             return []
         if len(entries) == 1:
-            return [self.db[row_key(entries[0])]]
-        return self.db.get([row_key(e) for e in entries])
+            return [self.get_row(entries[0])]
+        try:
+            rows = self.db.get([row_key(e) for e in entries])
+        except Exception as exc:
+            raise self._failed(exc) from exc
+        if None in rows:
+            raise self._failed(KeyError(f"{rows.count(None)} indexed rows missing"))
+        return rows
 
     def scan(self, key: bytes, end: bytes | None, rev: int) -> Iterator[tuple[bytes, int]]:
         """(key, entry) for keys live at ``rev`` in [key, end), in key order.
@@ -226,7 +278,10 @@ class ShardState:
         drop = i + 1 if revs[i] & 1 else i
         for e in revs[:drop]:
             rk = row_key(e)
-            value = self.db.get(rk)
+            try:
+                value = self.db.get(rk)
+            except Exception as exc:
+                raise self._failed(exc) from exc
             if value is not None:
                 self.bytes_in_use -= len(rk) + len(value)
             batch.delete(rk)
@@ -240,15 +295,23 @@ class ShardState:
         return WriteBatch(raw_mode=True)
 
     def write_batch(self, batch: WriteBatch) -> None:
-        self.db.write(batch)
+        if self.failure is not None:
+            raise self._failed(self.failure)
+        try:
+            failpoints.hit("state.write")
+            self.db.write(batch)
+        except Exception as exc:
+            raise self._failed(exc) from exc
 
     # -- checkpoint support --------------------------------------------
 
     def snapshot_rows(self, upto: int) -> Iterator[bytes]:
         """Rows (row key + value, length-prefixed) with main <= upto, from a
-        RocksDB snapshot taken now.  Safe to consume in another thread."""
+        RocksDB snapshot taken now.  Safe to consume in another thread; a
+        RocksDB error is raised as StateStoreError (the consumer reports it)."""
         snap = self.db.snapshot()
         limit = row_key(entry(upto + 1, 0, False))
+        path = self.path
 
         def rows() -> Iterator[bytes]:
             it = snap.iter()
@@ -260,6 +323,10 @@ class ShardState:
                 v = it.value()
                 yield len(k).to_bytes(1, "big") + k + v
                 it.next()
+            try:
+                it.status()
+            except Exception as exc:
+                raise StateStoreError(f"state store {path}: {exc}") from exc
             del it
 
         return rows()

@@ -29,6 +29,7 @@ from .errors import (
     LeaseExistsError,
     LeaseNotFoundError,
     LeaseTTLTooLargeError,
+    StateStoreError,
     StoreFailedError,
 )
 from .lease import GRANT, MAX_TTL_S, REVOKE, LeaseTable, encode_lease_record
@@ -81,6 +82,8 @@ class Store:
         self.auth = AuthStore(self._journal_auth, config.bcrypt_cost, config.auth_token_ttl_s,
                               parse_auth_token(config.auth_token, config.auth_token_ttl_s))
         self._expiry_task: asyncio.Task | None = None
+        for state in self.states:
+            state.on_failure = self._fail
 
     # -- lifecycle ------------------------------------------------------
 
@@ -142,6 +145,8 @@ class Store:
     # -- reads ----------------------------------------------------------
 
     def range(self, req: RangeReq) -> RangeResult:
+        if self.failure is not None and isinstance(self.failure, StateStoreError):
+            raise StoreFailedError(str(self.failure))  # the index may no longer match the rows
         return range_at(self, req, self.committed)
 
     # -- writes ---------------------------------------------------------
@@ -268,16 +273,29 @@ class Store:
         return out
 
     def _fail(self, exc: BaseException) -> None:
+        """Fail-stop (DESIGN.md invariant 7): a journal or state-store error
+        ends acknowledgements; a state-store error also ends reads and watches,
+        since the in-memory index may no longer match the rows."""
         if self.failure is not None:
             return
-        logger.critical("journal failure, no longer acknowledging writes error=%r", exc)
+        source = "state" if isinstance(exc, StateStoreError) else "journal"
+        logger.critical("%s failure, no longer acknowledging writes error=%s", source, exc)
         self.failure = exc
         for _, _, fut in self._waiters:
             if not fut.done():
                 fut.set_exception(StoreFailedError(str(exc)))
         self._waiters.clear()
+        if source == "state":
+            self.hub.close()
         if self.on_failure is not None:
             self.on_failure(exc)
+
+    @property
+    def failure_source(self) -> str | None:
+        """What stopped the store: "state", "journal", or None while healthy."""
+        if self.failure is None:
+            return None
+        return "state" if isinstance(self.failure, StateStoreError) else "journal"
 
     # -- maintenance ----------------------------------------------------
 
@@ -288,8 +306,13 @@ class Store:
 
     async def defragment(self) -> None:
         """Give back the space of deleted and compacted rows (RocksDB flush + full compaction)."""
+        self._check_alive()
         for state in self.states:
-            await asyncio.to_thread(state.defragment)
+            try:
+                await asyncio.to_thread(state.defragment)
+            except StateStoreError as exc:
+                self._fail(exc)
+                raise StoreFailedError(str(exc)) from exc
 
     # -- leases ---------------------------------------------------------
 

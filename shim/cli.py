@@ -16,7 +16,7 @@ from shards.tokens import TokenOptionsError, parse_auth_token
 
 from .autocompact import AutoCompaction
 from .config import ServerConfig
-from .server import StartupError, serve
+from .server import StartupError, StoreStopped, serve
 
 DESCRIPTION = """\
 Serve the etcd v3 gRPC API from journaled, resource-sharded MVCC state.
@@ -237,5 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     except JournalCorrupt as exc:
         print(f"shardetcd: journal corrupt, refusing to start: {exc} (see `shardetcd journal verify`)", file=sys.stderr)
         return 2
+    except StoreStopped as exc:
+        print(f"shardetcd: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 0

@@ -81,6 +81,7 @@ _STORE_ERRORS: dict[type, tuple[grpc.StatusCode, str]] = {
     se.LeaseExistsError: LEASE_EXISTS,
     se.LeaseTTLTooLargeError: LEASE_TTL_TOO_LARGE,
     se.StoreFailedError: STOPPED,
+    se.StateStoreError: STOPPED,
     se.RootUserNotExistError: ROOT_USER_NOT_EXIST,
     se.RootRoleNotExistError: ROOT_ROLE_NOT_EXIST,
     se.UserExistsError: USER_EXISTS,

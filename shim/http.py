@@ -33,8 +33,8 @@ class HttpEndpoint:
         self.body_bytes_max = 2 * member.config.max_request_bytes + 4096
 
     def health(self) -> tuple[bool, str]:
-        if self.m.store.failure is not None:
-            return False, "journal failure"
+        if (source := self.m.store.failure_source) is not None:
+            return False, f"{source} failure"
         alarms = self.m.alarms.get()
         if alarms:
             return False, "ALARM " + ",".join(NAMES[a] for _, a in alarms)

@@ -39,6 +39,10 @@ class StartupError(RuntimeError):
     """A reason the server cannot start, said in one line."""
 
 
+class StoreStopped(RuntimeError):
+    """The server stopped itself after a journal or state-store failure (fail-stop)."""
+
+
 @dataclass
 class Running:
     server: grpc.aio.Server
@@ -198,6 +202,9 @@ async def serve(config: ServerConfig, ready=None) -> int:
     for w in waiters:
         w.cancel()
     code = 1 if running.failed.is_set() else 0
-    logger.info("stopping reason=%s", "journal-failure" if code else "signal")
+    source = running.store.failure_source
+    logger.info("stopping reason=%s", f"{source}-failure" if code else "signal")
     await stop(running)
+    if code:
+        raise StoreStopped(f"stopped after a {source} failure: {running.store.failure}")
     return code
