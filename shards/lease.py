@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import struct
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 MIN_TTL_S = 2  # etcd: ceil(1.5 election timeouts) with default 100 ms ticks, 10 election ticks
@@ -55,6 +56,10 @@ class LeaseTable:
         self.leases: dict[int, Lease] = {}
         self.key_lease: dict[bytes, int] = {}  # key -> lease id, for keys put with a lease
         self._expiry_heap: list[tuple[float, int]] = []
+        # (tag rev, op, lease id, TTL) of grants and revokes not yet known
+        # committed, oldest first: a checkpoint at revision R must hold the
+        # table as of R, not the table of now (see ``encode_table``)
+        self._recent: deque[tuple[int, int, int, int]] = deque()
         # etcd's id generator: member id (16 bits) | unix ms (40 bits) | counter (8 bits)
         ms = int(time.time() * 1000) & ((1 << 40) - 1)
         self._next = ((member_id & 0xFFFF) << 48) | (ms << 8)
@@ -71,11 +76,15 @@ class LeaseTable:
 
     # -- grant / renew / revoke ------------------------------------------
 
-    def grant(self, lease_id: int, ttl: int) -> Lease:
+    def grant(self, lease_id: int, ttl: int, tag: int | None = None) -> Lease:
+        """Add a lease; ``tag`` is the revision its GRANT record is tagged with
+        (None while replaying what is already durable)."""
         ttl = max(ttl, MIN_TTL_S)
         lease = Lease(lease_id, ttl, self.clock() + ttl)
         self.leases[lease_id] = lease
         self._queue(lease)
+        if tag is not None:
+            self._recent.append((tag, GRANT, lease_id, ttl))
         return lease
 
     def _queue(self, lease: Lease) -> None:
@@ -90,8 +99,18 @@ class LeaseTable:
         lease.expiry = self.clock() + lease.ttl  # its heap entry moves when it comes due
         return lease.ttl
 
-    def remove(self, lease_id: int) -> Lease | None:
-        return self.leases.pop(lease_id, None)
+    def remove(self, lease_id: int, tag: int | None = None) -> Lease | None:
+        """Forget a lease; ``tag`` is the revision its REVOKE record is tagged with."""
+        lease = self.leases.pop(lease_id, None)
+        if lease is not None and tag is not None:
+            self._recent.append((tag, REVOKE, lease_id, lease.ttl))
+        return lease
+
+    def settle(self, committed: int) -> None:
+        """Grants and revokes tagged at or below ``committed`` are in every later checkpoint's table."""
+        recent = self._recent
+        while recent and recent[0][0] <= committed:
+            recent.popleft()
 
     def expired(self, limit: int) -> list[int]:
         """Up to ``limit`` leases past their deadline, earliest first.
@@ -164,8 +183,20 @@ class LeaseTable:
 
     # -- checkpoints ------------------------------------------------------
 
-    def encode_table(self) -> bytes:
-        return b"".join(_ENTRY.pack(l.id, l.ttl) for l in self.leases.values())
+    def encode_table(self, at_rev: int) -> bytes:
+        """The table as of revision ``at_rev``: grants and revokes tagged above
+        it are undone, newest first.  A checkpoint at R written while a revoke
+        tagged R+1 is still on its way must keep the lease: if a crash cuts
+        R+1, the keys it deleted come back, and so must their lease."""
+        table = {l.id: l.ttl for l in self.leases.values()}
+        for tag, op, lease_id, ttl in reversed(self._recent):
+            if tag <= at_rev:
+                break
+            if op == GRANT:
+                table.pop(lease_id, None)
+            else:
+                table[lease_id] = ttl
+        return b"".join(_ENTRY.pack(lease_id, ttl) for lease_id, ttl in table.items())
 
     def load_table(self, blob: bytes) -> None:
         for lease_id, ttl in _ENTRY.iter_unpack(blob):

@@ -42,7 +42,7 @@ def freeze(store: Store):
     rev, compact = store.committed, store.compact_rev
     sources = []
     for shard in store.shards:
-        sources.append((shard.name, *shard.checkpoint_source(rev, compact, store.checkpoint_extra(shard))))
+        sources.append((shard.name, *shard.checkpoint_source(rev, compact, store.checkpoint_extra(shard, rev))))
     meta = {"format": SNAPSHOT_FORMAT, "revision": rev, "compact_revision": compact,
             "layout": store.config.layout.fingerprint(), "shards": store.config.layout.names}
     return meta, sources

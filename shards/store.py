@@ -133,11 +133,12 @@ class Store:
         """Row bytes held now, history included."""
         return sum(s.bytes_in_use for s in self.states)
 
-    def checkpoint_extra(self, shard: Shard) -> bytes:
-        """What ``shard``'s checkpoint keeps beside its rows: the lease and auth tables, on the default shard."""
+    def checkpoint_extra(self, shard: Shard, rev: int) -> bytes:
+        """What ``shard``'s checkpoint at ``rev`` keeps beside its rows: the
+        lease and auth tables, on the default shard."""
         if shard is not self.lease_shard:
             return b""
-        return encode_extra_meta(self.leases.encode_table(), self.auth.encode_table())
+        return encode_extra_meta(self.leases.encode_table(rev), self.auth.encode_table())
 
     def lease_exists(self, lease_id: int) -> bool:
         return lease_id in self.leases
@@ -245,6 +246,7 @@ class Store:
             return
         first = self.committed + 1
         self.committed = c
+        self.leases.settle(c)
         if self.hub.active:
             self.hub.notify(self._committed_changes(first, c), c)
         else:
@@ -256,7 +258,7 @@ class Store:
             if not fut.done():
                 fut.set_result(None)
         if shard.wants_checkpoint(self.config.checkpoint_journal_bytes):
-            shard.start_checkpoint(c, self.compact_rev, self.checkpoint_extra(shard))
+            shard.start_checkpoint(c, self.compact_rev, self.checkpoint_extra(shard, c))
 
     def _committed_changes(self, first: int, last: int) -> list[tuple[int, int, Change]]:
         """(rev, shard id, change) of revisions first..last in (rev, sub) order; forgets them."""
@@ -325,7 +327,7 @@ class Store:
             lease_id = self.leases.new_id()
         elif lease_id in self.leases:
             raise LeaseExistsError
-        lease = self.leases.grant(lease_id, ttl)
+        lease = self.leases.grant(lease_id, ttl, tag=self.rev)
         durable = self._grants_in_flight[lease_id] = asyncio.get_running_loop().create_future()
         try:
             await self._journal_lease(encode_lease_record(GRANT, lease_id, lease.ttl))
@@ -350,18 +352,29 @@ class Store:
 
     async def lease_revoke(self, lease_id: int) -> int:
         """Delete every key the lease holds, in one revision, then forget the
-        lease; returns the header revision."""
+        lease; returns the header revision.
+
+        The revocation and its deletions are one unit: the REVOKE record is
+        tagged with the deletions' revision R and written to the lease shard's
+        journal just before that shard's part of R (empty if it holds none of
+        the keys), so R is recovered only with the record, and the record is
+        replayed only with R.  A lease without keys makes no revision."""
         self._check_alive()
-        lease = self.leases.remove(lease_id)
+        lease = self.leases.leases.get(lease_id)
         if lease is None:
             raise LeaseNotFoundError
         w = WriteTxn(self)
         for key in sorted(lease.keys):
             w.delete(DeleteReq(key))
-        wait_rev = self._append(w)
-        # Tagged at or above the deletion's revision: if a crash loses that
-        # revision, recovery cuts this record too, and the keys keep their lease.
-        await asyncio.gather(self._journal_lease(encode_lease_record(REVOKE, lease_id)), self.wait_committed(wait_rev))
+        record = encode_lease_record(REVOKE, lease_id)
+        if not w.sub:
+            self.leases.remove(lease_id, tag=self.rev)
+            await self._journal_lease(record)
+            return self.committed
+        self.leases.remove(lease_id, tag=w.rev)
+        w.parts.setdefault(self.lease_shard.sid, [])
+        self.lease_shard.append_lease(w.rev, record)
+        await self.wait_committed(self._append(w))
         return self.committed
 
     async def _journal_lease(self, payload: bytes) -> None:
