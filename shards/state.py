@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import logging
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -259,13 +260,31 @@ class ShardState:
 
     # -- compaction -----------------------------------------------------
 
-    def compact_keys(self, upto: int) -> list[bytes]:
-        """Keys that may hold history at or below ``upto`` to drop; trims the log."""
-        cut = bisect.bisect_right(self._log_revs, upto)
-        keys = list(dict.fromkeys(self._log_keys[:cut]))
-        del self._log_revs[:cut]
-        del self._log_keys[:cut]
-        return keys
+    def compact_slice(self, upto: int, deadline: float) -> bool:
+        """Drop history at or below ``upto`` of the keys changed earliest,
+        until ``deadline`` (``time.perf_counter``) has passed; trims the change
+        log as it goes.  True when nothing at or below ``upto`` is left.
+
+        Each call writes one RocksDB batch, so a caller on the event loop can
+        yield between slices: a large compaction never holds the loop for
+        longer than a slice (etcd also compacts in batches, pausing between).
+        """
+        revs, keys = self._log_revs, self._log_keys
+        batch = self.new_batch()
+        seen: set[bytes] = set()
+        n, total = 0, len(revs)
+        while n < total and revs[n] <= upto:
+            key = keys[n]
+            n += 1
+            if key not in seen:
+                seen.add(key)
+                self.compact_key(key, upto, batch)
+            if not n & 63 and time.perf_counter() >= deadline:
+                break
+        del revs[:n]
+        del keys[:n]
+        self.write_batch(batch)
+        return not revs or revs[0] > upto
 
     def compact_key(self, key: bytes, upto: int, batch: WriteBatch) -> None:
         """Drop the history of ``key`` that no read at ``upto`` or later can see."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,7 @@ class StoreConfig:
     state_dir: Path | None = None  # default: under /dev/shm when present
     journal: JournalConfig = field(default_factory=JournalConfig)
     checkpoint_journal_bytes: int = 256 * 1024 * 1024
-    compaction_batch_keys: int = 10_000
+    compaction_slice_ms: float = 5.0  # longest a compaction holds the event loop before yielding
     bcrypt_cost: int = 10  # etcd's --bcrypt-cost
     auth_token_ttl_s: float = 300.0  # etcd's --auth-token-ttl
     auth_token: str = "simple"  # etcd's --auth-token: "simple" or "jwt,sign-method=...,priv-key=...,..."
@@ -415,17 +416,15 @@ class Store:
         return self._compaction
 
     async def _compact_loop(self) -> None:
-        """Drop history up to compact_rev, shard by shard, in bounded batches."""
+        """Drop history up to compact_rev, shard by shard, in slices of about
+        ``compaction_slice_ms`` that yield to the event loop between them."""
+        slice_s = self.config.compaction_slice_ms / 1000
         while self._compacted_through < self.compact_rev:
             target = self.compact_rev
             for state in self.states:
-                keys = state.compact_keys(target)
-                for i in range(0, len(keys), self.config.compaction_batch_keys):
-                    batch = state.new_batch()
-                    for key in keys[i : i + self.config.compaction_batch_keys]:
-                        state.compact_key(key, target, batch)
-                    state.write_batch(batch)
+                while not state.compact_slice(target, time.perf_counter() + slice_s):
                     await asyncio.sleep(0)
+                await asyncio.sleep(0)
             self._compacted_through = target
             logger.info("compaction finished rev=%d", target)
 

@@ -27,16 +27,10 @@ def test_worked_example(state):
     assert state.get_row(state.entry_at(b"a", 4)) == b"v3"
     assert state.entry_at(b"a", 5) is None and state.entry_at(b"a", 6) is None
     assert state.get_row(state.latest_entry(b"a")) == b"v7"
-    batch = state.new_batch()
-    for k in state.compact_keys(4):
-        state.compact_key(k, 4, batch)
-    state.write_batch(batch)
+    assert state.compact_slice(4, float("inf"))
     assert len(state.index[b"a"]) == 3
     assert state.get_row(state.entry_at(b"a", 4)) == b"v3"
-    batch = state.new_batch()
-    for k in state.compact_keys(5):
-        state.compact_key(k, 5, batch)
-    state.write_batch(batch)
+    assert state.compact_slice(5, float("inf"))
     assert len(state.index[b"a"]) == 1
 
 
@@ -61,10 +55,7 @@ def test_count_matches_scan_at_every_revision(state):
 def test_compaction_removes_fully_deleted_keys(state):
     state.put(b"k", 2, 0, b"v")
     state.delete(b"k", 3, 0, b"t")
-    batch = state.new_batch()
-    for k in state.compact_keys(3):
-        state.compact_key(k, 3, batch)
-    state.write_batch(batch)
+    assert state.compact_slice(3, float("inf"))
     assert b"k" not in state.index and b"k" not in state.keys
     assert list(state.db.keys()) == []
 

@@ -305,3 +305,30 @@ def test_default_state_dir_is_removed_on_close(tmp_path, run):
         assert not base.exists()
 
     run(go())
+
+
+def test_a_large_compaction_yields_to_other_requests_throughout(tmp_path, run):
+    """Compaction runs in short slices (issue 18.6): reads keep being served
+    all along instead of waiting behind a batch of thousands of keys."""
+
+    async def go():
+        store = await open_store(tmp_path)
+        keys = [b"/registry/pods/ns/p%06d" % i for i in range(60_000)]
+        for _ in range(3):  # 180,000 rows, 120,000 of them history
+            for i in range(0, len(keys), 1000):
+                await store.txn(TxnReq(success=tuple(PutReq(k, b"v" * 40) for k in keys[i : i + 1000])))
+        pods = store.states[store.router.shard_for_key(keys[0])]
+        left = [len(pods._log_revs)]  # history entries still to compact, seen between reads
+        compaction = asyncio.ensure_future(store.compact(store.rev, physical=True))
+        while not compaction.done():
+            assert kvs(store.range(RangeReq(keys[-1])))[0].version == 3
+            left.append(len(pods._log_revs))
+            await asyncio.sleep(0)
+        await compaction
+        step = max(a - b for a, b in zip(left, left[1:]))
+        assert step <= 20_000, f"{step} of {left[0]} history entries were compacted without serving a read"
+        assert all(len(pods.index[k]) == 1 for k in keys) and not pods._log_revs
+        assert sum(1 for _ in pods.db.keys()) == len(keys)
+        await store.close()
+
+    run(go())
