@@ -143,6 +143,12 @@ class LeaseTable:
         self._expiry_heap = [(lease.expiry, lease.id) for lease in self.leases.values()]
         heapq.heapify(self._expiry_heap)
 
+    def extend_all(self, seconds: float) -> None:
+        """Move every deadline ``seconds`` later (time the server could not
+        process keep-alives does not count against a lease)."""
+        for lease in self.leases.values():
+            lease.expiry += seconds
+
     # -- attachments ------------------------------------------------------
 
     def attach(self, key: bytes, lease_id: int) -> None:

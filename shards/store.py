@@ -397,9 +397,21 @@ class Store:
 
     async def _expire_leases(self, interval_s: float = 0.5, per_tick: int = 500) -> None:
         """Revoke expired leases; at most ``per_tick`` per tick, so a mass expiry
-        is spread out instead of stalling the server (etcd: 1,000/s)."""
+        is spread out instead of stalling the server (etcd: 1,000/s).
+
+        A tick that comes late by more than a tick means the event loop was
+        held (a long request, a pause of the process): keep-alives could not be
+        processed meanwhile, so that time is given back to every lease before
+        anything is expired, as etcd extends leases after a leader change."""
+        loop = asyncio.get_running_loop()
         while True:
+            due = loop.time() + interval_s
             await asyncio.sleep(interval_s)
+            late = loop.time() - due
+            if late > interval_s:
+                self.leases.extend_all(late)
+                logger.warning("event loop was held, lease deadlines extended seconds=%.3f", late)
+                continue
             expired = self.leases.expired(per_tick)
             if not expired or self.failure is not None:
                 continue

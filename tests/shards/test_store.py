@@ -332,3 +332,28 @@ def test_a_large_compaction_yields_to_other_requests_throughout(tmp_path, run):
         await store.close()
 
     run(go())
+
+
+def test_a_held_event_loop_does_not_expire_leases_kept_alive(tmp_path, run):
+    """The loop is held for 2.5 s (a long request) right after a keep-alive of a
+    2 s lease: that time does not count against the lease (issue 18.3), but a
+    lease nobody renews still expires afterwards."""
+    import time
+
+    async def go():
+        store = await open_store(tmp_path)
+        kept, _, _ = await store.lease_grant(0, 2)
+        dropped, _, _ = await store.lease_grant(0, 2)
+        await store.put(PutReq(POD, b"kept", lease=kept))
+        await store.put(PutReq(OTHER, b"dropped", lease=dropped))
+        for i in range(12):
+            assert store.lease_renew(kept) == 2
+            if i == 2:
+                time.sleep(2.5)  # holds the loop; the expiry tick comes due meanwhile
+            await asyncio.sleep(0.3)
+            assert kept in store.leases, f"a lease renewed every 0.3 s was expired after the stall (step {i})"
+        assert [kv.key for kv in kvs(store.range(RangeReq(b"\x00", b"\x00")))] == [POD]
+        assert dropped not in store.leases
+        await store.close()
+
+    run(go())
