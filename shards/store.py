@@ -40,7 +40,7 @@ from .record import Change, encode_extra_meta
 from .shard import Shard
 from .types import DeleteReq, DeleteResult, PutReq, PutResult, RangeReq, RangeResult, TxnReq, TxnResult
 from .watch import WatchHub
-from .write import WriteTxn
+from .write import STEP_KEYS, Steps, T, WriteTxn
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class StoreConfig:
     state_dir: Path | None = None  # default: under /dev/shm when present
     journal: JournalConfig = field(default_factory=JournalConfig)
     checkpoint_journal_bytes: int = 256 * 1024 * 1024
-    compaction_slice_ms: float = 5.0  # longest a compaction holds the event loop before yielding
+    slice_ms: float = 5.0  # longest a compaction or one large request holds the event loop before yielding
     bcrypt_cost: int = 10  # etcd's --bcrypt-cost
     auth_token_ttl_s: float = 300.0  # etcd's --auth-token-ttl
     auth_token: str = "simple"  # etcd's --auth-token: "simple" or "jwt,sign-method=...,priv-key=...,..."
@@ -75,6 +75,7 @@ class Store:
         self._waiters: list[tuple[int, int, asyncio.Future]] = []
         self._waiter_seq = 0
         self._compaction: asyncio.Task | None = None
+        self._gate: asyncio.Future | None = None  # set while a sliced write holds other writes back
         self._compacted_through = -1  # history up to here is physically gone
         self._changes: dict[int, dict[int, list[Change]]] = {}  # pending revision -> shard parts
         self.hub = WatchHub(self)
@@ -157,6 +158,7 @@ class Store:
         self._check_alive()
         if req.lease and self._grants_in_flight:
             await self._grants_durable((req.lease,))
+        await self._gate_open()
         w = WriteTxn(self)
         w.check_put(req)
         result = w.put(req)
@@ -165,18 +167,63 @@ class Store:
 
     async def delete_range(self, req: DeleteReq) -> DeleteResult:
         self._check_alive()
+        await self._gate_open()
         w = WriteTxn(self)
-        result = w.delete(req)
-        await self._finish(w)
-        return result
+        return await self._run(w, w.delete_steps(req))
 
     async def txn(self, req: TxnReq) -> TxnResult:
         self._check_alive()
         if self._grants_in_flight:
             await self._grants_durable(_txn_leases(req))
+        await self._gate_open()
         w = WriteTxn(self)
-        result = w.txn(req)
-        await self._finish(w)
+        return await self._run(w, w.txn_steps(req))
+
+    async def _gate_open(self) -> None:
+        """Wait while a sliced write holds every other write back."""
+        while self._gate is not None:
+            await asyncio.shield(self._gate)
+
+    async def _run(self, w: WriteTxn, steps: Steps[T]) -> T:
+        """Run a write's steps, journal it and wait for its commit.
+
+        A write that takes longer than a slice (a compare or a delete over a
+        large range) closes the write gate, so no other write or compaction
+        step changes the state it is reading, and yields to the event loop
+        between slices: reads, keep-alives and watches keep flowing, as the
+        loop never waits longer than a slice for it.  The gate opens once the
+        write is journaled (its revision taken)."""
+        slice_s = self.config.slice_ms / 1000
+        deadline = time.perf_counter() + slice_s
+        gate = None
+        cancelled = False
+        try:
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as stop:
+                    result = stop.value
+                    break
+                if time.perf_counter() >= deadline:
+                    if gate is None:
+                        gate = self._gate = asyncio.get_running_loop().create_future()
+                    try:
+                        await asyncio.sleep(0)
+                    except asyncio.CancelledError:
+                        # the caller went away, but changes are in the state
+                        # already: finish and journal them, or the revision
+                        # would be handed out twice
+                        cancelled = True
+                    self._check_alive()
+                    deadline = time.perf_counter() + slice_s
+            rev = self._append(w)
+        finally:
+            if gate is not None:
+                self._gate = None
+                gate.set_result(None)
+        if cancelled:
+            raise asyncio.CancelledError
+        await self.wait_committed(rev)
         return result
 
     async def compact(self, rev: int, physical: bool = False) -> int:
@@ -361,21 +408,27 @@ class Store:
         the keys), so R is recovered only with the record, and the record is
         replayed only with R.  A lease without keys makes no revision."""
         self._check_alive()
+        await self._gate_open()
         lease = self.leases.leases.get(lease_id)
         if lease is None:
             raise LeaseNotFoundError
-        w = WriteTxn(self)
-        for key in sorted(lease.keys):
-            w.delete(DeleteReq(key))
         record = encode_lease_record(REVOKE, lease_id)
-        if not w.sub:
+        if not lease.keys:
             self.leases.remove(lease_id, tag=self.rev)
             await self._journal_lease(record)
             return self.committed
-        self.leases.remove(lease_id, tag=w.rev)
-        w.parts.setdefault(self.lease_shard.sid, [])
-        self.lease_shard.append_lease(w.rev, record)
-        await self.wait_committed(self._append(w))
+        w = WriteTxn(self)
+
+        def steps() -> Steps[None]:
+            for i, key in enumerate(sorted(lease.keys), 1):
+                w.delete(DeleteReq(key))
+                if not i % STEP_KEYS:
+                    yield
+            self.leases.remove(lease_id, tag=w.rev)
+            w.parts.setdefault(self.lease_shard.sid, [])
+            self.lease_shard.append_lease(w.rev, record)  # just before the parts of w.rev
+
+        await self._run(w, steps())
         return self.committed
 
     async def _journal_lease(self, payload: bytes) -> None:
@@ -429,14 +482,16 @@ class Store:
 
     async def _compact_loop(self) -> None:
         """Drop history up to compact_rev, shard by shard, in slices of about
-        ``compaction_slice_ms`` that yield to the event loop between them."""
-        slice_s = self.config.compaction_slice_ms / 1000
+        ``slice_ms`` that yield to the event loop between them."""
+        slice_s = self.config.slice_ms / 1000
         while self._compacted_through < self.compact_rev:
             target = self.compact_rev
             for state in self.states:
-                while not state.compact_slice(target, time.perf_counter() + slice_s):
+                while True:
+                    await self._gate_open()  # a sliced write may be walking the keys
+                    if state.compact_slice(target, time.perf_counter() + slice_s):
+                        break
                     await asyncio.sleep(0)
-                await asyncio.sleep(0)
             self._compacted_through = target
             logger.info("compaction finished rev=%d", target)
 

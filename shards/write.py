@@ -5,15 +5,23 @@ pending rows, invisible to reads at the committed revision), numbering them
 with sub revisions, and collects each shard's part for the journal.  All
 checks that can fail run before the first change, so a txn never stops half
 applied.  Nothing here awaits: the event loop is the serializer.
+
+Work that grows with the data (a compare or a delete over a range) is
+written as generators that yield every ``STEP_KEYS`` keys: the store drives
+them and, once a request has held the loop for a slice of time, holds every
+other write back and lets the loop serve reads, keep-alives and watches
+before going on (``Store._run``).  ``drain`` runs such a generator at once.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Generator
+from typing import TYPE_CHECKING, TypeVar
 
 from proto.kv_pb2 import KeyValue
 
 from .errors import CompactedError, FutureRevisionError, KeyNotFoundError, LeaseNotFoundError
 from .read import normalize_end, range_at, scan_shards
+from .revision import entry_main
 from .record import DELETE, PUT, Change
 from .types import (
     CMP_CREATE,
@@ -39,6 +47,19 @@ if TYPE_CHECKING:
     from .store import Store
 
 _EMPTY_KV = KeyValue()
+STEP_KEYS = 256  # keys a compare or delete handles between two yields
+
+T = TypeVar("T")
+Steps = Generator[None, None, T]
+
+
+def drain(steps: Steps[T]) -> T:
+    """Run a generator of steps to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
 
 
 class WriteTxn:
@@ -98,10 +119,13 @@ class WriteTxn:
     # -- delete ---------------------------------------------------------
 
     def delete(self, req: DeleteReq) -> DeleteResult:
+        return drain(self.delete_steps(req))
+
+    def delete_steps(self, req: DeleteReq) -> Steps[DeleteResult]:
         rev = self.rev
         items = list(scan_shards(self.store, req.key, normalize_end(req.range_end), self.read_rev()))
         prev = []
-        for key, e, sid in items:
+        for i, (key, e, sid) in enumerate(items, 1):
             state = self.store.states[sid]
             if req.prev_kv:
                 prev.append(state.get_row(e))
@@ -109,6 +133,8 @@ class WriteTxn:
             state.delete(key, rev, self.sub, row)
             self.store.leases.detach(key)
             self._record(sid, Change(DELETE, self.sub, key, row))
+            if not i % STEP_KEYS:
+                yield
         return DeleteResult(rev if self.sub else rev - 1, len(items), prev)
 
     def _record(self, sid: int, change: Change) -> None:
@@ -122,19 +148,26 @@ class WriteTxn:
     # -- txn ------------------------------------------------------------
 
     def txn(self, req: TxnReq) -> TxnResult:
+        return drain(self.txn_steps(req))
+
+    def txn_steps(self, req: TxnReq) -> Steps[TxnResult]:
         """Evaluate compares, check the chosen path, then apply it."""
-        path = self._path(req)
+        path = yield from self._path(req)
         self._check(req, path, is_write(req))
-        result = self._apply(req, iter(path))
+        result = yield from self._apply(req, iter(path))
         result.revision = self.rev if self.sub else self.rev - 1
         return result
 
-    def _path(self, req: TxnReq) -> list[bool]:
-        ok = all(self._compare(c) for c in req.compare)
+    def _path(self, req: TxnReq) -> Steps[list[bool]]:
+        ok = True
+        for c in req.compare:
+            if not (yield from self._compare(c)):
+                ok = False
+                break
         path = [ok]
         for op in req.success if ok else req.failure:
             if isinstance(op, TxnReq):
-                path.extend(self._path(op))
+                path.extend((yield from self._path(op)))
         return path
 
     def _check(self, req: TxnReq, path: list[bool], writes: bool) -> None:
@@ -161,7 +194,7 @@ class WriteTxn:
             if op.revision < self.store.compact_rev:
                 raise CompactedError
 
-    def _apply(self, req: TxnReq, path) -> TxnResult:
+    def _apply(self, req: TxnReq, path) -> Steps[TxnResult]:
         ok = next(path)
         responses = []
         for op in req.success if ok else req.failure:
@@ -170,16 +203,16 @@ class WriteTxn:
             elif isinstance(op, PutReq):
                 responses.append(self.put(op))
             elif isinstance(op, DeleteReq):
-                responses.append(self.delete(op))
+                responses.append((yield from self.delete_steps(op)))
             elif isinstance(op, TxnReq):
-                nested = self._apply(op, path)
+                nested = yield from self._apply(op, path)
                 nested.revision = 0
                 responses.append(nested)
             else:
                 responses.append(None)
         return TxnResult(0, ok, responses)
 
-    def _compare(self, c: Compare) -> bool:
+    def _compare(self, c: Compare) -> Steps[bool]:
         store = self.store
         if not c.range_end:  # one key: kube-apiserver's every txn
             state = store.states[store.router.shard_for_key(c.key)]
@@ -187,31 +220,39 @@ class WriteTxn:
             if e is None:
                 return c.target != CMP_VALUE and _compare_kv(c, _EMPTY_KV)
             return _compare_kv(c, KeyValue.FromString(state.get_row(e)))
-        items = list(scan_shards(store, c.key, normalize_end(c.range_end), self.rev - 1))
-        if not items:
-            if c.target == CMP_VALUE:
+        items = scan_shards(store, c.key, normalize_end(c.range_end), self.rev - 1)
+        states = store.states
+        n = 0
+        for n, (_, e, sid) in enumerate(items, 1):
+            if c.target == CMP_MOD:  # the mod revision is the entry's own revision
+                holds = _holds(c, entry_main(e), c.number)
+            else:
+                holds = _compare_kv(c, KeyValue.FromString(states[sid].get_row(e)))
+            if not holds:
                 return False
-            return _compare_kv(c, _EMPTY_KV)
-        for _, e, sid in items:
-            if not _compare_kv(c, KeyValue.FromString(store.states[sid].get_row(e))):
-                return False
+            if not n % STEP_KEYS:
+                yield
+        if not n:
+            return c.target != CMP_VALUE and _compare_kv(c, _EMPTY_KV)
         return True
 
 
 def _compare_kv(c: Compare, kv: KeyValue) -> bool:
     t = c.target
     if t == CMP_VALUE:
-        a, b = kv.value, c.value
-    elif t == CMP_MOD:
-        a, b = kv.mod_revision, c.number
-    elif t == CMP_VERSION:
-        a, b = kv.version, c.number
-    elif t == CMP_CREATE:
-        a, b = kv.create_revision, c.number
-    elif t == CMP_LEASE:
-        a, b = kv.lease, c.number
-    else:
-        a = b = 0
+        return _holds(c, kv.value, c.value)
+    if t == CMP_MOD:
+        return _holds(c, kv.mod_revision, c.number)
+    if t == CMP_VERSION:
+        return _holds(c, kv.version, c.number)
+    if t == CMP_CREATE:
+        return _holds(c, kv.create_revision, c.number)
+    if t == CMP_LEASE:
+        return _holds(c, kv.lease, c.number)
+    return _holds(c, 0, 0)
+
+
+def _holds(c: Compare, a, b) -> bool:
     r = c.result
     if r == RESULT_EQUAL:
         return a == b

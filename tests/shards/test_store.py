@@ -357,3 +357,51 @@ def test_a_held_event_loop_does_not_expire_leases_kept_alive(tmp_path, run):
         await store.close()
 
     run(go())
+
+
+def test_a_long_txn_yields_and_holds_other_writes_back(tmp_path, run):
+    """A txn whose compares walk 20,000 keys 32 times runs in slices (issue
+    18.3): reads are served while it runs, and a write sent meanwhile is
+    ordered after it (so its compares still see what they saw).  A large
+    delete whose caller goes away mid-way is finished, not left half applied
+    with its revision handed out again."""
+    from shards.types import CMP_VERSION, RESULT_LESS
+
+    async def go():
+        store = await open_store(tmp_path)
+        keys = [b"/registry/pods/ns/p%06d" % i for i in range(20_000)]
+        for i in range(0, len(keys), 1000):
+            await store.txn(TxnReq(success=tuple(PutReq(k, b"v") for k in keys[i : i + 1000])))
+        base = store.rev
+        cmp = Compare(CMP_VERSION, RESULT_LESS, keys[0], number=2, range_end=b"/registry/pods0")
+        heavy = TxnReq(compare=(cmp,) * 32, success=(PutReq(OTHER, b"all at version 1"),))
+        txn = asyncio.ensure_future(store.txn(heavy))
+        served = 0
+        await asyncio.sleep(0)
+        while store.rev == base and not txn.done():
+            assert kvs(store.range(RangeReq(keys[-1])))[0].version == 1
+            served += 1
+            if served == 5:  # makes the compares false if it were applied first
+                put = asyncio.ensure_future(store.put(PutReq(keys[-1], b"v2")))
+            await asyncio.sleep(0)
+        assert served >= 20, f"only {served} reads were served while the txn evaluated its compares"
+        r = await txn
+        assert r.succeeded and r.revision == base + 1
+        assert (await put).revision == base + 2
+
+        wipe = asyncio.ensure_future(store.delete_range(DeleteReq(b"/registry/pods/", b"/registry/pods0")))
+        while store._gate is None:  # until the delete is between two slices
+            await asyncio.sleep(0)
+        wipe.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await wipe
+        assert (await store.put(PutReq(OTHER, b"after"))).revision == base + 4
+        assert store.range(RangeReq(b"/registry/pods/", b"/registry/pods0", count_only=True)).count == 0
+        assert len(store.range(RangeReq(b"/registry/pods/", b"/registry/pods0", revision=base + 2)).kvs) == 20_000
+        before = snapshot(store)
+        await store.close()
+        store = await open_store(tmp_path)
+        assert store.committed == base + 4 and snapshot(store) == before
+        await store.close()
+
+    run(go())
