@@ -35,7 +35,7 @@ from journal.config import JournalConfig
 from journal.errors import JournalFailed
 from journal.fsutil import ensure_dir, fsync_dir
 from journal.reader import checked_frames
-from journal.record import Record, check_fields
+from journal.record import HEADER_BYTES, Record, check_fields
 from journal.recovery import recover, truncate_segments
 from journal.segment import SegmentInfo
 from journal.writer import PendingRecord, SegmentWriter
@@ -67,6 +67,7 @@ class Journal:
         self._last_seq = 0
         self._queue: deque[PendingRecord] = deque()
         self._queued_bytes = 0
+        self.bytes_appended = 0  # frame bytes appended since open; never shrinks (releases do not count)
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._writer: SegmentWriter | None = None
         self._task: asyncio.Task[None] | None = None
@@ -172,6 +173,7 @@ class Journal:
         self._last_rev = rev
         self._queue.append(PendingRecord(self._last_seq, rtype, rev, payload))
         self._queued_bytes += len(payload)
+        self.bytes_appended += HEADER_BYTES + len(payload)
         self._wakeup.set()
         return self._last_seq
 

@@ -136,7 +136,7 @@ class Shard:
     def wants_checkpoint(self, journal_bytes_max: int) -> bool:
         return (
             self.checkpoint_task is None
-            and self.journal.bytes_total - self.bytes_at_checkpoint >= journal_bytes_max
+            and self.journal.bytes_appended - self.bytes_at_checkpoint >= journal_bytes_max
         )
 
     def checkpoint_source(self, committed: int, compact_rev: int, extra_meta: bytes = b""):
@@ -146,7 +146,7 @@ class Shard:
     def start_checkpoint(self, committed: int, compact_rev: int, extra_meta: bytes = b"") -> None:
         """Snapshot rows <= committed now; write and fsync them in a thread."""
         meta, rows = self.checkpoint_source(committed, compact_rev, extra_meta)
-        self.bytes_at_checkpoint = self.journal.bytes_total
+        self.bytes_at_checkpoint = self.journal.bytes_appended
         self.checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint(committed, meta, rows))
 
     async def _checkpoint(self, rev: int, meta: bytes, rows) -> None:

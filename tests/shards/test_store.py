@@ -405,3 +405,32 @@ def test_a_long_txn_yields_and_holds_other_writes_back(tmp_path, run):
         await store.close()
 
     run(go())
+
+
+def test_checkpoints_keep_bounding_the_journal_as_it_ages(tmp_path, run):
+    """Segments released by a checkpoint must not delay the next one (issue
+    18.5): 4 MiB through a 64 KiB checkpoint interval gives a checkpoint about
+    every 64 KiB, and the journal on disk never holds much more than two
+    intervals (plus the segment being written)."""
+    interval, segment = 64 * 1024, 16 * 1024
+
+    async def go():
+        from journal import JournalConfig
+
+        store = await open_store(tmp_path, checkpoint_journal_bytes=interval,
+                                 journal=JournalConfig(segment_bytes_max=segment))
+        pods = store.shards[store.router.shard_for_key(POD)]
+        checkpoints, last, peak = 0, 0, 0
+        for i in range(40):
+            await asyncio.gather(*(store.put(PutReq(POD + b"%d" % j, b"x" * 1000)) for j in range(100)))
+            await asyncio.sleep(0)
+            if pods.checkpoint_rev != last:
+                checkpoints, last = checkpoints + 1, pods.checkpoint_rev
+            peak = max(peak, pods.journal.bytes_total)
+        appended = pods.journal.bytes_appended
+        await store.close()
+        return appended, checkpoints, peak
+
+    appended, checkpoints, peak = run(go())
+    assert checkpoints >= appended // interval // 2, f"{checkpoints} checkpoints for {appended} bytes"
+    assert peak <= 2 * interval + 2 * segment, f"the journal grew to {peak} bytes"
