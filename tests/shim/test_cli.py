@@ -151,7 +151,14 @@ def test_max_concurrent_streams_limits_one_connection_only(tmp_path):
         with grpc.insecure_channel(server.endpoint, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
             watch = pbg.WatchStub(ch)
             held = threading.Event()
-            streams = [watch.Watch(iter(held.wait, True)) for _ in range(2)]
+
+            def requests():
+                yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"w"))
+                held.wait()
+
+            streams = [watch.Watch(requests()) for _ in range(2)]
+            for s in streams:  # both streams hold their slot before the third call
+                assert next(s).created
             kv = pbg.KVStub(ch)
             with pytest.raises(grpc.RpcError) as err:
                 kv.Range(pb.RangeRequest(key=b"x"), timeout=1.5, wait_for_ready=True)
@@ -160,6 +167,7 @@ def test_max_concurrent_streams_limits_one_connection_only(tmp_path):
                 assert pbg.KVStub(other).Range(pb.RangeRequest(key=b"x"), timeout=5).header.revision >= 1
             for s in streams:
                 s.cancel()
+            held.set()
             assert kv.Range(pb.RangeRequest(key=b"x"), timeout=5).header.revision >= 1
     finally:
         server.stop()
