@@ -52,6 +52,8 @@ def check_delete(r: pb.DeleteRangeRequest) -> None:
 
 
 def check_txn(r: pb.TxnRequest, max_txn_ops: int) -> None:
+    """etcd's budget: the most of compares, success and failure ops counts
+    against ``max_txn_ops``; a nested txn gets what its parent left over."""
     ops = max(len(r.compare), len(r.success), len(r.failure))
     if ops > max_txn_ops:
         raise RequestError(TOO_MANY_OPS)
@@ -59,7 +61,7 @@ def check_txn(r: pb.TxnRequest, max_txn_ops: int) -> None:
         if not c.key:
             raise RequestError(EMPTY_KEY)
     for op in (*r.success, *r.failure):
-        _check_op(op, max_txn_ops)
+        _check_op(op, max_txn_ops - ops)
 
 
 def _check_op(op: pb.RequestOp, max_txn_ops: int) -> None:
