@@ -3,6 +3,7 @@
     <data-dir>/
       meta.json                      format, layout fingerprint, ids, start count
       LOCK                           flock()ed while a server uses the dir
+    <state-dir>/LOCK                 flock()ed too: a second server must not wipe the first's RocksDB
       shards/<name>/journal/*.wal    the shard's journal segments
       shards/<name>/checkpoint-*.ckpt
 """
@@ -28,6 +29,7 @@ class DataDir:
         self.meta = meta
         self._lock_fd = lock_fd
         self._default_state_base: Path | None = None  # set when state lives in the default place
+        self._state_lock: tuple[Path, int] | None = None
 
     @property
     def cluster_id(self) -> int:
@@ -77,16 +79,39 @@ class DataDir:
             root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
             tag = hashlib.sha256(str(self.path).encode()).hexdigest()[:12]
             base = self._default_state_base = root / f"shardetcd-{os.getuid()}-{tag}"
+        if self._state_lock is None:
+            self._state_lock = (base, _lock_state_base(base))
         return base / name
 
     def close(self) -> None:
-        """Release the lock; remove the default state base dir once the shards emptied it."""
+        """Release the locks; remove the default state base dir once the shards emptied it."""
+        if self._state_lock is not None:
+            base, fd = self._state_lock
+            if base == self._default_state_base:
+                (base / "LOCK").unlink(missing_ok=True)
+            os.close(fd)
+            self._state_lock = None
         if self._default_state_base is not None:
             try:
                 self._default_state_base.rmdir()
             except OSError:  # not empty (a shard still open elsewhere) or already gone
                 pass
         os.close(self._lock_fd)
+
+
+def _lock_state_base(base: Path) -> int:
+    """flock ``base``/LOCK before any shard clears its state dir under it."""
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        fd = os.open(base / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise DataDirError(f"state dir {base} is not writable: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise DataDirError(f"state dir {base} is in use by another shardetcd process") from None
+    return fd
 
 
 def _load_or_create_meta(path: Path, layout: Layout) -> dict:

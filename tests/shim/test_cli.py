@@ -123,6 +123,22 @@ def test_data_dir_in_use(shardetcd, tmp_path):
     assert r.returncode != 0 and "in use by another shardetcd process" in r.stderr
 
 
+def test_state_dir_in_use(shardetcd, tmp_path):
+    """A second server given the first's --state-dir (another data dir) is refused
+    before it touches the state: the first keeps serving every key (issue 18.7)."""
+    with grpc.insecure_channel(shardetcd.endpoint) as ch:
+        kv = pbg.KVStub(ch)
+        for i in range(50):
+            kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % i, value=b"v" * 100), timeout=10)
+        r = run_cli("--data-dir", str(tmp_path / "other"), "--state-dir", str(shardetcd.state_dir),
+                    "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+        assert r.returncode != 0
+        assert r.stderr.strip().splitlines() == [
+            f"shardetcd: state dir {shardetcd.state_dir.absolute()} is in use by another shardetcd process"]
+        got = kv.Range(pb.RangeRequest(key=b"/registry/pods/", range_end=b"/registry/pods0"), timeout=10)
+        assert [kv.value for kv in got.kvs] == [b"v" * 100] * 50
+
+
 def test_client_keepalive_pings_every_5s_are_accepted(shardetcd):
     """etcd lets clients ping every 5 s; kube-apiserver pings every 30 s."""
     options = [
