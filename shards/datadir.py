@@ -6,14 +6,17 @@
     <state-dir>/LOCK                 flock()ed too: a second server must not wipe the first's RocksDB
       shards/<name>/journal/*.wal    the shard's journal segments
       shards/<name>/checkpoint-*.ckpt
+      tmp/                           scratch (snapshots being streamed); emptied at every start
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import secrets
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,6 +24,8 @@ from .errors import DataDirError
 from .layout import Layout
 
 FORMAT = 1
+
+logger = logging.getLogger(__name__)
 
 
 class DataDir:
@@ -61,6 +66,7 @@ class DataDir:
             raise DataDirError(f"data dir {path} is in use by another shardetcd process") from None
         try:
             meta = _load_or_create_meta(path, layout)
+            _empty_scratch(path / "tmp")
         except BaseException:
             os.close(lock_fd)
             raise
@@ -97,6 +103,22 @@ class DataDir:
             except OSError:  # not empty (a shard still open elsewhere) or already gone
                 pass
         os.close(self._lock_fd)
+
+
+def _empty_scratch(tmp: Path) -> None:
+    """Remove what a process killed mid-snapshot left in the scratch dir (we hold the lock)."""
+    if not tmp.is_dir():
+        return
+    left = list(tmp.iterdir())
+    if not left:
+        return
+    size = sum(f.stat().st_size for p in left for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
+    for p in left:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    logger.warning("removed leftovers of an interrupted snapshot dir=%s entries=%d bytes=%d", tmp, len(left), size)
 
 
 def _lock_state_base(base: Path) -> int:

@@ -1,6 +1,7 @@
 """etcdctl snapshot save → shardetcd snapshot restore → the same data and revisions."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,26 @@ def test_restore_refuses_a_file_that_is_not_a_snapshot(tmp_path):
     r = subprocess.run([sys.executable, "-m", "shim", "snapshot", "restore", str(bogus), "--data-dir", str(tmp_path / "d")],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "is not a shardetcd snapshot" in r.stderr
+
+
+def test_a_snapshot_cut_by_kill_9_leaves_no_scratch_copy(tmp_path):
+    """The snapshot being streamed sits in <data-dir>/tmp; killed mid-stream,
+    the server removes it at the next start (issue 18.10)."""
+    server = start_shardetcd(tmp_path)
+    try:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            for i in range(200):  # 20 MB: more than gRPC lets the server send ahead of the reader
+                kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % i, value=os.urandom(100_000)), timeout=10)
+            stream = pbg.MaintenanceStub(ch).Snapshot(pb.SnapshotRequest(), timeout=30)
+            assert next(stream).remaining_bytes > 0
+            scratch = server.data_dir / "tmp"
+            left = [p for p in scratch.rglob("*") if p.is_file()]
+            assert sum(p.stat().st_size for p in left) > 20_000_000
+            server.kill()
+            stream.cancel()
+        server.start()
+        assert not any(scratch.iterdir())
+        assert "removed leftovers of an interrupted snapshot" in server.log_tail(200)
+    finally:
+        server.stop()
