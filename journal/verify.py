@@ -30,7 +30,7 @@ class FileReport:
 
 def verify(directory: Path, config: JournalConfig = JournalConfig()) -> list[FileReport]:
     reports = []
-    listed = list_segments(directory)
+    listed = list_segments(directory) if directory.is_dir() else []  # a restored shard has no journal yet
     prev_rev = 0
     for index, (seq, path) in enumerate(listed):
         with open(path, "rb") as f:
@@ -65,5 +65,6 @@ def verify_checkpoints(directory: Path, config: CheckpointConfig = CheckpointCon
 
 
 def repair(directory: Path, config: JournalConfig = JournalConfig()) -> None:
-    """Cut a torn tail (raises JournalCorrupt for anything else)."""
-    recover(directory, config)
+    """Cut a torn tail (raises JournalCorrupt for anything else); no journal, nothing to do."""
+    if directory.is_dir():
+        recover(directory, config)

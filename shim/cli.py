@@ -176,6 +176,9 @@ def snapshot_main(argv: list[str]) -> int:
     except (SnapshotError, DataDirError, LayoutError) as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"shardetcd: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"restored {args.file} at revision {meta['revision']} into {args.data_dir.absolute()}")
     return 0
 
@@ -188,18 +191,31 @@ def journal_main(argv: list[str]) -> int:
     p.add_argument("--data-dir", type=Path, required=True)
     args = p.parse_args(argv)
     setup_logging("warn")
+    if not args.data_dir.is_dir():
+        print(f"shardetcd: data dir {args.data_dir} does not exist or is not a directory", file=sys.stderr)
+        return 2
     shards = sorted(d for d in (args.data_dir / "shards").glob("*") if d.is_dir())
     if not shards:
         print(f"shardetcd: {args.data_dir} holds no shard journals", file=sys.stderr)
         return 2
+    try:
+        return _journal_command(args.command, shards)
+    except OSError as exc:
+        print(f"shardetcd: {args.data_dir}: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
+        return 2
+
+
+def _journal_command(command: str, shards: list[Path]) -> int:
     worst = 0
     for shard in shards:
-        if args.command == "repair":
+        if command == "repair":
             try:
                 repair(shard / "journal")
             except JournalCorrupt as exc:
                 print(f"{shard.name}: cannot repair: {exc}")
                 worst = 1
+        if not (shard / "journal").is_dir():
+            print(f"{shard.name}: no journal yet")
         for r in verify(shard / "journal"):
             revs = f"revs {r.first_rev}..{r.last_rev}" if r.first_rev is not None else "empty"
             print(f"{shard.name}: {r.path.name}: {r.status}, {r.records} records, {revs}" + (f"; {r.detail}" if r.detail else ""))

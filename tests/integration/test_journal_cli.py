@@ -51,3 +51,36 @@ def test_verify_and_repair(shardetcd):
     last = start.stderr.strip().splitlines()[-1]
     assert start.returncode == 2 and last.startswith("shardetcd: journal corrupt, refusing to start:"), start.stderr[-800:]
     assert seg.name in last and "offset 0" in last
+
+
+def test_every_subcommand_answers_odd_dirs_in_one_line(shardetcd, tmp_path):
+    """Restored data dirs (shards without a journal yet), empty, missing and
+    non-directory paths: a result or one line, never a traceback (issue 18.11)."""
+    snap = tmp_path / "snap.db"
+    with grpc.insecure_channel(shardetcd.endpoint) as ch:
+        pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/a", value=b"v"), timeout=10)
+        snap.write_bytes(b"".join(r.blob for r in pbg.MaintenanceStub(ch).Snapshot(pb.SnapshotRequest(), timeout=30)))
+    restored = tmp_path / "restored"
+    r = subprocess.run([sys.executable, "-m", "shim", "snapshot", "restore", str(snap), "--data-dir", str(restored)],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for command in ("verify", "repair"):
+        r = cli(command, "--data-dir", str(restored))
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert "pods: no journal yet" in r.stdout and "checkpoint" in r.stdout
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a-file").write_text("x")
+    odd = {
+        "empty": "holds no shard journals",
+        "missing": "does not exist or is not a directory",
+        "a-file": "does not exist or is not a directory",
+    }
+    for name, said in odd.items():
+        for command in ("verify", "repair"):
+            r = cli(command, "--data-dir", str(tmp_path / name))
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("shardetcd: ") and said in lines[0]
+    for target in ("a-file", "restored"):  # a file, a data dir that is not empty
+        r = subprocess.run([sys.executable, "-m", "shim", "snapshot", "restore", str(snap), "--data-dir",
+                            str(tmp_path / target)], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
