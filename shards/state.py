@@ -72,7 +72,12 @@ def _ignore_failure(exc: BaseException) -> None:
 class ShardState:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.db = open_rocks(path)
+        try:
+            self.db = open_rocks(path)
+        except OSError:
+            raise
+        except Exception as exc:  # RocksDB's own errors (a full or unwritable state dir)
+            raise StateStoreError(f"state store {path}: {exc}") from exc
         # told once of the first RocksDB error (the store turns it into a fail-stop)
         self.on_failure: Callable[[BaseException], None] = _ignore_failure
         self.failure: BaseException | None = None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from journal import JournalConfig
+from shards.errors import StateStoreError
 from shards.layout import Layout, ShardSpec, load_layout
 from shards.partition import PartitionGuard, load_cluster_layout
 from shards.store import Store, StoreConfig
@@ -122,10 +124,25 @@ def store_config(config: ServerConfig) -> StoreConfig:
     )
 
 
+async def open_store(config: ServerConfig) -> Store:
+    """Open and recover the store; a disk that cannot take it is one line, not a traceback."""
+    try:
+        return await Store.open(store_config(config))
+    except OSError as exc:
+        where = exc.filename or config.data_dir
+        if exc.errno == errno.ENOSPC:
+            raise StartupError(f"no space left on the disk of {where} (data dir {config.data_dir}): "
+                               "free space there and start again") from exc
+        raise StartupError(f"{where}: {exc.strerror or exc}") from exc
+    except StateStoreError as exc:
+        hint = " (free space there and start again)" if "No space left" in str(exc) else ""
+        raise StartupError(f"cannot rebuild the in-memory state: {exc}{hint}") from exc
+
+
 async def start(config: ServerConfig) -> Running:
     addresses = [parse_listen_url(u) for u in config.listen_client_urls]
     guard = partition_guard(config)
-    store = await Store.open(store_config(config))
+    store = await open_store(config)
     failed = asyncio.Event()
     store.on_failure = lambda exc: failed.set()
     member = Member(store, config, guard)

@@ -6,6 +6,8 @@ write.  The data dir sits on a tmpfs the test mounts (CI runs as root)."""
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,6 +15,8 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.shardetcd_fixture import ShardetcdProcess
 from tests.etcd_fixture import free_port
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -42,6 +46,18 @@ def test_disk_full_stops_acknowledging_and_loses_nothing(small_fs, tmp_path):
         server.proc.wait(15)
         assert server.returncode == 1, server.log_tail()
         assert "No space left on device" in server.log_tail(200)
+        # a restart on the still-full disk is refused in one line (issue 18.12)
+        with open(small_fs / "filler", "wb") as f:  # whatever room the journal left
+            with pytest.raises(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        r = subprocess.run([sys.executable, "-m", "shim", *server.args()[3:]], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1, r.stderr
+        assert lines[0].startswith("shardetcd: no space left on the disk of") and str(small_fs / "data") in lines[0]
+        (small_fs / "filler").unlink()
         subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)
         server.start()
         with grpc.insecure_channel(server.endpoint) as ch:
