@@ -6,6 +6,7 @@ Rules:
   * A bad frame in the last segment with no valid frame anywhere after it is
     a torn tail (an interrupted write): the tail is copied to
     `<segment>.broken-<offset>` and the segment is truncated at the bad frame.
+    Only the newest BROKEN_COPIES_KEPT copies are kept in a directory.
     A zero-filled tail has no magic and therefore counts as torn.
   * Any other bad frame raises JournalCorrupt.
   * Unless the fsync policy is "off", every segment found is fdatasynced, so
@@ -95,6 +96,9 @@ def scan_segment(f, path: Path, seq: int, end: int, prev_rev: int,
     return info, None
 
 
+BROKEN_COPIES_KEPT = 3
+
+
 def cut_torn_tail(f, path: Path, offset: int, file_bytes: int, reason: str) -> None:
     """Keep a copy of path[offset:] as <path>.broken-<offset>, then truncate path at offset."""
     broken = path.with_name(f"{path.name}.broken-{offset}")
@@ -112,6 +116,16 @@ def cut_torn_tail(f, path: Path, offset: int, file_bytes: int, reason: str) -> N
     fsync_dir(path.parent)
     logger.warning("journal torn tail truncated file=%s offset=%d bytes_cut=%d reason=%s copy=%s",
                    path, offset, file_bytes - offset, reason, broken.name)
+    _prune_broken_copies(path.parent)
+
+
+def _prune_broken_copies(directory: Path) -> None:
+    """Repeated repairs must not fill the disk with old torn tails: keep the newest few."""
+    copies = sorted(directory.glob("*.broken-*"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+    for old in copies[:-BROKEN_COPIES_KEPT]:
+        size = old.stat().st_size
+        old.unlink()
+        logger.warning("journal torn tail copy removed file=%s bytes=%d kept=%d", old.name, size, BROKEN_COPIES_KEPT)
 
 
 def truncate_segments(segments: list[SegmentInfo], rev: int,

@@ -73,3 +73,26 @@ def test_fully_torn_first_record_leaves_empty_segment_that_is_reused(jdir, write
     assert list(journal.records()) == [] and journal.segments == [segment]
     write_journal(jdir, [(1, 1, b"again")])
     assert reopen_records(jdir) == [(1, 1, b"again")]
+
+
+def test_only_the_newest_torn_tail_copies_are_kept(jdir, write_journal, make_items):
+    """Six repairs in a row leave three .broken copies, the newest ones (issue 18)."""
+    import os
+
+    from journal.recovery import BROKEN_COPIES_KEPT
+
+    write_journal(jdir, make_items(3))
+    segment = Journal.open(jdir).segments[-1]
+    made = []
+    for i in range(6):
+        write_journal(jdir, [(1, 10 + i, b"more")])  # each tear at a new offset
+        size = segment.stat().st_size
+        with open(segment, "ab") as f:
+            f.write(b"\x00" * (100 + i))
+        Journal.open(jdir)
+        copy = segment.with_name(f"{segment.name}.broken-{size}")
+        assert copy.read_bytes() == b"\x00" * (100 + i)
+        os.utime(copy, ns=(i * 10**9, i * 10**9))  # distinct ages even on a coarse clock
+        made.append(copy.name)
+    assert BROKEN_COPIES_KEPT == 3
+    assert sorted(p.name for p in jdir.glob("*.broken-*")) == sorted(made[-3:])
