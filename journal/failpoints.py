@@ -31,6 +31,7 @@ POINTS = (
     "checkpoint.after_rename_before_dirsync",
     "store.between_txn_parts",
     "state.write",
+    "snapshot.restore_between_shards",
 )
 
 _armed: dict[str, str] = {}

@@ -54,8 +54,12 @@ class DataDir:
         path = path.absolute()
         try:
             path.mkdir(parents=True, exist_ok=True)
-            if not (path / "meta.json").exists() and any(p.name not in ("LOCK", "shards") for p in path.iterdir()):
-                raise DataDirError(f"data dir {path} is not empty and holds no shardetcd data")
+            if not (path / "meta.json").exists():
+                if any(p.name not in ("LOCK", "shards", "tmp") for p in path.iterdir()):
+                    raise DataDirError(f"data dir {path} is not empty and holds no shardetcd data")
+                if (path / "shards").is_dir() and any((path / "shards").iterdir()):
+                    raise DataDirError(f"data dir {path} holds shard data but no meta.json: an interrupted "
+                                       "restore or a damaged dir (restore into a new dir)")
             lock_fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise DataDirError(f"data dir {path} is not writable: {exc.strerror}") from None

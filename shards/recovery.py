@@ -9,6 +9,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from .errors import DataDirError
 from .lease import GRANT, decode_lease_record
 from .progress import Progress
 from .record import decode_extra_meta
@@ -35,12 +36,27 @@ def recovered_revision(found: list[Recovered]) -> int:
     return rev
 
 
+def _check_complete(store: Store, found: list[Recovered]) -> None:
+    """A restored data dir holds a checkpoint at or above the restored revision
+    on every shard, forever after (checkpoints only move up): without one, a
+    shard's keys (and, on the default shard, the leases and the auth state)
+    would silently be missing."""
+    floor = store.datadir.meta.get("floor_revision", 0)
+    missing = [shard.name for shard, f in zip(store.shards, found) if f.checkpoint_rev < floor]
+    if missing:
+        raise DataDirError(
+            f"data dir {store.datadir.path} was restored at revision {floor}, but shard(s) {', '.join(missing)} "
+            "have no checkpoint at or above it: the dir is incomplete (restore the snapshot again)"
+        )
+
+
 async def recover(store: Store) -> None:
     started = time.monotonic()
     leases = store.leases
     for shard in store.shards:
         shard.on_replay = lambda key, lease: leases.detach(key) if lease < 0 else leases.attach(key, lease)
     found = [shard.read_disk() for shard in store.shards]
+    _check_complete(store, found)
     rev = recovered_revision(found)
     for shard in store.shards:
         cut = shard.journal.truncate_after(rev)

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from journal import load_latest_checkpoint, write_checkpoint
+from journal import failpoints, load_latest_checkpoint, write_checkpoint
+from journal.fsutil import fsync_dir
 
 from .datadir import DataDir
 from .errors import DataDirError
@@ -88,27 +90,57 @@ def _verify(snapshot: Path) -> None:
 
 
 def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout) -> dict:
-    """Lay ``snapshot`` into a new ``data_dir``; return the snapshot's meta."""
-    if data_dir.exists() and any(data_dir.iterdir()):
+    """Lay ``snapshot`` into a new ``data_dir``; return the snapshot's meta.
+
+    The data dir is built beside its final place, fsynced, and renamed into
+    place only when complete, so a restore killed part-way leaves no data dir
+    a server would start on.  Its meta.json records the restored revision
+    (``floor_revision``): a server refuses the dir if any shard lacks a
+    checkpoint at or above it."""
+    data_dir = data_dir.absolute()
+    if data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
         raise DataDirError(f"data dir {data_dir} is not empty: restore needs a new one")
     _verify(snapshot)
     try:
         tar = tarfile.open(snapshot, "r")
     except (OSError, tarfile.TarError) as exc:
         raise SnapshotError(f"{snapshot} is not a shardetcd snapshot: {exc}") from None
-    with tar, tempfile.TemporaryDirectory() as tmp:
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tar, tempfile.TemporaryDirectory() as tmp, \
+            tempfile.TemporaryDirectory(dir=data_dir.parent, prefix=f".{data_dir.name}.restoring-") as building:
         tar.extractall(tmp, filter="data")
         meta = _check_meta(Path(tmp), layout, snapshot)
-        data_dir.mkdir(parents=True, exist_ok=True)
+        new = Path(building) / "data"
+        datadir = DataDir.open(new, layout)  # meta.json with fresh ids
+        datadir.meta["floor_revision"] = meta["revision"]
+        datadir.save_meta()
         for name in meta["shards"]:
             src = Path(tmp) / "shards" / name
             ckpt = load_latest_checkpoint(src)
             if ckpt is None or ckpt.rev != meta["revision"]:
                 raise SnapshotError(f"{snapshot}: checkpoint of shard {name!r} is missing or damaged")
             sum(1 for _ in ckpt.rows())  # verify every frame before using it
-            shutil.copytree(src, data_dir / "shards" / name)
-    DataDir.open(data_dir, layout).close()  # writes meta.json with fresh ids
+            shutil.copytree(src, new / "shards" / name)
+            failpoints.hit("snapshot.restore_between_shards")
+        datadir.close()
+        _fsync_tree(new)
+        if data_dir.exists():
+            data_dir.rmdir()  # empty, checked above
+        os.rename(new, data_dir)
+        fsync_dir(data_dir.parent)
     return meta
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file, then every directory bottom-up, under ``root``."""
+    for dirpath, _, files in os.walk(root, topdown=False):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
 
 
 def _check_meta(root: Path, layout: Layout, snapshot: Path) -> dict:

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import grpc
+import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.shardetcd_fixture import ShardetcdProcess, start_shardetcd
@@ -86,5 +88,69 @@ def test_a_snapshot_cut_by_kill_9_leaves_no_scratch_copy(tmp_path):
         server.start()
         assert not any(scratch.iterdir())
         assert "removed leftovers of an interrupted snapshot" in server.log_tail(200)
+    finally:
+        server.stop()
+
+
+def _restore(snap: Path, target: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shim", "snapshot", "restore", str(snap), "--data-dir", str(target)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+
+
+def _start_refused(data_dir: Path, tmp_path: Path) -> str:
+    r = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(data_dir), "--state-dir",
+                        str(tmp_path / "refused-state"), "--listen-client-urls", f"http://127.0.0.1:{free_port()}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_an_interrupted_restore_leaves_nothing_a_server_would_serve(shardetcd, tmp_path):
+    """issue 18.2: a restore killed between shards leaves no data dir; a dir with
+    shard data but no meta.json, or a restored dir missing a shard's checkpoint
+    (the default shard: leases and auth), is refused, never served half empty."""
+    with grpc.insecure_channel(shardetcd.endpoint) as ch:
+        kv, auth = pbg.KVStub(ch), pbg.AuthStub(ch)
+        lid = pbg.LeaseStub(ch).LeaseGrant(pb.LeaseGrantRequest(TTL=600)).ID
+        for i in range(30):
+            kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % i, value=b"v", lease=lid))
+        auth.UserAdd(pb.AuthUserAddRequest(name="root", password="pw"))
+        auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user="root", role="root"))
+        auth.AuthEnable(pb.AuthEnableRequest())
+        token = auth.Authenticate(pb.AuthenticateRequest(name="root", password="pw")).token
+        md = (("token", token),)
+        snap = tmp_path / "snap.db"
+        snap.write_bytes(b"".join(r.blob for r in pbg.MaintenanceStub(ch).Snapshot(pb.SnapshotRequest(), metadata=md)))
+
+    target = tmp_path / "restored"
+    env = {**os.environ, "SHARDETCD_FAILPOINTS": "snapshot.restore_between_shards=exit@2"}
+    r = _restore(snap, target, env)
+    assert r.returncode == 70 and not target.exists()  # killed after two shards: nothing in place
+
+    partial = tmp_path / "partial"  # what a restore used to leave: some shards, no meta.json
+    shutil.copytree(next(tmp_path.glob(".restored.restoring-*")) / "data" / "shards", partial / "shards")
+    assert "holds shard data but no meta.json" in _start_refused(partial, tmp_path)
+
+    assert _restore(snap, target).returncode == 0
+    default = target / "shards" / "default"
+    for ckpt in default.glob("*.ckpt"):
+        ckpt.rename(tmp_path / ckpt.name)
+    said = _start_refused(target, tmp_path)
+    assert "shard(s) default have no checkpoint" in said and "incomplete" in said
+    for ckpt in tmp_path.glob("*.ckpt"):
+        ckpt.rename(default / ckpt.name)
+
+    server = ShardetcdProcess(data_dir=target, state_dir=tmp_path / "state2", port=free_port(),
+                              log_path=tmp_path / "restored.log").start()
+    try:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            with pytest.raises(grpc.RpcError) as err:
+                pbg.KVStub(ch).Put(pb.PutRequest(key=b"x", value=b"unauthenticated"))
+            assert err.value.details() == "etcdserver: user name is empty"
+            token = pbg.AuthStub(ch).Authenticate(pb.AuthenticateRequest(name="root", password="pw")).token
+            r = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/", range_end=b"/registry/pods0"),
+                                     metadata=(("token", token),))
+            assert len(r.kvs) == 30 and {kv.lease for kv in r.kvs} == {lid}
     finally:
         server.stop()
