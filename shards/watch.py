@@ -124,6 +124,8 @@ class WatchStream:
         self._ready = asyncio.Event()  # outbox has messages (or stream closed)
         self._drained = asyncio.Event()  # outbox below the low-water mark
         self._drained.set()
+        self._room = asyncio.Event()  # outbox holds few enough messages to take more requests
+        self._room.set()
         self._catchup: asyncio.Task | None = None
 
     # -- requests -------------------------------------------------------
@@ -192,12 +194,20 @@ class WatchStream:
         if self.closed:
             return
         self.outbox.append(msg)
+        if len(self.outbox) >= self.hub.outbox_messages_max:
+            self._room.clear()
         n = len(msg.events)
         if n:
             self.outbox_events += n
             if self.outbox_events >= self.hub.outbox_events_max:
                 self._drained.clear()
         self._ready.set()
+
+    async def wait_room(self) -> None:
+        """Back-pressure for a client that sends requests but does not read the
+        answers: wait while its outbox is full (the requests then stay in
+        gRPC's flow-controlled buffers, not in this process's memory)."""
+        await self._room.wait()
 
     @property
     def full(self) -> bool:
@@ -211,6 +221,8 @@ class WatchStream:
             self._ready.clear()
             await self._ready.wait()
         msg = self.outbox.popleft()
+        if len(self.outbox) <= self.hub.outbox_messages_max // 2:
+            self._room.set()
         if msg.events:
             self.outbox_events -= len(msg.events)
             if self.outbox_events <= self.hub.outbox_events_max // 2:
@@ -229,6 +241,7 @@ class WatchStream:
         self.outbox.clear()
         self._ready.set()
         self._drained.set()
+        self._room.set()
         if self._catchup is not None:
             self._catchup.cancel()
         self.hub.streams.discard(self)
@@ -264,9 +277,11 @@ class WatchStream:
 
 
 class WatchHub:
-    def __init__(self, store: Store, outbox_events_max: int = 1000, catchup_revs_max: int = 1000) -> None:
+    def __init__(self, store: Store, outbox_events_max: int = 1000, catchup_revs_max: int = 1000,
+                 outbox_messages_max: int = 1000) -> None:
         self.store = store
         self.outbox_events_max = outbox_events_max
+        self.outbox_messages_max = outbox_messages_max  # past it, a stream stops reading requests
         self.catchup_revs_max = catchup_revs_max
         self.streams: set[WatchStream] = set()
         self._by_key: dict[bytes, set[Watcher]] = {}

@@ -52,6 +52,9 @@ class WatchService:
         stream open for sending, as in etcd; an error ends it."""
         try:
             async for req in requests:
+                await stream.wait_room()
+                if stream.closed:
+                    return
                 which = req.WhichOneof("request_union")
                 if which == "create_request":
                     self.create(stream, req.create_request, context)

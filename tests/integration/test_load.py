@@ -219,3 +219,41 @@ async def run_thousand_streams(endpoint: str, metrics_base: str) -> None:
             assert got == want, (i, got)
     for c in channels[:-2]:
         await c.close()
+
+
+def test_progress_requests_from_a_client_that_never_reads_are_back_pressured(tmp_path):
+    """A client sends 300,000 WatchProgressRequests and reads nothing (issue
+    18.8): the server stops taking its requests once its answers pile up,
+    instead of queueing one answer per request in memory (that grew the server
+    by ~26 MiB here, 137 MiB for 900,000; etcd stays flat); another client is served meanwhile."""
+    from tests.shardetcd_fixture import start_shardetcd
+
+    total = 300_000
+    server = start_shardetcd(tmp_path)
+    sent = 0
+    stop = threading.Event()
+
+    def requests():
+        nonlocal sent
+        yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k"))
+        progress = pb.WatchRequest(progress_request=pb.WatchProgressRequest())
+        while not stop.is_set() and sent < total:
+            sent += 1
+            yield progress
+
+    try:
+        rss_before = rss_bytes(server.pid)
+        with grpc.insecure_channel(server.endpoint) as spammer, grpc.insecure_channel(server.endpoint) as other:
+            call = pbg.WatchStub(spammer).Watch(requests())  # responses never read
+            last, deadline = -1, time.monotonic() + 60
+            while sent != last and time.monotonic() < deadline:  # until all are sent or the client is held
+                last = sent
+                time.sleep(1.0)
+            assert pbg.KVStub(other).Put(pb.PutRequest(key=b"k", value=b"v"), timeout=10).header.revision == 2
+            grown = rss_bytes(server.pid) - rss_before
+            stop.set()
+            call.cancel()
+        assert grown < 12 * 1024 * 1024, f"server memory grew by {grown / 2**20:.0f} MiB for {sent} unread requests"
+    finally:
+        stop.set()
+        server.stop()
