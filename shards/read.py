@@ -10,6 +10,7 @@ from proto.kv_pb2 import KeyValue
 
 from .errors import CompactedError, FutureRevisionError
 from .revision import entry_main
+from .steps import Steps, drain
 from .types import (
     SORT_ASCEND,
     SORT_DESCEND,
@@ -25,6 +26,8 @@ from .types import (
 
 if TYPE_CHECKING:
     from .store import Store
+
+FETCH_ROWS = 2048  # rows fetched between two yields of a large read
 
 _SORT_KEYS = {
     TARGET_KEY: lambda kv: kv.key,
@@ -89,6 +92,13 @@ def fetch_rows(store: Store, items: list[tuple[bytes, int, int]]) -> list[bytes]
 
 def range_at(store: Store, req: RangeReq, current: int) -> RangeResult:
     """etcd's Range, as seen by a read view whose current revision is ``current``."""
+    return drain(range_steps(store, req, current))
+
+
+def range_steps(store: Store, req: RangeReq, current: int) -> Steps[RangeResult]:
+    """``range_at`` in steps: the keys are listed at once, their rows fetched
+    ``FETCH_ROWS`` at a time (rows at or below ``current`` never change;
+    the store holds compaction back while a sliced read is in flight)."""
     rev = resolve_revision(store, req.revision, current)
     end = normalize_end(req.range_end)
     if req.count_only:
@@ -104,7 +114,11 @@ def range_at(store: Store, req: RangeReq, current: int) -> RangeResult:
         count = len(items) if len(items) <= req.limit else count_keys(store, req.key, end, rev)
     if filtered:
         items = [i for i in items if _mod_ok(req, entry_main(i[1]))]
-    rows = fetch_rows(store, items)
+    rows: list[bytes] = []
+    for i in range(0, len(items), FETCH_ROWS):
+        if i:
+            yield
+        rows += fetch_rows(store, items[i : i + FETCH_ROWS])
     if req.min_create_revision or req.max_create_revision:
         rows = [r for r in rows if _create_ok(req, KeyValue.FromString(r).create_revision)]
     rows = _sorted(req, rows)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+from collections import Counter
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,12 +36,13 @@ from .errors import (
 )
 from .lease import GRANT, MAX_TTL_S, REVOKE, LeaseTable, encode_lease_record
 from .layout import Layout, Router
-from .read import range_at
+from .read import range_at, range_steps
 from .record import Change, encode_extra_meta
 from .shard import Shard
 from .types import DeleteReq, DeleteResult, PutReq, PutResult, RangeReq, RangeResult, TxnReq, TxnResult
 from .watch import WatchHub
-from .write import STEP_KEYS, Steps, T, WriteTxn
+from .steps import Steps, T
+from .write import STEP_KEYS, WriteTxn
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,8 @@ class Store:
         self._waiter_seq = 0
         self._compaction: asyncio.Task | None = None
         self._gate: asyncio.Future | None = None  # set while a sliced write holds other writes back
+        self._reads: Counter[int] = Counter()  # revisions of sliced reads in flight
+        self._reads_done = asyncio.Event()
         self._compacted_through = -1  # history up to here is physically gone
         self._changes: dict[int, dict[int, list[Change]]] = {}  # pending revision -> shard parts
         self.hub = WatchHub(self)
@@ -151,6 +155,37 @@ class Store:
         if self.failure is not None and isinstance(self.failure, StateStoreError):
             raise StoreFailedError(str(self.failure))  # the index may no longer match the rows
         return range_at(self, req, self.committed)
+
+    async def range_async(self, req: RangeReq) -> RangeResult:
+        """``range``, yielding to the event loop between slices of a large read.
+
+        While a read that yielded is in flight, compaction does not go past its
+        revision (the rows it is about to fetch stay)."""
+        if self.failure is not None and isinstance(self.failure, StateStoreError):
+            raise StoreFailedError(str(self.failure))
+        steps = range_steps(self, req, self.committed)
+        rev = req.revision if req.revision > 0 else self.committed
+        slice_s = self.config.slice_ms / 1000
+        deadline = time.perf_counter() + slice_s
+        held = False
+        try:
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as stop:
+                    return stop.value
+                if time.perf_counter() >= deadline:
+                    if not held:
+                        held = True
+                        self._reads[rev] += 1
+                    await asyncio.sleep(0)
+                    deadline = time.perf_counter() + slice_s
+        finally:
+            if held:
+                self._reads[rev] -= 1
+                if not self._reads[rev]:
+                    del self._reads[rev]
+                self._reads_done.set()
 
     # -- writes ---------------------------------------------------------
 
@@ -490,6 +525,9 @@ class Store:
             for state in self.states:
                 while True:
                     await self._gate_open()  # a sliced write may be walking the keys
+                    while self._reads and min(self._reads) < target:  # nor rows a sliced read will fetch
+                        self._reads_done.clear()
+                        await self._reads_done.wait()
                     if state.compact_slice(target, time.perf_counter() + slice_s):
                         break
                     await asyncio.sleep(0)

@@ -6,22 +6,22 @@ with sub revisions, and collects each shard's part for the journal.  All
 checks that can fail run before the first change, so a txn never stops half
 applied.  Nothing here awaits: the event loop is the serializer.
 
-Work that grows with the data (a compare or a delete over a range) is
-written as generators that yield every ``STEP_KEYS`` keys: the store drives
-them and, once a request has held the loop for a slice of time, holds every
-other write back and lets the loop serve reads, keep-alives and watches
-before going on (``Store._run``).  ``drain`` runs such a generator at once.
+Work that grows with the data (a compare, a delete or a read over a range)
+is written as steps (``steps.py``) that yield every ``STEP_KEYS`` keys: the
+store drives them and, once a request has held the loop for a slice of time,
+holds every other write back and lets the loop serve reads, keep-alives and
+watches before going on (``Store._run``).
 """
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from proto.kv_pb2 import KeyValue
 
 from .errors import CompactedError, FutureRevisionError, KeyNotFoundError, LeaseNotFoundError
-from .read import normalize_end, range_at, scan_shards
+from .read import normalize_end, range_steps, scan_shards
 from .revision import entry_main
+from .steps import Steps, drain
 from .record import DELETE, PUT, Change
 from .types import (
     CMP_CREATE,
@@ -48,18 +48,6 @@ if TYPE_CHECKING:
 
 _EMPTY_KV = KeyValue()
 STEP_KEYS = 256  # keys a compare or delete handles between two yields
-
-T = TypeVar("T")
-Steps = Generator[None, None, T]
-
-
-def drain(steps: Steps[T]) -> T:
-    """Run a generator of steps to its end; its return value."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            return stop.value
 
 
 class WriteTxn:
@@ -199,7 +187,7 @@ class WriteTxn:
         responses = []
         for op in req.success if ok else req.failure:
             if isinstance(op, RangeReq):
-                responses.append(range_at(self.store, op, self.read_rev()))
+                responses.append((yield from range_steps(self.store, op, self.read_rev())))
             elif isinstance(op, PutReq):
                 responses.append(self.put(op))
             elif isinstance(op, DeleteReq):

@@ -21,7 +21,7 @@ class KVService:
             validate.check_range(request)
             if self.auth.enabled:
                 self.access.range(self.access.caller(context), request)
-            r = self.store.range(convert.range_req(request))
+            r = await self.store.range_async(convert.range_req(request))
         except Exception as exc:
             await abort_with(context, exc)
         return wire.range_response(self.m.headers.framed(r.revision), r.kvs, r.more, r.count)

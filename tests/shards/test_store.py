@@ -434,3 +434,35 @@ def test_checkpoints_keep_bounding_the_journal_as_it_ages(tmp_path, run):
     appended, checkpoints, peak = run(go())
     assert checkpoints >= appended // interval // 2, f"{checkpoints} checkpoints for {appended} bytes"
     assert peak <= 2 * interval + 2 * segment, f"the journal grew to {peak} bytes"
+
+
+def test_a_large_read_yields_and_holds_compaction_back(tmp_path, run):
+    """A Range over 40,000 keys fetches its rows in slices (issue 18.3): other
+    requests run in between, and a compaction requested meanwhile past the
+    read's revision waits for it instead of removing rows it is about to fetch."""
+
+    async def go():
+        store = await open_store(tmp_path, slice_ms=0.5)  # many slices: the compaction runs meanwhile
+        keys = [b"/registry/pods/ns/p%06d" % i for i in range(40_000)]
+        for version in (b"1", b"2"):
+            for i in reversed(range(0, len(keys), 1000)):  # compaction walks the keys from the last one
+                await store.txn(TxnReq(success=tuple(PutReq(k, version * 300) for k in keys[i : i + 1000])))
+        old = 1 + len(keys) // 1000  # every key at version 1
+        read = asyncio.ensure_future(store.range_async(RangeReq(b"/registry/pods/", b"/registry/pods0", revision=old)))
+        others = 0
+        compaction = None
+        while not read.done():
+            others += 1
+            if store._reads and compaction is None:
+                compaction = asyncio.ensure_future(store.compact(store.rev, physical=True))
+            await asyncio.sleep(0)
+        assert compaction is not None, "the read never yielded"
+        got = kvs(await read)
+        assert others >= 5 and len(got) == 40_000 and {kv.version for kv in got} == {1}
+        await compaction
+        with pytest.raises(CompactedError):
+            store.range(RangeReq(keys[0], revision=old))
+        assert store.failure is None
+        await store.close()
+
+    run(go())
