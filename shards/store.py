@@ -55,6 +55,7 @@ class StoreConfig:
     journal: JournalConfig = field(default_factory=JournalConfig)
     checkpoint_journal_bytes: int = 256 * 1024 * 1024
     slice_ms: float = 5.0  # longest a compaction or one large request holds the event loop before yielding
+    pause_ms: float = 2.0  # how long it then lets others run: a gRPC call needs several loop turns
     bcrypt_cost: int = 10  # etcd's --bcrypt-cost
     auth_token_ttl_s: float = 300.0  # etcd's --auth-token-ttl
     auth_token: str = "simple"  # etcd's --auth-token: "simple" or "jwt,sign-method=...,priv-key=...,..."
@@ -178,7 +179,7 @@ class Store:
                     if not held:
                         held = True
                         self._reads[rev] += 1
-                    await asyncio.sleep(0)
+                    await self._pause()
                     deadline = time.perf_counter() + slice_s
         finally:
             if held:
@@ -214,6 +215,11 @@ class Store:
         w = WriteTxn(self)
         return await self._run(w, w.txn_steps(req))
 
+    async def _pause(self) -> None:
+        """Between two slices of long work: let the loop run others for a while
+        (one loop turn is not enough: a gRPC call takes several)."""
+        await asyncio.sleep(self.config.pause_ms / 1000)
+
     async def _gate_open(self) -> None:
         """Wait while a sliced write holds every other write back."""
         while self._gate is not None:
@@ -243,7 +249,7 @@ class Store:
                     if gate is None:
                         gate = self._gate = asyncio.get_running_loop().create_future()
                     try:
-                        await asyncio.sleep(0)
+                        await self._pause()
                     except asyncio.CancelledError:
                         # the caller went away, but changes are in the state
                         # already: finish and journal them, or the revision
@@ -530,7 +536,7 @@ class Store:
                         await self._reads_done.wait()
                     if state.compact_slice(target, time.perf_counter() + slice_s):
                         break
-                    await asyncio.sleep(0)
+                    await self._pause()
             self._compacted_through = target
             logger.info("compaction finished rev=%d", target)
 
