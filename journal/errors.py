@@ -26,3 +26,7 @@ class JournalCorrupt(JournalError):
 
 class JournalFailed(JournalError):
     """The journal stopped accepting writes (a write or fsync failed, or it was closed)."""
+
+
+class JournalUnreachable(JournalError):
+    """The journal's home cannot be used at all (NATS unreachable, or set up too small)."""

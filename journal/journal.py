@@ -31,6 +31,7 @@ from typing import Callable, Iterator
 
 import aiofiles.os
 
+from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
 from journal.errors import JournalFailed
 from journal.fsutil import ensure_dir, fsync_dir
@@ -213,6 +214,24 @@ class Journal:
                     rev, len(doomed), doomed[0].path.name, doomed[-1].path.name)
         return len(doomed)
 
+    # ----------------------------------------------------------------- release and checkpoints
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Checkpoints live beside the journal directory (in the shard's dir)."""
+        return self.directory.parent
+
+    async def release(self, rev: int) -> int:
+        """The contract's release: segments wholly at or below ``rev`` go."""
+        return self.release_through(rev)
+
+    async def save_checkpoint(self, rev: int, meta: bytes, rows) -> str:
+        """Write checkpoint ``rev`` (in a thread; rows may be read there); older ones go."""
+        return str(await asyncio.to_thread(write_checkpoint, self.checkpoint_dir, rev, meta, rows))
+
+    async def load_checkpoint(self) -> Checkpoint | None:
+        return load_latest_checkpoint(self.checkpoint_dir)
+
     # ----------------------------------------------------------------- writer task
 
     async def _run(self) -> None:
@@ -313,6 +332,16 @@ class Journal:
         error = JournalFailed(f"journal failed: {self.directory}: {self._failure!r}")
         error.__cause__ = self._failure
         return error
+
+
+class LocalLog:
+    """Journals in local directories: ``<dir>/journal`` segments, checkpoints in ``<dir>``."""
+
+    async def open_journal(self, name: str, directory: Path, config: JournalConfig = JournalConfig()) -> Journal:
+        return Journal.open(Path(directory) / "journal", config)
+
+    async def close(self) -> None:
+        pass
 
 
 class _Progress:

@@ -76,6 +76,17 @@ class DataDir:
             raise
         return cls(path, meta, lock_fd)
 
+    def check_journal(self, name: str) -> None:
+        """The journal backend must be the one this dir was started with ("local"
+        before it was recorded); the first start records it."""
+        had = self.meta.get("journal", "local" if self.meta["starts"] > 1 else None)
+        if had is None:
+            self.meta["journal"] = name
+            self.save_meta()
+        elif had != name:
+            raise DataDirError(f"data dir {self.path} keeps its journal in {had}, not {name}: "
+                               "a data dir cannot change journal backends")
+
     def save_meta(self) -> None:
         _write_atomic(self.path / "meta.json", json.dumps(self.meta, indent=1).encode())
 

@@ -55,7 +55,7 @@ async def recover(store: Store) -> None:
     leases = store.leases
     for shard in store.shards:
         shard.on_replay = lambda key, lease: leases.detach(key) if lease < 0 else leases.attach(key, lease)
-    found = [shard.read_disk() for shard in store.shards]
+    found = [await shard.read_disk() for shard in store.shards]
     _check_complete(store, found)
     rev = recovered_revision(found)
     for shard in store.shards:

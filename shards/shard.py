@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from journal import Journal, JournalConfig
-from journal.checkpoint import load_latest_checkpoint, write_checkpoint
+from journal import Journal
 from proto.kv_pb2 import KeyValue
 
 from .errors import StateStoreError
@@ -44,16 +43,13 @@ class Recovered:
 
 
 class Shard:
-    def __init__(self, sid: int, name: str, data_dir: Path, state_dir: Path, config: JournalConfig) -> None:
+    def __init__(self, sid: int, name: str, data_dir: Path, state_dir: Path, journal: Journal) -> None:
+        """``journal`` is this shard's, opened by the store's log (local or JetStream)."""
         self.sid = sid
         self.name = name
         self.dir = data_dir
+        self.journal = journal
         self.state = ShardState(state_dir)
-        try:
-            self.journal = Journal.open(data_dir / "journal", config)
-        except BaseException:
-            self.state.close()
-            raise
         self.inflight: deque[tuple[int, int]] = deque()  # (journal seq, revision)
         self.checkpoint_rev = 0
         self.checkpoint_task: asyncio.Task | None = None
@@ -64,8 +60,8 @@ class Shard:
 
     # -- recovery -------------------------------------------------------
 
-    def read_disk(self) -> Recovered:
-        ckpt = load_latest_checkpoint(self.dir)
+    async def read_disk(self) -> Recovered:
+        ckpt = await self.journal.load_checkpoint()
         ckpt_rev, compact_rev, extra = 0, -1, b""
         if ckpt is not None:
             ckpt_rev, compact_rev, sid = _CKPT_META.unpack_from(ckpt.meta)
@@ -151,11 +147,11 @@ class Shard:
 
     async def _checkpoint(self, rev: int, meta: bytes, rows) -> None:
         try:
-            path = await asyncio.to_thread(write_checkpoint, self.dir, rev, meta, rows)
+            path = await self.journal.save_checkpoint(rev, meta, rows)
             self.checkpoint_rev = rev
             # Records tagged `rev` itself may have been appended after the
             # snapshot (a Compact tags the latest revision), so keep them.
-            released = self.journal.release_through(rev - 1)
+            released = await self.journal.release(rev - 1)
             logger.info("checkpoint written shard=%s rev=%d path=%s segments_released=%d", self.name, rev, path, released)
         except StateStoreError as exc:  # reading the rows failed: the state is not to be trusted
             self.state.on_failure(exc)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from journal import JournalConfig, failpoints
+from journal.jetstream import JetStreamConfig
+from journal.journal import LocalLog
 
 from .auth import AuthStore
 from .tokens import parse_auth_token
@@ -59,6 +61,7 @@ class StoreConfig:
     bcrypt_cost: int = 10  # etcd's --bcrypt-cost
     auth_token_ttl_s: float = 300.0  # etcd's --auth-token-ttl
     auth_token: str = "simple"  # etcd's --auth-token: "simple" or "jwt,sign-method=...,priv-key=...,..."
+    jetstream: JetStreamConfig | None = None  # journals on NATS JetStream instead of local segments
 
 
 class Store:
@@ -89,6 +92,7 @@ class Store:
         self.auth = AuthStore(self._journal_auth, config.bcrypt_cost, config.auth_token_ttl_s,
                               parse_auth_token(config.auth_token, config.auth_token_ttl_s))
         self._expiry_task: asyncio.Task | None = None
+        self.log = None  # where the journals live (set by open)
         for state in self.states:
             state.on_failure = self._fail
 
@@ -100,15 +104,23 @@ class Store:
 
         datadir = DataDir.open(config.data_dir, config.layout)
         shards: list[Shard] = []
+        log = None
         try:
+            datadir.check_journal(journal_name(config))
+            log = await open_log(config)
             for sid, spec in enumerate(config.layout.shards):
                 state_dir = datadir.state_dir(config.state_dir, spec.name)
-                shards.append(Shard(sid, spec.name, datadir.shard_dir(spec.name), state_dir, config.journal))
+                shard_dir = datadir.shard_dir(spec.name)
+                journal = await log.open_journal(spec.name, shard_dir, config.journal)
+                shards.append(Shard(sid, spec.name, shard_dir, state_dir, journal))
             store = cls(config, datadir, shards)
+            store.log = log
             await recover(store)
         except BaseException:
             for shard in shards:
                 shard.state.close()
+            if log is not None:
+                await log.close()
             datadir.close()
             raise
         for shard in shards:
@@ -128,6 +140,7 @@ class Store:
             await asyncio.gather(self._compaction, return_exceptions=True)
         for shard in self.shards:
             await shard.close()
+        await self.log.close()
         self.datadir.close()
 
     def db_size(self) -> int:
@@ -539,6 +552,20 @@ class Store:
                     await self._pause()
             self._compacted_through = target
             logger.info("compaction finished rev=%d", target)
+
+
+def journal_name(config: StoreConfig) -> str:
+    """What the data dir records as its journal: "local", or the JetStream stream prefix."""
+    return "local" if config.jetstream is None else f"nats:{config.jetstream.prefix}"
+
+
+async def open_log(config: StoreConfig):
+    """The journals' home: local segment dirs, or a connection to JetStream."""
+    if config.jetstream is None:
+        return LocalLog()
+    from journal.jetstream import JetStreamLog
+
+    return await JetStreamLog(config.jetstream).connect()
 
 
 def _txn_leases(req: TxnReq):

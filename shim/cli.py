@@ -117,7 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="history to keep, as etcd: periodic: a duration (30m, 72h) or a number of hours; revision: a number of revisions; "
                         "0 = no automatic compaction (default: %(default)s)")
     p.add_argument("--checkpoint-journal-bytes", type=int, default=d.checkpoint_journal_bytes, help="journal bytes after which a shard writes a checkpoint, bounding replay time (default: %(default)s)")
+    p.add_argument("--journal-url", type=_nats_urls, default=(), dest="journal_urls",
+                   help="comma-separated nats:// URLs of a NATS JetStream cluster: keep the journals and checkpoints there, "
+                        "replicated, instead of in --data-dir (default: local journal)")
+    p.add_argument("--journal-replicas", type=_positive_int, default=d.journal_replicas,
+                   help="with --journal-url: JetStream replicas of each journal stream and checkpoint bucket (default: %(default)s)")
+    p.add_argument("--journal-prefix", default=d.journal_prefix,
+                   help="with --journal-url: prefix of the stream and bucket names, one set per cluster (default: %(default)s)")
     return p
+
+
+def _nats_urls(text: str) -> tuple[str, ...]:
+    urls = tuple(u.strip() for u in text.split(",") if u.strip())
+    for u in urls:
+        if not u.startswith(("nats://", "tls://")):
+            raise argparse.ArgumentTypeError(f"not a nats:// URL: {u!r}")
+    return urls
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -134,6 +149,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         journal_fsync=args.journal_fsync,
         journal_segment_bytes=args.journal_segment_bytes,
         checkpoint_journal_bytes=args.checkpoint_journal_bytes,
+        journal_urls=args.journal_urls,
+        journal_replicas=args.journal_replicas,
+        journal_prefix=args.journal_prefix,
         watch_progress_notify_interval_s=args.experimental_watch_progress_notify_interval,
         cert_file=args.cert_file,
         key_file=args.key_file,

@@ -26,6 +26,9 @@ class ServerConfig:
     journal_fsync: str = "always"
     journal_segment_bytes: int = 64 * 1024 * 1024
     checkpoint_journal_bytes: int = 256 * 1024 * 1024
+    journal_urls: tuple[str, ...] = ()  # nats:// URLs: journals on NATS JetStream instead of local segments
+    journal_replicas: int = 3
+    journal_prefix: str = "shardetcd"
     watch_progress_notify_interval_s: float = 600.0
     cert_file: Path | None = None
     key_file: Path | None = None

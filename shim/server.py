@@ -13,6 +13,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from journal import JournalConfig
+from journal.errors import JournalUnreachable
+from journal.jetstream import JetStreamConfig
 from shards.errors import StateStoreError
 from shards.layout import Layout, ShardSpec, load_layout
 from shards.partition import PartitionGuard, load_cluster_layout
@@ -121,6 +123,8 @@ def store_config(config: ServerConfig) -> StoreConfig:
         bcrypt_cost=config.bcrypt_cost,
         auth_token_ttl_s=config.auth_token_ttl_s,
         auth_token=config.auth_token,
+        jetstream=JetStreamConfig(urls=config.journal_urls, prefix=config.journal_prefix,
+                                  replicas=config.journal_replicas) if config.journal_urls else None,
     )
 
 
@@ -137,6 +141,8 @@ async def open_store(config: ServerConfig) -> Store:
     except StateStoreError as exc:
         hint = " (free space there and start again)" if "No space left" in str(exc) else ""
         raise StartupError(f"cannot rebuild the in-memory state: {exc}{hint}") from exc
+    except JournalUnreachable as exc:
+        raise StartupError(str(exc)) from exc
 
 
 async def start(config: ServerConfig) -> Running:

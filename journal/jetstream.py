@@ -1,0 +1,497 @@
+"""A journal on NATS JetStream: the same contract as journal.Journal, replicated.
+
+One journal is one JetStream stream (replicas as configured: R3 stores every
+message on three servers and acknowledges it once a quorum has it).  A
+message is one group-commit batch: the records appended while the previous
+batch was in flight, as frames (record.py) back to back, at most
+``batch_bytes_max`` (kept under the server's max payload).  Every publish
+carries two headers:
+
+    Nats-Msg-Id                   "<journal instance id>-<batch number>": a
+                                  publish retried after a timeout is stored once
+    Nats-Expected-Last-Sequence   the stream's last sequence as this writer
+                                  knows it: if any other process has
+                                  written, JetStream refuses the publish and
+                                  this journal fails (fail-stop) at once
+
+Records with a revision tag above R are cut (``truncate_after(R)``) by a
+message with the header ``Journal-Cut: R`` published before any new record;
+a reader drops the records above R that came before it, so every later
+replay agrees on the cut.  ``release_through(R)`` purges the stream's
+messages whose records all have tags <= R.  Checkpoints are objects in the
+JetStream object store bucket ``<stream>-checkpoints`` (the same framed
+files as local checkpoints), so a process on another machine can load them.
+
+The stream's own storage decides what "stored" means (file storage, flushed
+to disk on the servers' sync interval): durability comes from the quorum of
+replicas, as for etcd's Raft log.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import shutil
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
+from journal.config import JournalConfig
+from journal.errors import JournalCorrupt, JournalFailed, JournalUnreachable
+from journal.record import HEADER_BYTES, FrameError, Record, check_fields, decode_frame, frame_header
+
+logger = logging.getLogger(__name__)
+
+CUT_HEADER = "Journal-Cut"
+_CKPT_NAME = re.compile(r"^checkpoint-([0-9a-f]{16})\.ckpt$")
+MIN_MAX_PAYLOAD = 4 * 1024 * 1024
+WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Sequence
+
+
+@dataclass(frozen=True)
+class JetStreamConfig:
+    """Where the journals live: NATS URLs, stream name prefix, replicas, timeouts."""
+
+    urls: tuple[str, ...]
+    prefix: str = "shardetcd"
+    replicas: int = 3
+    publish_timeout_s: float = 2.0
+    connect_timeout_s: float = 5.0
+
+
+class JetStreamLog:
+    """One NATS connection shared by every journal of a process."""
+
+    def __init__(self, config: JetStreamConfig) -> None:
+        self.config = config
+        self.nc = None
+        self.js = None
+        self.writer_id = secrets.token_hex(6)
+        self.closing = False
+        self.batch_bytes_max = MIN_MAX_PAYLOAD
+
+    async def connect(self) -> JetStreamLog:
+        import nats
+
+        urls = ",".join(self.config.urls)
+        nc = nats.NATS()
+        try:
+            await asyncio.wait_for(nc.connect(
+                servers=list(self.config.urls), name=f"shardetcd-{self.writer_id}",
+                connect_timeout=self.config.connect_timeout_s, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+                allow_reconnect=True, error_cb=self._on_error, disconnected_cb=self._on_disconnect,
+                reconnected_cb=self._on_reconnect,
+            ), timeout=3 * self.config.connect_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds; all mean "not reachable"
+            self.closing = True
+            await nc.close()
+            reason = "no answer" if isinstance(exc, asyncio.TimeoutError) else repr(exc)
+            raise JournalUnreachable(f"cannot reach NATS at {urls}: {reason}") from None
+        self.nc = nc
+        if self.nc.max_payload < MIN_MAX_PAYLOAD:
+            await self.nc.close()
+            raise JournalUnreachable(
+                f"NATS at {urls} takes messages of at most {self.nc.max_payload} bytes; a journal needs "
+                f"{MIN_MAX_PAYLOAD} (etcd's 1.5 MiB requests plus room): set max_payload: 8MB on the NATS servers")
+        self.batch_bytes_max = self.nc.max_payload - 64 * 1024  # room for headers
+        self.js = self.nc.jetstream(timeout=self.config.publish_timeout_s)
+        return self
+
+    def stream_name(self, name: str) -> str:
+        return f"{self.config.prefix}_{name}".replace(".", "_")
+
+    async def open_journal(self, name: str, scratch: Path, config: JournalConfig = JournalConfig()) -> JetStreamJournal:
+        """The journal ``name`` (a stream, created if missing), read to its end."""
+        config = replace(config, batch_bytes_max=min(config.batch_bytes_max, self.batch_bytes_max),
+                         record_bytes_max=min(config.record_bytes_max, self.batch_bytes_max - HEADER_BYTES))
+        journal = JetStreamJournal(self, self.stream_name(name), scratch, config)
+        await journal._open()
+        return journal
+
+    async def close(self) -> None:
+        self.closing = True
+        if self.nc is not None:
+            await self.nc.close()
+
+    async def _on_error(self, exc: Exception) -> None:
+        if self.nc is not None and not self.closing:  # not while the first connect is being tried
+            logger.warning("nats connection error error=%r", exc)
+
+    async def _on_disconnect(self) -> None:
+        if self.nc is not None and not self.closing:
+            logger.warning("nats disconnected; publishes wait for the reconnect")
+
+    async def _on_reconnect(self) -> None:
+        logger.warning("nats reconnected url=%s", self.nc.connected_url.netloc if self.nc.connected_url else "?")
+
+
+async def retrying(what: str, op, deadline_s: float = 30.0):
+    """Run ``op()`` (a coroutine factory) again while JetStream answers that it
+    is not available right now (no responders, a timeout: a leader election,
+    a reconnect), for up to ``deadline_s``."""
+    from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+    from nats.js.errors import ServiceUnavailableError
+
+    deadline = time.monotonic() + deadline_s
+    attempt = 0
+    while True:
+        try:
+            return await op()
+        except (ServiceUnavailableError, NoRespondersError, NatsTimeout, asyncio.TimeoutError) as exc:
+            attempt += 1
+            if time.monotonic() > deadline:
+                raise JournalFailed(f"JetStream did not answer {what} for {deadline_s:.0f} s: {exc!r}") from exc
+            if attempt == 1 or attempt % 20 == 0:
+                logger.warning("jetstream unavailable, retrying op=%s attempt=%d error=%r", what, attempt, exc)
+            await asyncio.sleep(min(0.05 * attempt, 1.0))
+
+
+class JetStreamJournal:
+    """The contract of journal.Journal on one JetStream stream."""
+
+    def __init__(self, log: JetStreamLog, stream: str, scratch: Path, config: JournalConfig) -> None:
+        self.log = log
+        self.stream = stream
+        self.subject = f"journal.{stream}"
+        self.directory = Path(f"nats:{stream}")
+        self.scratch = scratch  # local dir for checkpoint files on their way to and from the bucket
+        self.config = config
+        self.durable_seq = 0
+        self.bytes_appended = 0
+        self.on_durable: Callable[[int], None] | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self.on_batch: Callable[[int, float], None] | None = None
+        self._found: list[Record] = []
+        self._msgs: deque[tuple[int, int]] = deque()  # (stream seq, highest tag) of messages still in the stream
+        self._stored_bytes = 0
+        self._tail = 0  # the stream's last sequence, as this writer knows it
+        self._last_rev = 0
+        self._last_seq = 0
+        self._batches = 0
+        self._cut: int | None = None
+        self._queue: deque[tuple[int, bytes, int]] = deque()  # (seq, frame bytes, tag)
+        self._queued_bytes = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self._failure: BaseException | None = None
+        self._bucket = None
+        self._instance = secrets.token_hex(8)  # message ids are unique to this open journal
+
+    # -- open / replay ----------------------------------------------------
+
+    async def _open(self) -> None:
+        from nats.js.api import StorageType, StreamConfig
+        from nats.js.errors import NotFoundError
+
+        js = self.log.js
+        try:
+            info = await retrying("stream info", lambda: js.stream_info(self.stream))
+        except NotFoundError:
+            info = await retrying("add stream", lambda: js.add_stream(StreamConfig(
+                name=self.stream, subjects=[self.subject], num_replicas=self.log.config.replicas,
+                storage=StorageType.FILE, duplicate_window=120.0, allow_direct=True,
+            )))
+            logger.info("journal stream created stream=%s replicas=%d", self.stream, self.log.config.replicas)
+        self._tail = info.state.last_seq
+        await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
+
+    async def _read(self, first: int, last: int) -> None:
+        """Every record in the stream, cuts applied (the stream is bounded by checkpoints)."""
+        self._found, self._msgs, self._stored_bytes, self._last_rev = [], deque(), 0, 0  # a retry starts over
+        if last == 0 or first > last:
+            return
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        sub = await self.log.js.pull_subscribe(
+            self.subject, stream=self.stream,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=60.0),
+        )
+        started, count = time.monotonic(), 0
+        try:
+            seq = 0
+            while seq < last:
+                for msg in await sub.fetch(batch=256, timeout=10.0):
+                    seq = msg.metadata.sequence.stream
+                    self._take(seq, msg.data, msg.headers or {})
+                    count += 1
+        finally:
+            await sub.unsubscribe()
+        logger.info("journal stream read stream=%s messages=%d records=%d seconds=%.3f",
+                    self.stream, count, len(self._found), time.monotonic() - started)
+
+    def _take(self, seq: int, data: bytes, headers: dict) -> None:
+        cut = headers.get(CUT_HEADER)
+        if cut is not None:
+            rev = int(cut)
+            self._found = [r for r in self._found if r.rev <= rev]
+            self._last_rev = min(self._last_rev, rev)
+            self._msgs.append((seq, 0))
+            return
+        top, pos = 0, 0
+        while pos < len(data):
+            try:
+                frame = decode_frame(data, pos, self.config.record_bytes_max)
+            except FrameError as exc:
+                raise JournalCorrupt(self.directory, seq, f"message {seq}: {exc.reason}") from None
+            self._found.append(Record(frame.rtype, frame.rev, bytes(frame.payload), self.directory, seq))
+            top = max(top, frame.rev)
+            pos = frame.end
+        self._msgs.append((seq, top))
+        self._stored_bytes += len(data)
+        self._last_rev = max(self._last_rev, top)
+
+    def records(self, after_rev: int = 0) -> Iterator[Record]:
+        """Records with tag > after_rev found at open, in append order, cuts applied."""
+        return (r for r in self._found if r.rev > after_rev)
+
+    def truncate_after(self, rev: int) -> int:
+        """Before start(): cut every record tagged above ``rev`` (made durable by start())."""
+        if self._task is not None:
+            raise RuntimeError("truncate_after() is only allowed before start()")
+        cut = sum(1 for r in self._found if r.rev > rev)
+        if cut:
+            self._found = [r for r in self._found if r.rev <= rev]
+            self._cut = rev
+            self._last_rev = rev
+        return cut
+
+    # -- introspection -----------------------------------------------------
+
+    @property
+    def bytes_total(self) -> int:
+        return self._stored_bytes
+
+    @property
+    def last_rev(self) -> int:
+        return self._last_rev
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
+
+    # -- writing ------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is not None or self._closing:
+            raise RuntimeError("journal already started or closed")
+        if self._cut is not None:
+            await self._publish(b"", {CUT_HEADER: str(self._cut)}, 0)
+            logger.warning("journal cut recorded stream=%s above_rev=%d", self.stream, self._cut)
+            self._cut = None
+        self._task = asyncio.create_task(self._run(), name=f"journal-writer:{self.stream}")
+
+    def append(self, rtype: int, rev: int, payload: bytes) -> int:
+        if self._failure is not None:
+            raise self._failed_error()
+        if self._closing:
+            raise JournalFailed(f"journal is closed: {self.stream}")
+        if self._task is None:
+            raise RuntimeError("append() before start()")
+        check_fields(rtype, rev, len(payload), self.config.record_bytes_max)
+        if rev < self._last_rev:
+            raise ValueError(f"revision tag {rev} is below the last appended tag {self._last_rev}")
+        self._last_seq += 1
+        self._last_rev = rev
+        frame = frame_header(rtype, rev, payload) + payload
+        self._queue.append((self._last_seq, frame, rev))
+        self._queued_bytes += len(payload)
+        self.bytes_appended += HEADER_BYTES + len(payload)
+        self._wakeup.set()
+        return self._last_seq
+
+    async def sync(self) -> None:
+        if self._failure is not None:
+            raise self._failed_error()
+        target = self._last_seq
+        if self.durable_seq >= target:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append((target, future))
+        await future
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._wakeup.set()
+            await asyncio.wait([self._task])
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                while not self._queue:
+                    if self._closing or self._failure is not None:
+                        return
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                seq, body, top = self._take_batch()
+                started = time.monotonic()
+                await self._publish(body, {}, top)
+                if self.on_batch is not None:
+                    self.on_batch(len(body), time.monotonic() - started)
+                self._acknowledge(seq)
+        except asyncio.CancelledError:
+            self._fail(JournalFailed("journal writer task cancelled"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - a refused or failed publish is fatal by design
+            self._fail(exc)
+
+    def _take_batch(self) -> tuple[int, bytes, int]:
+        seq, frame, top = self._queue.popleft()
+        parts, size = [frame], len(frame)
+        while self._queue and size + len(self._queue[0][1]) <= self.config.batch_bytes_max:
+            seq, frame, top = self._queue.popleft()
+            parts.append(frame)
+            size += len(frame)
+        self._queued_bytes -= size - HEADER_BYTES * len(parts)
+        return seq, b"".join(parts), top
+
+    async def _publish(self, body: bytes, headers: dict, top: int) -> None:
+        """Store one message after the stream's known tail; retried (same id) until
+        JetStream answers; refused if anyone else wrote meanwhile."""
+        from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+        from nats.js.errors import APIError
+
+        self._batches += 1
+        headers = {**headers, "Nats-Msg-Id": f"{self._instance}-{self._batches}",
+                   "Nats-Expected-Last-Sequence": str(self._tail)}
+        attempt = 0
+        while True:
+            try:
+                ack = await self.log.js.publish(self.subject, body, stream=self.stream, headers=headers,
+                                                timeout=self.log.config.publish_timeout_s)
+                break
+            except APIError as exc:
+                if exc.err_code == WRONG_LAST_SEQUENCE:
+                    raise JournalFailed(f"journal {self.stream}: another writer appended to the stream "
+                                        f"(expected last sequence {self._tail}): {exc.description}") from None
+                error = exc
+            except (NatsTimeout, NoRespondersError, asyncio.TimeoutError) as exc:
+                error = exc
+            attempt += 1
+            if attempt == 1 or attempt % 10 == 0:
+                logger.warning("journal publish not acknowledged, retrying stream=%s attempt=%d error=%r",
+                               self.stream, attempt, error)
+            await asyncio.sleep(min(0.05 * attempt, 1.0))
+        if ack.duplicate and not attempt:  # only a retry may find its own message already stored
+            raise JournalFailed(f"journal {self.stream}: message id {headers['Nats-Msg-Id']} already stored")
+        self._tail = ack.seq
+        self._msgs.append((ack.seq, top))
+        self._stored_bytes += len(body)
+
+    def _acknowledge(self, seq: int) -> None:
+        self.durable_seq = seq
+        while self._waiters and self._waiters[0][0] <= seq:
+            _, future = self._waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+        if self.on_durable is not None:
+            self.on_durable(seq)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is not None:
+            return
+        self._failure = exc
+        self._queue.clear()
+        logger.error("journal failed stream=%s durable_seq=%d error=%s", self.stream, self.durable_seq, exc)
+        while self._waiters:
+            _, future = self._waiters.popleft()
+            if not future.done():
+                future.set_exception(self._failed_error())
+        if self.on_failure is not None:
+            self.on_failure(exc)
+
+    def _failed_error(self) -> JournalFailed:
+        error = JournalFailed(f"journal failed: {self.stream}: {self._failure}")
+        error.__cause__ = self._failure
+        return error
+
+    # -- release and checkpoints ---------------------------------------------
+
+    async def release(self, rev: int) -> int:
+        """Purge the messages whose records all have tags <= rev (never the newest)."""
+        keep_from = None
+        released = 0
+        while len(self._msgs) > 1 and self._msgs[0][1] <= rev:
+            self._msgs.popleft()
+            released += 1
+        if not released:
+            return 0
+        keep_from = self._msgs[0][0]
+        await retrying("purge", lambda: self.log.js.purge_stream(self.stream, seq=keep_from))
+        logger.info("journal messages purged stream=%s through_rev=%d count=%d", self.stream, rev, released)
+        return released
+
+    async def _bucket_store(self):
+        if self._bucket is None:
+            from nats.js.api import ObjectStoreConfig
+            from nats.js.errors import BucketNotFoundError
+
+            name = f"{self.stream}-checkpoints"
+            try:
+                self._bucket = await self.log.js.object_store(name)
+            except BucketNotFoundError:
+                self._bucket = await self.log.js.create_object_store(
+                    name, config=ObjectStoreConfig(bucket=name, replicas=self.log.config.replicas))
+        return self._bucket
+
+    async def save_checkpoint(self, rev: int, meta: bytes, rows: Iterable[bytes]) -> str:
+        """Write the checkpoint file locally (in a thread), then store it in the bucket; older ones go."""
+        from nats.js.errors import NotFoundError
+
+        bucket = await self._bucket_store()
+        with tempfile.TemporaryDirectory(dir=self._scratch_dir()) as tmp:
+            path = await asyncio.to_thread(write_checkpoint, Path(tmp), rev, meta, rows)
+            with open(path, "rb") as f:
+                await bucket.put(path.name, f)
+        for name, older in await self._checkpoint_objects(bucket):
+            if older < rev:
+                try:
+                    await bucket.delete(name)
+                except NotFoundError:
+                    pass
+        return f"nats:{self.stream}-checkpoints/{path.name}"
+
+    async def load_checkpoint(self) -> Checkpoint | None:
+        """The newest checkpoint in the bucket, fetched into the scratch dir."""
+        bucket = await self._bucket_store()
+        found = await self._checkpoint_objects(bucket)
+        if not found:
+            return None
+        name, _ = max(found, key=lambda t: t[1])
+        into = self._scratch_dir() / "loaded"
+        shutil.rmtree(into, ignore_errors=True)
+        into.mkdir(parents=True)
+        with open(into / name, "wb") as f:
+            await bucket.get(name, writeinto=f)
+        return load_latest_checkpoint(into)
+
+    async def _checkpoint_objects(self, bucket) -> list[tuple[str, int]]:
+        from nats.js.errors import NotFoundError
+
+        try:
+            infos = await bucket.list()
+        except NotFoundError:  # an empty bucket
+            return []
+        out = []
+        for info in infos:
+            m = _CKPT_NAME.match(info.name)
+            if m and not info.deleted:
+                out.append((info.name, int(m.group(1), 16)))
+        return out
+
+    def _scratch_dir(self) -> Path:
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        return self.scratch
+
+

@@ -1,0 +1,204 @@
+"""The journal contract, run against every backend: local segments and NATS
+JetStream (a real three-server cluster, replicas 3).
+
+What a shard relies on: appends are durable in order once sync() returns (and
+on_durable says so), a reopen replays exactly what was made durable, cuts and
+releases never lose a record above their revision, checkpoints come back as
+written, and a journal that failed acknowledges nothing more.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from journal import JournalConfig, JournalFailed
+from journal.journal import LocalLog
+from tests.nats_fixture import start_nats_cluster
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def nats_cluster(tmp_path_factory):
+    cluster = start_nats_cluster(tmp_path_factory.mktemp("nats"), size=3)
+    yield cluster
+    cluster.stop()
+
+
+class Backend:
+    """Opens journals of one backend; each test gets journals no other test sees."""
+
+    def __init__(self, kind: str, tmp_path, nats_urls: str | None) -> None:
+        self.kind = kind
+        self.tmp_path = tmp_path
+        self.urls = nats_urls
+        self.prefix = f"t{next(_names)}"
+
+    async def log(self):
+        if self.kind == "local":
+            return LocalLog()
+        from journal.jetstream import JetStreamConfig, JetStreamLog
+
+        return await JetStreamLog(JetStreamConfig(urls=tuple(self.urls.split(",")), prefix=self.prefix)).connect()
+
+    async def open(self, name: str = "j", config: JournalConfig = JournalConfig()):
+        log = await self.log()
+        journal = await log.open_journal(name, self.tmp_path / name, config)
+        return log, journal
+
+    async def reopen_records(self, name: str = "j", after_rev: int = 0) -> list[tuple[int, int, bytes]]:
+        log, journal = await self.open(name)
+        try:
+            return [(r.rtype, r.rev, r.payload) for r in journal.records(after_rev)]
+        finally:
+            await log.close()
+
+
+@pytest.fixture(params=["local", "jetstream"])
+def backend(request, tmp_path):
+    urls = request.getfixturevalue("nats_cluster").urls if request.param == "jetstream" else None
+    return Backend(request.param, tmp_path, urls)
+
+
+def items(count: int, first_rev: int = 1, size: int = 40) -> list[tuple[int, int, bytes]]:
+    return [(1 + i % 3, first_rev + i, bytes([i % 256]) * size) for i in range(count)]
+
+
+async def write(backend: Backend, records, name: str = "j") -> list[int]:
+    log, journal = await backend.open(name)
+    durable: list[int] = []
+    journal.on_durable = durable.append
+    await journal.start()
+    for rtype, rev, payload in records:
+        journal.append(rtype, rev, payload)
+    await journal.sync()
+    await journal.close()
+    await log.close()
+    return durable
+
+
+def test_appends_are_durable_in_order_and_replayed(backend):
+    async def go():
+        assert await backend.reopen_records() == []
+        log, journal = await backend.open()
+        seen: list[int] = []
+        journal.on_durable = seen.append
+        await journal.start()
+        recs = items(300)
+        seqs = []
+        for i, (rtype, rev, payload) in enumerate(recs):
+            seqs.append(journal.append(rtype, rev, payload))
+            if i % 50 == 49:
+                await journal.sync()
+                assert journal.durable_seq >= seqs[-1]
+        await journal.sync()
+        assert seqs == list(range(1, 301)) and journal.durable_seq == 300
+        assert seen == sorted(seen) and seen[-1] == 300
+        assert journal.bytes_appended == sum(20 + len(p) for _, _, p in recs)
+        await journal.close()
+        await log.close()
+        assert await backend.reopen_records() == recs
+        assert await backend.reopen_records(after_rev=250) == recs[250:]
+        await write(backend, items(5, first_rev=301))  # a reopened journal goes on
+        assert await backend.reopen_records() == recs + items(5, first_rev=301)
+
+    asyncio.run(go())
+
+
+def test_tags_may_repeat_but_never_decrease(backend):
+    async def go():
+        log, journal = await backend.open()
+        await journal.start()
+        journal.append(1, 5, b"a")
+        journal.append(2, 5, b"b")
+        with pytest.raises(ValueError):
+            journal.append(1, 4, b"c")
+        with pytest.raises(ValueError):
+            journal.append(0, 6, b"rtype 0 is reserved")
+        await journal.sync()
+        await journal.close()
+        await log.close()
+        assert await backend.reopen_records() == [(1, 5, b"a"), (2, 5, b"b")]
+
+    asyncio.run(go())
+
+
+def test_close_makes_queued_records_durable(backend):
+    async def go():
+        log, journal = await backend.open()
+        await journal.start()
+        for rtype, rev, payload in items(50):
+            journal.append(rtype, rev, payload)
+        await journal.close()
+        await log.close()
+        assert await backend.reopen_records() == items(50)
+        log, journal = await backend.open()
+        await journal.start()
+        await journal.close()
+        with pytest.raises(JournalFailed):
+            journal.append(1, 99, b"after close")
+        await log.close()
+
+    asyncio.run(go())
+
+
+def test_a_cut_holds_for_every_later_reader(backend):
+    async def go():
+        await write(backend, items(40))
+        log, journal = await backend.open()
+        assert journal.truncate_after(30) == 10
+        assert [r.rev for r in journal.records()][-1] == 30
+        await journal.start()
+        journal.append(1, 31, b"after the cut")
+        await journal.sync()
+        await journal.close()
+        await log.close()
+        assert await backend.reopen_records() == items(30) + [(1, 31, b"after the cut")]
+        assert await backend.reopen_records() == items(30) + [(1, 31, b"after the cut")]
+
+    asyncio.run(go())
+
+
+def test_release_never_loses_a_record_above_its_revision(backend):
+    async def go():
+        config = JournalConfig(segment_bytes_max=2048, batch_bytes_max=1024)
+        log, journal = await backend.open(config=config)
+        await journal.start()
+        for rtype, rev, payload in items(200):
+            journal.append(rtype, rev, payload)
+            if rev % 10 == 0:
+                await journal.sync()
+        await journal.sync()
+        released = await journal.release(150)
+        assert released > 0
+        assert await journal.release(150) == 0
+        journal.append(1, 201, b"x")
+        await journal.sync()
+        await journal.close()
+        await log.close()
+        got = await backend.reopen_records()
+        assert got[-51:] == items(200)[150:] + [(1, 201, b"x")]
+        assert len(got) < 150, "release gave nothing back"
+        assert [r[1] for r in got] == sorted(r[1] for r in got)
+
+    asyncio.run(go())
+
+
+def test_checkpoints_come_back_as_written(backend):
+    async def go():
+        log, journal = await backend.open()
+        assert await journal.load_checkpoint() is None
+        await journal.start()
+        rows = [b"row-%d" % i * 3 for i in range(2000)]
+        await journal.save_checkpoint(5, b"meta-5", iter(rows))
+        await journal.save_checkpoint(9, b"meta-9", iter(rows[:10]))
+        await journal.close()
+        await log.close()
+        log, journal = await backend.open()
+        ckpt = await journal.load_checkpoint()
+        assert (ckpt.rev, ckpt.meta, list(ckpt.rows())) == (9, b"meta-9", rows[:10])
+        await log.close()
+
+    asyncio.run(go())

