@@ -38,6 +38,11 @@ class StoreFailedError(StoreError):
     """The store stopped acknowledging writes after an I/O failure (fail-stop)."""
 
 
+class RequestTimeoutError(StoreError):
+    """A request's revision was not committed within the request timeout (the
+    journal is slow or, replicated, has no quorum); it may still commit later."""
+
+
 class StateStoreError(StoreFailedError):
     """The in-memory state (RocksDB) failed a read or write: fail-stop, nothing more is served."""
 

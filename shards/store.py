@@ -33,6 +33,7 @@ from .errors import (
     LeaseExistsError,
     LeaseNotFoundError,
     LeaseTTLTooLargeError,
+    RequestTimeoutError,
     StateStoreError,
     StoreFailedError,
 )
@@ -57,6 +58,7 @@ class StoreConfig:
     journal: JournalConfig = field(default_factory=JournalConfig)
     checkpoint_journal_bytes: int = 256 * 1024 * 1024
     slice_ms: float = 5.0  # longest a compaction or one large request holds the event loop before yielding
+    request_timeout_s: float = 7.0  # etcd's: 5 s + 2 election timeouts; then "request timed out"
     pause_ms: float = 2.0  # how long it then lets others run: a gRPC call needs several loop turns
     bcrypt_cost: int = 10  # etcd's --bcrypt-cost
     auth_token_ttl_s: float = 300.0  # etcd's --auth-token-ttl
@@ -334,6 +336,8 @@ class Store:
         else:
             self._waiter_seq += 1
             heapq.heappush(self._waiters, (rev, self._waiter_seq, fut))
+            timer = asyncio.get_running_loop().call_later(self.config.request_timeout_s, _time_out, fut)
+            fut.add_done_callback(lambda f: timer.cancel() or f.cancelled() or f.exception())
         return fut
 
     def _durable(self, shard: Shard, seq: int) -> None:
@@ -576,6 +580,11 @@ def _txn_leases(req: TxnReq):
                 yield op.lease
         elif isinstance(op, TxnReq):
             yield from _txn_leases(op)
+
+
+def _time_out(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(RequestTimeoutError())
 
 
 def _durable_callback(store: Store, shard: Shard) -> Callable[[int], None]:

@@ -26,6 +26,7 @@ LEASE_EXISTS = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: lease already 
 LEASE_TTL_TOO_LARGE = (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: too large lease TTL")
 NO_SPACE = (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded")
 STOPPED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped")
+TIMED_OUT = (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
 MEMBER_NOT_SUPPORTED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: not capable")
 BAD_LEADER_TRANSFEREE = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: bad leader transferee")
 DOWNGRADE_VERSION_FORMAT = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: wrong downgrade target version format")
@@ -81,6 +82,7 @@ _STORE_ERRORS: dict[type, tuple[grpc.StatusCode, str]] = {
     se.LeaseExistsError: LEASE_EXISTS,
     se.LeaseTTLTooLargeError: LEASE_TTL_TOO_LARGE,
     se.StoreFailedError: STOPPED,
+    se.RequestTimeoutError: TIMED_OUT,
     se.StateStoreError: STOPPED,
     se.RootUserNotExistError: ROOT_USER_NOT_EXIST,
     se.RootRoleNotExistError: ROOT_ROLE_NOT_EXIST,

@@ -135,3 +135,30 @@ def test_an_unreachable_journal_is_one_line(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("shardetcd: cannot reach NATS at"), r.stderr
+
+
+def test_writes_time_out_without_a_quorum_and_resume_with_it(nats, tmp_path):
+    """Two of three NATS servers killed: a write is answered etcd's "request
+    timed out" (never acknowledged), reads keep being served; the servers come
+    back, the write lands once, and writes go on."""
+    server = server_on(nats, tmp_path / "a").start()
+    try:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            assert kv.Put(pb.PutRequest(key=b"k", value=b"v1"), timeout=10).header.revision == 2
+            nats.kill(1)
+            assert kv.Put(pb.PutRequest(key=b"k", value=b"one down"), timeout=10).header.revision == 3
+            nats.kill(2)
+            with pytest.raises(grpc.RpcError) as err:
+                kv.Put(pb.PutRequest(key=b"k", value=b"no quorum"), timeout=30)
+            assert (err.value.code(), err.value.details()) == (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+            r = kv.Range(pb.RangeRequest(key=b"k"), timeout=10)
+            assert [kv_.value for kv_ in r.kvs] == [b"one down"] and r.header.revision == 3
+            nats.start(1)
+            nats.start(2)
+            assert kv.Put(pb.PutRequest(key=b"k", value=b"back"), timeout=60).header.revision == 5
+            history = [kv.Range(pb.RangeRequest(key=b"k", revision=rev), timeout=10).kvs[0].value for rev in (3, 4, 5)]
+            assert history == [b"one down", b"no quorum", b"back"]
+        assert "journal publish not acknowledged, retrying" in server.log_tail(200)
+    finally:
+        server.stop()

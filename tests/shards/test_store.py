@@ -467,3 +467,25 @@ def test_a_large_read_yields_and_holds_compaction_back(tmp_path, run):
         await store.close()
 
     run(go())
+
+
+def test_a_write_not_durable_in_time_times_out_and_may_still_commit(tmp_path, run):
+    """etcd's request timeout: a write whose journal does not answer in time is
+    answered "request timed out" (the journal is slow, or a replicated journal
+    has no quorum); the store keeps going, and the write commits once it can."""
+    from shards.errors import RequestTimeoutError
+
+    async def go():
+        store = await open_store(tmp_path, request_timeout_s=0.3)
+        pods = store.shards[store.router.shard_for_key(POD)]
+        gate = block_writer(pods)
+        with pytest.raises(RequestTimeoutError):
+            await store.put(PutReq(POD, b"slow"))
+        assert store.failure is None and snapshot(store) == []
+        gate.set()
+        assert (await store.put(PutReq(POD, b"after"))).revision == 3
+        assert [(k, v, mod) for k, v, _, mod, _, _ in snapshot(store)] == [(POD, b"after", 3)]
+        assert [kv.value for kv in kvs(store.range(RangeReq(POD, revision=2)))] == [b"slow"]
+        await store.close()
+
+    run(go())
