@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import CheckpointConfig, JournalConfig
-from journal.errors import JournalCorrupt, JournalError, JournalFailed
+from journal.errors import JournalCorrupt, JournalError, JournalFailed, JournalFenced, JournalUnreachable
 from journal.journal import Journal
 from journal.record import Record
 
@@ -21,6 +21,8 @@ __all__ = [
     "JournalCorrupt",
     "JournalError",
     "JournalFailed",
+    "JournalFenced",
+    "JournalUnreachable",
     "Record",
     "load_latest_checkpoint",
     "write_checkpoint",

@@ -30,3 +30,7 @@ class JournalFailed(JournalError):
 
 class JournalUnreachable(JournalError):
     """The journal's home cannot be used at all (NATS unreachable, or set up too small)."""
+
+
+class JournalFenced(JournalFailed):
+    """Another process appended to the journal: this one must not write (or acknowledge) again."""

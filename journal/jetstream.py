@@ -14,8 +14,11 @@ carries two headers:
                                   written, JetStream refuses the publish and
                                   this journal fails (fail-stop) at once
 
-Records with a revision tag above R are cut (``truncate_after(R)``) by a
-message with the header ``Journal-Cut: R`` published before any new record;
+Opening a journal publishes an empty message with the header
+``Journal-Fence`` after the last message read: from then on, appends by any
+process that opened it earlier are refused.  Records with a revision tag
+above R are cut (``truncate_after(R)``) by a message with the header
+``Journal-Cut: R`` published before any new record;
 a reader drops the records above R that came before it, so every later
 replay agrees on the cut.  ``release_through(R)`` purges the stream's
 messages whose records all have tags <= R.  Checkpoints are objects in the
@@ -42,12 +45,14 @@ from typing import Callable, Iterable, Iterator
 
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
-from journal.errors import JournalCorrupt, JournalFailed, JournalUnreachable
+from journal.errors import JournalCorrupt, JournalFailed, JournalFenced, JournalUnreachable
 from journal.record import HEADER_BYTES, FrameError, Record, check_fields, decode_frame, frame_header
 
 logger = logging.getLogger(__name__)
 
 CUT_HEADER = "Journal-Cut"
+FENCE_HEADER = "Journal-Fence"
+TRANSIENT_API_ERRORS = {10005, 10008}  # no suitable peers (a peer offline), JetStream temporarily unavailable
 _CKPT_NAME = re.compile(r"^checkpoint-([0-9a-f]{16})\.ckpt$")
 MIN_MAX_PAYLOAD = 4 * 1024 * 1024
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Sequence
@@ -137,12 +142,17 @@ async def retrying(what: str, op, deadline_s: float = 30.0):
     from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
     from nats.js.errors import ServiceUnavailableError
 
+    from nats.js.errors import APIError
+
     deadline = time.monotonic() + deadline_s
     attempt = 0
     while True:
         try:
             return await op()
-        except (ServiceUnavailableError, NoRespondersError, NatsTimeout, asyncio.TimeoutError) as exc:
+        except (ServiceUnavailableError, NoRespondersError, NatsTimeout, asyncio.TimeoutError, APIError) as exc:
+            if isinstance(exc, APIError) and not isinstance(exc, ServiceUnavailableError) \
+                    and exc.err_code not in TRANSIENT_API_ERRORS:
+                raise
             attempt += 1
             if time.monotonic() > deadline:
                 raise JournalFailed(f"JetStream did not answer {what} for {deadline_s:.0f} s: {exc!r}") from exc
@@ -199,8 +209,16 @@ class JetStreamJournal:
                 storage=StorageType.FILE, duplicate_window=120.0, allow_direct=True,
             )))
             logger.info("journal stream created stream=%s replicas=%d", self.stream, self.log.config.replicas)
-        self._tail = info.state.last_seq
-        await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
+        for attempt in range(20):
+            self._tail = info.state.last_seq
+            await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
+            try:  # from here on, an older writer's appends are refused
+                await self._publish(b"", {FENCE_HEADER: self._instance}, 0)
+                return
+            except JournalFenced:
+                logger.warning("journal changed while being fenced, reading it again stream=%s", self.stream)
+                info = await retrying("stream info", lambda: js.stream_info(self.stream))
+        raise JournalUnreachable(f"journal {self.stream} keeps changing: another writer is active on it")
 
     async def _read(self, first: int, last: int) -> None:
         """Every record in the stream, cuts applied (the stream is bounded by checkpoints)."""
@@ -373,7 +391,7 @@ class JetStreamJournal:
                 break
             except APIError as exc:
                 if exc.err_code == WRONG_LAST_SEQUENCE:
-                    raise JournalFailed(f"journal {self.stream}: another writer appended to the stream "
+                    raise JournalFenced(f"journal {self.stream}: another writer appended to the stream "
                                         f"(expected last sequence {self._tail}): {exc.description}") from None
                 error = exc
             except (NatsTimeout, NoRespondersError, asyncio.TimeoutError) as exc:
@@ -439,10 +457,10 @@ class JetStreamJournal:
 
             name = f"{self.stream}-checkpoints"
             try:
-                self._bucket = await self.log.js.object_store(name)
+                self._bucket = await retrying("checkpoint bucket", lambda: self.log.js.object_store(name))
             except BucketNotFoundError:
-                self._bucket = await self.log.js.create_object_store(
-                    name, config=ObjectStoreConfig(bucket=name, replicas=self.log.config.replicas))
+                self._bucket = await retrying("create checkpoint bucket", lambda: self.log.js.create_object_store(
+                    name, config=ObjectStoreConfig(bucket=name, replicas=self.log.config.replicas)))
         return self._bucket
 
     async def save_checkpoint(self, rev: int, meta: bytes, rows: Iterable[bytes]) -> str:

@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "replicated, instead of in --data-dir (default: local journal)")
     p.add_argument("--journal-replicas", type=_positive_int, default=d.journal_replicas,
                    help="with --journal-url: JetStream replicas of each journal stream and checkpoint bucket (default: %(default)s)")
+    p.add_argument("--standby", action="store_true",
+                   help="with --journal-url: do not serve; wait until the writer's lease lapses (it stopped or died), "
+                        "then take over its journals and serve the same revision sequence")
+    p.add_argument("--journal-lease-ttl", type=float, default=d.journal_lease_ttl_s, dest="journal_lease_ttl",
+                   help="with --journal-url: seconds the writer lease lasts without renewal, so how soon a standby "
+                        "takes over (default: %(default)s)")
     p.add_argument("--journal-prefix", default=d.journal_prefix,
                    help="with --journal-url: prefix of the stream and bucket names, one set per cluster (default: %(default)s)")
     return p
@@ -152,6 +158,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         journal_urls=args.journal_urls,
         journal_replicas=args.journal_replicas,
         journal_prefix=args.journal_prefix,
+        journal_lease_ttl_s=args.journal_lease_ttl,
+        standby=args.standby,
         watch_progress_notify_interval_s=args.experimental_watch_progress_notify_interval,
         cert_file=args.cert_file,
         key_file=args.key_file,

@@ -29,6 +29,8 @@ class ServerConfig:
     journal_urls: tuple[str, ...] = ()  # nats:// URLs: journals on NATS JetStream instead of local segments
     journal_replicas: int = 3
     journal_prefix: str = "shardetcd"
+    journal_lease_ttl_s: float = 3.0  # the writer lease: a standby takes over this long after the writer stops
+    standby: bool = False  # wait for the writer lease, then take over
     watch_progress_notify_interval_s: float = 600.0
     cert_file: Path | None = None
     key_file: Path | None = None

@@ -14,7 +14,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from journal import JournalConfig
 from journal.errors import JournalUnreachable
-from journal.jetstream import JetStreamConfig
+from journal.jetstream import JetStreamConfig, JetStreamLog
+from journal.leadership import WriterLease
 from shards.errors import StateStoreError
 from shards.layout import Layout, ShardSpec, load_layout
 from shards.partition import PartitionGuard, load_cluster_layout
@@ -56,6 +57,7 @@ class Running:
     progress: asyncio.Task | None = None
     autocompact: asyncio.Task | None = None
     http: list = field(default_factory=list)
+    lease: WriterLease | None = None
 
 
 def parse_listen_url(url: str) -> tuple[str, bool]:
@@ -123,9 +125,49 @@ def store_config(config: ServerConfig) -> StoreConfig:
         bcrypt_cost=config.bcrypt_cost,
         auth_token_ttl_s=config.auth_token_ttl_s,
         auth_token=config.auth_token,
-        jetstream=JetStreamConfig(urls=config.journal_urls, prefix=config.journal_prefix,
-                                  replicas=config.journal_replicas) if config.journal_urls else None,
+        jetstream=jetstream_config(config),
     )
+
+
+def jetstream_config(config: ServerConfig) -> JetStreamConfig | None:
+    if not config.journal_urls:
+        return None
+    return JetStreamConfig(urls=config.journal_urls, prefix=config.journal_prefix, replicas=config.journal_replicas)
+
+
+async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
+    """With a JetStream journal: hold the writer lease before touching the journals
+    (a --standby waits for it; anyone else is refused while another holds it)."""
+    js = jetstream_config(config)
+    if js is None:
+        if config.standby:
+            raise StartupError("--standby needs --journal-url (a standby takes over a replicated journal)")
+        return None
+    try:
+        log = await JetStreamLog(js).connect()
+    except JournalUnreachable as exc:
+        raise StartupError(str(exc)) from exc
+    lease = WriterLease(log, ttl_s=config.journal_lease_ttl_s)
+    try:
+        if config.standby:
+            logger.warning("standing by for the writer lease prefix=%s", js.prefix)
+            waited = await lease.wait()
+            logger.warning("taking over as the writer waited_s=%.3f", waited)
+        else:
+            await lease.acquire()
+    except JournalUnreachable as exc:
+        await log.close()
+        raise StartupError(str(exc)) from exc
+    except BaseException:
+        await log.close()
+        raise
+    return lease
+
+
+async def release_writer_lease(lease: WriterLease | None) -> None:
+    if lease is not None:
+        await lease.release()
+        await lease.log.close()
 
 
 async def open_store(config: ServerConfig) -> Store:
@@ -148,9 +190,17 @@ async def open_store(config: ServerConfig) -> Store:
 async def start(config: ServerConfig) -> Running:
     addresses = [parse_listen_url(u) for u in config.listen_client_urls]
     guard = partition_guard(config)
-    store = await open_store(config)
+    lease = await take_writer_lease(config)
+    try:
+        store = await open_store(config)
+    except BaseException:
+        await release_writer_lease(lease)
+        raise
     failed = asyncio.Event()
     store.on_failure = lambda exc: failed.set()
+    if lease is not None:
+        lease.on_lost = store._fail
+        lease.start_renewing()
     member = Member(store, config, guard)
     server = grpc.aio.server(options=grpc_options(config))
     services = {
@@ -179,9 +229,10 @@ async def start(config: ServerConfig) -> Running:
         await server.start()
     except BaseException:
         await store.close()
+        await release_writer_lease(lease)
         raise
     progress = asyncio.get_running_loop().create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
-    running = Running(server, store, ports, failed, progress)
+    running = Running(server, store, ports, failed, progress, lease=lease)
     running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
 
     try:
@@ -209,6 +260,7 @@ async def stop(running: Running, grace_s: float = 1.0) -> None:
     running.store.hub.close()
     await running.server.stop(grace_s)
     await running.store.close()
+    await release_writer_lease(running.lease)
 
 
 async def serve(config: ServerConfig, ready=None) -> int:

@@ -105,7 +105,8 @@ class ShardetcdProcess:
 
     # -- lifecycle -------------------------------------------------------
 
-    def start(self) -> ShardetcdProcess:
+    def start(self, wait: bool = True) -> ShardetcdProcess:
+        """Start the process; unless ``wait`` is False, until it serves (a --standby does not, yet)."""
         if self.running():
             raise RuntimeError(f"shardetcd pid {self.pid} is already running")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
@@ -122,12 +123,24 @@ class ShardetcdProcess:
                 env=env,
                 cwd=REPO_ROOT,
             )
+        if not wait:
+            return self
         try:
             self._wait_ready()
         except BaseException:
             self.kill()
             raise
         return self
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Until a process started with wait=False serves."""
+        if timeout is not None:
+            self.timeout = timeout
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.timeout

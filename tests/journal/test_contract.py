@@ -202,3 +202,34 @@ def test_checkpoints_come_back_as_written(backend):
         await log.close()
 
     asyncio.run(go())
+
+
+def test_opening_a_jetstream_journal_fences_out_the_one_opened_before(nats_cluster, tmp_path):
+    """Two processes on one stream: the second's open fences the stream, so the
+    first's next append is refused and it fails; what the second wrote stays."""
+    from journal import JournalFenced
+
+    async def go():
+        backend = Backend("jetstream", tmp_path, nats_cluster.urls)
+        log_a, a = await backend.open()
+        await a.start()
+        a.append(1, 1, b"a1")
+        await a.sync()
+        failures: list[BaseException] = []
+        a.on_failure = failures.append
+        log_b, b = await backend.open()
+        assert [r.payload for r in b.records()] == [b"a1"]
+        await b.start()
+        b.append(1, 2, b"b2")
+        await b.sync()
+        a.append(1, 2, b"stale")
+        with pytest.raises(JournalFailed):
+            await a.sync()
+        assert len(failures) == 1 and isinstance(failures[0], JournalFenced)
+        await a.close()
+        await b.close()
+        await log_a.close()
+        await log_b.close()
+        assert await backend.reopen_records() == [(1, 1, b"a1"), (1, 2, b"b2")]
+
+    asyncio.run(go())

@@ -1,0 +1,137 @@
+"""Who may write to the JetStream journals: a lease in a JetStream KV bucket.
+
+The bucket ``<prefix>-writer`` keeps one key, ``writer``, whose value names
+the process holding the lease; entries expire ``ttl_s`` after they were
+written (the bucket's max age).  The holder rewrites it every ``ttl_s / 3``
+with a compare-and-set on its last revision.  A standby waits until the key
+is gone (deleted, or expired because its holder stopped renewing) and
+creates it.
+
+The lease only decides who *tries* to write.  What makes a second writer
+harmless is the journals' fence (expected last sequence, and the fence
+message every journal publishes when it is opened): a process that lost the
+lease but still appends is refused by JetStream.  A holder that finds the
+lease held by someone else stops at once; a holder that cannot reach NATS
+keeps trying (without a quorum nobody can take the lease from it, and its
+writes time out meanwhile).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from journal.errors import JournalFailed, JournalUnreachable
+
+logger = logging.getLogger(__name__)
+
+KEY = "writer"
+
+
+class WriterLease:
+    def __init__(self, log, ttl_s: float = 3.0) -> None:
+        self.log = log  # a connected journal.jetstream.JetStreamLog
+        self.ttl_s = ttl_s
+        self.me = f"{log.writer_id}"
+        self.kv = None
+        self.revision = 0
+        self.on_lost: Callable[[BaseException], None] | None = None
+        self._task: asyncio.Task | None = None
+
+    async def _bucket(self):
+        if self.kv is None:
+            from nats.js.api import KeyValueConfig
+            from nats.js.errors import BucketNotFoundError
+
+            from journal.jetstream import retrying
+
+            name = f"{self.log.config.prefix}-writer"
+            try:
+                self.kv = await retrying("writer lease bucket", lambda: self.log.js.key_value(name))
+            except BucketNotFoundError:
+                self.kv = await retrying("create writer lease bucket", lambda: self.log.js.create_key_value(
+                    KeyValueConfig(bucket=name, ttl=self.ttl_s, history=1, replicas=self.log.config.replicas)))
+        return self.kv
+
+    async def holder(self) -> str | None:
+        """Who holds the lease now (None: nobody)."""
+        from nats.js.errors import KeyNotFoundError
+
+        kv = await self._bucket()
+        try:
+            entry = await kv.get(KEY)
+        except KeyNotFoundError:
+            return None
+        return entry.value.decode() if entry.value else None
+
+    async def try_acquire(self) -> bool:
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        kv = await self._bucket()
+        try:
+            self.revision = await kv.create(KEY, self.me.encode())
+        except KeyWrongLastSequenceError:
+            return False
+        logger.warning("writer lease acquired holder=%s ttl_s=%.1f", self.me, self.ttl_s)
+        return True
+
+    async def acquire(self) -> None:
+        """Take the lease now, or say who holds it."""
+        if not await self.try_acquire():
+            raise JournalUnreachable(f"another shardetcd ({await self.holder()}) holds the writer lease of "
+                                     f"{self.log.config.prefix}; start this one with --standby to take over when it stops")
+
+    async def wait(self, poll_s: float = 0.2) -> float:
+        """A standby: wait until the lease is free and take it; returns seconds waited."""
+        started = time.monotonic()
+        holder = None
+        while not await self.try_acquire():
+            now = await self.holder()
+            if now != holder:
+                holder = now
+                logger.warning("standing by writer=%s", holder)
+            await asyncio.sleep(poll_s)
+        return time.monotonic() - started
+
+    def start_renewing(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+        kv = await self._bucket()
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            try:
+                self.revision = await kv.update(KEY, self.me.encode(), last=self.revision)
+                continue
+            except KeyWrongLastSequenceError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - NATS unreachable: nobody else can take it either
+                logger.warning("writer lease not renewed, retrying error=%r", exc)
+                continue
+            try:
+                holder = (await kv.get(KEY)).value.decode()
+            except KeyNotFoundError:
+                holder = None
+            if holder is None and await self.try_acquire():
+                continue
+            self._lost(JournalFailed(f"lost the writer lease to {holder or 'another process'}"))
+            return
+
+    def _lost(self, exc: BaseException) -> None:
+        logger.critical("writer lease lost error=%s", exc)
+        if self.on_lost is not None:
+            self.on_lost(exc)
+
+    async def release(self) -> None:
+        """On a clean stop: give the lease back so a standby need not wait for it to expire."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.kv is not None and self.revision:
+            try:
+                await self.kv.delete(KEY, last=self.revision)
+            except Exception as exc:  # noqa: BLE001 - it expires anyway
+                logger.info("writer lease not released error=%r", exc)
