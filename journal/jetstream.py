@@ -135,21 +135,30 @@ class JetStreamLog:
         logger.warning("nats reconnected url=%s", self.nc.connected_url.netloc if self.nc.connected_url else "?")
 
 
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """What NATS raises while it cannot answer right now (a reconnect, a leader
+    election, a lost quorum): worth trying again, never a reason to fail."""
+    from nats.errors import (ConnectionReconnectingError, FlushTimeoutError, NoRespondersError,
+                             OutboundBufferLimitError, StaleConnectionError, TimeoutError as NatsTimeout)
+    from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+
+    return (ServiceUnavailableError, NoStreamResponseError, NoRespondersError, NatsTimeout, asyncio.TimeoutError,
+            ConnectionReconnectingError, FlushTimeoutError, OutboundBufferLimitError, StaleConnectionError)
+
+
 async def retrying(what: str, op, deadline_s: float = 30.0):
     """Run ``op()`` (a coroutine factory) again while JetStream answers that it
     is not available right now (no responders, a timeout: a leader election,
     a reconnect), for up to ``deadline_s``."""
-    from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
-    from nats.js.errors import ServiceUnavailableError
+    from nats.js.errors import APIError, ServiceUnavailableError
 
-    from nats.js.errors import APIError
-
+    transient = transient_errors()
     deadline = time.monotonic() + deadline_s
     attempt = 0
     while True:
         try:
             return await op()
-        except (ServiceUnavailableError, NoRespondersError, NatsTimeout, asyncio.TimeoutError, APIError) as exc:
+        except (*transient, APIError) as exc:
             if isinstance(exc, APIError) and not isinstance(exc, ServiceUnavailableError) \
                     and exc.err_code not in TRANSIENT_API_ERRORS:
                 raise
@@ -377,8 +386,9 @@ class JetStreamJournal:
     async def _publish(self, body: bytes, headers: dict, top: int) -> None:
         """Store one message after the stream's known tail; retried (same id) until
         JetStream answers; refused if anyone else wrote meanwhile."""
-        from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
         from nats.js.errors import APIError
+
+        transient = transient_errors()
 
         self._batches += 1
         headers = {**headers, "Nats-Msg-Id": f"{self._instance}-{self._batches}",
@@ -394,7 +404,7 @@ class JetStreamJournal:
                     raise JournalFenced(f"journal {self.stream}: another writer appended to the stream "
                                         f"(expected last sequence {self._tail}): {exc.description}") from None
                 error = exc
-            except (NatsTimeout, NoRespondersError, asyncio.TimeoutError) as exc:
+            except transient as exc:
                 error = exc
             attempt += 1
             if attempt == 1 or attempt % 10 == 0:

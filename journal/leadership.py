@@ -112,9 +112,13 @@ class WriterLease:
                 logger.warning("writer lease not renewed, retrying error=%r", exc)
                 continue
             try:
-                holder = (await kv.get(KEY)).value.decode()
+                entry = await kv.get(KEY)
+                holder = entry.value.decode()
             except KeyNotFoundError:
-                holder = None
+                entry, holder = None, None
+            if holder == self.me:  # our last renewal was stored although its answer was lost
+                self.revision = entry.revision
+                continue
             if holder is None and await self.try_acquire():
                 continue
             self._lost(JournalFailed(f"lost the writer lease to {holder or 'another process'}"))
