@@ -290,7 +290,6 @@ class Store:
         if rev > self.committed:
             raise FutureRevisionError
         self.compact_rev = rev
-        self.hub.compacted()
         tag = self.rev
         for shard in self.shards:
             shard.append_compact(tag, rev)

@@ -108,6 +108,17 @@ class Watcher:
         return not (self.no_put if kind == PUT else self.no_delete)
 
 
+def _first_rev(start_revision: int, committed: int, compact_rev: int) -> int:
+    """The first revision a new watcher wants.  As etcd 3.5.1, a negative start
+    is a watcher behind all history: below ``compact_rev`` (etcd's
+    compactMainRev, -1 before any compaction) it is kept so that catch-up
+    cancels it as compacted; otherwise (-1, never compacted) it watches from
+    now, as etcd once its next sync finds no rows below 0."""
+    if start_revision > 0 or start_revision < min(compact_rev, 0):
+        return start_revision
+    return committed + 1
+
+
 class WatchStream:
     """One client stream: its watchers and its outbox."""
 
@@ -117,7 +128,6 @@ class WatchStream:
         self.outbox: deque[Message] = deque()
         self.outbox_events = 0
         self.unsynced: set[Watcher] = set()
-        self.parked: set[Watcher] = set()  # negative start_revision, waiting for a compaction to cancel them
         self.progress_wanted = False
         self.closed = False
         self._next_id = 0
@@ -149,11 +159,7 @@ class WatchStream:
         elif wid in self.watchers:
             self.put(Message(-1, rev, created=True, canceled=True, cancel_reason=ERR_DUPLICATE_ID))
             return
-        # etcd 3.5 takes a negative start_revision as a revision in the past
-        # that no history read ever reaches: below the compacted revision (-1
-        # before any compaction) the watch is canceled as compacted; otherwise
-        # it is parked (no events, no progress) until a compaction cancels it
-        next_rev = spec.start_revision or rev + 1
+        next_rev = _first_rev(spec.start_revision, rev, hub.store.compact_rev)
         if end is None:
             sids = [hub.store.router.shard_for_key(key)]
         else:
@@ -163,8 +169,6 @@ class WatchStream:
         self.put(Message(wid, rev, created=True))
         if next_rev > rev:
             hub.add_synced(w)
-        elif next_rev < 0 and next_rev >= hub.store.compact_rev:
-            self.parked.add(w)
         else:
             self.unsynced.add(w)
             self._start_catchup()
@@ -175,7 +179,6 @@ class WatchStream:
             return
         self.hub.remove(w)
         self.unsynced.discard(w)
-        self.parked.discard(w)
         self.put(Message(wid, self.hub.store.committed, canceled=True))
         self._maybe_progress()
 
@@ -184,7 +187,7 @@ class WatchStream:
         self._maybe_progress()
 
     def _maybe_progress(self) -> None:
-        if self.progress_wanted and not self.unsynced and not self.parked:
+        if self.progress_wanted and not self.unsynced:
             self.progress_wanted = False
             self.put(Message(PROGRESS_WATCH_ID, self.hub.store.committed))
 
@@ -237,7 +240,6 @@ class WatchStream:
             self.hub.remove(w)
         self.watchers.clear()
         self.unsynced.clear()
-        self.parked.clear()
         self.outbox.clear()
         self._ready.set()
         self._drained.set()
@@ -464,16 +466,6 @@ class WatchHub:
                 if w.synced and not w.sent_since_tick:
                     stream.put(Message(w.id, rev))
                 w.sent_since_tick = False
-
-    def compacted(self) -> None:
-        """Cancel the parked watchers now below the compacted revision."""
-        compact_rev = self.store.compact_rev
-        for stream in self.streams:
-            for w in [w for w in stream.parked if w.next_rev < compact_rev]:
-                stream.parked.discard(w)
-                stream.watchers.pop(w.id, None)
-                stream.put(Message(w.id, 0, canceled=True, compact_revision=compact_rev))
-            stream._maybe_progress()
 
     def close(self) -> None:
         for stream in list(self.streams):

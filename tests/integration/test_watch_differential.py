@@ -337,8 +337,8 @@ class Harness:
 
     def expected(self, w: Watch) -> list[kv_pb2.Event]:
         """What `w` must report, from etcd's global log (prev_kv as the log has it)."""
-        if w.failed or w.compacted or w.req.start_revision < 0:
-            return []  # a negative start that is not compacted yet waits, eventless, to be (etcd 3.5)
+        if w.failed or w.compacted:
+            return []
         out = []
         for e in self.sides[0].glog_events():
             rev = e.kv.mod_revision
@@ -535,27 +535,6 @@ def test_historical_start_revisions(harness):
     _check(h)
 
 
-def test_negative_start_revisions(harness):
-    """etcd 3.5 takes a negative start_revision as a revision in the past: below
-    the compacted revision (-1 before any compaction) the watch is canceled as
-    compacted, otherwise it gets no events until the next compaction cancels
-    it.  (Each is created alone: in etcd a watch starting at -1 beside other
-    catching-up watches makes them skip history, a quirk not reproduced.)"""
-    h = harness
-    for i in range(6):
-        h.put(KEYS[i % 3], b"%d" % i)
-    h.create(0, KEYS[0], start_revision=-4)  # canceled, compact_revision -1
-    h.create(1, b"/registry/", prefix_end(b"/registry/"), start_revision=-1)  # no events; canceled by a compaction
-    h.settle()
-    for i in range(4):
-        h.put(KEYS[i % 3], b"live%d" % i)
-    h.write(pb.CompactionRequest(revision=5, physical=True))
-    h.create(2, KEYS[0], start_revision=-1)  # now below the compacted revision: canceled
-    h.create(3, b"\x00", b"\x00", start_revision=-100)
-    h.put(KEYS[0], b"last")
-    _check(h)
-
-
 def test_compaction_duplicates_cancels_and_empty_ranges(harness):
     h = harness
     for i in range(10):
@@ -564,7 +543,6 @@ def test_compaction_duplicates_cancels_and_empty_ranges(harness):
     h.write(pb.CompactionRequest(revision=6, physical=True))
     h.create(0, b"/registry/", prefix_end(b"/registry/"), start_revision=3)  # compacted
     h.create(2, b"/registry/", prefix_end(b"/registry/"), start_revision=-1)  # negative: compacted too
-    h.create(2, KEYS[0], start_revision=-9)
     h.create(0, b"/registry/", prefix_end(b"/registry/"), start_revision=6, prev_kv=True)  # == compact revision
     h.create(0, b"/registry/", prefix_end(b"/registry/"), start_revision=7, prev_kv=True)
     h.create(1, b"a", watch_id=1000)  # another stream: the same client-chosen ID is fine
@@ -816,3 +794,63 @@ def test_fragmented_watch_responses_match_etcd(tmp_path):
         assert mine == theirs, (wid, [(r[1], r[2], len(r[4])) for r in mine], [(r[1], r[2], len(r[4])) for r in theirs])
     fragmented = [r for r in got["etcd"] if r[2]]
     assert len(fragmented) >= 2 and {r[0] for r in fragmented} == {0}, [r[:3] for r in fragmented]
+
+
+def _negative_start_script(endpoint: str, compact: bool) -> list[tuple]:
+    """Watches with start_revision -1 and -5 (compacted at rev 4 or never): what each answers.
+    A watch that is not canceled must report a put made after it was created (etcd may miss
+    puts until its next sync of unsynced watchers, so put until one arrives)."""
+    key = b"/registry/pods/default/neg"
+    out = []
+    with grpc.insecure_channel(endpoint) as ch:
+        kv = pbg.KVStub(ch)
+        for i in range(6):
+            kv.Put(pb.PutRequest(key=key, value=b"v%d" % i), timeout=10)
+        if compact:
+            kv.Compact(pb.CompactionRequest(revision=4), timeout=10)
+        for start in (-1, -5):
+            w = WatchClient(ch)
+            try:
+                w.create(key, start_revision=start)
+                created = w.wait_for(lambda rs: rs and rs[0].created)[0]
+                for _ in range(50):
+                    kv.Put(pb.PutRequest(key=key, value=b"after"), timeout=10)
+                    try:
+                        rs = w.wait_for(lambda rs: len(rs) >= 2, timeout=0.2)
+                        break
+                    except AssertionError:
+                        continue
+                else:
+                    raise AssertionError(f"watch from {start} neither canceled nor reported a put: {w.responses}")
+                second = rs[1]
+                events_after_created = all(e.kv.mod_revision > created.header.revision for e in second.events)
+                out.append((start, created.created, created.canceled, second.canceled, second.compact_revision,
+                            second.header.revision if second.canceled else "live", bool(second.events), events_after_created))
+            finally:
+                w.close()
+    return out
+
+
+def test_negative_start_revision_matches_etcd(tmp_path):
+    """etcd 3.5.1 treats a negative start_revision as a watcher behind all history: below
+    the compact revision (-1 before any compaction) it is canceled as compacted with
+    that compact_revision; -1 on a never compacted store watches from now."""
+    from tests.conftest import require_etcd_binary
+    from tests.etcd_fixture import start_etcd
+    from tests.shardetcd_fixture import start_shardetcd
+
+    require_etcd_binary()
+    got = {}
+    for name, start in (("etcd", start_etcd), ("shardetcd", start_shardetcd)):
+        for compact in (False, True):
+            server = start(tmp_path / f"{name}-{compact}")
+            try:
+                got[name, compact] = _negative_start_script(server.endpoint, compact)
+            finally:
+                server.stop()
+    assert got["etcd", False] == [(-1, True, False, False, 0, "live", True, True),
+                                  (-5, True, False, True, -1, 0, False, True)], got["etcd", False]
+    assert got["etcd", True] == [(-1, True, False, True, 4, 0, False, True),
+                                 (-5, True, False, True, 4, 0, False, True)], got["etcd", True]
+    for compact in (False, True):
+        assert got["shardetcd", compact] == got["etcd", compact], (compact, got)
