@@ -202,6 +202,7 @@ class JetStreamJournal:
         self._failure: BaseException | None = None
         self._bucket = None
         self._instance = secrets.token_hex(8)  # message ids are unique to this open journal
+        self.released_before = False
 
     # -- open / replay ----------------------------------------------------
 
@@ -218,6 +219,7 @@ class JetStreamJournal:
                 storage=StorageType.FILE, duplicate_window=120.0, allow_direct=True,
             )))
             logger.info("journal stream created stream=%s replicas=%d", self.stream, self.log.config.replicas)
+        self.released_before = info.state.first_seq > 1  # purged up to a checkpoint
         for attempt in range(20):
             self._tail = info.state.last_seq
             await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))

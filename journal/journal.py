@@ -129,6 +129,11 @@ class Journal:
         return [s.path for s in self._segments]
 
     @property
+    def released_before(self) -> bool:
+        """Were records released (so a checkpoint must cover them)? The first segment is no longer number 0."""
+        return bool(self._segments) and self._segments[0].seq > 0
+
+    @property
     def bytes_total(self) -> int:
         return sum(s.size for s in self._segments)
 

@@ -48,6 +48,13 @@ def _check_complete(store: Store, found: list[Recovered]) -> None:
             f"data dir {store.datadir.path} was restored at revision {floor}, but shard(s) {', '.join(missing)} "
             "have no checkpoint at or above it: the dir is incomplete (restore the snapshot again)"
         )
+    # records are released only once a checkpoint covers them: none means it was lost
+    lost = [shard.name for shard, f in zip(store.shards, found) if shard.journal.released_before and not f.checkpoint_rev]
+    if lost:
+        raise DataDirError(
+            f"data dir {store.datadir.path}: the journal of shard(s) {', '.join(lost)} was released up to a "
+            "checkpoint that is missing: refusing to serve without those keys (restore from a snapshot)"
+        )
 
 
 async def recover(store: Store) -> None:
