@@ -41,10 +41,11 @@ def test_etcd3gw_put_get_lease_watch(gateway):
     assert 55 <= lease.ttl() <= 60
     assert c.put("/registry/events/e", "x", lease=lease)
     assert [m["key"] for _, m in c.get_prefix("/registry/")] == [b"/registry/events/e", b"/registry/pods/a"]
-    events, (stream, cancel) = [], c.watch_prefix("/registry/")
+    # from the next revision: the watch sees both writes however late the gateway sets it up
+    rev = int(c.status()["header"]["revision"])
+    events, (stream, cancel) = [], c.watch_prefix("/registry/", start_revision=rev + 1)
     reader = threading.Thread(target=lambda: events.extend(stream), daemon=True)
     reader.start()
-    time.sleep(0.5)
     c.put("/registry/pods/b", "2")
     c.delete("/registry/pods/a")
     deadline = time.monotonic() + 5

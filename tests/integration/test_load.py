@@ -77,6 +77,10 @@ def run_stalled_streams(shardetcd, base: str) -> None:
         kv = pbg.KVStub(main)
         stalled_channels = [grpc.insecure_channel(shardetcd.endpoint) for _ in range(20)]
         stalled = [StalledWatch(ch, b"/") for ch in stalled_channels for _ in range(10)]
+        deadline = time.monotonic() + 30  # they never read their created responses: count them on the server
+        while watchers(base) != 200:
+            assert time.monotonic() < deadline, f"only {watchers(base)} of 200 stalled watches were created"
+            time.sleep(0.1)
         live_channel = grpc.insecure_channel(shardetcd.endpoint)
         live = WatchClient(live_channel)
         live.create(b"/", b"\x00")

@@ -54,15 +54,25 @@ def test_etcdctl_watch_prefix_rev_prev_kv(shardetcd):
         ["/usr/bin/etcdctl", f"--endpoints={shardetcd.endpoint}", "watch", "/registry/", "--prefix", "--rev=2", "--prev-kv"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"ETCDCTL_API": "3"},
     )
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        time.sleep(1.0)
-        with grpc.insecure_channel(shardetcd.endpoint) as ch:
+        with grpc.insecure_channel(shardetcd.endpoint) as ch:  # --rev=2: seen however late etcdctl's watch starts
             pbg.KVStub(ch).DeleteRange(pb.DeleteRangeRequest(key=b"/registry/leases/y"))
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30
+        while len(lines) < 13 and reader.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=10)
-    assert out.split("\n")[:13] == [
+        proc.wait(timeout=10)
+        reader.join(10)
+    assert lines[:13] == [
         "PUT", "/registry/pods/x", "one",
         "PUT", "/registry/leases/y", "two",
         "PUT", "/registry/pods/x", "one", "/registry/pods/x", "three",
