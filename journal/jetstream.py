@@ -160,7 +160,7 @@ async def retrying(what: str, op, deadline_s: float = 30.0):
             return await op()
         except (*transient, APIError) as exc:
             if isinstance(exc, APIError) and not isinstance(exc, ServiceUnavailableError) \
-                    and exc.err_code not in TRANSIENT_API_ERRORS:
+                    and getattr(exc, "err_code", None) not in TRANSIENT_API_ERRORS:
                 raise
             attempt += 1
             if time.monotonic() > deadline:
@@ -402,7 +402,7 @@ class JetStreamJournal:
                                                 timeout=self.log.config.publish_timeout_s)
                 break
             except APIError as exc:
-                if exc.err_code == WRONG_LAST_SEQUENCE:
+                if getattr(exc, "err_code", None) == WRONG_LAST_SEQUENCE:
                     raise JournalFenced(f"journal {self.stream}: another writer appended to the stream "
                                         f"(expected last sequence {self._tail}): {exc.description}") from None
                 error = exc

@@ -1,7 +1,8 @@
 """Who may write to the JetStream journals: a lease in a JetStream KV bucket.
 
-The bucket ``<prefix>-writer`` keeps one key, ``writer``, whose value names
-the process holding the lease; entries expire ``ttl_s`` after they were
+The bucket ``<prefix>-writer`` keeps one key per writer role (``writer``, or
+the partition's name under ``shardetcd cluster``), whose value names the
+process holding the lease; entries expire ``ttl_s`` after they were
 written (the bucket's max age).  The holder rewrites it every ``ttl_s / 3``
 with a compare-and-set on its last revision.  A standby waits until the key
 is gone (deleted, or expired because its holder stopped renewing) and
@@ -26,13 +27,14 @@ from journal.errors import JournalFailed, JournalUnreachable
 
 logger = logging.getLogger(__name__)
 
-KEY = "writer"
+KEY = "writer"  # the key of a server that is not a partition
 
 
 class WriterLease:
-    def __init__(self, log, ttl_s: float = 3.0) -> None:
+    def __init__(self, log, ttl_s: float = 3.0, key: str = KEY) -> None:
         self.log = log  # a connected journal.jetstream.JetStreamLog
         self.ttl_s = ttl_s
+        self.key = key
         self.me = f"{log.writer_id}"
         self.kv = None
         self.revision = 0
@@ -58,9 +60,11 @@ class WriterLease:
         """Who holds the lease now (None: nobody)."""
         from nats.js.errors import KeyNotFoundError
 
+        from journal.jetstream import retrying
+
         kv = await self._bucket()
         try:
-            entry = await kv.get(KEY)
+            entry = await retrying("writer lease get", lambda: kv.get(self.key))
         except KeyNotFoundError:
             return None
         return entry.value.decode() if entry.value else None
@@ -68,19 +72,29 @@ class WriterLease:
     async def try_acquire(self) -> bool:
         from nats.js.errors import KeyWrongLastSequenceError
 
+        from journal.jetstream import retrying
+
         kv = await self._bucket()
         try:
-            self.revision = await kv.create(KEY, self.me.encode())
+            self.revision = await retrying("writer lease create", lambda: kv.create(self.key, self.me.encode()))
         except KeyWrongLastSequenceError:
-            return False
+            if await self.holder() != self.me:
+                return False
+            self.revision = (await kv.get(self.key)).revision  # a retried create found its own first try
+
         logger.warning("writer lease acquired holder=%s ttl_s=%.1f", self.me, self.ttl_s)
         return True
 
-    async def acquire(self) -> None:
-        """Take the lease now, or say who holds it."""
-        if not await self.try_acquire():
-            raise JournalUnreachable(f"another shardetcd ({await self.holder()}) holds the writer lease of "
-                                     f"{self.log.config.prefix}; start this one with --standby to take over when it stops")
+    async def acquire(self, poll_s: float = 0.2) -> None:
+        """Take the lease, waiting at most one TTL (a holder that died lets it
+        lapse by then: a restart after a crash gets it); else say who holds it."""
+        deadline = time.monotonic() + self.ttl_s + 1.0
+        while not await self.try_acquire():
+            if time.monotonic() > deadline:
+                raise JournalUnreachable(
+                    f"another shardetcd ({await self.holder()}) holds the writer lease {self.key} of "
+                    f"{self.log.config.prefix}; start this one with --standby to take over when it stops")
+            await asyncio.sleep(poll_s)
 
     async def wait(self, poll_s: float = 0.2) -> float:
         """A standby: wait until the lease is free and take it; returns seconds waited."""
@@ -104,7 +118,7 @@ class WriterLease:
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             try:
-                self.revision = await kv.update(KEY, self.me.encode(), last=self.revision)
+                self.revision = await kv.update(self.key, self.me.encode(), last=self.revision)
                 continue
             except KeyWrongLastSequenceError:
                 pass
@@ -112,7 +126,7 @@ class WriterLease:
                 logger.warning("writer lease not renewed, retrying error=%r", exc)
                 continue
             try:
-                entry = await kv.get(KEY)
+                entry = await kv.get(self.key)
                 holder = entry.value.decode()
             except KeyNotFoundError:
                 entry, holder = None, None
@@ -136,6 +150,6 @@ class WriterLease:
             await asyncio.gather(self._task, return_exceptions=True)
         if self.kv is not None and self.revision:
             try:
-                await self.kv.delete(KEY, last=self.revision)
+                await self.kv.delete(self.key, last=self.revision)
             except Exception as exc:  # noqa: BLE001 - it expires anyway
                 logger.info("writer lease not released error=%r", exc)

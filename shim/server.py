@@ -147,7 +147,7 @@ async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
         log = await JetStreamLog(js).connect()
     except JournalUnreachable as exc:
         raise StartupError(str(exc)) from exc
-    lease = WriterLease(log, ttl_s=config.journal_lease_ttl_s)
+    lease = WriterLease(log, ttl_s=config.journal_lease_ttl_s, key=config.partition or "writer")
     try:
         if config.standby:
             logger.warning("standing by for the writer lease prefix=%s", js.prefix)

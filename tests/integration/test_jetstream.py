@@ -203,3 +203,38 @@ def test_writes_time_out_without_a_quorum_and_resume_with_it(nats, tmp_path):
         assert "journal publish not acknowledged, retrying" in server.log_tail(200)
     finally:
         server.stop()
+
+
+def test_cluster_partitions_each_hold_their_own_lease_and_survive_a_kill(nats, tmp_path):
+    """`shardetcd cluster --journal-url`: every partition is a writer of its own
+    streams under its own lease; a SIGKILLed partition is restarted by the
+    supervisor, waits for its lease to lapse and serves again, losing nothing."""
+    import os
+    import signal
+
+    from tests.integration.test_cluster import Cluster
+
+    cluster = Cluster(tmp_path)
+    cluster.argv += ["--journal-url", nats.urls]
+    cluster.start()
+    try:
+        prefixes = {"leases": b"/registry/leases/ns/", "events": b"/registry/events/ns/", "main": b"/registry/pods/ns/"}
+        acked = {}
+        for name, prefix in prefixes.items():
+            with grpc.insecure_channel(cluster.endpoint(name)) as ch:
+                for i in range(20):
+                    acked[prefix + b"k%d" % i] = pbg.KVStub(ch).Put(
+                        pb.PutRequest(key=prefix + b"k%d" % i, value=name.encode()), timeout=10).header.revision
+        os.kill(cluster.child_pids["main"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while "serving again partition=main" not in cluster.output():
+            assert time.monotonic() < deadline, cluster.output()
+            time.sleep(0.1)
+        for name, prefix in prefixes.items():
+            with grpc.insecure_channel(cluster.endpoint(name)) as ch:
+                got = pbg.KVStub(ch).Range(pb.RangeRequest(key=prefix, range_end=prefix[:-1] + b"0"), timeout=10)
+                assert {kv.key: kv.mod_revision for kv in got.kvs} == {k: r for k, r in acked.items() if k.startswith(prefix)}
+        with grpc.insecure_channel(cluster.endpoint("main")) as ch:
+            assert pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/after", value=b"v"), timeout=10).header.revision == 22
+    finally:
+        cluster.stop()
