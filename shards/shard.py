@@ -18,7 +18,7 @@ from pathlib import Path
 from journal import Journal
 from proto.kv_pb2 import KeyValue
 
-from .errors import StateStoreError
+from .errors import DataDirError, StateStoreError
 from .record import AUTH, COMPACT, DELETE, LEASE, WRITE, Change, decode_compact, decode_write, encode_compact, encode_write
 from .progress import Progress
 from .revision import entry_from_row_key
@@ -67,7 +67,8 @@ class Shard:
             ckpt_rev, compact_rev, sid = _CKPT_META.unpack_from(ckpt.meta)
             extra = ckpt.meta[_CKPT_META.size :]
             if sid != self.sid:
-                raise ValueError(f"checkpoint {ckpt.path} belongs to shard {sid}, not {self.sid}")
+                raise DataDirError(f"checkpoint {ckpt.path} belongs to shard {sid}, not to {self.name} "
+                                   f"(shard {self.sid}): the data dir was put together wrongly")
             self._load_checkpoint_rows(ckpt.rows())
         self.checkpoint_rev = ckpt_rev
         writes, compacts, leases, auths = [], [], [], []

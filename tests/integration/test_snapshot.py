@@ -174,3 +174,18 @@ def test_a_lost_checkpoint_is_refused_not_served_empty(tmp_path):
         ckpt.unlink()
     said = _start_refused(server.data_dir, tmp_path)
     assert "shard(s) pods was released up to a checkpoint that is missing" in said
+
+
+def test_a_checkpoint_in_the_wrong_shard_dir_is_one_line(tmp_path):
+    server = start_shardetcd(tmp_path, extra_args=("--checkpoint-journal-bytes", "65536"))
+    try:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            for i in range(200):
+                pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % i, value=b"v" * 500))
+    finally:
+        server.stop()
+    shards = server.data_dir / "shards"
+    for ckpt in (shards / "pods").glob("*.ckpt"):
+        shutil.copy(ckpt, shards / "events" / ckpt.name)
+    said = _start_refused(server.data_dir, tmp_path)
+    assert "belongs to shard" in said and "not to events" in said
