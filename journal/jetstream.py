@@ -41,12 +41,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
+from journal.appender import Appender
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
 from journal.errors import JournalCorrupt, JournalFailed, JournalFenced, JournalUnreachable
-from journal.record import HEADER_BYTES, FrameError, Record, check_fields, decode_frame, frame_header
+from journal.record import HEADER_BYTES, FrameError, Record, decode_frame, frame_header
 
 logger = logging.getLogger(__name__)
 
@@ -170,36 +171,34 @@ async def retrying(what: str, op, deadline_s: float = 30.0):
             await asyncio.sleep(min(0.05 * attempt, 1.0))
 
 
-class JetStreamJournal:
+async def open_or_create(what: str, get, create, missing: type[Exception]):
+    """``get()``, or ``create()`` when it raises ``missing``; both retried while JetStream is unavailable."""
+    try:
+        return await retrying(what, get)
+    except missing:
+        logger.info("jetstream %s created", what)
+        return await retrying(f"create {what}", create)
+
+
+class JetStreamJournal(Appender):
     """The contract of journal.Journal on one JetStream stream."""
 
     def __init__(self, log: JetStreamLog, stream: str, scratch: Path, config: JournalConfig) -> None:
+        super().__init__(f"nats:{stream}", 0)
         self.log = log
         self.stream = stream
         self.subject = f"journal.{stream}"
         self.directory = Path(f"nats:{stream}")
         self.scratch = scratch  # local dir for checkpoint files on their way to and from the bucket
         self.config = config
-        self.durable_seq = 0
-        self.bytes_appended = 0
-        self.on_durable: Callable[[int], None] | None = None
-        self.on_failure: Callable[[BaseException], None] | None = None
-        self.on_batch: Callable[[int, float], None] | None = None
         self._found: list[Record] = []
         self._msgs: deque[tuple[int, int]] = deque()  # (stream seq, highest tag) of messages still in the stream
         self._stored_bytes = 0
         self._tail = 0  # the stream's last sequence, as this writer knows it
-        self._last_rev = 0
-        self._last_seq = 0
         self._batches = 0
         self._cut: int | None = None
         self._queue: deque[tuple[int, bytes, int]] = deque()  # (seq, frame bytes, tag)
-        self._queued_bytes = 0
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._wakeup = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._closing = False
-        self._failure: BaseException | None = None
         self._bucket = None
         self._instance = secrets.token_hex(8)  # message ids are unique to this open journal
         self.released_before = False
@@ -211,14 +210,11 @@ class JetStreamJournal:
         from nats.js.errors import NotFoundError
 
         js = self.log.js
-        try:
-            info = await retrying("stream info", lambda: js.stream_info(self.stream))
-        except NotFoundError:
-            info = await retrying("add stream", lambda: js.add_stream(StreamConfig(
-                name=self.stream, subjects=[self.subject], num_replicas=self.log.config.replicas,
-                storage=StorageType.FILE, duplicate_window=120.0, allow_direct=True,
-            )))
-            logger.info("journal stream created stream=%s replicas=%d", self.stream, self.log.config.replicas)
+        info = await open_or_create(f"stream {self.stream}", lambda: js.stream_info(self.stream),
+                                    lambda: js.add_stream(StreamConfig(
+                                        name=self.stream, subjects=[self.subject], num_replicas=self.log.config.replicas,
+                                        storage=StorageType.FILE, duplicate_window=120.0, allow_direct=True)),
+                                    NotFoundError)
         self.released_before = info.state.first_seq > 1  # purged up to a checkpoint
         for attempt in range(20):
             self._tail = info.state.last_seq
@@ -297,18 +293,6 @@ class JetStreamJournal:
     def bytes_total(self) -> int:
         return self._stored_bytes
 
-    @property
-    def last_rev(self) -> int:
-        return self._last_rev
-
-    @property
-    def queued_bytes(self) -> int:
-        return self._queued_bytes
-
-    @property
-    def failed(self) -> bool:
-        return self._failure is not None
-
     # -- writing ------------------------------------------------------------
 
     async def start(self) -> None:
@@ -321,39 +305,10 @@ class JetStreamJournal:
         self._task = asyncio.create_task(self._run(), name=f"journal-writer:{self.stream}")
 
     def append(self, rtype: int, rev: int, payload: bytes) -> int:
-        if self._failure is not None:
-            raise self._failed_error()
-        if self._closing:
-            raise JournalFailed(f"journal is closed: {self.stream}")
-        if self._task is None:
-            raise RuntimeError("append() before start()")
-        check_fields(rtype, rev, len(payload), self.config.record_bytes_max)
-        if rev < self._last_rev:
-            raise ValueError(f"revision tag {rev} is below the last appended tag {self._last_rev}")
-        self._last_seq += 1
-        self._last_rev = rev
-        frame = frame_header(rtype, rev, payload) + payload
-        self._queue.append((self._last_seq, frame, rev))
-        self._queued_bytes += len(payload)
-        self.bytes_appended += HEADER_BYTES + len(payload)
+        seq = self._next_seq(rtype, rev, len(payload), self.config.record_bytes_max)
+        self._queue.append((seq, frame_header(rtype, rev, payload) + payload, rev))
         self._wakeup.set()
-        return self._last_seq
-
-    async def sync(self) -> None:
-        if self._failure is not None:
-            raise self._failed_error()
-        target = self._last_seq
-        if self.durable_seq >= target:
-            return
-        future = asyncio.get_running_loop().create_future()
-        self._waiters.append((target, future))
-        await future
-
-    async def close(self) -> None:
-        self._closing = True
-        if self._task is not None:
-            self._wakeup.set()
-            await asyncio.wait([self._task])
+        return seq
 
     async def _run(self) -> None:
         try:
@@ -368,7 +323,7 @@ class JetStreamJournal:
                 await self._publish(body, {}, top)
                 if self.on_batch is not None:
                     self.on_batch(len(body), time.monotonic() - started)
-                self._acknowledge(seq)
+                self._durable_through(seq)
         except asyncio.CancelledError:
             self._fail(JournalFailed("journal writer task cancelled"))
             raise
@@ -419,32 +374,10 @@ class JetStreamJournal:
         self._msgs.append((ack.seq, top))
         self._stored_bytes += len(body)
 
-    def _acknowledge(self, seq: int) -> None:
-        self.durable_seq = seq
-        while self._waiters and self._waiters[0][0] <= seq:
-            _, future = self._waiters.popleft()
-            if not future.done():
-                future.set_result(None)
-        if self.on_durable is not None:
-            self.on_durable(seq)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._failure is not None:
-            return
-        self._failure = exc
+    def _drop_queue(self) -> int:
+        dropped = len(self._queue)
         self._queue.clear()
-        logger.error("journal failed stream=%s durable_seq=%d error=%s", self.stream, self.durable_seq, exc)
-        while self._waiters:
-            _, future = self._waiters.popleft()
-            if not future.done():
-                future.set_exception(self._failed_error())
-        if self.on_failure is not None:
-            self.on_failure(exc)
-
-    def _failed_error(self) -> JournalFailed:
-        error = JournalFailed(f"journal failed: {self.stream}: {self._failure}")
-        error.__cause__ = self._failure
-        return error
+        return dropped
 
     # -- release and checkpoints ---------------------------------------------
 
@@ -468,11 +401,11 @@ class JetStreamJournal:
             from nats.js.errors import BucketNotFoundError
 
             name = f"{self.stream}-checkpoints"
-            try:
-                self._bucket = await retrying("checkpoint bucket", lambda: self.log.js.object_store(name))
-            except BucketNotFoundError:
-                self._bucket = await retrying("create checkpoint bucket", lambda: self.log.js.create_object_store(
-                    name, config=ObjectStoreConfig(bucket=name, replicas=self.log.config.replicas)))
+            self._bucket = await open_or_create(
+                f"checkpoint bucket {name}", lambda: self.log.js.object_store(name),
+                lambda: self.log.js.create_object_store(name, config=ObjectStoreConfig(
+                    bucket=name, replicas=self.log.config.replicas)),
+                BucketNotFoundError)
         return self._bucket
 
     async def save_checkpoint(self, rev: int, meta: bytes, rows: Iterable[bytes]) -> str:

@@ -31,12 +31,13 @@ from typing import Callable, Iterator
 
 import aiofiles.os
 
+from journal.appender import Appender
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
 from journal.errors import JournalFailed
 from journal.fsutil import ensure_dir, fsync_dir
 from journal.reader import checked_frames
-from journal.record import HEADER_BYTES, Record, check_fields
+from journal.record import Record
 from journal.recovery import recover, truncate_segments
 from journal.segment import SegmentInfo
 from journal.writer import PendingRecord, SegmentWriter
@@ -51,31 +52,19 @@ def _call(fn: Callable, *args: object) -> object:
 _in_thread = aiofiles.os.wrap(_call)
 
 
-class Journal:
+class Journal(Appender):
     """One journal directory. Create with Journal.open()."""
 
     def __init__(self, directory: Path, config: JournalConfig, segments: list[SegmentInfo]) -> None:
+        super().__init__(str(directory), _last_rev(segments))
         self.directory = directory
         self.config = config
-        self.durable_seq = 0
-        self.on_durable: Callable[[int], None] | None = None
-        self.on_failure: Callable[[BaseException], None] | None = None
-        # told after each batch: (bytes written, seconds for write + sync)
-        self.on_batch: Callable[[int, float], None] | None = None
         self._segments = segments
         self._replay = list(segments)
-        self._last_rev = _last_rev(segments)
-        self._last_seq = 0
         self._queue: deque[PendingRecord] = deque()
-        self._queued_bytes = 0
-        self.bytes_appended = 0  # frame bytes appended since open; never shrinks (releases do not count)
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._writer: SegmentWriter | None = None
-        self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
         self._hop_in_flight = False
-        self._closing = False
-        self._failure: BaseException | None = None
 
     # ----------------------------------------------------------------- open / replay
 
@@ -137,20 +126,6 @@ class Journal:
     def bytes_total(self) -> int:
         return sum(s.size for s in self._segments)
 
-    @property
-    def last_rev(self) -> int:
-        """Revision tag of the last record appended or found on disk (0 if none)."""
-        return self._last_rev
-
-    @property
-    def queued_bytes(self) -> int:
-        """Payload bytes appended but not yet handed to the writer thread."""
-        return self._queued_bytes
-
-    @property
-    def failed(self) -> bool:
-        return self._failure is not None
-
     # ----------------------------------------------------------------- writing
 
     async def start(self) -> None:
@@ -167,38 +142,12 @@ class Journal:
 
     def append(self, rtype: int, rev: int, payload: bytes) -> int:
         """Queue one record; return its sequence number. Never blocks."""
-        self._check_writable()
-        if self._task is None:
-            raise RuntimeError("append() before start()")
-        check_fields(rtype, rev, len(payload), self.config.record_bytes_max)
-        if rev < self._last_rev:
-            raise ValueError(f"revision tag {rev} is below the last appended tag {self._last_rev}")
+        seq = self._next_seq(rtype, rev, len(payload), self.config.record_bytes_max)
         if not isinstance(payload, bytes):
             payload = bytes(payload)
-        self._last_seq += 1
-        self._last_rev = rev
-        self._queue.append(PendingRecord(self._last_seq, rtype, rev, payload))
-        self._queued_bytes += len(payload)
-        self.bytes_appended += HEADER_BYTES + len(payload)
+        self._queue.append(PendingRecord(seq, rtype, rev, payload))
         self._wakeup.set()
-        return self._last_seq
-
-    async def sync(self) -> None:
-        """Wait until everything appended so far is durable; raise JournalFailed if it never will be."""
-        self._check_not_failed()
-        target = self._last_seq
-        if self.durable_seq >= target:
-            return
-        future = asyncio.get_running_loop().create_future()
-        self._waiters.append((target, future))
-        await future
-
-    async def close(self) -> None:
-        """Write out everything queued, stop the writer task and close the file."""
-        self._closing = True
-        if self._task is not None:
-            self._wakeup.set()
-            await asyncio.wait([self._task])
+        return seq
 
     def release_through(self, rev: int) -> int:
         """Delete whole segments whose records all have rev tag <= rev (never the newest one)."""
@@ -292,51 +241,12 @@ class Journal:
                 self._segments[-1] = info
             else:
                 self._segments.append(info)
-        self.durable_seq = seq
-        while self._waiters and self._waiters[0][0] <= seq:
-            _, future = self._waiters.popleft()
-            if not future.done():
-                future.set_result(None)
-        self._notify(self.on_durable, seq)
+        self._durable_through(seq)
 
-    def _fail(self, exc: BaseException) -> None:
-        if self._failure is not None:
-            return
-        self._failure = exc
+    def _drop_queue(self) -> int:
         dropped = len(self._queue)
         self._queue.clear()
-        self._queued_bytes = 0
-        logger.error("journal failed dir=%s durable_seq=%d dropped_records=%d error=%r",
-                     self.directory, self.durable_seq, dropped, exc)
-        while self._waiters:
-            _, future = self._waiters.popleft()
-            if not future.done():
-                future.set_exception(self._failed_error())
-        self._notify(self.on_failure, exc)
-
-    def _notify(self, callback: Callable | None, arg: object) -> None:
-        if callback is None:
-            return
-        try:
-            callback(arg)
-        except Exception:  # noqa: BLE001 - a caller's bug must not kill the writer
-            logger.exception("journal callback raised dir=%s callback=%r", self.directory, callback)
-
-    # ----------------------------------------------------------------- state checks
-
-    def _check_not_failed(self) -> None:
-        if self._failure is not None:
-            raise self._failed_error()
-
-    def _check_writable(self) -> None:
-        self._check_not_failed()
-        if self._closing:
-            raise JournalFailed(f"journal is closed: {self.directory}")
-
-    def _failed_error(self) -> JournalFailed:
-        error = JournalFailed(f"journal failed: {self.directory}: {self._failure!r}")
-        error.__cause__ = self._failure
-        return error
+        return dropped
 
 
 class LocalLog:

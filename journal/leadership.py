@@ -46,14 +46,14 @@ class WriterLease:
             from nats.js.api import KeyValueConfig
             from nats.js.errors import BucketNotFoundError
 
-            from journal.jetstream import retrying
+            from journal.jetstream import open_or_create
 
             name = f"{self.log.config.prefix}-writer"
-            try:
-                self.kv = await retrying("writer lease bucket", lambda: self.log.js.key_value(name))
-            except BucketNotFoundError:
-                self.kv = await retrying("create writer lease bucket", lambda: self.log.js.create_key_value(
-                    KeyValueConfig(bucket=name, ttl=self.ttl_s, history=1, replicas=self.log.config.replicas)))
+            self.kv = await open_or_create(
+                f"writer lease bucket {name}", lambda: self.log.js.key_value(name),
+                lambda: self.log.js.create_key_value(KeyValueConfig(
+                    bucket=name, ttl=self.ttl_s, history=1, replicas=self.log.config.replicas)),
+                BucketNotFoundError)
         return self.kv
 
     async def holder(self) -> str | None:
