@@ -60,14 +60,9 @@ class DataDir:
                 if (path / "shards").is_dir() and any((path / "shards").iterdir()):
                     raise DataDirError(f"data dir {path} holds shard data but no meta.json: an interrupted "
                                        "restore or a damaged dir (restore into a new dir)")
-            lock_fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise DataDirError(f"data dir {path} is not writable: {exc.strerror}") from None
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(lock_fd)
-            raise DataDirError(f"data dir {path} is in use by another shardetcd process") from None
+        lock_fd = _lock(path, "data dir")
         try:
             meta = _load_or_create_meta(path, layout)
             _empty_scratch(path / "tmp")
@@ -140,14 +135,22 @@ def _lock_state_base(base: Path) -> int:
     """flock ``base``/LOCK before any shard clears its state dir under it."""
     try:
         base.mkdir(parents=True, exist_ok=True)
-        fd = os.open(base / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise DataDirError(f"state dir {base} is not writable: {exc.strerror}") from None
+    return _lock(base, "state dir")
+
+
+def _lock(directory: Path, what: str) -> int:
+    """flock ``directory``/LOCK for as long as this process runs; the held fd."""
+    try:
+        fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise DataDirError(f"{what} {directory} is not writable: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        raise DataDirError(f"state dir {base} is in use by another shardetcd process") from None
+        raise DataDirError(f"{what} {directory} is in use by another shardetcd process") from None
     return fd
 
 
