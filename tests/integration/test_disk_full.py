@@ -14,6 +14,7 @@ import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.shardetcd_fixture import ShardetcdProcess
+from tests.tmpfs import mounted_tmpfs
 from tests.etcd_fixture import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,13 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def small_fs(tmp_path):
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
-    try:
+    with mounted_tmpfs(tmp_path / "fs", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_disk_full_stops_acknowledging_and_loses_nothing(small_fs, tmp_path):

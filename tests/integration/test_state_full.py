@@ -11,7 +11,6 @@ why, and a restart with space serves every acknowledged write.
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 
 import grpc
@@ -20,6 +19,7 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.shardetcd_fixture import ShardetcdProcess
+from tests.tmpfs import mounted_tmpfs
 
 PODS = b"/registry/pods/default/"
 VALUE = os.urandom(60_000)  # incompressible: RocksDB's first 64 MiB memtable flush fills the tmpfs
@@ -28,13 +28,8 @@ STOPPED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped")
 
 @pytest.fixture
 def small_tmpfs(tmp_path):
-    mnt = tmp_path / "state-fs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], check=True)
-    try:
+    with mounted_tmpfs(tmp_path / "state-fs", "24m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 class Writer(threading.Thread):
