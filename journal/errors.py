@@ -34,3 +34,13 @@ class JournalUnreachable(JournalError):
 
 class JournalFenced(JournalFailed):
     """Another process appended to the journal: this one must not write (or acknowledge) again."""
+
+
+class JournalGap(JournalError):
+    """A follower found messages missing before the next one it could read (they
+    were released up to a checkpoint newer than the one it loaded)."""
+
+    def __init__(self, name: str, expected: int, got: int) -> None:
+        self.expected = expected
+        self.got = got
+        super().__init__(f"journal {name}: expected message {expected} next, the stream gave {got}")

@@ -14,13 +14,18 @@ carries two headers:
                                   written, JetStream refuses the publish and
                                   this journal fails (fail-stop) at once
 
+Every message also carries ``Journal-Epoch``: the writer's epoch (the
+revision of its writer lease, which only grows from one writer to the next).
+
 Opening a journal publishes an empty message with the header
 ``Journal-Fence`` after the last message read: from then on, appends by any
-process that opened it earlier are refused.  Records with a revision tag
-above R are cut (``truncate_after(R)``) by a message with the header
-``Journal-Cut: R`` published before any new record;
-a reader drops the records above R that came before it, so every later
-replay agrees on the cut.  ``release_through(R)`` purges the stream's
+process that opened it earlier are refused.  When it starts writing, a
+writer publishes ``Journal-Cut: R`` (R: the revision it recovered to) on
+every stream before any new record: records of earlier epochs tagged above
+R are void, so every later reader agrees on the cut.  A reader of one
+stream drops the records above R that came before the marker; a follower
+reading several streams (``follow``) also drops records of earlier epochs
+above R that it reads later on another stream.  ``release_through(R)`` purges the stream's
 messages whose records all have tags <= R.  Checkpoints are objects in the
 JetStream object store bucket ``<stream>-checkpoints`` (the same framed
 files as local checkpoints), so a process on another machine can load them.
@@ -41,18 +46,19 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Awaitable, Callable, Iterable, Iterator
 
 from journal.appender import Appender
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
-from journal.errors import JournalCorrupt, JournalFailed, JournalFenced, JournalUnreachable
+from journal.errors import JournalCorrupt, JournalFailed, JournalFenced, JournalGap, JournalUnreachable
 from journal.record import HEADER_BYTES, FrameError, Record, decode_frame, frame_header
 
 logger = logging.getLogger(__name__)
 
 CUT_HEADER = "Journal-Cut"
 FENCE_HEADER = "Journal-Fence"
+EPOCH_HEADER = "Journal-Epoch"
 TRANSIENT_API_ERRORS = {10005, 10008}  # no suitable peers (a peer offline), JetStream temporarily unavailable
 _CKPT_NAME = re.compile(r"^checkpoint-([0-9a-f]{16})\.ckpt$")
 MIN_MAX_PAYLOAD = 4 * 1024 * 1024
@@ -70,6 +76,17 @@ class JetStreamConfig:
     connect_timeout_s: float = 5.0
 
 
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One stream message as a follower sees it: a batch of records, or a marker."""
+
+    seq: int
+    epoch: int  # the writer that published it
+    records: tuple[Record, ...] = ()
+    cut: int | None = None  # a Journal-Cut marker: records of earlier epochs above this are void
+    top: int = 0  # the highest record tag in it (0 for markers)
+
+
 class JetStreamLog:
     """One NATS connection shared by every journal of a process."""
 
@@ -80,6 +97,7 @@ class JetStreamLog:
         self.writer_id = secrets.token_hex(6)
         self.closing = False
         self.batch_bytes_max = MIN_MAX_PAYLOAD
+        self.epoch = 0  # the writer lease's revision once held: stamped on every message
 
     async def connect(self) -> JetStreamLog:
         import nats
@@ -111,12 +129,14 @@ class JetStreamLog:
     def stream_name(self, name: str) -> str:
         return f"{self.config.prefix}_{name}".replace(".", "_")
 
-    async def open_journal(self, name: str, scratch: Path, config: JournalConfig = JournalConfig()) -> JetStreamJournal:
-        """The journal ``name`` (a stream, created if missing), read to its end."""
+    async def open_journal(self, name: str, scratch: Path, config: JournalConfig = JournalConfig(),
+                           follow: bool = False) -> JetStreamJournal:
+        """The journal ``name`` (a stream, created if missing), read to its end and
+        fenced; with ``follow``, neither: ``catch_up``, ``follow`` and ``take_over`` do."""
         config = replace(config, batch_bytes_max=min(config.batch_bytes_max, self.batch_bytes_max),
                          record_bytes_max=min(config.record_bytes_max, self.batch_bytes_max - HEADER_BYTES))
         journal = JetStreamJournal(self, self.stream_name(name), scratch, config)
-        await journal._open()
+        await journal._open(follow)
         return journal
 
     async def close(self) -> None:
@@ -202,10 +222,13 @@ class JetStreamJournal(Appender):
         self._bucket = None
         self._instance = secrets.token_hex(8)  # message ids are unique to this open journal
         self.released_before = False
+        self.following = False  # opened to follow another writer: not fenced, not writable
+        self.cuts_seen: list[tuple[int, int]] = []  # (epoch, revision) of the cut markers read
+        self.first_top = 0  # the highest tag in the first message with records that was read
 
     # -- open / replay ----------------------------------------------------
 
-    async def _open(self) -> None:
+    async def _open(self, follow: bool = False) -> None:
         from nats.js.api import StorageType, StreamConfig
         from nats.js.errors import NotFoundError
 
@@ -216,61 +239,168 @@ class JetStreamJournal(Appender):
                                         storage=StorageType.FILE, duplicate_window=120.0, allow_direct=True)),
                                     NotFoundError)
         self.released_before = info.state.first_seq > 1  # purged up to a checkpoint
+        if follow:
+            self.following = True
+            return
         for attempt in range(20):
             self._tail = info.state.last_seq
             await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
             try:  # from here on, an older writer's appends are refused
-                await self._publish(b"", {FENCE_HEADER: self._instance}, 0)
+                await self._fence()
                 return
             except JournalFenced:
                 logger.warning("journal changed while being fenced, reading it again stream=%s", self.stream)
                 info = await retrying("stream info", lambda: js.stream_info(self.stream))
         raise JournalUnreachable(f"journal {self.stream} keeps changing: another writer is active on it")
 
+    async def _fence(self) -> None:
+        await self._publish(b"", {FENCE_HEADER: self._instance}, 0)
+
     async def _read(self, first: int, last: int) -> None:
         """Every record in the stream, cuts applied (the stream is bounded by checkpoints)."""
         self._found, self._msgs, self._stored_bytes, self._last_rev = [], deque(), 0, 0  # a retry starts over
+        self.cuts_seen, self.first_top = [], 0
+        started = time.monotonic()
+        count = await self._read_range(first, last, self._take)
+        logger.info("journal stream read stream=%s messages=%d records=%d seconds=%.3f",
+                    self.stream, count, len(self._found), time.monotonic() - started)
+
+    async def _read_range(self, first: int, last: int, take: Callable[[int, bytes, dict], None]) -> int:
+        """Give messages ``first``..``last`` to ``take(seq, data, headers)``; how many there were."""
         if last == 0 or first > last:
-            return
+            return 0
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         sub = await self.log.js.pull_subscribe(
             self.subject, stream=self.stream,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=60.0),
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=first,
+                                  ack_policy=AckPolicy.NONE, inactive_threshold=60.0),
         )
-        started, count = time.monotonic(), 0
+        count = 0
         try:
             seq = 0
             while seq < last:
                 for msg in await sub.fetch(batch=256, timeout=10.0):
                     seq = msg.metadata.sequence.stream
-                    self._take(seq, msg.data, msg.headers or {})
-                    count += 1
+                    if seq <= last:
+                        take(seq, msg.data, msg.headers or {})
+                        count += 1
         finally:
             await sub.unsubscribe()
-        logger.info("journal stream read stream=%s messages=%d records=%d seconds=%.3f",
-                    self.stream, count, len(self._found), time.monotonic() - started)
+        return count
 
-    def _take(self, seq: int, data: bytes, headers: dict) -> None:
+    def _decode(self, seq: int, data: bytes, headers: dict) -> Message:
+        epoch = int(headers.get(EPOCH_HEADER, 0))
         cut = headers.get(CUT_HEADER)
         if cut is not None:
-            rev = int(cut)
-            self._found = [r for r in self._found if r.rev <= rev]
-            self._last_rev = min(self._last_rev, rev)
-            self._msgs.append((seq, 0))
-            return
-        top, pos = 0, 0
+            return Message(seq, epoch, cut=int(cut))
+        records, top, pos = [], 0, 0
         while pos < len(data):
             try:
                 frame = decode_frame(data, pos, self.config.record_bytes_max)
             except FrameError as exc:
                 raise JournalCorrupt(self.directory, seq, f"message {seq}: {exc.reason}") from None
-            self._found.append(Record(frame.rtype, frame.rev, bytes(frame.payload), self.directory, seq))
+            records.append(Record(frame.rtype, frame.rev, bytes(frame.payload), self.directory, seq, epoch))
             top = max(top, frame.rev)
             pos = frame.end
-        self._msgs.append((seq, top))
+        return Message(seq, epoch, tuple(records), top=top)
+
+    def _take(self, seq: int, data: bytes, headers: dict) -> None:
+        msg = self._decode(seq, data, headers)
+        self._msgs.append((seq, msg.top))
+        self._tail = max(self._tail, seq)
+        if msg.cut is not None:
+            self.cuts_seen.append((msg.epoch, msg.cut))
+            if self._last_rev > msg.cut:
+                self._found = [r for r in self._found if r.rev <= msg.cut]
+                self._last_rev = msg.cut
+            return
+        if msg.records and not self.first_top:
+            self.first_top = msg.top
+        self._found.extend(msg.records)
         self._stored_bytes += len(data)
-        self._last_rev = max(self._last_rev, top)
+        self._last_rev = max(self._last_rev, msg.top)
+
+    # -- following (a standby or follower reads what another process writes) --
+
+    async def catch_up(self) -> None:
+        """A journal opened to follow: read everything stored so far (``records``,
+        ``cuts_seen``), without fencing."""
+        if not self.following:
+            return
+        js = self.log.js
+        info = await retrying("stream info", lambda: js.stream_info(self.stream))
+        self.released_before = info.state.first_seq > 1
+        await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
+        self._tail = max(self._tail, info.state.last_seq)
+        self._msgs = deque()  # purges after a takeover go by the messages this process sees from then on
+
+    async def follow(self, on_message: Callable[[Message], None],
+                     on_gap: Callable[[int, int], Awaitable[bool]]) -> None:
+        """Give every message stored after those read so far to ``on_message``, as
+        they are stored, until cancelled.  When messages were purged before they
+        could be read, ``on_gap(expected, got)`` says whether to go on (the
+        checkpoint already loaded covers them) or raise JournalGap."""
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+        from nats.errors import TimeoutError as NatsTimeout
+
+        attempt = 0
+        while True:
+            sub = None
+            try:
+                sub = await self.log.js.pull_subscribe(
+                    self.subject, stream=self.stream,
+                    config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._tail + 1,
+                                          ack_policy=AckPolicy.NONE, inactive_threshold=60.0))
+                while True:
+                    try:
+                        msgs = await sub.fetch(batch=256, timeout=5.0)
+                    except (NatsTimeout, asyncio.TimeoutError):
+                        continue
+                    attempt = 0
+                    for m in msgs:
+                        seq = m.metadata.sequence.stream
+                        if seq <= self._tail:
+                            continue
+                        if seq > self._tail + 1 and not await on_gap(self._tail + 1, seq):
+                            raise JournalGap(self.stream, self._tail + 1, seq)
+                        self._tail = seq
+                        self._stored_bytes += len(m.data)
+                        on_message(self._decode(seq, m.data, m.headers or {}))
+            except (asyncio.CancelledError, JournalGap, JournalCorrupt):
+                raise
+            except Exception as exc:  # noqa: BLE001 - a lost connection or consumer: make a new one
+                attempt += 1
+                if attempt == 1 or attempt % 20 == 0:
+                    logger.warning("journal follow interrupted, resubscribing stream=%s next=%d attempt=%d error=%r",
+                                   self.stream, self._tail + 1, attempt, exc)
+                await asyncio.sleep(min(0.05 * attempt, 1.0))
+            finally:
+                if sub is not None:
+                    try:
+                        await sub.unsubscribe()
+                    except Exception:  # noqa: BLE001 - the consumer goes away by itself when inactive
+                        pass
+
+    async def take_over(self, on_message: Callable[[Message], None]) -> None:
+        """A followed journal becomes this process's: fence it after the last
+        message read; messages stored meanwhile go to ``on_message`` first."""
+        js = self.log.js
+        for _ in range(50):
+            try:
+                await self._fence()
+                self.following = False
+                return
+            except JournalFenced:
+                info = await retrying("stream info", lambda: js.stream_info(self.stream))
+                last = info.state.last_seq
+
+                def take(seq: int, data: bytes, headers: dict) -> None:
+                    self._tail = seq
+                    on_message(self._decode(seq, data, headers))
+
+                await retrying("read stream", lambda: self._read_range(self._tail + 1, last, take))
+        raise JournalUnreachable(f"journal {self.stream} keeps changing: another writer is active on it")
 
     def records(self, after_rev: int = 0) -> Iterator[Record]:
         """Records with tag > after_rev found at open, in append order, cuts applied."""
@@ -283,8 +413,8 @@ class JetStreamJournal(Appender):
         cut = sum(1 for r in self._found if r.rev > rev)
         if cut:
             self._found = [r for r in self._found if r.rev <= rev]
-            self._cut = rev
             self._last_rev = rev
+        self._cut = rev  # published by start() on every stream, cut or not: followers need it
         return cut
 
     # -- introspection -----------------------------------------------------
@@ -300,7 +430,7 @@ class JetStreamJournal(Appender):
             raise RuntimeError("journal already started or closed")
         if self._cut is not None:
             await self._publish(b"", {CUT_HEADER: str(self._cut)}, 0)
-            logger.warning("journal cut recorded stream=%s above_rev=%d", self.stream, self._cut)
+            logger.info("journal cut recorded stream=%s above_rev=%d epoch=%d", self.stream, self._cut, self.log.epoch)
             self._cut = None
         self._task = asyncio.create_task(self._run(), name=f"journal-writer:{self.stream}")
 
@@ -349,7 +479,7 @@ class JetStreamJournal(Appender):
 
         self._batches += 1
         headers = {**headers, "Nats-Msg-Id": f"{self._instance}-{self._batches}",
-                   "Nats-Expected-Last-Sequence": str(self._tail)}
+                   "Nats-Expected-Last-Sequence": str(self._tail), EPOCH_HEADER: str(self.log.epoch)}
         attempt = 0
         while True:
             try:
@@ -438,6 +568,11 @@ class JetStreamJournal(Appender):
         with open(into / name, "wb") as f:
             await bucket.get(name, writeinto=f)
         return load_latest_checkpoint(into)
+
+    async def newest_checkpoint_rev(self) -> int:
+        """The revision of the newest checkpoint in the bucket (0: none)."""
+        found = await self._checkpoint_objects(await self._bucket_store())
+        return max((rev for _, rev in found), default=0)
 
     async def _checkpoint_objects(self, bucket) -> list[tuple[str, int]]:
         from nats.js.errors import NotFoundError

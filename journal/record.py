@@ -86,6 +86,7 @@ class Record:
     payload: bytes
     segment: Path
     offset: int
+    epoch: int = 0  # the writer that appended it, where the journal tells (JetStream); 0 otherwise
 
 
 def check_fields(rtype: int, rev: int, length: int, record_bytes_max: int) -> None:

@@ -9,10 +9,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from journal.errors import JournalGap
+
 from .errors import DataDirError
+from .follow import Follower
 from .lease import GRANT, decode_lease_record
 from .progress import Progress
-from .record import decode_extra_meta
+from .record import WRITE, decode_compact, decode_extra_meta
 
 if TYPE_CHECKING:
     from .shard import Recovered
@@ -26,7 +29,7 @@ def recovered_revision(found: list[Recovered]) -> int:
     rev = max([1, *(f.checkpoint_rev for f in found)])
     parts: dict[int, tuple[tuple[int, ...], set[int]]] = {}
     for sid, f in enumerate(found):
-        for r, participants, _ in f.writes:
+        for r, participants, _, _ in f.writes:
             parts.setdefault(r, (participants, set()))[1].add(sid)
     while (nxt := parts.get(rev + 1)) is not None:
         participants, have = nxt
@@ -58,10 +61,9 @@ def _check_complete(store: Store, found: list[Recovered]) -> None:
 
 
 async def recover(store: Store) -> None:
+    """The writer's start: the longest whole prefix is kept, the rest is cut."""
     started = time.monotonic()
-    leases = store.leases
-    for shard in store.shards:
-        shard.on_replay = lambda key, lease: leases.detach(key) if lease < 0 else leases.attach(key, lease)
+    _track_lease_keys(store)
     found = [await shard.read_disk() for shard in store.shards]
     _check_complete(store, found)
     rev = recovered_revision(found)
@@ -69,16 +71,63 @@ async def recover(store: Store) -> None:
         cut = shard.journal.truncate_after(rev)
         if cut:
             logger.warning("discarded unacknowledged journal records shard=%s records=%d above_rev=%d", shard.name, cut, rev)
+    await _rebuild(store, found, rev)
+    logger.info("recovered rev=%d compact_rev=%d shards=%d seconds=%.3f",
+                rev, store.compact_rev, len(found), time.monotonic() - started)
+
+
+async def recover_to_follow(store: Store) -> Follower:
+    """A standby's start: what checkpoints hold plus journal records up to the
+    newest checkpoint's revision go into the state now; everything above goes
+    to a Follower, which applies what is whole as more is read.
+
+    Every checkpoint is loaded before any journal is read: a revision at or
+    below a checkpoint was committed before that checkpoint was written, so
+    every cut that concerns it is already in each journal read afterwards."""
+    started = time.monotonic()
+    _track_lease_keys(store)
+    loaded = [await shard.load_checkpoint() for shard in store.shards]
+    for shard, (ckpt_rev, _, _) in zip(store.shards, loaded):
+        await shard.journal.catch_up()
+        # purged past the checkpoint loaded (a newer one was written meanwhile)?
+        journal = shard.journal
+        if journal.released_before and journal.first_top > ckpt_rev and await journal.newest_checkpoint_rev() > ckpt_rev:
+            raise JournalGap(journal.name, 0, 0)
+    found = [shard.collect(*ckpt) for shard, ckpt in zip(store.shards, loaded)]
+    _check_complete(store, found)
+    base = max([1, *(f.checkpoint_rev for f in found)])
+    await _rebuild(store, found, base, keep_hooks=True)
+    follower = Follower(store, base, [f.checkpoint_rev for f in found])
+    for shard in store.shards:
+        for epoch, cut in shard.journal.cuts_seen:
+            follower.cut(epoch, cut)
+    for sid, f in enumerate(found):
+        for r, participants, changes, epoch in f.writes:
+            if r > base and not follower._void(epoch, r):
+                follower.parts.setdefault(r, {})[sid] = (epoch, participants, changes)
+    for sid, shard in enumerate(store.shards):
+        for rec in shard.journal.records(after_rev=base):
+            if rec.rtype != WRITE:
+                follower.take(sid, rec)
+    follower.advance()
+    logger.info("standby loaded rev=%d applied=%d pending_records=%d seconds=%.3f",
+                base, follower.applied, follower.pending(), time.monotonic() - started)
+    return follower
+
+
+async def _rebuild(store: Store, found: list[Recovered], rev: int, keep_hooks: bool = False) -> None:
+    """Put the checkpoints' tables and every record up to ``rev`` into the state."""
+    leases = store.leases
     lease_found = found[store.shards.index(store.lease_shard)]
     lease_table, auth_table = decode_extra_meta(lease_found.extra_meta)
     leases.load_table(lease_table)
     store.auth.load_table(auth_table)
-    for tag, payload in lease_found.auths:
-        if tag <= rev:
-            store.auth.replay(payload)
-    for tag, payload in lease_found.leases:
-        if tag <= rev:
-            op, lease_id, ttl = decode_lease_record(payload)
+    for rec in lease_found.auths:
+        if rec.rev <= rev:
+            store.auth.replay(rec.payload)
+    for rec in lease_found.leases:
+        if rec.rev <= rev:
+            op, lease_id, ttl = decode_lease_record(rec.payload)
             if op == GRANT:
                 leases.grant(lease_id, ttl)
             else:
@@ -86,22 +135,33 @@ async def recover(store: Store) -> None:
     compact = -1
     for shard, f in zip(store.shards, found):
         progress = Progress("journal replay", shard=shard.name, records=len(f.writes))
-        for r, _, changes in f.writes:
+        for r, _, changes, _ in f.writes:
             if r <= rev:
                 shard.apply_recovered(r, changes)
                 progress.tick()
         progress.done()
-        compact = max(compact, f.compact_rev, *(c for tag, c in f.compacts if tag <= rev))
+        compact = max(compact, f.compact_rev, *(decode_compact(rec.payload) for rec in f.compacts if rec.rev <= rev))
     store.rev = store.committed = rev
-    orphans = leases.rebuild_keys()
-    if orphans:
-        logger.warning("keys attached to leases that no longer exist keys=%d", orphans)
-    leases.refresh_all()
-    for shard in store.shards:
-        shard.on_replay = lambda key, lease: None
+    if not keep_hooks:
+        settle_leases(store)
     if compact >= 0:
         store.compact_rev = compact
         await store._compact_loop()
-    logger.info(
-        "recovered rev=%d compact_rev=%d shards=%d seconds=%.3f", rev, store.compact_rev, len(found), time.monotonic() - started
-    )
+
+
+def _track_lease_keys(store: Store) -> None:
+    """While replaying: every row put or deleted updates which lease holds its key."""
+    leases = store.leases
+    for shard in store.shards:
+        shard.on_replay = lambda key, lease: leases.detach(key) if lease < 0 else leases.attach(key, lease)
+
+
+def settle_leases(store: Store) -> None:
+    """After replay: each lease's keys, every lease its full TTL from now (as
+    after an etcd leader change); replay no longer tracks lease keys."""
+    orphans = store.leases.rebuild_keys()
+    if orphans:
+        logger.warning("keys attached to leases that no longer exist keys=%d", orphans)
+    store.leases.refresh_all()
+    for shard in store.shards:
+        shard.on_replay = lambda key, lease: None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from journal import Journal
+from journal.record import Record
 from proto.kv_pb2 import KeyValue
 
 from .errors import DataDirError, StateStoreError
@@ -31,15 +32,16 @@ _CKPT_META = struct.Struct("<QqI")  # committed rev, compact rev, shard id
 
 @dataclass(slots=True)
 class Recovered:
-    """What a shard found on disk, before the store decides what to keep."""
+    """What a shard found on disk, before the store decides what to keep:
+    journal records above its checkpoint, sorted by type."""
 
     checkpoint_rev: int
     compact_rev: int
-    writes: list[tuple[int, tuple[int, ...], list[Change]]]  # (rev, participants, changes)
-    compacts: list[tuple[int, int]]  # (tag rev, compact rev)
-    leases: list[tuple[int, bytes]]  # (tag rev, LEASE payload)
+    writes: list[tuple[int, tuple[int, ...], list[Change], int]]  # (rev, participants, changes, epoch) above it
+    compacts: list[Record]
+    leases: list[Record]
     extra_meta: bytes  # what the store saved beside this shard's last checkpoint
-    auths: list[tuple[int, bytes]] = field(default_factory=list)  # (tag rev, AUTH payload)
+    auths: list[Record] = field(default_factory=list)
 
 
 class Shard:
@@ -61,6 +63,10 @@ class Shard:
     # -- recovery -------------------------------------------------------
 
     async def read_disk(self) -> Recovered:
+        return self.collect(*await self.load_checkpoint())
+
+    async def load_checkpoint(self) -> tuple[int, int, bytes]:
+        """Load the newest checkpoint's rows into the state: (its revision, compact revision, extra meta)."""
         ckpt = await self.journal.load_checkpoint()
         ckpt_rev, compact_rev, extra = 0, -1, b""
         if ckpt is not None:
@@ -71,6 +77,10 @@ class Shard:
                                    f"(shard {self.sid}): the data dir was put together wrongly")
             self._load_checkpoint_rows(ckpt.rows())
         self.checkpoint_rev = ckpt_rev
+        return ckpt_rev, compact_rev, extra
+
+    def collect(self, ckpt_rev: int, compact_rev: int, extra: bytes) -> Recovered:
+        """What the journal holds above the checkpoint, sorted by record type."""
         writes, compacts, leases, auths = [], [], [], []
         progress = Progress("journal read", shard=self.name)
         for rec in self.journal.records(after_rev=0):
@@ -78,13 +88,13 @@ class Shard:
             if rec.rtype == WRITE:
                 if rec.rev > ckpt_rev:
                     participants, changes = decode_write(rec.payload)
-                    writes.append((rec.rev, participants, changes))
+                    writes.append((rec.rev, participants, changes, rec.epoch))
             elif rec.rtype == COMPACT:
-                compacts.append((rec.rev, decode_compact(rec.payload)))
+                compacts.append(rec)
             elif rec.rtype == LEASE:
-                leases.append((rec.rev, rec.payload))
+                leases.append(rec)
             elif rec.rtype == AUTH:
-                auths.append((rec.rev, rec.payload))
+                auths.append(rec)
         progress.done()
         return Recovered(ckpt_rev, compact_rev, writes, compacts, leases, extra, auths)
 

@@ -95,42 +95,104 @@ class Store:
                               parse_auth_token(config.auth_token, config.auth_token_ttl_s))
         self._expiry_task: asyncio.Task | None = None
         self.log = None  # where the journals live (set by open)
+        self._owns_log = True
+        self.follower = None  # set while this store follows another writer's journals
         for state in self.states:
             state.on_failure = self._fail
 
     # -- lifecycle ------------------------------------------------------
 
     @classmethod
-    async def open(cls, config: StoreConfig) -> Store:
-        from .recovery import recover
+    async def open(cls, config: StoreConfig, log=None, follow: bool = False) -> Store:
+        """Open the data dir and the journals (in ``log``, or a log of the
+        config's own), recover, and start writing; with ``follow``, load what
+        the journals hold and keep applying what another process writes to them
+        (``follow_journals``) until ``take_over``."""
+        from .recovery import recover, recover_to_follow
 
         datadir = DataDir.open(config.data_dir, config.layout)
         shards: list[Shard] = []
-        log = None
+        owns_log = log is None
         try:
             datadir.check_journal(journal_name(config))
-            log = await open_log(config)
+            if log is None:
+                log = await open_log(config)
             for sid, spec in enumerate(config.layout.shards):
                 state_dir = datadir.state_dir(config.state_dir, spec.name)
                 shard_dir = datadir.shard_dir(spec.name)
-                journal = await log.open_journal(spec.name, shard_dir, config.journal)
+                extra = {"follow": True} if follow else {}
+                journal = await log.open_journal(spec.name, shard_dir, config.journal, **extra)
                 shards.append(Shard(sid, spec.name, shard_dir, state_dir, journal))
             store = cls(config, datadir, shards)
-            store.log = log
-            await recover(store)
+            store.log, store._owns_log = log, owns_log
+            if follow:
+                store.follower = await recover_to_follow(store)
+            else:
+                await recover(store)
         except BaseException:
             for shard in shards:
                 shard.state.close()
-            if log is not None:
+            if log is not None and owns_log:
                 await log.close()
             datadir.close()
             raise
-        for shard in shards:
-            shard.journal.on_durable = _durable_callback(store, shard)
-            shard.journal.on_failure = store._fail
-            await shard.journal.start()
-        store._expiry_task = asyncio.get_running_loop().create_task(store._expire_leases())
+        if not follow:
+            await store._start_writing()
         return store
+
+    async def _start_writing(self) -> None:
+        for shard in self.shards:
+            shard.journal.on_durable = _durable_callback(self, shard)
+            shard.journal.on_failure = self._fail
+            await shard.journal.start()
+        self._expiry_task = asyncio.get_running_loop().create_task(self._expire_leases())
+
+    # -- following another writer ------------------------------------------
+
+    async def follow_journals(self) -> None:
+        """Apply what the writer stores, as it is stored, until cancelled; raises
+        (JournalGap, FollowerDiverged, JournalCorrupt) when the state must be rebuilt."""
+        follower = self.follower
+
+        async def follow(sid: int, shard: Shard) -> None:
+            async def covered(expected: int, got: int) -> bool:  # purged messages the loaded checkpoint holds?
+                return await shard.journal.newest_checkpoint_rev() <= shard.checkpoint_rev
+
+            await shard.journal.follow(lambda msg: follower.on_message(sid, msg), covered)
+
+        tasks = [asyncio.create_task(follow(sid, shard)) for sid, shard in enumerate(self.shards)]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def take_over(self) -> int:
+        """Become the writer of the journals this store follows (the caller holds
+        the writer lease): fence each journal after what was read, apply what
+        was stored meanwhile, cut what is not whole (recorded in every journal),
+        and start writing.  Returns the revision taken over at."""
+        from .recovery import settle_leases
+
+        started = time.monotonic()
+        follower = self.follower
+        for sid, shard in enumerate(self.shards):
+            await shard.journal.take_over(lambda msg, sid=sid: follower.on_message(sid, msg))
+        rev = follower.applied
+        dropped = follower.pending()
+        for shard in self.shards:
+            shard.journal.truncate_after(rev)
+        if dropped:
+            logger.warning("discarded records that were not whole on every shard records=%d above_rev=%d", dropped, rev)
+        self.follower = None
+        self.rev = self.committed = rev
+        settle_leases(self)
+        await self._start_writing()
+        logger.warning("took over as the writer rev=%d seconds=%.3f", rev, time.monotonic() - started)
+        return rev
 
     async def close(self) -> None:
         self.hub.close()
@@ -142,8 +204,16 @@ class Store:
             await asyncio.gather(self._compaction, return_exceptions=True)
         for shard in self.shards:
             await shard.close()
-        await self.log.close()
+        if self._owns_log:
+            await self.log.close()
         self.datadir.close()
+
+    @property
+    def term(self) -> int:
+        """etcd's raft term: with a replicated journal, from the writer's epoch (it
+        grows with every takeover); else the data dir's (+1 per restart)."""
+        epoch = getattr(self.log, "epoch", 0)
+        return epoch + 1 if epoch else self.datadir.term
 
     def db_size(self) -> int:
         """Like etcd's backend file size: the most row bytes held since the last

@@ -28,7 +28,7 @@ class Member:
 
     def __post_init__(self) -> None:
         d = self.store.datadir
-        self.cluster_id, self.member_id, self.raft_term = d.cluster_id, d.member_id, d.term
+        self.cluster_id, self.member_id, self.raft_term = d.cluster_id, d.member_id, self.store.term
         self.headers = Headers(self.cluster_id, self.member_id, self.raft_term)
         self.alarms = AlarmStore(self.store.datadir)
         self.quota = Quota(self.store, self.alarms, self.member_id, self.config.quota_backend_bytes)

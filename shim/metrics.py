@@ -30,6 +30,7 @@ class _StateCollector:
         m, store = self.m, self.m.store
         yield _gauge("etcd_server_has_leader", "Whether a leader exists (always: no Raft).", 1)
         yield _gauge("etcd_server_is_leader", "Whether this member is the leader.", 1)
+        yield _gauge("shardetcd_standby", "1 while this process stands by for the writer lease.", 0)
         yield _gauge("etcd_server_quota_backend_bytes", "Backend quota in bytes.", m.quota.limit or 0)
         yield _gauge("etcd_mvcc_db_total_size_in_bytes", "State size, as etcd's backend file size.", store.db_size())
         yield _gauge("etcd_mvcc_db_total_size_in_use_in_bytes", "State bytes in use.", store.db_size_in_use())
@@ -80,3 +81,25 @@ class Metrics:
             child.observe(seconds)
 
         return observe
+
+
+class _StandbyCollector:
+    def __init__(self, status) -> None:
+        self.status = status
+
+    def collect(self):
+        store = self.status.store
+        yield _gauge("etcd_server_has_leader", "Whether a leader exists (a standby follows one).", 1)
+        yield _gauge("etcd_server_is_leader", "Whether this member is the leader (a standby is not).", 0)
+        yield _gauge("shardetcd_standby", "1 while this process stands by for the writer lease.", 1)
+        yield _gauge("etcd_debugging_mvcc_current_revision", "Revision followed so far.",
+                     store.committed if store is not None else 0)
+
+
+class StandbyMetrics:
+    """What a standby's /metrics shows: its role, the revision it has followed, process metrics."""
+
+    def __init__(self, status) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_StandbyCollector(status))
+        ProcessCollector(registry=self.registry)

@@ -34,7 +34,7 @@ from .http import HttpEndpoint, start_http
 from .kv import KVService
 from .lease_auth import CheckedLeaseService
 from .maintenance import ClusterService, MaintenanceService
-from .metrics import Metrics
+from .metrics import Metrics, StandbyMetrics
 from .watch import WatchService
 
 logger = logging.getLogger(__name__)
@@ -136,8 +136,9 @@ def jetstream_config(config: ServerConfig) -> JetStreamConfig | None:
 
 
 async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
-    """With a JetStream journal: hold the writer lease before touching the journals
-    (a --standby waits for it; anyone else is refused while another holds it)."""
+    """With a JetStream journal: connect and hold the writer lease before touching
+    the journals (anyone but a --standby is refused while another holds it).
+    A standby gets the lease unheld: ``stand_by`` waits for it."""
     js = jetstream_config(config)
     if js is None:
         if config.standby:
@@ -148,19 +149,17 @@ async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
     except JournalUnreachable as exc:
         raise StartupError(str(exc)) from exc
     lease = WriterLease(log, ttl_s=config.journal_lease_ttl_s, key=config.partition or "writer")
+    if config.standby:
+        return lease
     try:
-        if config.standby:
-            logger.warning("standing by for the writer lease prefix=%s", js.prefix)
-            waited = await lease.wait()
-            logger.warning("taking over as the writer waited_s=%.3f", waited)
-        else:
-            await lease.acquire()
+        await lease.acquire()
     except JournalUnreachable as exc:
         await log.close()
         raise StartupError(str(exc)) from exc
     except BaseException:
         await log.close()
         raise
+    log.epoch = lease.revision  # stamped on every message this writer publishes
     return lease
 
 
@@ -170,10 +169,10 @@ async def release_writer_lease(lease: WriterLease | None) -> None:
         await lease.log.close()
 
 
-async def open_store(config: ServerConfig) -> Store:
+async def open_store(config: ServerConfig, log=None, follow: bool = False) -> Store:
     """Open and recover the store; a disk that cannot take it is one line, not a traceback."""
     try:
-        return await Store.open(store_config(config))
+        return await Store.open(store_config(config), log, follow)
     except OSError as exc:
         where = exc.filename or config.data_dir
         if exc.errno == errno.ENOSPC:
@@ -187,12 +186,72 @@ async def open_store(config: ServerConfig) -> Store:
         raise StartupError(str(exc)) from exc
 
 
+async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
+    """--standby: keep a state that follows the writer's journals, without
+    serving clients, until the writer lease is free; then take the journals
+    over and return the store, ready to serve.  /health on the metrics URLs
+    says "standby" meanwhile."""
+    status = StandbyStatus(config)
+    http = await start_http(config.listen_metrics_urls, status, parse_listen_url) if config.listen_metrics_urls else []
+    try:
+        while True:
+            store = await open_store(config, lease.log, follow=True)
+            status.store = store
+            logger.warning("standing by, following the writer's journals rev=%d", store.committed)
+            following = asyncio.ensure_future(store.follow_journals())
+            acquiring = asyncio.ensure_future(lease.wait())
+            try:
+                await asyncio.wait({following, acquiring}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                following.cancel(), acquiring.cancel()
+                await asyncio.gather(following, acquiring, return_exceptions=True)
+                await store.close()
+                raise
+            if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
+                following.cancel()
+                await asyncio.gather(following, return_exceptions=True)
+                lease.log.epoch = lease.revision
+                logger.warning("taking over as the writer epoch=%d", lease.revision)
+                await store.take_over()
+                return store
+            acquiring.cancel()
+            await asyncio.gather(acquiring, return_exceptions=True)
+            reason = following.exception() if following.done() else acquiring.exception()
+            logger.warning("standby rebuilds its state reason=%r", reason)
+            await store.close()
+    finally:
+        for server in http:
+            server.close()
+
+
+class StandbyStatus(HttpEndpoint):
+    """The metrics URLs of a standby: /health, /readyz 503 "standby", /livez ok,
+    /metrics (is_leader 0 and the revision followed), /version."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.store: Store | None = None
+        self.metrics = StandbyMetrics(self)
+        self.gateway = None
+        self.body_bytes_max = 4096
+
+    def health(self) -> tuple[bool, str]:
+        return False, "standby"
+
+    def route(self, path: str) -> tuple[int, str, bytes]:
+        if path.split("?", 1)[0] == "/livez":
+            return 200, "text/plain", b"ok"
+        return super().route(path)
+
+
 async def start(config: ServerConfig) -> Running:
     addresses = [parse_listen_url(u) for u in config.listen_client_urls]
     guard = partition_guard(config)
     lease = await take_writer_lease(config)
     try:
-        store = await open_store(config)
+        if config.standby:
+            store = await stand_by(config, lease)
+        else:
+            store = await open_store(config, lease.log if lease else None)
     except BaseException:
         await release_writer_lease(lease)
         raise

@@ -223,7 +223,7 @@ def test_recovered_revision_prefix_rules():
     from shards.shard import Recovered
 
     def shard(ckpt, *writes):
-        return Recovered(ckpt, -1, [(r, p, []) for r, p in writes], [], [], b"")
+        return Recovered(ckpt, -1, [(r, p, [], 0) for r, p in writes], [], [], b"")
 
     # rev 2 on shard 0, rev 3 on shards 0+1 (both parts), rev 4 on shard 1 only
     assert recovered_revision([shard(0, (2, (0,)), (3, (0, 1))), shard(0, (3, (0, 1)), (4, (1,)))]) == 4

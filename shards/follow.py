@@ -1,0 +1,156 @@
+"""A follower: applies another process's journal records to this process's
+state as they are stored, up to the longest prefix of revisions that is whole
+on every shard (DESIGN.md invariants 5, 6 and 10).
+
+Each shard's journal is read on its own, so the follower can read one stream
+ahead of another.  What keeps it right is the writer's epoch on every record
+(the revision of the writer lease, which grows from one writer to the next)
+and the cut marker every writer publishes on every stream before its first
+record: ``cut(E, R)`` says that records of epochs before E tagged above R are
+void.  The marker comes before E's own records on each stream, so by the time
+a record of E is read the follower knows E's cut, and a record of an older
+epoch read later on another stream is dropped by the same rule.
+
+A revision R is applied once every shard it names has its part of R from one
+epoch (or a checkpoint at or above R), and every revision below it is applied.
+Such a revision is never cut by a later writer: that writer reads every stream
+to its end before it decides where to cut, so it sees at least what the
+follower saw.
+
+Worked example, shards A and B, writer F (epoch 3), then writer E (epoch 7):
+
+    A: [F rev 10 part (A,B)] [E cut 9] [E rev 10 part (A)]
+    B:                       [E cut 9]
+
+F crashed before B's part of 10.  Reading B first, the follower learns
+cut(7, 9); F's part of 10 on A is then void when it is read (3 < 7, 10 > 9);
+E's rev 10 is whole once A's E part is read.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .lease import GRANT, decode_lease_record
+from .record import AUTH, COMPACT, LEASE, WRITE, Change, decode_compact, decode_write
+
+if TYPE_CHECKING:
+    from journal.jetstream import Message
+    from journal.record import Record
+
+    from .store import Store
+
+logger = logging.getLogger(__name__)
+
+
+class FollowerDiverged(RuntimeError):
+    """A newer writer cut below what this follower had applied: its state is not
+    the log's history (a broken invariant); it must be rebuilt."""
+
+
+class Follower:
+    def __init__(self, store: Store, applied: int, floors: list[int]) -> None:
+        self.store = store
+        self.applied = applied  # every revision <= applied is in the state
+        self.floors = floors  # per shard: its checkpoint's revision (its parts up to there are in the state)
+        self.parts: dict[int, dict[int, tuple[int, tuple[int, ...], list[Change]]]] = {}  # rev -> sid -> part
+        self.metas: list[deque[tuple[int, int, int, bytes]]] = [deque() for _ in floors]  # (tag, epoch, type, payload)
+        self.cuts: dict[int, int] = {}  # epoch -> the revision its writer recovered to
+        self.applied_tops: dict[int, int] = {}  # epoch -> the highest revision applied from its records
+
+    # -- input ------------------------------------------------------------
+
+    def on_message(self, sid: int, msg: Message) -> None:
+        if msg.cut is not None:
+            self.cut(msg.epoch, msg.cut)
+        for rec in msg.records:
+            self.take(sid, rec)
+        self.advance()
+
+    def cut(self, epoch: int, rev: int) -> None:
+        """Writer ``epoch`` recovered to ``rev``: older epochs' records above it are void."""
+        if self.cuts.get(epoch) == rev:
+            return
+        if any(e < epoch and top > rev for e, top in self.applied_tops.items()):
+            raise FollowerDiverged(f"writer epoch {epoch} cut above revision {rev}, below revisions of an "
+                                   f"earlier writer this follower had applied (up to {self.applied})")
+        self.cuts[epoch] = rev
+        for r in [r for r in self.parts if r > rev]:
+            kept = {sid: part for sid, part in self.parts[r].items() if part[0] >= epoch}
+            if kept:
+                self.parts[r] = kept
+            else:
+                del self.parts[r]
+        for i, metas in enumerate(self.metas):
+            if any(tag > rev and e < epoch for tag, e, _, _ in metas):
+                self.metas[i] = deque(m for m in metas if not (m[0] > rev and m[1] < epoch))
+
+    def take(self, sid: int, rec: Record) -> None:
+        if self._void(rec.epoch, rec.rev):
+            return
+        if rec.rtype == WRITE:
+            if rec.rev <= self.applied:
+                return  # an older writer's part of a revision a newer one wrote again
+            participants, changes = decode_write(rec.payload)
+            self.parts.setdefault(rec.rev, {})[sid] = (rec.epoch, participants, changes)
+        elif rec.rtype in (LEASE, AUTH, COMPACT):
+            self.metas[sid].append((rec.rev, rec.epoch, rec.rtype, rec.payload))
+
+    def _void(self, epoch: int, rev: int) -> bool:
+        return any(e > epoch and rev > r for e, r in self.cuts.items())
+
+    # -- applying -----------------------------------------------------------
+
+    def advance(self) -> int:
+        """Apply every revision that is now whole and next in line; the new applied revision."""
+        first = self.applied + 1
+        self._apply_metas()
+        while (parts := self.parts.get(self.applied + 1)) is not None and self._whole(self.applied + 1, parts):
+            rev = self.applied + 1
+            del self.parts[rev]
+            store = self.store
+            for sid, (epoch, _, changes) in parts.items():
+                store.shards[sid].apply_recovered(rev, changes)
+                self.applied_tops[epoch] = rev
+            if store.hub.active:
+                store._changes[rev] = {sid: changes for sid, (_, _, changes) in parts.items()}
+            self.applied = rev
+            self._apply_metas()
+        if self.applied >= first:
+            store = self.store
+            store.rev = store.committed = self.applied
+            if store.hub.active:
+                store.hub.notify(store._committed_changes(first, self.applied), self.applied)
+        return self.applied
+
+    def _whole(self, rev: int, parts: dict) -> bool:
+        epochs = {part[0] for part in parts.values()}
+        if len(epochs) != 1:
+            return False
+        participants = next(iter(parts.values()))[1]
+        return all(p in parts or self.floors[p] >= rev for p in participants)
+
+    def _apply_metas(self) -> None:
+        """Lease, auth and compaction records tagged at or below the applied revision, in journal order."""
+        store = self.store
+        for metas in self.metas:
+            while metas and metas[0][0] <= self.applied:
+                tag, epoch, rtype, payload = metas.popleft()
+                if rtype == LEASE:
+                    op, lease_id, ttl = decode_lease_record(payload)
+                    if op == GRANT:
+                        store.leases.grant(lease_id, ttl)
+                    else:
+                        store.leases.remove(lease_id)
+                elif rtype == AUTH:
+                    store.auth.replay(payload)
+                elif rtype == COMPACT:
+                    compact = decode_compact(payload)
+                    if compact > store.compact_rev:
+                        store.compact_rev = compact
+                        store._start_compaction()
+
+    def pending(self) -> int:
+        """Records read but not applied (above the applied revision): a takeover cuts them."""
+        return sum(len(p) for p in self.parts.values()) + sum(len(m) for m in self.metas)
