@@ -154,6 +154,69 @@ def test_a_standby_takes_over_from_a_killed_writer(nats, tmp_path):
             s.kill()
 
 
+def scrape(port: int, path: str) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def followed_revision(port: int) -> int:
+    _, body = scrape(port, "/metrics")
+    line = next(l for l in body.decode().splitlines() if l.startswith("etcd_debugging_mvcc_current_revision "))
+    return int(float(line.split()[1]))
+
+
+def test_a_standby_keeps_its_state_current_and_says_it_is_a_standby(nats, tmp_path):
+    """While it stands by, the standby applies what the writer commits (its
+    /metrics revision reaches the writer's), answers /health and /readyz
+    "standby" (503) and /livez ok, and does not serve; after the kill it takes
+    over from that state without reading the journals again."""
+    writer = server_on(nats, tmp_path / "w").start()
+    metrics_port = free_port()
+    standby = server_on(nats, tmp_path / "s", "--standby", "--listen-metrics-urls",
+                        f"http://127.0.0.1:{metrics_port}").start(wait=False)
+    try:
+        deadline = time.monotonic() + 30
+        while "standing by, following" not in standby.log_tail(50):
+            assert standby.running() and time.monotonic() < deadline, standby.log_tail(50)
+            time.sleep(0.1)
+        assert scrape(metrics_port, "/health") == (503, b'{"health":"false","reason":"standby"}\n')
+        assert scrape(metrics_port, "/readyz")[0] == 503 and scrape(metrics_port, "/livez") == (200, b"ok")
+        assert b"shardetcd_standby 1.0" in scrape(metrics_port, "/metrics")[1]
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            for i in range(200):  # puts, and txns over two shards
+                ops = [pb.RequestOp(request_put=pb.PutRequest(key=k, value=b"%d" % i))
+                       for k in (b"/registry/pods/ns/p%d" % i, b"/registry/leases/ns/l%d" % i)]
+                rev = kv.Txn(pb.TxnRequest(success=ops), timeout=10).header.revision
+        while followed_revision(metrics_port) != rev:
+            assert time.monotonic() < deadline + 30, followed_revision(metrics_port)
+            time.sleep(0.1)
+        assert not standby.answers_range(timeout=0.5)
+        reads_before = standby.log_tail(500).count("journal stream read")
+        writer.kill()
+        standby.wait_ready(timeout=30)
+        log = standby.log_tail(500)
+        assert f"took over as the writer rev={rev}" in log
+        assert log.count("journal stream read") == reads_before  # took over from the state it kept
+        with grpc.insecure_channel(standby.endpoint) as ch:
+            rows, served = everything(ch)
+            assert served == rev and len(rows) == 400
+            assert pbg.KVStub(ch).Put(pb.PutRequest(key=b"after", value=b"v"), timeout=10).header.revision == rev + 1
+            status = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
+        assert status.leader == status.header.member_id and status.raftTerm > 1
+        assert scrape(metrics_port, "/health") == (200, b'{"health":"true","reason":""}')
+        assert b"shardetcd_standby 0.0" in scrape(metrics_port, "/metrics")[1]
+    finally:
+        writer.kill()
+        standby.kill()
+
+
 def test_a_second_writer_is_refused_while_the_first_holds_the_lease(nats, tmp_path):
     first = server_on(nats, tmp_path / "a").start()
     try:

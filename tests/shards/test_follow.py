@@ -1,0 +1,159 @@
+"""The follower against random histories of writers that crash mid-txn.
+
+A simulated log: each writer (epoch 1, 2, ...) reads every stream, keeps the
+longest whole prefix (the store's own ``recovered_revision``), publishes its
+cut on every stream, then writes revisions across random shards and may
+crash between the parts of one.  The follower reads the streams in a random
+interleaving (each stream in order, as JetStream delivers it) and must only
+ever apply what the final history holds at that revision, and in the end
+everything whole.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from journal.jetstream import Message
+from journal.record import Record
+from shards.follow import Follower, FollowerDiverged
+from shards.recovery import recovered_revision
+from shards.record import PUT, WRITE, Change, encode_write
+from shards.shard import Recovered
+
+SHARDS = 3
+
+
+@dataclass
+class FakeShard:
+    applied: dict[int, list] = field(default_factory=dict)
+
+    def apply_recovered(self, rev: int, changes: list) -> None:
+        assert rev not in self.applied, f"revision {rev} applied twice"
+        self.applied[rev] = changes
+
+
+class FakeHub:
+    active = False
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.shards = [FakeShard() for _ in range(SHARDS)]
+        self.hub = FakeHub()
+        self.rev = self.committed = 1
+        self.compact_rev = -1
+
+
+def part(rev: int, participants: tuple[int, ...], epoch: int, sid: int) -> Record:
+    changes = [Change(PUT, 0, b"k%d" % sid, b"e%d" % epoch)]  # the value names the writer
+    return Record(WRITE, rev, encode_write(participants, changes), None, 0, epoch)
+
+
+def in_stream(messages: list[Message]) -> list[Record]:
+    """One stream as a reader of it alone sees it: cuts drop what came before them."""
+    out: list[Record] = []
+    for m in messages:
+        if m.cut is not None:
+            out = [r for r in out if r.rev <= m.cut]
+        out.extend(m.records)
+    return out
+
+
+def whole_prefix(streams: list[list[Message]]) -> tuple[int, dict[int, dict[int, bytes]]]:
+    """What a writer opening these streams keeps: (revision, rev -> sid -> value)."""
+    from shards.record import decode_write
+
+    found = []
+    history: dict[int, dict[int, bytes]] = {}
+    for sid, messages in enumerate(streams):
+        writes = []
+        for rec in in_stream(messages):
+            participants, changes = decode_write(rec.payload)
+            writes.append((rec.rev, participants, changes, rec.epoch))
+            history.setdefault(rec.rev, {})[sid] = changes[0].row
+        found.append(Recovered(0, -1, writes, [], [], b""))
+    rev = recovered_revision(found)
+    return rev, {r: parts for r, parts in history.items() if r <= rev}
+
+
+def simulate(rng: random.Random, writers: int) -> list[list[Message]]:
+    streams: list[list[Message]] = [[] for _ in range(SHARDS)]
+    seq = 0
+
+    def publish(sid: int, **kw) -> None:
+        nonlocal seq
+        seq += 1
+        streams[sid].append(Message(seq, **kw))
+
+    for epoch in range(1, writers + 1):
+        rev, _ = whole_prefix(streams)
+        for sid in range(SHARDS):
+            publish(sid, epoch=epoch, cut=rev)
+        for _ in range(rng.randint(0, 8)):
+            rev += 1
+            participants = tuple(sorted(rng.sample(range(SHARDS), rng.randint(1, SHARDS))))
+            crash = epoch < writers and rng.random() < 0.2
+            written = participants[: rng.randint(0, len(participants) - 1)] if crash else participants
+            for sid in written:
+                publish(sid, epoch=epoch, records=(part(rev, participants, epoch, sid),), top=rev)
+            if crash:
+                break
+    return streams
+
+
+def follow_interleaved(rng: random.Random, streams: list[list[Message]], truth: dict[int, dict[int, bytes]]) -> Follower:
+    store = FakeStore()
+    follower = Follower(store, 1, [0] * SHARDS)
+    queues = [deque(s) for s in streams]
+    while any(queues):
+        sid = rng.choice([i for i, q in enumerate(queues) if q])
+        follower.on_message(sid, queues[sid].popleft())
+        for shard_id, shard in enumerate(store.shards):  # never anything the final history lacks
+            for rev, changes in shard.applied.items():
+                assert truth.get(rev, {}).get(shard_id) == changes[0].row, (rev, shard_id)
+        assert store.committed == follower.applied
+    return follower
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), writers=st.integers(1, 5))
+def test_a_follower_applies_exactly_the_final_history_whatever_the_interleaving(seed, writers):
+    rng = random.Random(seed)
+    streams = simulate(rng, writers)
+    final_rev, truth = whole_prefix(streams)
+    follower = follow_interleaved(rng, streams, truth)
+    assert follower.applied == final_rev
+    applied = {}
+    for sid, shard in enumerate(follower.store.shards):
+        for rev, changes in shard.applied.items():
+            applied.setdefault(rev, {})[sid] = changes[0].row
+    assert applied == truth
+
+
+def test_an_older_writers_part_read_after_a_newer_cut_is_void():
+    """The module docstring's example: F (epoch 3) wrote A's part of 10 and
+    crashed; E (epoch 7) cut above 9 and wrote 10 on A alone.  Read B first."""
+    f_part = Message(1, 3, (part(10, (0, 1), 3, 0),), top=10)
+    e_cut_a, e_cut_b = Message(2, 7, cut=9), Message(3, 7, cut=9)
+    e_part = Message(4, 7, (part(10, (0,), 7, 0),), top=10)
+    store = FakeStore()
+    follower = Follower(store, 9, [0] * SHARDS)
+    follower.on_message(1, e_cut_b)
+    follower.on_message(0, f_part)
+    assert follower.applied == 9 and not follower.parts  # F's part is void on arrival
+    follower.on_message(0, e_cut_a)
+    follower.on_message(0, e_part)
+    assert follower.applied == 10 and store.shards[0].applied[10][0].row == b"e7"
+
+
+def test_a_cut_below_what_was_applied_from_an_older_writer_is_a_divergence():
+    store = FakeStore()
+    follower = Follower(store, 1, [0] * SHARDS)
+    follower.on_message(0, Message(1, 3, (part(2, (0,), 3, 0),), top=2))
+    assert follower.applied == 2
+    with pytest.raises(FollowerDiverged):
+        follower.on_message(0, Message(2, 7, cut=1))
