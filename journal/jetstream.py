@@ -126,6 +126,28 @@ class JetStreamLog:
         self.js = self.nc.jetstream(timeout=self.config.publish_timeout_s)
         return self
 
+    async def agree(self, key: str, proposal: str) -> str:
+        """The value of ``key`` in the bucket ``<prefix>-meta``: ``proposal`` if
+        this process is the first to set it, else what the first one set (kept
+        forever, for every process on any machine that uses these journals)."""
+        from nats.js.api import KeyValueConfig
+        from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+
+        name = f"{self.config.prefix}-meta"
+        kv = await open_or_create(f"meta bucket {name}", lambda: self.js.key_value(name),
+                                  lambda: self.js.create_key_value(KeyValueConfig(
+                                      bucket=name, history=1, replicas=self.config.replicas)),
+                                  BucketNotFoundError)
+        try:
+            await retrying(f"create {key}", lambda: kv.create(key, proposal.encode()))
+            return proposal
+        except KeyWrongLastSequenceError:
+            pass
+        try:
+            return (await retrying(f"get {key}", lambda: kv.get(key))).value.decode()
+        except KeyNotFoundError:  # deleted by hand meanwhile: ask again
+            return await self.agree(key, proposal)
+
     def stream_name(self, name: str) -> str:
         return f"{self.config.prefix}_{name}".replace(".", "_")
 

@@ -40,6 +40,14 @@ class DataDir:
     def cluster_id(self) -> int:
         return self.meta["cluster_id"]
 
+    def adopt_cluster_id(self, cluster_id: int) -> None:
+        """The cluster's id is the one its journals were first written under (a
+        replicated journal keeps it, so every machine that takes over agrees)."""
+        if self.meta["cluster_id"] != cluster_id:
+            logger.info("cluster id taken from the journal cluster_id=%x was=%x", cluster_id, self.meta["cluster_id"])
+            self.meta["cluster_id"] = cluster_id
+            self.save_meta()
+
     @property
     def member_id(self) -> int:
         return self.meta["member_id"]

@@ -125,6 +125,9 @@ class Store:
                 shards.append(Shard(sid, spec.name, shard_dir, state_dir, journal))
             store = cls(config, datadir, shards)
             store.log, store._owns_log = log, owns_log
+            if hasattr(log, "agree"):  # a replicated journal keeps the cluster's identity
+                key = f"cluster-id.{journal_role(config)}"
+                datadir.adopt_cluster_id(int(await log.agree(key, str(datadir.cluster_id))))
             if follow:
                 store.follower = await recover_to_follow(store)
             else:
@@ -625,6 +628,11 @@ class Store:
                     await self._pause()
             self._compacted_through = target
             logger.info("compaction finished rev=%d", target)
+
+
+def journal_role(config: StoreConfig) -> str:
+    """Which writer's journals these are: the default shard's name (a partition's name under ``cluster``)."""
+    return config.layout.shards[-1].name
 
 
 def journal_name(config: StoreConfig) -> str:

@@ -123,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--journal-replicas", type=_positive_int, default=d.journal_replicas,
                    help="with --journal-url: JetStream replicas of each journal stream and checkpoint bucket (default: %(default)s)")
     p.add_argument("--standby", action="store_true",
-                   help="with --journal-url: do not serve; wait until the writer's lease lapses (it stopped or died), "
-                        "then take over its journals and serve the same revision sequence")
+                   help="with --journal-url: do not serve clients; keep a state that follows the writer's journals, "
+                        "and when the writer's lease lapses (it stopped or died) take the journals over and serve "
+                        "the same revision sequence (/health on --listen-metrics-urls says standby meanwhile)")
     p.add_argument("--journal-lease-ttl", type=float, default=d.journal_lease_ttl_s, dest="journal_lease_ttl",
                    help="with --journal-url: seconds the writer lease lasts without renewal, so how soon a standby "
                         "takes over (default: %(default)s)")

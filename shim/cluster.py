@@ -8,6 +8,14 @@ its log), backing off while one keeps crashing; it stops them all on
 SIGINT/SIGTERM.  Once every partition serves it prints, and writes to
 ``DIR/kube-apiserver.flags``, the ``--etcd-servers`` and
 ``--etcd-servers-overrides`` flags that point kube-apiserver at them.
+
+With a replicated journal (``--journal-url``) and ``--standbys``, each
+partition runs two processes on the same client URL, both started
+``--standby``: the one that takes the partition's writer lease serves, the
+other follows its journals and takes over when it dies (binding the URL the
+dead one held); the supervisor restarts the dead one, which then stands by in
+turn.  The second one keeps its data in ``DIR/<name>.2`` and logs to
+``DIR/<name>.2.log``.
 """
 from __future__ import annotations
 
@@ -54,10 +62,16 @@ class Child:
     restarts: int = 0
     backoff_s: float = BACKOFF_MIN_S
     restart_at: float | None = None
+    replica: int = 1  # 2: a partition's second process (--standbys)
 
     @property
     def name(self) -> str:
         return self.partition.name
+
+    @property
+    def label(self) -> str:
+        """The partition's name, and which of its processes this is when it has two."""
+        return self.name if self.replica == 1 else f"{self.name}.{self.replica}"
 
     def spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,7 +120,8 @@ def exit_reason(code: int) -> str:
 
 class Supervisor:
     def __init__(self, layout: ClusterLayout, layout_path: Path, data_dir: Path, host: str, base_port: int,
-                 server_args: list[str], state_dir: Path | None = None, quota_backend_bytes: int | None = None) -> None:
+                 server_args: list[str], state_dir: Path | None = None, quota_backend_bytes: int | None = None,
+                 standbys: bool = False) -> None:
         self.layout = layout
         self.data_dir = data_dir
         self.stopping = False
@@ -114,32 +129,46 @@ class Supervisor:
         self.children = []
         for p in layout.partitions:
             url = f"http://{host}:{ports[p.name]}"
-            argv = [sys.executable, "-m", "shim", "--name", p.name, "--data-dir", str(data_dir / p.name),
-                    "--listen-client-urls", url, "--cluster-layout", str(layout_path.absolute()), "--partition", p.name]
-            if state_dir is not None:
-                argv += ["--state-dir", str(state_dir / p.name)]
-            quota = p.quota_backend_bytes if p.quota_backend_bytes is not None else quota_backend_bytes
-            if quota is not None:
-                argv += ["--quota-backend-bytes", str(quota)]
-            self.children.append(Child(p, url, data_dir / p.name, data_dir / f"{p.name}.log", argv + server_args))
+            for replica in (1, 2) if standbys else (1,):
+                label = p.name if replica == 1 else f"{p.name}.{replica}"
+                argv = [sys.executable, "-m", "shim", "--name", label, "--data-dir", str(data_dir / label),
+                        "--listen-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
+                        "--partition", p.name]
+                if standbys:  # whichever holds the partition's writer lease serves; the other follows
+                    argv.append("--standby")
+                if state_dir is not None:
+                    argv += ["--state-dir", str(state_dir / label)]
+                quota = p.quota_backend_bytes if p.quota_backend_bytes is not None else quota_backend_bytes
+                if quota is not None:
+                    argv += ["--quota-backend-bytes", str(quota)]
+                self.children.append(Child(p, url, data_dir / label, data_dir / f"{label}.log", argv + server_args,
+                                           replica=replica))
+
+    def serving(self) -> dict[str, Child]:
+        """Per partition, the process that serves it (its first while none does)."""
+        out: dict[str, Child] = {}
+        for c in self.children:
+            if c.check_ready() or c.name not in out:
+                out[c.name] = c
+        return out
 
     @property
     def flags(self) -> list[str]:
-        return self.layout.apiserver_flags({c.name: [c.url] for c in self.children})
+        return self.layout.apiserver_flags({c.name: [c.url] for c in self.children if c.replica == 1})
 
     def start_all(self) -> str | None:
         """Start every partition and wait until each serves; the reason if one cannot."""
         for c in self.children:
             c.spawn()
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not all(c.check_ready() for c in self.children):
+        while not all(c.ready for c in self.serving().values()):
             for c in self.children:
                 if c.proc.poll() is not None and not c.check_ready():
-                    return f"partition {c.name} {exit_reason(c.proc.returncode)}: {c.last_log_line()}"
+                    return f"partition {c.label} {exit_reason(c.proc.returncode)}: {c.last_log_line()}"
             if self.stopping:
                 return "stopped while starting"
             if time.monotonic() > deadline:
-                late = [c.name for c in self.children if not c.ready]
+                late = [c.name for c in self.serving().values() if not c.ready]
                 return f"partitions {', '.join(late)} did not start within {START_TIMEOUT_S:.0f}s (see their logs in {self.data_dir})"
             time.sleep(POLL_S)
         return None
@@ -152,12 +181,12 @@ class Supervisor:
                 if now >= c.restart_at:
                     c.restarts += 1
                     c.spawn()
-                    logger.warning("restarted partition=%s pid=%d restarts=%d", c.name, c.proc.pid, c.restarts)
+                    logger.warning("restarted partition=%s pid=%d restarts=%d", c.label, c.proc.pid, c.restarts)
                 continue
             code = c.proc.poll()
             if code is None:
                 if not c.ready and c.check_ready():
-                    logger.warning("serving again partition=%s url=%s pid=%d", c.name, c.url, c.proc.pid)
+                    logger.warning("serving again partition=%s url=%s pid=%d", c.label, c.url, c.proc.pid)
                 continue
             up_s = now - c.started_at
             if up_s >= HEALTHY_AFTER_S:
@@ -165,7 +194,7 @@ class Supervisor:
             c.restart_at = now + c.backoff_s
             c.backoff_s = min(BACKOFF_MAX_S, c.backoff_s * 2)
             logger.warning("partition died partition=%s pid=%d reason=%r up_s=%.1f last_log=%r restart_in_s=%.1f",
-                           c.name, c.proc.pid, exit_reason(code), up_s, c.last_log_line(), c.restart_at - now)
+                           c.label, c.proc.pid, exit_reason(code), up_s, c.last_log_line(), c.restart_at - now)
 
     def stop_all(self) -> None:
         live = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
@@ -192,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path, default=None, help="each partition keeps its in-memory state in STATE_DIR/<name> (default: under /dev/shm)")
     p.add_argument("--quota-backend-bytes", type=int, default=None, help="quota of partitions whose layout entry sets none (default: etcd's 2 GiB)")
     p.add_argument("--flags-file", type=Path, default=None, help="where to write the kube-apiserver flags (default: DIR/kube-apiserver.flags)")
+    p.add_argument("--standbys", action="store_true",
+                   help="with --journal-url: two processes per partition on the same client URL; one serves, the "
+                        "other follows its journals and takes over when it dies")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
     return p
 
@@ -202,6 +234,8 @@ def cluster_main(argv: list[str]) -> int:
     clash = sorted({a.split("=")[0] for a in server_args} & PER_PARTITION_FLAGS)
     if clash:
         parser.error(f"the cluster sets {', '.join(clash)} for each partition itself (see --base-port, --data-dir, --state-dir and the layout)")
+    if args.standbys and not any(a.split("=")[0] == "--journal-url" for a in server_args):
+        parser.error("--standbys needs --journal-url: a standby follows a replicated journal")
     from .cli import setup_logging
 
     setup_logging(args.log_level)
@@ -211,7 +245,8 @@ def cluster_main(argv: list[str]) -> int:
         print(f"shardetcd cluster: {exc}", file=sys.stderr)
         return 2
     args.data_dir.mkdir(parents=True, exist_ok=True)
-    sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir, args.quota_backend_bytes)
+    sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir,
+                     args.quota_backend_bytes, args.standbys)
 
     def on_signal(signum, frame) -> None:
         sup.stopping = True
@@ -234,11 +269,15 @@ def cluster_main(argv: list[str]) -> int:
 
 def _announce(sup: Supervisor, flags_file: Path) -> None:
     flags_file.write_text("\n".join(sup.flags) + "\n")
-    width = max(len(c.name) for c in sup.children)
-    print(f"shardetcd cluster: {len(sup.children)} partitions serving", flush=True)
-    for c in sup.children:
+    serving = list(sup.serving().values())
+    width = max(len(c.name) for c in serving)
+    print(f"shardetcd cluster: {len(serving)} partitions serving", flush=True)
+    for c in serving:
         what = "everything else" if c.partition.default else ", ".join(r.override_name for r in c.partition.resources)
         print(f"  {c.name:<{width}}  {c.url}  pid {c.proc.pid}  ({what}; data {c.data_dir})", flush=True)
+    for c in sup.children:
+        if c not in serving:
+            print(f"  {c.label:<{width}}  standby for {c.url}  pid {c.proc.pid}  (data {c.data_dir})", flush=True)
     print(f"kube-apiserver flags (also in {flags_file}):", flush=True)
     for f in sup.flags:
         print(f"  {f}", flush=True)

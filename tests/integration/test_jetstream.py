@@ -193,7 +193,8 @@ def test_a_standby_keeps_its_state_current_and_says_it_is_a_standby(nats, tmp_pa
             for i in range(200):  # puts, and txns over two shards
                 ops = [pb.RequestOp(request_put=pb.PutRequest(key=k, value=b"%d" % i))
                        for k in (b"/registry/pods/ns/p%d" % i, b"/registry/leases/ns/l%d" % i)]
-                rev = kv.Txn(pb.TxnRequest(success=ops), timeout=10).header.revision
+                header = kv.Txn(pb.TxnRequest(success=ops), timeout=10).header
+        rev = header.revision
         while followed_revision(metrics_port) != rev:
             assert time.monotonic() < deadline + 30, followed_revision(metrics_port)
             time.sleep(0.1)
@@ -209,7 +210,9 @@ def test_a_standby_keeps_its_state_current_and_says_it_is_a_standby(nats, tmp_pa
             assert served == rev and len(rows) == 400
             assert pbg.KVStub(ch).Put(pb.PutRequest(key=b"after", value=b"v"), timeout=10).header.revision == rev + 1
             status = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
-        assert status.leader == status.header.member_id and status.raftTerm > 1
+        assert status.leader == status.header.member_id and status.raftTerm > header.raft_term
+        # one cluster (its id kept in NATS), another member, a later term
+        assert status.header.cluster_id == header.cluster_id and status.header.member_id != header.member_id
         assert scrape(metrics_port, "/health") == (200, b'{"health":"true","reason":""}')
         assert b"shardetcd_standby 0.0" in scrape(metrics_port, "/metrics")[1]
     finally:
@@ -301,3 +304,67 @@ def test_cluster_partitions_each_hold_their_own_lease_and_survive_a_kill(nats, t
             assert pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/after", value=b"v"), timeout=10).header.revision == 22
     finally:
         cluster.stop()
+
+
+def test_cluster_standbys_take_over_their_partition_on_the_same_url(nats, tmp_path):
+    """`shardetcd cluster --journal-url ... --standbys`: two processes per
+    partition, one serving, one following; SIGKILL the one serving a
+    partition: one of its processes takes over and serves the same URL with
+    every acknowledged write and the next revision, and the killed one comes
+    back as a standby (it may also win the lease race itself, after following)."""
+    import os
+    import re
+    import signal
+
+    from tests.integration.test_cluster import Cluster
+
+    cluster = Cluster(tmp_path)
+    cluster.argv += ["--journal-url", nats.urls, "--standbys"]
+    cluster.start()
+    # which of a partition's two processes (DIR/<name>, DIR/<name>.2) took the lease first is a race
+    standbys = {m[0]: (m[0] + m[1], int(m[2])) for m in re.findall(r"^  (\w+)(\.2)?\s+standby for \S+\s+pid (\d+)",
+                                                                   cluster.output(), re.M)}
+    standby_pids = {name: pid for name, (_, pid) in standbys.items()}
+    try:
+        assert set(standby_pids) == {"leases", "events", "main"}
+        acked = {}
+        with grpc.insecure_channel(cluster.endpoint("main")) as ch:
+            for i in range(50):
+                key = b"/registry/pods/ns/k%d" % i
+                acked[key] = pbg.KVStub(ch).Put(pb.PutRequest(key=key, value=b"v"), timeout=10).header.revision
+        standby_label = standbys["main"][0]
+        writer_label = "main.2" if standby_label == "main" else "main"
+        log_before = (cluster.data_dir / f"{writer_label}.log").stat().st_size
+        os.kill(cluster.child_pids["main"], signal.SIGKILL)
+        killed = time.monotonic()
+        deadline = killed + 30
+        with grpc.insecure_channel(cluster.endpoint("main")) as ch:
+            kv = pbg.KVStub(ch)
+            while True:
+                try:
+                    rev = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/after", value=b"v"), timeout=2).header.revision
+                    break
+                except grpc.RpcError:
+                    assert time.monotonic() < deadline, cluster.output()
+                    time.sleep(0.1)
+            took = time.monotonic() - killed
+            got = kv.Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"), timeout=10)
+        print(f"partition takeover in {took:.2f} s")
+        assert rev == max(acked.values()) + 1
+        assert {kv_.key: kv_.mod_revision for kv_ in got.kvs if kv_.key in acked} == acked
+        # the killed process is restarted as a standby; it or the standby that was following took over
+        def logs() -> tuple[str, str]:
+            return ((cluster.data_dir / f"{standby_label}.log").read_text(),
+                    (cluster.data_dir / f"{writer_label}.log").read_text()[log_before:])
+
+        while "standing by, following" not in logs()[1]:
+            assert time.monotonic() < deadline, cluster.output()
+            time.sleep(0.1)
+        assert sum("took over as the writer" in log for log in logs()) == 1, logs()
+    finally:
+        cluster.stop()
+        for pid in standby_pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
