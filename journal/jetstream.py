@@ -366,6 +366,7 @@ class JetStreamJournal(Appender):
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
         from nats.errors import TimeoutError as NatsTimeout
 
+        self._found = []  # what catch_up read has been handed over by now
         attempt = 0
         while True:
             sub = None
@@ -450,6 +451,7 @@ class JetStreamJournal(Appender):
     async def start(self) -> None:
         if self._task is not None or self._closing:
             raise RuntimeError("journal already started or closed")
+        self._found = []  # replayed by now: records() is for before start()
         if self._cut is not None:
             await self._publish(b"", {CUT_HEADER: str(self._cut)}, 0)
             logger.info("journal cut recorded stream=%s above_rev=%d epoch=%d", self.stream, self._cut, self.log.epoch)
