@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path, default=None, help="where journals and checkpoints live (default: ./${name}.shardetcd)")
     p.add_argument("--listen-client-urls", type=_urls, default=d.listen_client_urls, help="comma-separated URLs to serve clients on (default: http://127.0.0.1:2379)")
     p.add_argument("--advertise-client-urls", type=_urls, default=(), help="client URLs to report in MemberList (default: the listen URLs)")
+    p.add_argument("--initial-advertise-peer-urls", type=_urls, default=d.initial_advertise_peer_urls,
+                   help="peer URLs to report in MemberList, as etcd (no peer traffic here: writers and standbys "
+                        "share a journal, not Raft) (default: %(default)s)")
     p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes, help="largest write request accepted, in bytes (default: %(default)s = 1.5 MiB)")
     p.add_argument("--max-txn-ops", type=int, default=d.max_txn_ops, help="most operations in one txn (default: %(default)s)")
     p.add_argument("--quota-backend-bytes", type=int, default=d.quota_backend_bytes, help="state size that raises the NOSPACE alarm; 0 = etcd's default of 2 GiB (default: %(default)s)")
@@ -148,6 +151,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         data_dir=args.data_dir or Path(f"{args.name}.shardetcd"),
         listen_client_urls=args.listen_client_urls,
         advertise_client_urls=args.advertise_client_urls,
+        initial_advertise_peer_urls=args.initial_advertise_peer_urls,
         max_request_bytes=args.max_request_bytes,
         max_txn_ops=args.max_txn_ops,
         quota_backend_bytes=args.quota_backend_bytes,

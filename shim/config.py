@@ -18,6 +18,7 @@ class ServerConfig:
     data_dir: Path = Path("default.shardetcd")
     listen_client_urls: tuple[str, ...] = ("http://127.0.0.1:2379",)
     advertise_client_urls: tuple[str, ...] = ()
+    initial_advertise_peer_urls: tuple[str, ...] = ("http://localhost:2380",)  # etcd's default; only reported
     max_request_bytes: int = 1536 * 1024
     max_txn_ops: int = 128
     quota_backend_bytes: int = 0

@@ -28,13 +28,18 @@ HTTP_STATUS = {
 }
 
 
+def compact_json(doc) -> bytes:
+    """JSON as etcd's gateway (Go) writes it: no spaces; clients and scripts compare bytes."""
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
 class GatewayError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code, self.message = code, message
 
     def body(self) -> bytes:
-        return json.dumps({"error": self.message, "code": self.code.value[0], "message": self.message}).encode()
+        return compact_json({"error": self.message, "code": self.code.value[0], "message": self.message})
 
 
 class _Context:
@@ -128,7 +133,7 @@ class Gateway:
         if path == "/v3/lease/keepalive":
             req = self.parse(body, pb.LeaseKeepAliveRequest)
             resp = pb.LeaseKeepAliveResponse(header=self.member.header(), ID=req.ID, TTL=self.renew(req.ID))
-            return json.dumps({"result": to_json(resp)}).encode()
+            return compact_json({"result": to_json(resp)})
         route = self.routes.get(path)
         if route is None:
             raise GatewayError(grpc.StatusCode.NOT_FOUND, "Not Found")
@@ -136,13 +141,13 @@ class Gateway:
         resp = await method(self.parse(body, req_cls), _Context(authorization))
         if isinstance(resp, bytes):
             resp = resp_cls.FromString(resp)
-        return json.dumps(to_json(resp)).encode()
+        return compact_json(to_json(resp))
 
     async def observe_stream(self, body: bytes, authorization: str | None = None):
         """Yield JSON lines {"result": LeaderResponse} for /v3/election/observe."""
         req = self.parse(body, epb.LeaderRequest)
         async for resp in self.observe(req, _Context(authorization)):
-            yield json.dumps({"result": to_json(resp)}).encode() + b"\n"
+            yield compact_json({"result": to_json(resp)}) + b"\n"
 
     async def watch_stream(self, body: bytes, authorization: str | None = None):
         """Yield JSON lines for a watch opened with one WatchRequest."""
@@ -153,6 +158,6 @@ class Gateway:
                 self.watch.create(stream, req.create_request, _Context(authorization))
             while (msg := await stream.get()) is not None:
                 for raw in self.watch.encode(msg):
-                    yield json.dumps({"result": to_json(pb.WatchResponse.FromString(raw))}).encode() + b"\n"
+                    yield compact_json({"result": to_json(pb.WatchResponse.FromString(raw))}) + b"\n"
         finally:
             stream.close()

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from shards.alarms import NAMES
 
 from .config import ETCD_API_VERSION
-from .gateway import HTTP_STATUS, Gateway, GatewayError
+from .gateway import HTTP_STATUS, Gateway, GatewayError, compact_json
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class HttpEndpoint:
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
         if path == "/health":
             ok, reason = self.health()
-            body = _compact({"health": "true" if ok else "false", "reason": reason})
+            body = compact_json({"health": "true" if ok else "false", "reason": reason})
             # etcd sends an unhealthy answer through Go's http.Error, which ends it with a newline
             return (200, "application/json", body) if ok else (503, "application/json", body + b"\n")
         if path in ("/readyz", "/livez"):
@@ -54,7 +54,7 @@ class HttpEndpoint:
             return (200, "text/plain", b"ok") if ok else (503, "text/plain", f"failed: {reason}".encode())
         if path == "/version":
             cluster = ETCD_API_VERSION.rsplit(".", 1)[0] + ".0"  # etcd reports the cluster version as major.minor.0
-            return 200, "application/json", _compact({"etcdserver": ETCD_API_VERSION, "etcdcluster": cluster})
+            return 200, "application/json", compact_json({"etcdserver": ETCD_API_VERSION, "etcdcluster": cluster})
         return 404, "text/plain", b"404 page not found\n"
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -110,11 +110,6 @@ class HttpEndpoint:
             await writer.drain()
         writer.write(b"0\r\n\r\n")
         await writer.drain()
-
-
-def _compact(doc: dict) -> bytes:
-    """JSON as etcd's Go encoder writes it (no spaces): health checks grep for the exact bytes."""
-    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 async def start_http(urls: tuple[str, ...], endpoint: HttpEndpoint, parse_url) -> list[asyncio.base_events.Server]:

@@ -143,7 +143,9 @@ class ClusterService:
         self.m = member
 
     def _me(self) -> pb.Member:
-        return pb.Member(ID=self.m.member_id, name=self.m.config.name, clientURLs=list(self.m.config.client_urls))
+        config = self.m.config
+        return pb.Member(ID=self.m.member_id, name=config.name, peerURLs=list(config.initial_advertise_peer_urls),
+                         clientURLs=list(config.client_urls))
 
     async def MemberList(self, request: pb.MemberListRequest, context: grpc.aio.ServicerContext) -> pb.MemberListResponse:
         # etcd's Cluster service header carries no revision
