@@ -106,6 +106,7 @@ def collect(watch, count: int) -> list[tuple[str, str, int]]:
             ev = watch.next_event(timeout=WAIT)
         except (TimeoutError, WatchEnded) as exc:
             raise AssertionError(f"after {got}: {exc}") from None
+        assert ev["type"] != "ERROR", f"after {got}: {ev['object']}"
         got.append((ev["type"], ev["object"]["metadata"].get("name"), int(ev["object"]["metadata"]["resourceVersion"])))
     return got
 
