@@ -70,17 +70,24 @@ class WriterLease:
         return entry.value.decode() if entry.value else None
 
     async def try_acquire(self) -> bool:
-        from nats.js.errors import KeyWrongLastSequenceError
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
         from journal.jetstream import retrying
 
         kv = await self._bucket()
         try:
             self.revision = await retrying("writer lease create", lambda: kv.create(self.key, self.me.encode()))
+        except KeyNotFoundError:
+            # nats-py's create re-reads a key it found deleted; an entry that expired
+            # in between is not there any more: nobody holds it, try again later
+            return False
         except KeyWrongLastSequenceError:
             if await self.holder() != self.me:
                 return False
-            self.revision = (await kv.get(self.key)).revision  # a retried create found its own first try
+            try:
+                self.revision = (await kv.get(self.key)).revision  # a retried create found its own first try
+            except KeyNotFoundError:
+                return False
 
         logger.warning("writer lease acquired holder=%s ttl_s=%.1f", self.me, self.ttl_s)
         return True

@@ -233,3 +233,40 @@ def test_opening_a_jetstream_journal_fences_out_the_one_opened_before(nats_clust
         assert await backend.reopen_records() == [(1, 1, b"a1"), (1, 2, b"b2")]
 
     asyncio.run(go())
+
+
+def test_a_lease_entry_that_expires_during_create_is_not_an_error():
+    """nats-py's create re-reads a key whose slot it found taken; when the entry
+    expired in between (the holder died), the re-read raises KeyNotFoundError:
+    that means "nobody holds it, try again", not a crash of the standby."""
+    import asyncio
+
+    from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+    from journal.leadership import WriterLease
+
+    class ExpiringKV:
+        def __init__(self) -> None:
+            self.creates = 0
+
+        async def create(self, key, value):
+            self.creates += 1
+            if self.creates == 1:
+                raise KeyNotFoundError()  # nats-py: wrong last sequence, then the entry was gone on re-read
+            if self.creates == 2:
+                raise KeyWrongLastSequenceError()
+            return 42
+
+        async def get(self, key):
+            raise KeyNotFoundError()
+
+    class Log:
+        writer_id = "me"
+
+    lease = WriterLease(Log())
+    lease.kv = ExpiringKV()
+
+    async def attempts():
+        return [await lease.try_acquire() for _ in range(3)]
+
+    assert asyncio.run(attempts()) == [False, False, True] and lease.revision == 42
