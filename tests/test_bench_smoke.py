@@ -115,3 +115,52 @@ def test_bench_partitions_tiny_runs_one_process_and_a_cluster(tmp_path):
         assert not r["errors"], r
         assert r["req_s"] > 0, r
     assert p.stdout.count("  stopped ") == len(servers), p.stdout
+
+
+def test_etcds_own_benchmark_tool_drives_shardetcd_and_the_ceiling(tmp_path):
+    """etcd's tools/benchmark (shared/bin) runs each of etcd's shapes against
+    shardetcd, and the ceiling answers the shapes it was given for it (Txn,
+    Watch); the tool's summary is parsed into rows. Figures are not asserted."""
+    from bench import etcdtool
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+    for servers, only in (("shardetcd", None), ("ceiling", "txn-put,watch-latency@100")):
+        argv = [sys.executable, "-m", "bench.etcdtool", "--tiny", "--servers", servers, "--out", str(tmp_path / servers)]
+        p = subprocess.run(argv + (["--only", only] if only else []), cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=400)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        [result] = (tmp_path / servers).glob("*-etcdtool.json")
+        rows = json.loads(result.read_text())["rows"]
+        want = {(s.name, s.label) for s in etcdtool.SHAPES if only is None or s.name in only.split(",")}
+        assert {(r["shape"], r["point"]) for r in rows} == want
+        for r in rows:
+            assert r["server"] == servers and r["n"] > 0 and r["req_s"] > 0 and r["p99_ms"] >= r["p50_ms"] >= 0, r
+        assert f"stopped {servers} (pid " in p.stdout
+
+
+def test_the_benchmark_tool_summary_is_parsed():
+    from bench import etcdtool
+
+    out = """Summary:
+  Total:\t2.0010 secs.
+  Slowest:\t0.0200 secs.
+  Requests/sec:\t999.5000
+
+Response time histogram:
+  0.0001 [10]\t|
+  0.0200 [1990]\t|∎∎∎
+
+Latency distribution:
+  10% in 0.0001 secs.
+  50% in 0.0010 secs.
+  90% in 0.0050 secs.
+  99% in 0.0150 secs.
+  99.9% in 0.0199 secs.
+"""
+    row = etcdtool.parse(out)
+    assert row["req_s"] == 999.5 and row["n"] == 2000 and row["total_s"] == 2.001
+    assert [round(row[k], 6) for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms")] == [1.0, 5.0, 15.0, 19.9]
+    import pytest
+
+    with pytest.raises(ValueError):
+        etcdtool.parse("Error: context deadline exceeded\n")
