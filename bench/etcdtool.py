@@ -25,7 +25,6 @@ import json
 import lzma
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile

@@ -142,6 +142,8 @@ async def _rebuild(store: Store, found: list[Recovered], rev: int, keep_hooks: b
         progress.done()
         compact = max(compact, f.compact_rev, *(decode_compact(rec.payload) for rec in f.compacts if rec.rev <= rev))
     store.rev = store.committed = rev
+    for shard in store.shards:
+        shard.state.end_bulk()
     if not keep_hooks:
         settle_leases(store)
     if compact >= 0:
@@ -150,10 +152,12 @@ async def _rebuild(store: Store, found: list[Recovered], rev: int, keep_hooks: b
 
 
 def _track_lease_keys(store: Store) -> None:
-    """While replaying: every row put or deleted updates which lease holds its key."""
+    """While replaying: every row put or deleted updates which lease holds its
+    key, and the states load in bulk (nothing reads them until ``_rebuild`` ends)."""
     leases = store.leases
     for shard in store.shards:
         shard.on_replay = lambda key, lease: leases.detach(key) if lease < 0 else leases.attach(key, lease)
+        shard.state.begin_bulk()
 
 
 def settle_leases(store: Store) -> None:

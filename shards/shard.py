@@ -20,9 +20,8 @@ from journal.record import Record
 from proto.kv_pb2 import KeyValue
 
 from .errors import DataDirError, StateStoreError
-from .record import AUTH, COMPACT, DELETE, LEASE, WRITE, Change, decode_compact, decode_write, encode_compact, encode_write
+from .record import AUTH, COMPACT, DELETE, LEASE, WRITE, Change, decode_write, encode_compact, encode_write
 from .progress import Progress
-from .revision import entry_from_row_key
 from .state import ShardState
 
 logger = logging.getLogger(__name__)
@@ -99,17 +98,8 @@ class Shard:
         return Recovered(ckpt_rev, compact_rev, writes, compacts, leases, extra, auths)
 
     def _load_checkpoint_rows(self, rows) -> None:
-        state, on_replay = self.state, self.on_replay
         progress = Progress("checkpoint load", shard=self.name)
-        for blob in rows:
-            progress.tick()
-            klen = blob[0]
-            rk = blob[1 : 1 + klen]
-            value = blob[1 + klen :]
-            kv = KeyValue.FromString(value)
-            e = entry_from_row_key(rk)
-            state.restore_row(kv.key, e, value)
-            on_replay(kv.key, -1 if e & 1 else kv.lease)
+        self.state.load_rows(rows, self.on_replay, progress)
         progress.done()
 
     def apply_recovered(self, rev: int, changes: list[Change]) -> None:

@@ -43,9 +43,10 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from sortedcontainers import SortedList
 
 from journal import failpoints
+from proto.kv_pb2 import KeyValue
 
 from .errors import StateStoreError
-from .revision import entry, entry_bound, entry_main, row_key
+from .revision import _ROW, entry, entry_bound, entry_main, row_key
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,33 @@ class ShardState:
         self.last_main = 0  # highest revision applied here, pending ones included
         self.bytes_in_use = 0  # row keys + values held (history included)
         self.bytes_high = 0  # high-water mark of bytes_in_use since the last defragment
+        self._bulk: WriteBatch | None = None  # set while recovery loads rows (see begin_bulk)
+        self._bulk_keys: list[bytes] = []
+
+    # -- bulk loading (recovery) --------------------------------------------
+
+    def begin_bulk(self) -> None:
+        """Recovery is about to load many rows, reading nothing until ``end_bulk``:
+        rows go to RocksDB in write batches, and the sorted key lists are built
+        once at the end instead of one insertion per key."""
+        self._bulk = WriteBatch(raw_mode=True)
+        self._bulk_keys = []
+
+    def end_bulk(self) -> None:
+        if self._bulk is None:
+            return
+        self._flush_bulk()
+        self._bulk = None
+        self.keys = SortedList([*self.keys, *self._bulk_keys])
+        self.live = SortedList(k for k in self.keys if not self.index[k][-1] & 1)
+        self._bulk_keys = []
+
+    def _flush_bulk(self) -> None:
+        batch, self._bulk = self._bulk, WriteBatch(raw_mode=True)
+        try:
+            self.db.write(batch)
+        except Exception as exc:
+            raise self._failed(exc) from exc
 
     def close(self) -> None:
         try:
@@ -109,6 +137,11 @@ class ShardState:
     def _write_row(self, rk: bytes, value: bytes) -> None:
         if self.failure is not None:
             raise self._failed(self.failure)
+        if self._bulk is not None:
+            self._bulk.put(rk, value)
+            if len(self._bulk) >= ROW_BATCH_MAX:
+                self._flush_bulk()
+            return
         try:
             failpoints.hit("state.write")
             self.db[rk] = value
@@ -138,10 +171,13 @@ class ShardState:
         revs = self.index.get(key)
         if revs is None:
             self.index[key] = [e]
-            self.keys.add(key)
-            self.live.add(key)
+            if self._bulk is None:
+                self.keys.add(key)
+                self.live.add(key)
+            else:
+                self._bulk_keys.append(key)
         else:
-            if not revs or revs[-1] & 1:
+            if (not revs or revs[-1] & 1) and self._bulk is None:
                 self.live.add(key)
             revs.append(e)
         self._grow(16 + len(kv))
@@ -154,7 +190,8 @@ class ShardState:
         e = entry(main, sub, True)
         self._write_row(row_key(e), tombstone_kv)
         self.index[key].append(e)
-        self.live.remove(key)
+        if self._bulk is None:
+            self.live.remove(key)
         self._grow(17 + len(tombstone_kv))
         self._log_revs.append(main)
         self._log_keys.append(key)
@@ -355,9 +392,39 @@ class ShardState:
 
         return rows()
 
-    def restore_row(self, key: bytes, e: int, value: bytes) -> None:
-        """Load one row during recovery (rows must arrive in revision order)."""
-        if e & 1:
-            self.delete(key, entry_main(e), (e >> 1) & 0xFFFFFFFF, value)
-        else:
-            self.put(key, entry_main(e), (e >> 1) & 0xFFFFFFFF, value)
+    def load_rows(self, blobs, on_row: Callable[[bytes, int], None], progress) -> None:
+        """Load a checkpoint's rows (``snapshot_rows`` blobs, in revision order)
+        while bulk loading; ``on_row(key, lease id, or -1 for a tombstone)``.
+
+        One tight loop, as this is most of a restart: the row key is written as
+        stored (not decoded and encoded again), the key index takes the entry."""
+        if self._bulk is None:
+            raise RuntimeError("load_rows() is for bulk loading (begin_bulk)")
+        index, new_keys, revs_log, keys_log = self.index, self._bulk_keys, self._log_revs, self._log_keys
+        unpack, parse = _ROW.unpack_from, KeyValue.FromString
+        batch, held, count, main = self._bulk, 0, 0, self.last_main
+        for blob in blobs:
+            klen = blob[0]
+            rk, value = blob[1 : 1 + klen], blob[1 + klen :]
+            main, sub = unpack(rk)
+            tomb = klen > 16
+            kv = parse(value)
+            key = kv.key
+            batch.put(rk, value)
+            count += 1
+            if not count & 4095:
+                self._flush_bulk()
+                batch = self._bulk
+                progress.tick(4096)
+            revs = index.get(key)
+            if revs is None:
+                index[key] = [(main << 33) | (sub << 1) | tomb]
+                new_keys.append(key)
+            else:
+                revs.append((main << 33) | (sub << 1) | tomb)
+            held += klen + len(value)
+            revs_log.append(main)
+            keys_log.append(key)
+            on_row(key, -1 if tomb else kv.lease)
+        self._grow(held)
+        self.last_main = main

@@ -6,7 +6,6 @@ etcd serves these beside gRPC; here they are served on --listen-metrics-urls
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
