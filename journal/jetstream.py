@@ -60,6 +60,14 @@ CUT_HEADER = "Journal-Cut"
 FENCE_HEADER = "Journal-Fence"
 EPOCH_HEADER = "Journal-Epoch"
 TRANSIENT_API_ERRORS = {10005, 10008}  # no suitable peers (a peer offline), JetStream temporarily unavailable
+# JetStream's answers for "no room": account resources exceeded (10002), insufficient resources (10023: a
+# server's max_file_store reached), insufficient memory (10028) or storage (10047) resources
+STORAGE_FULL_API_ERRORS = {10002, 10023, 10028, 10047}
+# "duplicate message id is in process": an earlier try of this very publish (sent again after a
+# reconnect) is being stored right now; the next try is answered as its duplicate
+DUPLICATE_IN_PROCESS = 10158
+STREAM_STORE_FAILED = 10077  # a stream limit ("maximum bytes exceeded", ...) or the server's store refused it
+_STORAGE_FULL_WORDS = ("maximum bytes", "maximum messages", "resources", "no space", "storage")
 _CKPT_NAME = re.compile(r"^checkpoint-([0-9a-f]{16})\.ckpt$")
 MIN_MAX_PAYLOAD = 4 * 1024 * 1024
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Sequence
@@ -95,6 +103,7 @@ class JetStreamLog:
         self.nc = None
         self.js = None
         self.writer_id = secrets.token_hex(6)
+        self.events = ConnectionEvents(self.writer_id)
         self.closing = False
         self.batch_bytes_max = MIN_MAX_PAYLOAD
         self.epoch = 0  # the writer lease's revision once held: stamped on every message
@@ -168,14 +177,42 @@ class JetStreamLog:
 
     async def _on_error(self, exc: Exception) -> None:
         if self.nc is not None and not self.closing:  # not while the first connect is being tried
-            logger.warning("nats connection error error=%r", exc)
+            self.events.error(exc)
 
     async def _on_disconnect(self) -> None:
         if self.nc is not None and not self.closing:
-            logger.warning("nats disconnected; publishes wait for the reconnect")
+            self.events.disconnected()
 
     async def _on_reconnect(self) -> None:
-        logger.warning("nats reconnected url=%s", self.nc.connected_url.netloc if self.nc.connected_url else "?")
+        self.events.reconnected(self.nc.connected_url.netloc if self.nc.connected_url else "?")
+
+
+class ConnectionEvents:
+    """The log of one NATS connection's troubles: the disconnect, the first error after it and
+    every ``LOG_EVERY``th (a reconnect loop fails every 0.25 s per server while NATS is away), and
+    the reconnect with how long it took and how many tries failed."""
+
+    LOG_EVERY = 100
+
+    def __init__(self, client: str) -> None:
+        self.client = client
+        self.errors = 0
+        self.down_since: float | None = None
+
+    def error(self, exc: BaseException) -> None:
+        self.errors += 1
+        if self.errors == 1 or self.errors % self.LOG_EVERY == 0:
+            logger.warning("nats connection error client=%s count=%d error=%r", self.client, self.errors, exc)
+
+    def disconnected(self) -> None:
+        self.errors, self.down_since = 0, time.monotonic()
+        logger.warning("nats disconnected; publishes wait for the reconnect client=%s", self.client)
+
+    def reconnected(self, url: str) -> None:
+        down = time.monotonic() - self.down_since if self.down_since is not None else 0.0
+        logger.warning("nats reconnected url=%s client=%s down_s=%.1f failed_connects=%d",
+                       url, self.client, down, self.errors)
+        self.errors, self.down_since = 0, None
 
 
 def transient_errors() -> tuple[type[BaseException], ...]:
@@ -187,6 +224,55 @@ def transient_errors() -> tuple[type[BaseException], ...]:
 
     return (ServiceUnavailableError, NoStreamResponseError, NoRespondersError, NatsTimeout, asyncio.TimeoutError,
             ConnectionReconnectingError, FlushTimeoutError, OutboundBufferLimitError, StaleConnectionError)
+
+
+def publish_error_kind(exc: BaseException) -> str | None:
+    """What a failed publish means: "transient" (no answer right now: retry), "storage" (JetStream is
+    out of room: retry, and say so), "fenced" (another writer appended), "refused" (any other
+    JetStream API error: never stored, and retrying cannot change that), or None (not a NATS error)."""
+    from nats.js.errors import APIError, ServiceUnavailableError
+
+    if isinstance(exc, APIError):
+        code = getattr(exc, "err_code", None)
+        if code == WRONG_LAST_SEQUENCE:
+            return "fenced"
+        if code in STORAGE_FULL_API_ERRORS or (
+                code == STREAM_STORE_FAILED and any(w in (exc.description or "").lower() for w in _STORAGE_FULL_WORDS)):
+            return "storage"
+        if code in TRANSIENT_API_ERRORS or code == DUPLICATE_IN_PROCESS or (
+                code is None and isinstance(exc, ServiceUnavailableError)):
+            return "transient"
+        return "refused"
+    if isinstance(exc, transient_errors()):
+        return "transient"
+    return None
+
+
+def transient_cause(exc: BaseException) -> str:
+    """A word for the log: why a publish got no answer."""
+    from nats.errors import NoRespondersError
+    from nats.js.errors import APIError, NoStreamResponseError
+
+    if isinstance(exc, (NoStreamResponseError, NoRespondersError)):
+        return "no-responders"  # no stream leader right now (an election, a lost quorum, a full store)
+    if isinstance(exc, APIError):
+        return "in-flight" if getattr(exc, "err_code", None) == DUPLICATE_IN_PROCESS else "jetstream-unavailable"
+    if isinstance(exc, _timeouts()):
+        return "timeout"  # no answer within the publish timeout (servers stopped, overloaded, partitioned)
+    return "disconnected"  # the connection is down or being re-established
+
+
+def _timeouts() -> tuple[type[BaseException], ...]:
+    from nats.errors import TimeoutError as NatsTimeout
+
+    return (NatsTimeout, asyncio.TimeoutError)
+
+
+def describe_api_error(exc: BaseException) -> str:
+    """``code=503 err_code=10023 description='insufficient resources'`` (or the exception's repr)."""
+    if getattr(exc, "err_code", None) is None and getattr(exc, "code", None) is None:
+        return repr(exc)
+    return f"code={exc.code} err_code={exc.err_code} description={exc.description!r}"
 
 
 async def retrying(what: str, op, deadline_s: float = 30.0):
@@ -220,6 +306,63 @@ async def open_or_create(what: str, get, create, missing: type[Exception]):
     except missing:
         logger.info("jetstream %s created", what)
         return await retrying(f"create {what}", create)
+
+
+class PublishRetries:
+    """The retries of one publish: how long to wait before the next one, and what to log.
+
+    A publish JetStream cannot answer (a reconnect, a timeout, no stream leader) is logged at its first
+    retry and every ``LOG_EVERY``th, with its cause; one refused for lack of room is logged as
+    ``journal publish refused: JetStream storage is full`` when first seen and every ``LOG_EVERY``th
+    attempt after that (later answers are often just "no responders": the stream's leader steps down
+    while its store is full), and retried with a back-off of up to ``STORAGE_BACKOFF_MAX_S``."""
+
+    LOG_EVERY = 10
+    STORAGE_BACKOFF_MAX_S = 2.0
+
+    def __init__(self, stream: str, msg_id: str) -> None:
+        self.stream = stream
+        self.msg_id = msg_id
+        self.attempt = 0
+        self.started = time.monotonic()
+        self.storage: BaseException | None = None  # the "no room" answer, once seen: the cause until it lands
+        self.storage_attempts = 0
+        self.causes: list[str] = []  # every cause seen, in order
+
+    def _saw(self, cause: str) -> str:
+        if cause not in self.causes:
+            self.causes.append(cause)
+        return cause
+
+    def failed(self, kind: str, exc: BaseException) -> float:
+        """Count one failed attempt (kind from publish_error_kind); seconds to wait before the next."""
+        self.attempt += 1
+        if kind == "storage":
+            self.storage = exc
+        if self.storage is not None:
+            self._saw("storage-full")
+            self.storage_attempts += 1
+            if self.storage_attempts == 1 or self.storage_attempts % self.LOG_EVERY == 0:
+                last = "" if exc is self.storage else f" last_error={exc!r}"
+                logger.error("journal publish refused: JetStream storage is full stream=%s msg_id=%s attempt=%d "
+                             "error=%s%s; retrying under the same message id, writes wait (and time out)",
+                             self.stream, self.msg_id, self.attempt, describe_api_error(self.storage), last)
+            return min(0.1 * 2 ** min(self.storage_attempts, 5), self.STORAGE_BACKOFF_MAX_S)
+        cause = self._saw(transient_cause(exc))
+        if self.attempt == 1 or self.attempt % self.LOG_EVERY == 0:
+            logger.warning("journal publish not acknowledged, retrying stream=%s msg_id=%s attempt=%d cause=%s error=%r",
+                           self.stream, self.msg_id, self.attempt, cause, exc)
+        return min(0.05 * self.attempt, 1.0)
+
+    def refused_for_good(self, exc: BaseException) -> None:
+        logger.error("journal publish refused by JetStream, failing stream=%s msg_id=%s attempt=%d error=%s",
+                     self.stream, self.msg_id, self.attempt + 1, describe_api_error(exc))
+
+    def landed(self, seq: int) -> None:
+        if self.attempt:
+            logger.warning("journal publish acknowledged after retrying stream=%s msg_id=%s seq=%d attempts=%d "
+                           "seconds=%.1f causes=%s", self.stream, self.msg_id, seq, self.attempt + 1,
+                           time.monotonic() - self.started, ",".join(self.causes))
 
 
 class JetStreamJournal(Appender):
@@ -495,38 +638,59 @@ class JetStreamJournal(Appender):
         return seq, b"".join(parts), top
 
     async def _publish(self, body: bytes, headers: dict, top: int) -> None:
-        """Store one message after the stream's known tail; retried (same id) until
-        JetStream answers; refused if anyone else wrote meanwhile."""
-        from nats.js.errors import APIError
-
-        transient = transient_errors()
-
+        """Store one message after the stream's known tail, retried under the same message id (so it
+        is stored once) while JetStream cannot answer or has no room; refused if anyone else wrote
+        meanwhile (JournalFenced) or if JetStream refuses it for any other reason (JournalFailed)."""
         self._batches += 1
-        headers = {**headers, "Nats-Msg-Id": f"{self._instance}-{self._batches}",
-                   "Nats-Expected-Last-Sequence": str(self._tail), EPOCH_HEADER: str(self.log.epoch)}
-        attempt = 0
+        msg_id = f"{self._instance}-{self._batches}"
+        headers = {**headers, "Nats-Msg-Id": msg_id, "Nats-Expected-Last-Sequence": str(self._tail),
+                   EPOCH_HEADER: str(self.log.epoch)}
+        retries = PublishRetries(self.stream, msg_id)
         while True:
             try:
                 ack = await self.log.js.publish(self.subject, body, stream=self.stream, headers=headers,
                                                 timeout=self.log.config.publish_timeout_s)
+                seq, duplicate = ack.seq, bool(ack.duplicate)
                 break
-            except APIError as exc:
-                if getattr(exc, "err_code", None) == WRONG_LAST_SEQUENCE:
-                    raise JournalFenced(f"journal {self.stream}: another writer appended to the stream "
-                                        f"(expected last sequence {self._tail}): {exc.description}") from None
-                error = exc
-            except transient as exc:
-                error = exc
-            attempt += 1
-            if attempt == 1 or attempt % 10 == 0:
-                logger.warning("journal publish not acknowledged, retrying stream=%s attempt=%d error=%r",
-                               self.stream, attempt, error)
-            await asyncio.sleep(min(0.05 * attempt, 1.0))
-        if ack.duplicate and not attempt:  # only a retry may find its own message already stored
-            raise JournalFailed(f"journal {self.stream}: message id {headers['Nats-Msg-Id']} already stored")
-        self._tail = ack.seq
-        self._msgs.append((ack.seq, top))
+            except Exception as exc:  # noqa: BLE001 - sorted below; anything that is not NATS's goes on up
+                kind = publish_error_kind(exc)
+                if kind is None:
+                    raise
+                if kind == "fenced":
+                    seq = await self._stored_by_an_earlier_try(msg_id) if retries.attempt else None
+                    if seq is None:
+                        raise JournalFenced(f"journal {self.stream}: another writer appended to the stream "
+                                            f"(expected last sequence {self._tail}): {exc.description}") from None
+                    duplicate = True
+                    break
+                if kind == "refused":
+                    retries.refused_for_good(exc)
+                    raise JournalFailed(f"journal {self.stream}: JetStream refused the publish of message "
+                                        f"{msg_id}: {describe_api_error(exc)}") from None
+                await asyncio.sleep(retries.failed(kind, exc))
+        retries.landed(seq)
+        if duplicate and not retries.attempt:  # only a retry may find its own message already stored
+            raise JournalFailed(f"journal {self.stream}: message id {msg_id} already stored")
+        self._tail = seq
+        self._msgs.append((seq, top))
         self._stored_bytes += len(body)
+
+    async def _stored_by_an_earlier_try(self, msg_id: str) -> int | None:
+        """A retry refused because the tail moved: the sequence of the message right after the known
+        tail if it is this very message (an earlier try stored it, its answer was lost, and the retry
+        came after JetStream's duplicate window), else None (another writer appended)."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            msg = await retrying("read back a retried publish",
+                                 lambda: self.log.js.get_msg(self.stream, seq=self._tail + 1))
+        except NotFoundError:
+            return None
+        if (msg.headers or {}).get("Nats-Msg-Id") != msg_id:
+            return None
+        logger.warning("journal publish found stored by an earlier try stream=%s msg_id=%s seq=%d",
+                       self.stream, msg_id, msg.seq)
+        return msg.seq
 
     def _drop_queue(self) -> int:
         dropped = len(self._queue)

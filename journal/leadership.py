@@ -121,26 +121,44 @@ class WriterLease:
     async def _renew(self) -> None:
         from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
+        from journal.jetstream import transient_errors
+
         kv = await self._bucket()
+        failures = 0
+
+        def not_renewed(exc: BaseException) -> None:
+            nonlocal failures
+            failures += 1
+            if failures == 1 or failures % 10 == 0:
+                logger.warning("writer lease not renewed, retrying failures=%d error=%r", failures, exc)
+
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             try:
                 self.revision = await kv.update(self.key, self.me.encode(), last=self.revision)
+                if failures:
+                    logger.warning("writer lease renewed again failures=%d", failures)
+                    failures = 0
                 continue
             except KeyWrongLastSequenceError:
                 pass
-            except Exception as exc:  # noqa: BLE001 - NATS unreachable: nobody else can take it either
-                logger.warning("writer lease not renewed, retrying error=%r", exc)
+            except Exception as exc:  # noqa: BLE001 - NATS unreachable: if the lease lapses meanwhile, the fence still holds
+                not_renewed(exc)
                 continue
             try:
-                entry = await kv.get(self.key)
-                holder = entry.value.decode()
-            except KeyNotFoundError:
-                entry, holder = None, None
-            if holder == self.me:  # our last renewal was stored although its answer was lost
-                self.revision = entry.revision
-                continue
-            if holder is None and await self.try_acquire():
+                try:
+                    entry = await kv.get(self.key)
+                    holder = entry.value.decode()
+                except KeyNotFoundError:
+                    entry, holder = None, None
+                if holder == self.me:  # our last renewal was stored although its answer was lost
+                    self.revision, failures = entry.revision, 0
+                    continue
+                if holder is None and await self.try_acquire():  # it lapsed while NATS could not be reached
+                    failures = 0
+                    continue
+            except (JournalFailed, *transient_errors()) as exc:  # NATS still unreachable: try again next round
+                not_renewed(exc)
                 continue
             self._lost(JournalFailed(f"lost the writer lease to {holder or 'another process'}"))
             return

@@ -122,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-journal-bytes", type=int, default=d.checkpoint_journal_bytes, help="journal bytes after which a shard writes a checkpoint, bounding replay time (default: %(default)s)")
     p.add_argument("--journal-url", type=_nats_urls, default=(), dest="journal_urls",
                    help="comma-separated nats:// URLs of a NATS JetStream cluster: keep the journals and checkpoints there, "
-                        "replicated, instead of in --data-dir (default: local journal)")
+                        "replicated, instead of in --data-dir; while NATS cannot take a write it waits (etcd's request "
+                        "timeout applies); check the streams with `shardetcd journal verify --journal-url URLS` "
+                        "(default: local journal)")
     p.add_argument("--journal-replicas", type=_positive_int, default=d.journal_replicas,
                    help="with --journal-url: JetStream replicas of each journal stream and checkpoint bucket (default: %(default)s)")
     p.add_argument("--standby", action="store_true",
@@ -214,14 +216,48 @@ def snapshot_main(argv: list[str]) -> int:
     return 0
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Wrong flags are one line on stderr (exit 2), not a usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"shardetcd: {self.prog}: {message} (see --help)\n")
+
+
+JOURNAL_DESCRIPTION = """\
+Check or repair journals.
+  verify --data-dir DIR                  every segment and checkpoint of a data dir (server stopped)
+  verify --journal-url URLS [--journal-prefix P]
+                                         every JetStream stream of that prefix and its checkpoints;
+                                         read-only (never publishes, purges or fences): safe while a
+                                         server runs
+  repair --data-dir DIR                  cut a torn tail of the last segment, keeping a copy
+Exit status: 0 sound (a torn tail is repairable, so sound), 1 damage found, 2 wrong flags or
+nothing to check (missing dir, NATS unreachable)."""
+
+
 def journal_main(argv: list[str]) -> int:
-    """shardetcd journal verify|repair --data-dir DIR"""
-    p = argparse.ArgumentParser(prog="shardetcd journal", description="Check or repair the journals of a data dir (server stopped).")
+    """shardetcd journal verify|repair --data-dir DIR; shardetcd journal verify --journal-url URLS [--journal-prefix P]"""
+    p = _OneLineParser(prog="shardetcd journal", description=JOURNAL_DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["verify", "repair"],
-                   help="verify: report every segment and checkpoint, change nothing; repair: cut a torn tail, keeping a copy")
-    p.add_argument("--data-dir", type=Path, required=True)
+                   help="verify: report every segment or stream and every checkpoint, change nothing; "
+                        "repair: cut a torn tail of local segments, keeping a copy")
+    p.add_argument("--data-dir", type=Path, default=None, help="a server's data dir: its local journals")
+    p.add_argument("--journal-url", type=_nats_urls, default=(), dest="journal_urls",
+                   help="comma-separated nats:// URLs, as given to the server: check its JetStream journals instead")
+    p.add_argument("--journal-prefix", default=None,
+                   help=f"with --journal-url: the server's --journal-prefix (default: {ServerConfig().journal_prefix})")
     args = p.parse_args(argv)
     setup_logging("warn")
+    if args.journal_urls:
+        if args.data_dir is not None:
+            p.error("give --data-dir (a local journal) or --journal-url (JetStream), not both")
+        return _jetstream_journal_command(args.command, args.journal_urls,
+                                          args.journal_prefix or ServerConfig().journal_prefix)
+    if args.journal_prefix is not None:
+        p.error("--journal-prefix goes with --journal-url")
+    if args.data_dir is None:
+        p.error("--data-dir DIR (a local journal) or --journal-url URLS (JetStream) is required")
     if not args.data_dir.is_dir():
         print(f"shardetcd: data dir {args.data_dir} does not exist or is not a directory", file=sys.stderr)
         return 2
@@ -234,6 +270,32 @@ def journal_main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"shardetcd: {args.data_dir}: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
         return 2
+
+
+def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str) -> int:
+    from journal.errors import JournalUnreachable
+    from journal.verify_jetstream import report_lines, verify_jetstream
+
+    if command == "repair":
+        print("shardetcd: journal repair is for local segment files only: JetStream stores each message whole "
+              "or not at all, so a stream has no torn tail to cut (`shardetcd journal verify --journal-url ...` "
+              "reports damage)", file=sys.stderr)
+        return 2
+    where = f"prefix {prefix} at {','.join(urls)}"
+    try:
+        reports = asyncio.run(verify_jetstream(urls, prefix))
+    except JournalUnreachable as exc:
+        print(f"shardetcd: {exc}", file=sys.stderr)
+        return 2
+    if not reports:
+        print(f"shardetcd: no journal streams with {where}", file=sys.stderr)
+        return 2
+    for line in report_lines(reports):
+        print(line)
+    damaged = [r.shard for r in reports if not r.sound]
+    verdict = f"{len(damaged)} damaged ({', '.join(damaged)})" if damaged else "all sound"
+    print(f"summary: {len(reports)} streams, {where}: {verdict}")
+    return 1 if damaged else 0
 
 
 def _journal_command(command: str, shards: list[Path]) -> int:

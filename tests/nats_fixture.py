@@ -5,6 +5,8 @@
         cluster.urls            # "nats://127.0.0.1:P1,nats://127.0.0.1:P2,..."
         cluster.kill(0)         # kill -9 one server (by PID)
         cluster.start(0)        # start it again on the same ports and store
+        cluster.pause(0)        # SIGSTOP: the server holds its connections but answers nothing
+        cluster.resume(0)       # SIGCONT
     finally:
         cluster.stop()
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 import urllib.request
@@ -62,6 +65,15 @@ class NatsServer:
             self.proc.kill()
         if self.proc is not None:
             self.proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP by PID: connections stay open, nothing is answered until resume()."""
+        if self.running():
+            os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.running():
+            os.kill(self.pid, signal.SIGCONT)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -114,6 +126,12 @@ class NatsCluster:
     def kill(self, i: int) -> None:
         self.servers[i].kill()
 
+    def pause(self, i: int) -> None:
+        self.servers[i].pause()
+
+    def resume(self, i: int) -> None:
+        self.servers[i].resume()
+
     def stop(self) -> None:
         for s in self.servers:
             s.kill()
@@ -128,15 +146,17 @@ def _healthy(monitor_port: int) -> bool:
 
 
 def start_nats_cluster(tmp_path: Path, size: int = 3, *, max_store_bytes: int | None = None,
-                       timeout: float = 60.0) -> NatsCluster:
-    """Start ``size`` JetStream servers (one, or a cluster of three) and wait until they serve."""
+                       extra: tuple[str, ...] = (), timeout: float = 60.0) -> NatsCluster:
+    """Start ``size`` JetStream servers (one, or a cluster of three) and wait until they serve;
+    ``extra``: more nats-server flags (e.g. ``--no_advertise``, so that clients use only the URLs
+    they were given, such as a test's proxies)."""
     ports = free_ports(3 * size)
     servers = [
         NatsServer(f"n{i}", ports[3 * i], ports[3 * i + 1], ports[3 * i + 2], Path(tmp_path) / f"nats{i}")
         for i in range(size)
     ]
     routes = ",".join(f"nats://127.0.0.1:{s.cluster_port}" for s in servers)
-    cluster = NatsCluster(servers, routes, max_store_bytes)
+    cluster = NatsCluster(servers, routes, max_store_bytes, list(extra))
     try:
         for i in range(size):  # all before waiting: a clustered server is healthy only with a quorum
             cluster.start(i, wait=False)

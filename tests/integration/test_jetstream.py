@@ -41,12 +41,20 @@ def everything(ch) -> tuple:
         r.header.revision
 
 
-class Writers:
-    """32 clients writing puts and cross-shard txns until the server stops answering;
-    what each had acknowledged, by key: (value, revision)."""
+TIMED_OUT = (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
 
-    def __init__(self, endpoint: str, n: int = 32) -> None:
+
+class Writers:
+    """32 clients writing puts and cross-shard txns until the server stops answering
+    (with ``through_timeouts``: a write answered etcd's "request timed out" is counted
+    and the client goes on); what each had acknowledged, by key: (value, revision)."""
+
+    def __init__(self, endpoint: str, n: int = 32, through_timeouts: bool = False) -> None:
         self.endpoint = endpoint
+        self.through_timeouts = through_timeouts
+        self.timeouts = 0
+        self.errors: list[tuple] = []  # any other error a client stopped on: (code, details)
+        self.acks = 0  # writes acknowledged so far
         self.acked: dict[bytes, tuple[bytes, int]] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -71,9 +79,15 @@ class Writers:
                         ops = [pb.RequestOp(request_put=pb.PutRequest(key=k, value=value)) for k in keys]
                         rev = kv.Txn(pb.TxnRequest(success=ops), timeout=10).header.revision
                         done = [(k, value, rev) for k in keys]
-                except grpc.RpcError:
+                except grpc.RpcError as exc:
+                    with self.lock:
+                        if self.through_timeouts and (exc.code(), exc.details()) == TIMED_OUT:
+                            self.timeouts += 1
+                            continue
+                        self.errors.append((exc.code(), exc.details()))
                     return
                 with self.lock:
+                    self.acks += 1
                     for key, v, r in done:
                         if self.acked.get(key, (b"", 0))[1] < r:
                             self.acked[key] = (v, r)

@@ -1,0 +1,272 @@
+"""``shardetcd journal verify`` on a JetStream journal: what every stream of a prefix holds.
+
+For each journal stream (``<prefix>_<shard>``, subject ``journal.<stream>``): its messages
+read from first to last sequence, the records in them (cuts applied), fences, cuts, the
+highest revision tag, every message that does not decode (named by its sequence), tags going
+backwards, messages missing inside the stream; the checkpoints in its object store bucket
+``<stream>-checkpoints`` (the newest downloaded and checked like a local checkpoint); and
+whether the stream still reaches back to that checkpoint: a stream purged up to a checkpoint
+(first sequence past 1) needs that checkpoint, else the purged records are gone.
+
+Read-only: it lists, reads through an ephemeral consumer that acknowledges nothing, and
+downloads; it never publishes, purges or fences, so it is safe while a server writes (each
+stream is read up to the last sequence it had when its turn came).
+"""
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from journal.config import JournalConfig
+from journal.errors import JournalFailed, JournalUnreachable
+from journal.jetstream import _CKPT_NAME, CUT_HEADER, FENCE_HEADER, retrying
+from journal.record import FrameError, decode_frame
+from journal.verify import verify_checkpoints
+
+MAX_ERRORS_SHOWN = 20
+
+
+@dataclass
+class CheckpointReport:
+    name: str
+    rev: int
+    size: int
+    status: str  # "ok", "corrupt", "older" (listed, not downloaded)
+    rows: int = 0
+    detail: str = ""
+
+
+@dataclass
+class StreamReport:
+    shard: str
+    stream: str
+    first_seq: int = 0
+    last_seq: int = 0
+    messages: int = 0
+    records: int = 0  # cuts applied
+    fences: int = 0
+    cuts: int = 0
+    first_rev: int | None = None
+    last_rev: int | None = None  # the highest revision tag of a record still in force
+    errors: list[str] = field(default_factory=list)  # "seq N: ..." (decode errors, tags going back, gaps)
+    checkpoints: list[CheckpointReport] = field(default_factory=list)
+    purge_problem: str = ""  # set when the stream was purged past what its checkpoints cover
+
+    @property
+    def bucket(self) -> str:
+        return f"{self.stream}-checkpoints"
+
+    @property
+    def status(self) -> str:
+        if self.errors:
+            return "corrupt"
+        if self.purge_problem:
+            return "purged past its checkpoint"
+        if any(c.status == "corrupt" for c in self.checkpoints):
+            return "checkpoint corrupt"
+        return "ok"
+
+    @property
+    def sound(self) -> bool:
+        return self.status == "ok"
+
+
+async def connect(urls: tuple[str, ...], timeout_s: float = 5.0):
+    """A plain NATS connection that gives up at once (a tool, not a server): JournalUnreachable."""
+    import nats
+
+    seen: list[Exception] = []
+
+    async def quiet(exc: Exception) -> None:  # kept for the one line below, not logged
+        seen.append(exc)
+
+    try:  # each URL tried twice, then NoServersError
+        return await asyncio.wait_for(nats.connect(servers=list(urls), connect_timeout=timeout_s, allow_reconnect=False,
+                                                   max_reconnect_attempts=1, reconnect_time_wait=0.2, error_cb=quiet,
+                                                   name="shardetcd-journal-verify"),
+                                      timeout=3 * timeout_s)
+    except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds; all mean "not reachable"
+        reason = "no answer" if isinstance(exc, asyncio.TimeoutError) else repr(seen[-1] if seen else exc)
+        raise JournalUnreachable(f"cannot reach NATS at {','.join(urls)}: {reason}") from None
+
+
+async def verify_jetstream(urls: tuple[str, ...], prefix: str,
+                           config: JournalConfig = JournalConfig()) -> list[StreamReport]:
+    """One report per journal stream of ``prefix``, in name order."""
+    from nats.errors import Error as NatsError
+
+    nc = await connect(urls)
+    try:
+        js = nc.jetstream(timeout=10.0)
+        try:
+            infos = await retrying("list streams", js.streams_info, deadline_s=15.0)
+        except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
+            raise JournalUnreachable(f"NATS at {','.join(urls)} does not answer JetStream requests: {exc}") from None
+        journals = sorted((i for i in infos if _is_journal(i.config, prefix)), key=lambda i: i.config.name)
+        reports = []
+        for info in journals:
+            try:
+                reports.append(await _verify_stream(js, info, prefix, config))
+            except (NatsError, asyncio.TimeoutError) as exc:
+                raise JournalUnreachable(f"NATS at {','.join(urls)} stopped answering while stream "
+                                         f"{info.config.name} was read: {exc!r}") from None
+        return reports
+    finally:
+        await nc.close()
+
+
+def _is_journal(cfg, prefix: str) -> bool:
+    return cfg.name.startswith(f"{prefix}_") and list(cfg.subjects or []) == [f"journal.{cfg.name}"]
+
+
+async def _verify_stream(js, info, prefix: str, config: JournalConfig) -> StreamReport:
+    stream = info.config.name
+    report = StreamReport(stream[len(prefix) + 1:], stream, info.state.first_seq, info.state.last_seq)
+    await _read_messages(js, report, info.state.messages, config)
+    await _verify_checkpoints(js, report)
+    if report.first_seq > 1:  # purged up to a checkpoint: that checkpoint must be there and load
+        newest = max(report.checkpoints, key=lambda c: c.rev, default=None)
+        if newest is None:
+            report.purge_problem = (f"messages before seq {report.first_seq} were purged, but {report.bucket} "
+                                    "holds no checkpoint: the records they held are gone")
+        elif newest.status != "ok":
+            report.purge_problem = (f"messages before seq {report.first_seq} were purged, but the newest "
+                                    f"checkpoint {newest.name} does not load")
+    return report
+
+
+async def _read_messages(js, report: StreamReport, count: int, config: JournalConfig) -> None:
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    if count == 0:
+        return
+    sub = await js.pull_subscribe(f"journal.{report.stream}", stream=report.stream, config=ConsumerConfig(
+        deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=30.0))
+    live: list[int] = []  # tags of the records in force, in order
+    top = 0  # the highest tag in force
+    prev = None
+    try:
+        while prev is None or prev < report.last_seq:
+            try:  # (a consumer just created may have no leader for a moment)
+                batch = await retrying("read stream", lambda: sub.fetch(batch=256, timeout=5.0), deadline_s=30.0)
+            except JournalFailed:
+                report.errors.append(f"seq {(prev or report.first_seq - 1) + 1}..{report.last_seq}: not delivered "
+                                     "(the stream read got no answer for 30 s)")
+                break
+            for msg in batch:
+                seq = msg.metadata.sequence.stream
+                if seq > report.last_seq:  # appended after we started: not ours to judge
+                    prev = seq
+                    break
+                expected = report.first_seq if prev is None else prev + 1
+                if seq > expected and prev is not None:  # the first may move on: a purge while we read
+                    report.errors.append(f"seq {expected}..{seq - 1}: missing inside the stream (deleted)")
+                prev = seq
+                report.messages += 1
+                top = _take(report, seq, msg.data or b"", msg.headers or {}, live, top, config)
+    finally:
+        await sub.unsubscribe()
+    report.records = len(live)
+    if live:
+        report.first_rev, report.last_rev = live[0], live[-1]
+
+
+def _take(report: StreamReport, seq: int, data: bytes, headers: dict, live: list[int], top: int,
+          config: JournalConfig) -> int:
+    if FENCE_HEADER in headers:
+        report.fences += 1
+        if data:
+            report.errors.append(f"seq {seq}: fence message carries {len(data)} bytes")
+        return top
+    if CUT_HEADER in headers:
+        report.cuts += 1
+        try:
+            cut = int(headers[CUT_HEADER])
+        except ValueError:
+            report.errors.append(f"seq {seq}: cut header {headers[CUT_HEADER]!r} is not a revision")
+            return top
+        while live and live[-1] > cut:
+            live.pop()
+        return min(top, cut)
+    pos = 0
+    while pos < len(data):
+        try:
+            frame = decode_frame(data, pos, config.record_bytes_max)
+        except FrameError as exc:
+            report.errors.append(f"seq {seq}: offset {exc.offset}: {exc.reason}")
+            return top
+        if frame.rev < top:
+            report.errors.append(f"seq {seq}: offset {frame.offset}: revision tag {frame.rev} after {top}")
+        top = max(top, frame.rev)
+        live.append(frame.rev)
+        pos = frame.end
+    return top
+
+
+async def _verify_checkpoints(js, report: StreamReport) -> None:
+    from nats.js.errors import BucketNotFoundError, NotFoundError
+
+    try:
+        bucket = await js.object_store(report.bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return
+    try:
+        objects = await bucket.list()
+    except NotFoundError:  # an empty bucket
+        return
+    found = []
+    for obj in objects:
+        m = _CKPT_NAME.match(obj.name or "")
+        if m and not obj.deleted:
+            found.append(CheckpointReport(obj.name, int(m.group(1), 16), obj.size or 0, "older"))
+    found.sort(key=lambda c: c.rev)
+    if found:
+        await _check_newest(bucket, found[-1])
+    report.checkpoints = found
+
+
+async def _check_newest(bucket, ckpt: CheckpointReport) -> None:
+    """Download the newest checkpoint and read it through like a local one (frames, CRCs, row count)."""
+    from nats.errors import Error as NatsError
+
+    with tempfile.TemporaryDirectory(prefix="shardetcd-verify-") as tmp:
+        path = Path(tmp) / ckpt.name
+        try:
+            with open(path, "wb") as f:
+                await bucket.get(ckpt.name, writeinto=f)
+        except NatsError as exc:  # e.g. DigestMismatchError: the chunks are not what was stored
+            ckpt.status, ckpt.detail = "corrupt", f"download failed: {type(exc).__name__}: {exc}"
+            return
+        reports = await asyncio.to_thread(verify_checkpoints, Path(tmp))
+    if not reports:
+        ckpt.status, ckpt.detail = "corrupt", "not a checkpoint file"
+        return
+    checked = reports[0]
+    ckpt.status, ckpt.rows = checked.status, checked.records
+    ckpt.detail = "" if checked.status == "ok" else checked.detail
+
+
+def report_lines(reports: list[StreamReport]) -> list[str]:
+    """The lines ``journal verify`` prints: one per stream, its errors, one per checkpoint."""
+    lines = []
+    for r in reports:
+        revs = f"revs {r.first_rev}..{r.last_rev}" if r.records else "no records"
+        seqs = f"seq {r.first_seq}..{r.last_seq}" if r.messages else "empty"
+        line = (f"{r.shard}: stream {r.stream}: {r.status}, {r.messages} messages ({seqs}), {r.records} records, "
+                f"{r.fences} fences, {r.cuts} cuts, {revs}")
+        if r.purge_problem:
+            line += f"; {r.purge_problem}"
+        lines.append(line)
+        for error in r.errors[:MAX_ERRORS_SHOWN]:
+            lines.append(f"{r.shard}: stream {r.stream}: {error}")
+        if len(r.errors) > MAX_ERRORS_SHOWN:
+            lines.append(f"{r.shard}: stream {r.stream}: ... and {len(r.errors) - MAX_ERRORS_SHOWN} more errors")
+        for c in r.checkpoints:
+            what = (f"{c.rows} rows, rev {c.rev}, {c.size} bytes" if c.status != "older"
+                    else f"rev {c.rev}, {c.size} bytes (an older one, not checked)")
+            lines.append(f"{r.shard}: {r.bucket}/{c.name}: {c.status}, {what}" + (f"; {c.detail}" if c.detail else ""))
+        if not r.checkpoints:
+            lines.append(f"{r.shard}: {r.bucket}: no checkpoint")
+    return lines

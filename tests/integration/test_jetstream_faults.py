@@ -1,0 +1,299 @@
+"""Faults of a JetStream journal under 32 concurrent writers, on three real NATS
+servers (issue 14.6): the NATS connections cut and restored, the NATS servers
+stopped (SIGSTOP) so that publishes time out, JetStream storage full, and a
+publish JetStream refuses for good.
+
+Each recoverable fault must end the same way: no acknowledged write lost (also
+on a fresh data dir, from NATS alone), no record stored twice (read back from
+the streams: every message id and every WRITE revision once), writes either
+acknowledged or answered etcd's "request timed out", reads served during the
+fault, writes going on afterwards, and a log line naming the cause.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from journal.jetstream import CUT_HEADER, FENCE_HEADER, retrying
+from journal.record import decode_frame
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from shards.record import WRITE
+from tests.integration.test_jetstream import Writers, check_everything_acknowledged, everything, server_on
+from tests.nats_fixture import start_nats_cluster
+from tests.tcp_proxy import TcpProxy
+
+PREFIX = "shardetcd"
+
+
+def wait_for(what: str, check, timeout: float = 60.0, every: float = 0.2, server=None):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if server is not None:
+            assert server.running(), f"shardetcd exited while waiting for {what}:\n{server.log_tail(20)}"
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
+        time.sleep(every)
+
+
+def nats_call(urls: str, fn):
+    """Run ``await fn(js)`` on a fresh NATS connection (the test's own, not shardetcd's)."""
+    import nats
+
+    async def go():
+        nc = await nats.connect(servers=urls.split(","), connect_timeout=10, max_reconnect_attempts=60,
+                                reconnect_time_wait=0.5)
+        try:
+            return await fn(nc.jetstream(timeout=10))  # (callers retry what a just-healed cluster may refuse)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+async def read_stream(js, stream: str) -> list[tuple[int, dict, bytes]]:
+    """Every message of a stream: (sequence, headers, data)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    info = await retrying("stream info", lambda: js.stream_info(stream), deadline_s=60)
+    first, last = info.state.first_seq, info.state.last_seq
+    if info.state.messages == 0:
+        return []
+    sub = await js.pull_subscribe(f"journal.{stream}", stream=stream, config=ConsumerConfig(
+        deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=60.0))
+    out: list[tuple[int, dict, bytes]] = []
+    try:
+        seq = first - 1
+        while seq < last:
+            for msg in await retrying("fetch", lambda: sub.fetch(batch=256, timeout=10.0), deadline_s=60):
+                seq = msg.metadata.sequence.stream
+                out.append((seq, dict(msg.headers or {}), msg.data))
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+def check_stored_once(urls: str) -> dict[str, int]:
+    """Every journal stream read back: each message id once, each WRITE revision in exactly
+    one record of one message (JetStream's dedup of retried publishes); WRITE records per stream."""
+
+    async def go(js):
+        found = {}
+        for info in await retrying("list streams", js.streams_info, deadline_s=60):
+            stream = info.config.name
+            if not stream.startswith(PREFIX + "_") or info.config.subjects != [f"journal.{stream}"]:
+                continue
+            ids: Counter[str] = Counter()
+            writes: Counter[int] = Counter()
+            for seq, headers, data in await read_stream(js, stream):
+                ids[headers.get("Nats-Msg-Id")] += 1
+                if FENCE_HEADER in headers or CUT_HEADER in headers:
+                    continue
+                pos = 0
+                while pos < len(data):
+                    frame = decode_frame(data, pos, len(data))
+                    if frame.rtype == WRITE:
+                        writes[frame.rev] += 1
+                    pos = frame.end
+            twice = {i: n for i, n in ids.items() if n > 1}
+            assert not twice, f"{stream}: message ids stored more than once: {twice}"
+            twice = {rev: n for rev, n in writes.items() if n > 1}
+            assert not twice, f"{stream}: WRITE revisions stored more than once: {twice}"
+            found[stream] = len(writes)
+        return found
+
+    return nats_call(urls, go)
+
+
+def run_under_fault(nats, tmp_path: Path, begin, end, *, urls: str | None = None, fault_s: float = 10.0,
+                    begun=None) -> tuple[str, Writers]:
+    """32 writers; ``begin()`` the fault (``begun()``: until it has bitten), hold it ``fault_s``
+    (longer than the 7 s request timeout) while reads are checked, ``end()`` it; then writes
+    must go on, every acknowledged write be served (and served again from NATS alone by a
+    server on a fresh data dir), and nothing be stored twice. ``urls``: where the server
+    reaches NATS (default: the servers themselves). Returns (log, writers)."""
+    server = server_on(SimpleNamespace(urls=urls or nats.urls), tmp_path / "a").start()
+    writers = Writers(server.endpoint, through_timeouts=True)
+    try:
+        wait_for("200 writes acknowledged before the fault", lambda: writers.acks >= 200, server=server)
+        with grpc.insecure_channel(server.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            before = kv.Put(pb.PutRequest(key=b"/registry/pods/before", value=b"v"), timeout=10).header.revision
+            begin()
+            if begun is not None:
+                wait_for("the fault to bite", begun, timeout=120, server=server)
+            deadline = time.monotonic() + fault_s
+            reads = 0
+            while time.monotonic() < deadline:  # reads are served all along
+                rows, rev = everything(ch)
+                assert rev >= before and (b"/registry/pods/before", b"v") in {(r[0], r[1]) for r in rows}
+                reads += 1
+                time.sleep(0.5)
+            acks_in_fault = writers.acks
+            end()
+            wait_for("writes acknowledged again after the fault", lambda: writers.acks > acks_in_fault + 100,
+                     timeout=120, server=server)
+            after = kv.Put(pb.PutRequest(key=b"/registry/pods/after", value=b"v"), timeout=60).header.revision
+        acked = writers.join()
+        assert writers.errors == [], f"writes must be acknowledged or time out: {writers.errors[:5]}"
+        assert writers.timeouts > 0, "the fault outlasted the request timeout, so some writes timed out"
+        assert reads >= 2
+        with grpc.insecure_channel(server.endpoint) as ch:
+            final = check_everything_acknowledged(ch, acked)
+            assert final >= after
+        assert server.stop() == 0
+        log = server.log_path.read_text(errors="replace")
+        stored = check_stored_once(nats.urls)
+        assert sum(stored.values()) >= len({r for _, r in acked.values()})
+        again = server_on(nats, tmp_path / "b").start()  # nothing of a's disk: the journal is NATS
+        try:
+            with grpc.insecure_channel(again.endpoint) as ch:
+                assert check_everything_acknowledged(ch, acked) == final
+        finally:
+            again.stop()
+        return log, writers
+    finally:
+        writers.join()
+        server.kill()
+
+
+def test_nats_connections_cut_and_restored(tmp_path):
+    """Every TCP connection between shardetcd and the NATS servers dropped, new ones
+    refused, for longer than the request timeout; then let through again."""
+    nats = start_nats_cluster(tmp_path / "nats", size=3, extra=("--no_advertise",))
+    proxies = [TcpProxy(s.client_port).start() for s in nats.servers]
+    try:
+        def cut():
+            for p in proxies:
+                p.cut()
+
+        def restore():
+            for p in proxies:
+                p.restore()
+
+        urls = ",".join(f"nats://127.0.0.1:{p.port}" for p in proxies)
+        log, _ = run_under_fault(nats, tmp_path, cut, restore, urls=urls)
+        assert "nats disconnected; publishes wait for the reconnect" in log
+        assert "nats reconnected" in log
+        assert "journal publish acknowledged after retrying" in log
+    finally:
+        for p in proxies:
+            p.close()
+        nats.stop()
+
+
+def test_nats_servers_stopped_so_publishes_time_out(tmp_path):
+    """SIGSTOP all three NATS servers: connections stay up, nothing answers, publishes
+    time out and are retried under the same message id; SIGCONT: the stored copy is the
+    only one (JetStream's dedup answers the retries as duplicates)."""
+    nats = start_nats_cluster(tmp_path / "nats", size=3)
+    try:
+        def stop():
+            for i in range(3):
+                nats.pause(i)
+
+        def cont():
+            for i in range(3):
+                nats.resume(i)
+
+        log, _ = run_under_fault(nats, tmp_path, stop, cont)
+        assert "journal publish not acknowledged, retrying" in log and "cause=timeout" in log
+        assert "journal publish acknowledged after retrying" in log
+    finally:
+        for i in range(3):
+            nats.resume(i)
+        nats.stop()
+
+
+FILLER = "filler"
+
+
+def test_jetstream_storage_full_then_freed(tmp_path):
+    """The NATS servers' JetStream store (max_file_store) filled by another stream while
+    shardetcd writes: its publishes are refused, logged as storage full, retried under the
+    same message id; writes time out, reads go on; the filler deleted, the queued writes
+    land once."""
+    nats = start_nats_cluster(tmp_path / "nats", size=3, max_store_bytes=24 * 1024 * 1024)
+    filled = []
+
+    def fill():
+        async def go(js):
+            from nats.js.api import StorageType, StreamConfig
+
+            await js.add_stream(StreamConfig(name=FILLER, subjects=["filler"], num_replicas=3, storage=StorageType.FILE))
+            for i in range(200):
+                try:
+                    await js.publish("filler", b"f" * (512 * 1024), timeout=10)
+                except Exception as exc:  # noqa: BLE001 - what the store says when it is full
+                    filled.append(exc)
+                    return
+            raise AssertionError("the store never filled up")
+
+        nats_call(nats.urls, go)
+
+    def free():
+        nats_call(nats.urls, lambda js: js.delete_stream(FILLER))
+
+    server_log = tmp_path / "a" / "shardetcd.log"
+    try:
+        log, _ = run_under_fault(nats, tmp_path, fill, free, begun=lambda: "JetStream storage is full" in
+                                 server_log.read_text(errors="replace"))
+        refused = [line for line in log.splitlines() if "journal publish refused: JetStream storage is full" in line]
+        assert refused and "err_code=10023" in refused[0] and "stream=shardetcd_" in refused[0], refused[:3]
+        assert "journal publish acknowledged after retrying" in log and "causes=storage-full" in log
+        assert getattr(filled[0], "err_code", None) == 10023, filled
+    finally:
+        nats.stop()
+
+
+def test_a_publish_jetstream_refuses_for_good_is_fail_stop(tmp_path):
+    """A JetStream API error that is neither transient nor "storage full" (here: the
+    stream's max message size lowered under it) ends the server: exit 1, one line naming
+    the error code and description; what was acknowledged before is still served after."""
+    nats = start_nats_cluster(tmp_path / "nats", size=3)
+    try:
+        server = server_on(nats, tmp_path / "a").start()
+        try:
+            with grpc.insecure_channel(server.endpoint) as ch:
+                kv = pbg.KVStub(ch)
+                rev = kv.Put(pb.PutRequest(key=b"/registry/pods/ok", value=b"v"), timeout=10).header.revision
+
+                async def shrink(js):
+                    info = await js.stream_info(f"{PREFIX}_pods")
+                    info.config.max_msg_size = 256
+                    await js.update_stream(info.config)
+
+                nats_call(nats.urls, shrink)
+                with pytest.raises(grpc.RpcError):
+                    kv.Put(pb.PutRequest(key=b"/registry/pods/big", value=b"x" * 1000), timeout=30)
+            assert server.proc.wait(timeout=60) == 1
+            log = server.log_path.read_text(errors="replace")
+            last = log.strip().splitlines()[-1]
+            assert last.startswith("shardetcd: stopped after a journal failure:"), last
+            assert "err_code=10054" in last and "message size exceeds maximum allowed" in last, last
+            assert "journal publish refused by JetStream, failing" in log
+        finally:
+            server.kill()
+
+        async def grow(js):
+            info = await js.stream_info(f"{PREFIX}_pods")
+            info.config.max_msg_size = -1
+            await js.update_stream(info.config)
+
+        nats_call(nats.urls, grow)
+        again = server_on(nats, tmp_path / "b").start()
+        try:
+            with grpc.insecure_channel(again.endpoint) as ch:
+                got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ok"), timeout=10)
+                assert [(kv_.value, kv_.mod_revision) for kv_ in got.kvs] == [(b"v", rev)]
+        finally:
+            again.stop()
+    finally:
+        nats.stop()

@@ -1,0 +1,144 @@
+"""`shardetcd journal verify --journal-url` on real NATS JetStream journals: a healthy
+journal after writes and checkpoints (checked while the server runs, changing nothing),
+a message of garbage named by stream and sequence, a stream purged past a checkpoint that
+is gone, and the one-line answers (NATS unreachable, no such prefix, repair, wrong flags)."""
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.etcd_fixture import free_port
+from tests.integration.test_jetstream import server_on
+from tests.nats_fixture import start_nats_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def nats(tmp_path):
+    cluster = start_nats_cluster(tmp_path / "nats", size=3)
+    yield cluster
+    cluster.stop()
+
+
+def journal(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shim", "journal", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def one_line(r: subprocess.CompletedProcess) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    return lines[0]
+
+
+def on_nats(urls: str, fn):
+    import nats as nats_py
+
+    async def go():
+        nc = await nats_py.connect(servers=urls.split(","), connect_timeout=10)
+        try:
+            return await fn(nc.jetstream(timeout=10))
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+async def stream_states(js) -> dict[str, tuple[int, int, int]]:
+    return {i.config.name: (i.state.first_seq, i.state.last_seq, i.state.messages)
+            for i in await js.streams_info() if i.config.name.startswith("shardetcd_")}
+
+
+def settled(urls: str, timeout: float = 60.0) -> dict[str, tuple[int, int, int]]:
+    """The streams' states once two reads 2 s apart agree (a checkpoint may still be purging)."""
+    deadline = time.monotonic() + timeout
+    last = on_nats(urls, stream_states)
+    while True:
+        time.sleep(2)
+        now = on_nats(urls, stream_states)
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, "the streams never settled"
+        last = now
+
+
+def line_of(out: str, prefix: str) -> str:
+    found = [line for line in out.splitlines() if line.startswith(prefix)]
+    assert len(found) == 1, (prefix, out)
+    return found[0]
+
+
+def test_verify_a_jetstream_journal(nats, tmp_path):
+    server = server_on(nats, tmp_path / "a", "--checkpoint-journal-bytes", "65536").start()
+    try:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            for i in range(300):  # ~300 KiB into the pods stream: several checkpoints, each purging the stream
+                kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (i % 40), value=b"v" * 1000), timeout=10)
+            kv.Put(pb.PutRequest(key=b"/registry/leases/ns/l", value=b"l"), timeout=10)
+            before = settled(nats.urls)  # the server's last checkpoint and purge done
+            assert before["shardetcd_pods"][0] > 1, "the pods stream was never purged up to a checkpoint"
+
+            healthy = journal("verify", "--journal-url", nats.urls)  # while the server runs
+            out = healthy.stdout
+            assert healthy.returncode == 0 and healthy.stderr == "", (healthy.stdout, healthy.stderr)
+            first, last, messages = before["shardetcd_pods"]
+            pods = line_of(out, "pods: stream shardetcd_pods: ")
+            assert pods.startswith("pods: stream shardetcd_pods: ok, ")
+            assert f"{messages} messages (seq {first}..{last})" in pods and "0 cuts" in pods
+            assert re.search(r"revs \d+\.\.301$", pods), pods  # the 300 puts were revisions 2..301
+            ckpt = line_of(out, "pods: shardetcd_pods-checkpoints/checkpoint-")
+            assert re.search(r": ok, \d+ rows, rev \d+, \d+ bytes$", ckpt), ckpt
+            for shard in ("leases", "events", "nodes", "default"):
+                assert line_of(out, f"{shard}: stream shardetcd_{shard}: ").split(": ")[2].startswith("ok,")
+            assert "leases: stream shardetcd_leases: ok, 2 messages (seq 1..2), 1 records, 1 fences, 0 cuts, " \
+                   "revs 302..302" in out, out
+            assert out.strip().splitlines()[-1] == (f"summary: 5 streams, prefix shardetcd at {nats.urls}: all sound")
+
+            assert on_nats(nats.urls, stream_states) == before, "verify must change nothing"
+            after = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/after", value=b"v"), timeout=10)
+            assert after.header.revision == 303, "the server was not fenced by verify"
+    finally:
+        server.stop()
+
+    async def damage(js):
+        ack = await js.publish("journal.shardetcd_nodes", b"this is not a journal frame, only garbage")  # garbage into a stream
+        bucket = await js.object_store("shardetcd_pods-checkpoints")
+        names = [o.name for o in await bucket.list() if not o.deleted]
+        for name in names:  # the checkpoints the purged pods messages relied on
+            await bucket.delete(name)
+        return ack.seq, names
+
+    garbage_seq, deleted = on_nats(nats.urls, damage)
+    assert deleted
+    bad = journal("verify", "--journal-url", nats.urls, "--journal-prefix", "shardetcd")
+    out = bad.stdout
+    assert bad.returncode == 1, (bad.stdout, bad.stderr)
+    assert line_of(out, "nodes: stream shardetcd_nodes: corrupt, ").endswith(", 1 fences, 0 cuts, no records")
+    assert f"nodes: stream shardetcd_nodes: seq {garbage_seq}: offset 0: bad magic" in out.splitlines(), out
+    pods = line_of(out, "pods: stream shardetcd_pods: purged past its checkpoint, ")
+    assert "were purged, but shardetcd_pods-checkpoints holds no checkpoint" in pods
+    assert "pods: shardetcd_pods-checkpoints: no checkpoint" in out.splitlines()
+    assert out.strip().splitlines()[-1] == f"summary: 5 streams, prefix shardetcd at {nats.urls}: 2 damaged (nodes, pods)"
+
+
+def test_verify_and_repair_answer_in_one_line(nats, tmp_path):
+    nowhere = f"nats://127.0.0.1:{free_port()}"
+    assert one_line(journal("verify", "--journal-url", nowhere)).startswith(f"shardetcd: cannot reach NATS at {nowhere}: ")
+    said = one_line(journal("verify", "--journal-url", nats.urls, "--journal-prefix", "nothing-here"))
+    assert said == f"shardetcd: no journal streams with prefix nothing-here at {nats.urls}"
+    said = one_line(journal("repair", "--journal-url", nats.urls))
+    assert said.startswith("shardetcd: journal repair is for local segment files only") and "no torn tail" in said
+    assert "not both" in one_line(journal("verify", "--journal-url", nats.urls, "--data-dir", str(tmp_path)))
+    assert "not a nats:// URL" in one_line(journal("verify", "--journal-url", "http://127.0.0.1:1"))
+    assert "goes with --journal-url" in one_line(journal("verify", "--data-dir", str(tmp_path), "--journal-prefix", "p"))
+    assert "is required" in one_line(journal("verify"))

@@ -1,0 +1,88 @@
+"""How a JetStream journal's publish sorts what NATS answers (retry, storage full,
+fenced, refused for good), and a publish whose answer was lost for longer than
+JetStream's duplicate window (real three-server NATS)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from journal.jetstream import JetStreamConfig, JetStreamLog, publish_error_kind
+from tests.nats_fixture import start_nats_cluster
+
+
+@pytest.fixture(scope="module")
+def nats_cluster(tmp_path_factory):
+    cluster = start_nats_cluster(tmp_path_factory.mktemp("nats"), size=3)
+    yield cluster
+    cluster.stop()
+
+
+def test_publish_errors_are_sorted():
+    from nats.errors import ConnectionReconnectingError, TimeoutError as NatsTimeout
+    from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
+
+    def api(cls, code, err_code, description="x"):
+        return cls(code=code, err_code=err_code, description=description)
+
+    assert publish_error_kind(api(ServiceUnavailableError, 503, 10023, "insufficient resources")) == "storage"
+    assert publish_error_kind(api(APIError, 500, 10047, "insufficient storage resources available")) == "storage"
+    assert publish_error_kind(api(APIError, 400, 10002, "resource limits exceeded for account")) == "storage"
+    assert publish_error_kind(api(ServiceUnavailableError, 503, 10077, "maximum bytes exceeded")) == "storage"
+    assert publish_error_kind(api(ServiceUnavailableError, 503, 10077, "something else broke")) == "refused"
+    assert publish_error_kind(api(APIError, 400, 10054, "message size exceeds maximum allowed")) == "refused"
+    assert publish_error_kind(api(APIError, 400, 10071, "wrong last sequence: 7")) == "fenced"
+    assert publish_error_kind(api(APIError, 400, 10005, "no suitable peers for placement")) == "transient"
+    assert publish_error_kind(api(ServiceUnavailableError, 503, 10008, "JetStream system temporarily unavailable")) == "transient"
+    assert publish_error_kind(api(APIError, 409, 10158, "duplicate message id is in process")) == "transient"
+    assert publish_error_kind(ServiceUnavailableError()) == "transient"  # a bare 503: no responders
+    for exc in (NatsTimeout(), asyncio.TimeoutError(), NoStreamResponseError(), ConnectionReconnectingError()):
+        assert publish_error_kind(exc) == "transient", exc
+    assert publish_error_kind(ValueError("a bug")) is None
+
+
+def test_a_publish_answered_after_the_duplicate_window_is_recognised(nats_cluster, tmp_path, caplog):
+    """The first try of a publish is stored but its answer never comes; the retry comes
+    after JetStream forgot the message id, so it is refused for the moved tail, not answered
+    as a duplicate: the journal finds its own message after the tail, acknowledges it, and
+    goes on; the record is in the stream once."""
+    import nats
+
+    async def go():
+        config = JetStreamConfig(urls=tuple(nats_cluster.urls.split(",")), prefix="lost")
+        log = await JetStreamLog(config).connect()
+        journal = await log.open_journal("j", tmp_path / "j")
+        info = await log.js.stream_info(journal.stream)
+        info.config.duplicate_window = 1.0
+        await log.js.update_stream(info.config)
+        real = log.js.publish
+        tries = []
+
+        async def answer_lost(*args, **kwargs):
+            tries.append(kwargs["headers"]["Nats-Msg-Id"])
+            ack = await real(*args, **kwargs)
+            if len(tries) == 1:
+                await asyncio.sleep(4.0)  # past the 1 s duplicate window (JetStream forgets ids on a timer)
+                raise nats.errors.TimeoutError
+            return ack
+
+        log.js.publish = answer_lost
+        await journal.start()
+        journal.append(1, 1, b"once")
+        await journal.sync()
+        journal.append(1, 2, b"next")
+        await journal.sync()
+        await journal.close()
+        await log.close()
+        assert tries[0] == tries[1] and len(set(tries)) == 2, tries  # the retry used the same id
+
+        log = await JetStreamLog(config).connect()
+        again = await log.open_journal("j", tmp_path / "j2")
+        got = [(r.rtype, r.rev, r.payload) for r in again.records()]
+        await log.close()
+        return got
+
+    with caplog.at_level(logging.WARNING, logger="journal.jetstream"):
+        assert asyncio.run(go()) == [(1, 1, b"once"), (1, 2, b"next")]
+    assert "journal publish found stored by an earlier try" in caplog.text

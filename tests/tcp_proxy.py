@@ -1,0 +1,106 @@
+"""A TCP forwarder on 127.0.0.1 whose connections a test can cut and restore.
+
+    proxy = TcpProxy(target_port).start()   # listens on proxy.port
+    proxy.cut()        # drop every connection and refuse new ones (the port is closed)
+    proxy.restore()    # accept again on the same port
+    proxy.close()
+
+One thread accepts; each connection gets two threads, one per direction.
+Only loopback addresses are used.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+
+from tests.etcd_fixture import free_port
+
+HOST = "127.0.0.1"
+
+
+class TcpProxy:
+    def __init__(self, target_port: int, port: int | None = None) -> None:
+        self.target_port = target_port
+        self.port = port or free_port()
+        self.connections = 0  # accepted since start, for tests that want to see traffic went through
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self._acceptor: threading.Thread | None = None
+
+    def start(self) -> TcpProxy:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((HOST, self.port))
+        listener.listen(64)
+        self._listener = listener
+        self._acceptor = threading.Thread(target=self._accept, args=(listener,), daemon=True)
+        self._acceptor.start()
+        return self
+
+    def cut(self) -> None:
+        """Close the listening port and every forwarded connection (both ends see a reset or EOF)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            _close(listener)
+        if self._acceptor is not None:
+            self._acceptor.join(timeout=10)
+            self._acceptor = None
+        with self._lock:
+            dropped, self._open = list(self._open), set()
+        for s in dropped:
+            _close(s)
+
+    def restore(self) -> None:
+        self.start()
+
+    def close(self) -> None:
+        self.cut()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # closed by cut()
+                return
+            try:
+                upstream = socket.create_connection((HOST, self.target_port), timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                if self._listener is not listener:  # cut meanwhile
+                    _close(client)
+                    _close(upstream)
+                    return
+                self._open.update((client, upstream))
+                self.connections += 1
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        with self._lock:
+            self._open.discard(src)
+            self._open.discard(dst)
+        _close(src)
+        _close(dst)
+
+
+def _close(s: socket.socket) -> None:
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        s.close()
+    except OSError:
+        pass
