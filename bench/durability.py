@@ -118,8 +118,13 @@ def run_point(pool: Pool, dep: Deployment, s: sc.Scenario, clients: int, timing:
 
 def takeover_summary(name: str, runs: list[dict]) -> dict:
     took = [r["took_s"] for r in runs]
-    return {"server": name, "repeats": len(took), "median_s": statistics.median(took), "max_s": max(took),
-            "each_s": took, "runs": runs}
+    out = {"server": name, "repeats": len(took), "median_s": statistics.median(took), "max_s": max(took),
+           "each_s": took, "runs": runs}
+    for key in ("lease_s", "recovered_s", "records_replayed"):  # a standby's phases, from its log
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        if vals:
+            out[f"{key}_median"] = statistics.median(vals)
+    return out
 
 
 # ------------------------------------------------------------------ tables
@@ -135,7 +140,7 @@ def table(rows: list[dict]) -> str:
     index = {(r["scenario"], r["point"], r["server"]): r for r in main}
     points = list(dict.fromkeys((r["scenario"], r["point"]) for r in main))
     head = ["scenario", "clients/conns", "server", "req/s", "p50 ms", "p99 ms", "srv CPU µs/req", "disk B/write",
-            "other CPU %", "÷ etcd-3 req/s", "÷ etcd-3 p99", "÷ etcd req/s", "÷ etcd p99"]
+            "other CPU %", "vs etcd-3 req/s", "vs etcd-3 p99", "vs etcd req/s", "vs etcd p99"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for scen, point in points:
         refs = [index.get((scen, point, ref)) for ref in REFS]
@@ -153,13 +158,16 @@ def table(rows: list[dict]) -> str:
 
 
 def takeover_table(takeovers: list[dict]) -> str:
-    head = ["server", "killed (kill -9)", "first acknowledged write via", "repeats", "median s", "max s", "each s"]
+    head = ["server", "killed (kill -9)", "first acknowledged write via", "repeats", "median s", "max s", "each s",
+            "standby: lease taken at s", "standby: recovered at s", "records replayed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     what = {"etcd-3": ("the leader", "the 2 surviving members"), "shardetcd-js-r3": ("the writer", "the --standby")}
     for t in takeovers:
         killed, via = what.get(t["server"], ("?", "?"))
+        phases = [report._f(t.get("lease_s_median")), report._f(t.get("recovered_s_median")),
+                  report._f(t.get("records_replayed_median"), "{:,.0f}")]
         lines.append("| " + " | ".join([t["server"], killed, via, str(t["repeats"]), f"{t['median_s']:.2f}",
-                                        f"{t['max_s']:.2f}", ", ".join(f"{x:.2f}" for x in t["each_s"])]) + " |")
+                                        f"{t['max_s']:.2f}", ", ".join(f"{x:.2f}" for x in t["each_s"]), *phases]) + " |")
     return "\n".join(lines)
 
 

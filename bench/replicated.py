@@ -32,7 +32,9 @@ takeover time is kill -> the first Put acknowledged (±~50 ms).
 """
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -276,13 +278,21 @@ def start_shardetcd_js(tmp: Path, replicas: int, sync: bool = False) -> Deployme
                 time.sleep(0.05)
             writers = Writers(writer.endpoint)
             time.sleep(write_s)
-            took = kill_and_probe(writer.kill, [standby.endpoint])
+            killed_at: list[float] = []
+
+            def kill() -> None:
+                writer.kill()
+                killed_at.append(time.time())  # wall clock, as the standby's log lines
+
+            took = kill_and_probe(kill, [standby.endpoint])
             acked = writers.join()
             shutil.rmtree(writer.default_state_dir(), ignore_errors=True)
             state["writer"] = standby
-            out.append({"took_s": took, "killed": f"writer (pid {writer.pid})", "acked_before_kill": acked})
+            split = standby_phases(standby.log_tail(400), killed_at[0])
+            out.append({"took_s": took, "killed": f"writer (pid {writer.pid})", "acked_before_kill": acked, **split})
             log(f"takeover {name} {k + 1}/{repeats}: writer killed under 8 writers ({acked} puts acked), "
-                f"first put acked by the standby after {took:.2f} s")
+                f"first put acked by the standby after {took:.2f} s (lease taken at {split.get('lease_s', 0):.2f} s, "
+                f"recovered at {split.get('recovered_s', 0):.2f} s, {split.get('records_replayed', '?')} records replayed)")
         return out
 
     nats_desc = "one NATS server" if replicas == 1 else f"{replicas} clustered NATS servers"
@@ -291,6 +301,34 @@ def start_shardetcd_js(tmp: Path, replicas: int, sync: bool = False) -> Deployme
                       pids, stop, takeover if replicas > 1 and not sync else None,
                       describe=f"shardetcd, journals on JetStream, {nats_desc}, --journal-replicas {replicas}; {sync_desc}",
                       meta={"nats": nats.urls})
+
+
+def _log_time(line: str) -> float:
+    """Wall-clock time of a shardetcd log line ("2026-01-01 12:00:00,123 level=...", local time)."""
+    return dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def standby_phases(log_text: str, killed_wall: float) -> dict:
+    """What a takeover was made of, from the standby's log: seconds from the kill until it
+    held the writer lease (the dead writer's lease lapsing) and until it had recovered
+    (checkpoint + streams replayed into its state), and the journal records it replayed."""
+    out: dict = {}
+    lines = log_text.splitlines()
+    start = next((i for i, x in enumerate(lines) if "msg=taking over as the writer" in x), None)
+    if start is None:
+        return out
+    acquired = next((x for x in lines[:start + 1] if "msg=writer lease acquired" in x), lines[start])
+    out["lease_s"] = _log_time(acquired) - killed_wall
+    records = 0
+    for x in lines[start:]:
+        m = re.search(r"msg=journal stream read .* records=(\d+)", x)
+        if m:
+            records += int(m[1])
+        if "msg=recovered " in x:
+            out["recovered_s"] = _log_time(x) - killed_wall
+            break
+    out["records_replayed"] = records
+    return out
 
 
 def nats_version() -> str:
