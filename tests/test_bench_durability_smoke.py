@@ -48,7 +48,7 @@ def test_bench_durability_tiny_runs_every_server_and_both_takeovers(tmp_path):
     for t in took.values():
         assert t["repeats"] == 1 and t["median_s"] > 0 and t["max_s"] >= t["median_s"], t
     # the standby's log says when it took the lease and recovered, and what it replayed
-    assert {"lease_s_median", "recovered_s_median", "records_replayed_median"} <= set(took["shardetcd-js-r3"]), took
+    assert {"lease_s_median", "recovery_s_median", "records_replayed_median"} <= set(took["shardetcd-js-r3"]), took
     # the table puts every server beside etcd-3 and etcd as ratios
     md = (tmp_path / result.name.replace(".json", ".md")).read_text()
     line = next(x for x in md.splitlines() if x.startswith("| put-seq | 1/1 | shardetcd-js-r3 |"))
