@@ -162,6 +162,34 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[dict]) -> str:
+    """One line per server: each scenario point's req/s (× etcd-3's) and p99, and disk bytes per put.
+    The bench README's durability table is this table."""
+    main = [r for r in rows if r.get("op") in (None, "all writes+reads")]
+    index = {(r["scenario"], r["point"], r["server"]): r for r in main}
+    points = list(dict.fromkeys((r["scenario"], r["point"]) for r in main))
+    servers = [s for s in SERVER_ORDER if any(k[2] == s for k in index)]
+    def name(scen: str, point: str) -> str:
+        n = point.split("/")[0]
+        return scen if scen == "k8s-mix" else f"{scen}, {n} client{'s' if n != '1' else ''}"
+
+    head = ["server"] + [name(scen, point) for scen, point in points] + ["disk B/put (put-seq)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for srv in servers:
+        cells = [srv]
+        for scen, point in points:
+            r, ref = index.get((scen, point, srv)), index.get((scen, point, "etcd-3"))
+            if not r:
+                cells.append("")
+                continue
+            ratio = f" ({r['req_s'] / ref['req_s']:.2f}×)" if ref and ref["req_s"] and srv != "etcd-3" else ""
+            cells.append(f"{report._thr(r['req_s'])}{ratio}, {report._f(r.get('p99_ms'), '{:.1f}')}")
+        disk = [report._f(index[k].get("disk_bytes_per_write"), "{:,.0f}") for k in index if k[0] == "put-seq" and k[2] == srv]
+        cells.append(" / ".join(disk))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def takeover_table(takeovers: list[dict]) -> str:
     head = ["server", "killed (kill -9)", "first acknowledged write via", "repeats", "median s", "max s", "each s",
             "standby: lease taken at s", "standby: recovery s", "records replayed"]
@@ -182,7 +210,7 @@ def takeover_table(takeovers: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def markdown(meta: dict, md: str, tk: str) -> str:
+def markdown(meta: dict, rows: list[dict], md: str, tk: str) -> str:
     servers = "\n".join(f"- **{k}**: {v['describe']} ({v['version']})" for k, v in meta["servers"].items())
     t = meta["timing"]
     return "\n".join([
@@ -195,6 +223,8 @@ def markdown(meta: dict, md: str, tk: str) -> str:
         "/proc/<pid>/io write_bytes of those processes over the measured window divided by the writes acknowledged "
         "in it (k8s-mix: its heartbeat, pod and event writes): page-granular (a 256-byte append fsync'd alone costs "
         "4 KiB), tmpfs not counted, the filesystem's own journal not included.", "",
+        "## Summary", "", "Each cell: req/s (× etcd-3's req/s), p99 ms; the last column: disk bytes per put at 1 / 64 "
+        "clients.", "", summary(rows), "",
         "## Throughput, latency, bytes written", "", md, "",
         "## Takeover: kill -9 to the first acknowledged write", "", tk, "",
         f"Each repeat kills under 8 writing clients ({meta['takeover_write_s']} s of writes first) and probes with a Put "
@@ -291,7 +321,7 @@ def main(argv=None) -> int:
     stem = args.out / f"durability-{stamp}"
     report.write_json(stem.with_suffix(".json"), {"meta": meta, "rows": rows, "takeovers": takeovers,
                                                   "table_md": md, "takeover_md": tk})
-    stem.with_suffix(".md").write_text(markdown(meta, md, tk))
+    stem.with_suffix(".md").write_text(markdown(meta, rows, md, tk))
     print(f"results: {stem.with_suffix('.json')}, {stem.with_suffix('.md')}  ({elapsed:.0f} s)")
     if publishable(args, servers):
         for ext in (".json", ".md"):

@@ -67,3 +67,17 @@ def test_only_a_complete_default_quick_durability_run_is_kept():
     tiny = durability.parse_args(["--tiny"])
     tiny.quick = True
     assert not durability.publishable(tiny, list(durability.SERVER_ORDER))
+
+
+def test_readme_durability_table_is_the_kept_quick_run():
+    """bench/README.md shows the summary of results/latest-durability.json, not older figures."""
+    kept = json.loads((REPO / "bench" / "results" / "latest-durability.json").read_text())
+    assert kept["meta"]["mode"] == "quick" and kept["meta"]["machine"]["cores"]
+    assert {r["server"] for r in kept["rows"]} == set(durability.SERVER_ORDER)
+    assert {t["server"] for t in kept["takeovers"]} == {"etcd-3", "shardetcd-js-r3"}
+    readme = (REPO / "bench" / "README.md").read_text()
+    block = readme.split("<!-- durability-summary:", 1)[1].split("-->", 1)[1].split("<!-- /durability-summary -->", 1)[0]
+    assert block.strip() == durability.summary(kept["rows"]).strip()
+    assert kept["takeover_md"] in readme and kept["meta"]["timestamp"] in readme
+    md = (REPO / "bench" / "results" / "latest-durability.md").read_text()
+    assert durability.summary(kept["rows"]) in md and kept["meta"]["timestamp"] in md
