@@ -41,6 +41,7 @@ class Server:
     data_dir: Path | None = None
     state_dir: Path | None = None  # shardetcd's RocksDB state on tmpfs (memory)
     metrics_url: str | None = None  # where /metrics is served over HTTP
+    process: object = None  # the fixture's process object (EtcdProcess, ShardetcdProcess), e.g. for kill -9
 
     def stop(self) -> None:
         self._stop()
@@ -81,7 +82,7 @@ def start_real_etcd(tmp: Path) -> Server:
         return proc.pid
 
     return Server("etcd", proc.endpoint, proc.pid, f"etcd {version}", proc.stop, restart, data_dir=proc.data_dir,
-                  metrics_url=f"http://{proc.endpoint}")
+                  metrics_url=f"http://{proc.endpoint}", process=proc)
 
 
 class _DefaultShardetcd(ShardetcdProcess):
@@ -131,7 +132,7 @@ def start_shardetcd_default(tmp: Path, extra_args: tuple[str, ...] = (), describ
 
     return Server("shardetcd", proc.endpoint, proc.pid, f"shardetcd ({describe}, journal fsync=always)", stop, restart,
                   data_dir=proc.data_dir, state_dir=proc.default_state_dir(),
-                  metrics_url=f"http://127.0.0.1:{proc.metrics_port}")
+                  metrics_url=f"http://127.0.0.1:{proc.metrics_port}", process=proc)
 
 
 def start_ceiling(tmp: Path) -> Server:

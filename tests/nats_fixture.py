@@ -88,6 +88,7 @@ class NatsCluster:
     routes: str
     max_store_bytes: int | None = None
     extra: list[str] = field(default_factory=list)
+    sync_interval: str | None = None  # JetStream's sync_interval ("always": fsync every write); None: its default (2 min)
 
     @property
     def urls(self) -> str:
@@ -104,8 +105,9 @@ class NatsCluster:
             args += ["--cluster_name", "shardetcd-test", "--cluster", f"nats://127.0.0.1:{s.cluster_port}",
                      "--routes", self.routes]
         conf = s.dir / "nats.conf"  # shardetcd needs messages of up to a few MiB (etcd's 1.5 MiB requests)
-        limits = "" if self.max_store_bytes is None else f"jetstream {{ max_file_store: {self.max_store_bytes} }}\n"
-        conf.write_text(f"max_payload: 8MB\n{limits}")
+        js = {"max_file_store": self.max_store_bytes, "sync_interval": self.sync_interval}
+        js_block = ", ".join(f"{k}: {v}" for k, v in js.items() if v is not None)
+        conf.write_text("max_payload: 8MB\n" + (f"jetstream {{ {js_block} }}\n" if js_block else ""))
         args += ["-c", str(conf)]
         s.proc = subprocess.Popen(args + self.extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if wait:
@@ -146,17 +148,20 @@ def _healthy(monitor_port: int) -> bool:
 
 
 def start_nats_cluster(tmp_path: Path, size: int = 3, *, max_store_bytes: int | None = None,
-                       extra: tuple[str, ...] = (), timeout: float = 60.0) -> NatsCluster:
+                       extra: tuple[str, ...] = (), sync_interval: str | None = None,
+                       timeout: float = 60.0) -> NatsCluster:
     """Start ``size`` JetStream servers (one, or a cluster of three) and wait until they serve;
     ``extra``: more nats-server flags (e.g. ``--no_advertise``, so that clients use only the URLs
-    they were given, such as a test's proxies)."""
+    they were given, such as a test's proxies). ``sync_interval="always"`` makes JetStream fsync
+    every write before acknowledging it (its default fsyncs every 2 minutes, so an acknowledged
+    message may be only in the OS page cache)."""
     ports = free_ports(3 * size)
     servers = [
         NatsServer(f"n{i}", ports[3 * i], ports[3 * i + 1], ports[3 * i + 2], Path(tmp_path) / f"nats{i}")
         for i in range(size)
     ]
     routes = ",".join(f"nats://127.0.0.1:{s.cluster_port}" for s in servers)
-    cluster = NatsCluster(servers, routes, max_store_bytes, list(extra))
+    cluster = NatsCluster(servers, routes, max_store_bytes, list(extra), sync_interval=sync_interval)
     try:
         for i in range(size):  # all before waiting: a clustered server is healthy only with a quorum
             cluster.start(i, wait=False)
