@@ -39,6 +39,7 @@ class WriterLease:
         self.kv = None
         self.revision = 0
         self.on_lost: Callable[[BaseException], None] | None = None
+        self.lost: BaseException | None = None  # set once the lease was found held by another
         self._task: asyncio.Task | None = None
 
     async def _bucket(self):
@@ -164,6 +165,7 @@ class WriterLease:
             return
 
     def _lost(self, exc: BaseException) -> None:
+        self.lost = exc
         logger.critical("writer lease lost error=%s", exc)
         if self.on_lost is not None:
             self.on_lost(exc)

@@ -5,6 +5,7 @@ from the journals, with a log line saying how much.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ from .errors import DataDirError
 from .follow import Follower
 from .lease import GRANT, decode_lease_record
 from .progress import Progress
+from .shard import YIELD_EVERY
 from .record import WRITE, decode_compact, decode_extra_meta
 
 if TYPE_CHECKING:
@@ -93,7 +95,7 @@ async def recover_to_follow(store: Store) -> Follower:
         journal = shard.journal
         if journal.released_before and journal.first_top > ckpt_rev and await journal.newest_checkpoint_rev() > ckpt_rev:
             raise JournalGap(journal.name, 0, 0)
-    found = [shard.collect(*ckpt) for shard, ckpt in zip(store.shards, loaded)]
+    found = [await shard.collect(*ckpt) for shard, ckpt in zip(store.shards, loaded)]
     _check_complete(store, found)
     base = max([1, *(f.checkpoint_rev for f in found)])
     await _rebuild(store, found, base, keep_hooks=True)
@@ -135,10 +137,15 @@ async def _rebuild(store: Store, found: list[Recovered], rev: int, keep_hooks: b
     compact = -1
     for shard, f in zip(store.shards, found):
         progress = Progress("journal replay", shard=shard.name, records=len(f.writes))
+        budget = YIELD_EVERY
         for r, _, changes, _ in f.writes:
             if r <= rev:
                 shard.apply_recovered(r, changes)
                 progress.tick()
+                budget -= len(changes)
+                if budget <= 0:
+                    budget = YIELD_EVERY
+                    await asyncio.sleep(0)
         progress.done()
         compact = max(compact, f.compact_rev, *(decode_compact(rec.payload) for rec in f.compacts if rec.rev <= rev))
     store.rev = store.committed = rev

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import struct
 from collections import deque
+from itertools import islice
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,9 @@ from .state import ShardState
 logger = logging.getLogger(__name__)
 
 _CKPT_META = struct.Struct("<QqI")  # committed rev, compact rev, shard id
+# recovery yields to the event loop after about this many rows, so the writer
+# lease is renewed however long it takes
+YIELD_EVERY = 8192
 
 
 @dataclass(slots=True)
@@ -62,7 +66,7 @@ class Shard:
     # -- recovery -------------------------------------------------------
 
     async def read_disk(self) -> Recovered:
-        return self.collect(*await self.load_checkpoint())
+        return await self.collect(*await self.load_checkpoint())
 
     async def load_checkpoint(self) -> tuple[int, int, bytes]:
         """Load the newest checkpoint's rows into the state: (its revision, compact revision, extra meta)."""
@@ -74,32 +78,41 @@ class Shard:
             if sid != self.sid:
                 raise DataDirError(f"checkpoint {ckpt.path} belongs to shard {sid}, not to {self.name} "
                                    f"(shard {self.sid}): the data dir was put together wrongly")
-            self._load_checkpoint_rows(ckpt.rows())
+            await self._load_checkpoint_rows(ckpt.rows())
         self.checkpoint_rev = ckpt_rev
         return ckpt_rev, compact_rev, extra
 
-    def collect(self, ckpt_rev: int, compact_rev: int, extra: bytes) -> Recovered:
+    async def collect(self, ckpt_rev: int, compact_rev: int, extra: bytes) -> Recovered:
         """What the journal holds above the checkpoint, sorted by record type."""
         writes, compacts, leases, auths = [], [], [], []
         progress = Progress("journal read", shard=self.name)
+        budget = YIELD_EVERY
         for rec in self.journal.records(after_rev=0):
             progress.tick()
+            budget -= 1
             if rec.rtype == WRITE:
                 if rec.rev > ckpt_rev:
                     participants, changes = decode_write(rec.payload)
                     writes.append((rec.rev, participants, changes, rec.epoch))
+                    budget -= len(changes)
             elif rec.rtype == COMPACT:
                 compacts.append(rec)
             elif rec.rtype == LEASE:
                 leases.append(rec)
             elif rec.rtype == AUTH:
                 auths.append(rec)
+            if budget <= 0:
+                budget = YIELD_EVERY
+                await asyncio.sleep(0)
         progress.done()
         return Recovered(ckpt_rev, compact_rev, writes, compacts, leases, extra, auths)
 
-    def _load_checkpoint_rows(self, rows) -> None:
+    async def _load_checkpoint_rows(self, rows) -> None:
         progress = Progress("checkpoint load", shard=self.name)
-        self.state.load_rows(rows, self.on_replay, progress)
+        rows = iter(rows)
+        while chunk := list(islice(rows, YIELD_EVERY)):
+            self.state.load_rows(chunk, self.on_replay, progress)
+            await asyncio.sleep(0)
         progress.done()
 
     def apply_recovered(self, rev: int, changes: list[Change]) -> None:

@@ -160,6 +160,7 @@ async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
         await log.close()
         raise
     log.epoch = lease.revision  # stamped on every message this writer publishes
+    lease.start_renewing()  # from now on: a recovery longer than the TTL must not let it lapse
     return lease
 
 
@@ -211,6 +212,7 @@ async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
                 following.cancel()
                 await asyncio.gather(following, return_exceptions=True)
                 lease.log.epoch = lease.revision
+                lease.start_renewing()
                 logger.warning("taking over as the writer epoch=%d", lease.revision)
                 await store.take_over()
                 return store
@@ -259,7 +261,10 @@ async def start(config: ServerConfig) -> Running:
     store.on_failure = lambda exc: failed.set()
     if lease is not None:
         lease.on_lost = store._fail
-        lease.start_renewing()
+        if lease.lost is not None:  # while recovering: another process writes now
+            await store.close()
+            await release_writer_lease(lease)
+            raise StartupError(f"{lease.lost} while recovering: another shardetcd writes these journals now")
     member = Member(store, config, guard)
     server = grpc.aio.server(options=grpc_options(config))
     services = {

@@ -489,3 +489,62 @@ def test_a_write_not_durable_in_time_times_out_and_may_still_commit(tmp_path, ru
         await store.close()
 
     run(go())
+
+
+def test_recovery_yields_to_the_event_loop_so_the_writer_lease_is_renewed(tmp_path, run, monkeypatch):
+    """A recovery of many rows is CPU work; unless it yields, nothing else runs
+    meanwhile, and a JetStream writer's lease (renewed by a task every TTL/3)
+    lapses and a standby takes the journals from a writer about to serve.
+    Measured in rows, not seconds: a task running beside the recovery sees it
+    part-way (between 0 and all rows loaded) about once per YIELD_EVERY rows,
+    in the checkpoint load and in the journal replay."""
+    from shards.shard import YIELD_EVERY, Shard
+    from shards.state import ShardState
+    from shards.types import TxnReq
+
+    rows = 3 * YIELD_EVERY // 100 * 100
+
+    async def write(store, prefix: bytes) -> None:
+        for j in range(rows // 100):
+            ops = tuple(PutReq(prefix + b"%06d" % (j * 100 + k), b"v") for k in range(100))
+            await store.txn(TxnReq((), ops, ()))
+
+    async def go():
+        store = await open_store(tmp_path, checkpoint_journal_bytes=1 << 40)
+        await write(store, b"/registry/pods/ns/a")
+        pods = store.shards[store.router.shard_for_key(POD)]
+        pods.start_checkpoint(store.committed, store.compact_rev)
+        await pods.checkpoint_task
+        await write(store, b"/registry/pods/ns/b")  # in the journal only
+        await store.close()
+
+        loaded = [0]
+        load_rows, apply = ShardState.load_rows, Shard.apply_recovered
+
+        def counting_load(self, blobs, on_row, progress):
+            blobs = list(blobs)
+            load_rows(self, blobs, on_row, progress)
+            loaded[0] += len(blobs)
+
+        def counting_apply(self, rev, changes):
+            apply(self, rev, changes)
+            loaded[0] += len(changes)
+
+        monkeypatch.setattr(ShardState, "load_rows", counting_load)
+        monkeypatch.setattr(Shard, "apply_recovered", counting_apply)
+        seen = set()
+
+        async def watch():
+            while True:
+                seen.add(loaded[0])
+                await asyncio.sleep(0)
+
+        task = asyncio.ensure_future(watch())
+        store = await open_store(tmp_path, checkpoint_journal_bytes=1 << 40)
+        task.cancel()
+        assert loaded[0] == 2 * rows and len(store.states[pods.sid].live) == 2 * rows
+        await store.close()
+        part_way = {n for n in seen if 0 < n < 2 * rows}
+        assert len(part_way) >= 2 * rows // YIELD_EVERY - 1, sorted(part_way)
+
+    run(go())
