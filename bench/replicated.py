@@ -273,7 +273,7 @@ def start_shardetcd_js(tmp: Path, replicas: int, sync: bool = False) -> Deployme
             state["all"].append(standby)
             standby.start(wait=False)
             deadline = time.monotonic() + 120
-            while "standing by for the writer lease" not in standby.log_tail(200):
+            while "standing by, following" not in standby.log_tail(200):
                 if not standby.running() or time.monotonic() > deadline:
                     raise RuntimeError(f"standby did not start:\n{standby.log_tail()}")
                 time.sleep(0.05)
@@ -321,8 +321,9 @@ def _log_time(line: str) -> float:
 
 def standby_phases(log_text: str, killed_wall: float) -> dict:
     """What a takeover was made of, from the standby's log: seconds from the kill until it
-    held the writer lease (the dead writer's lease lapsing) and until it had recovered
-    (checkpoint + streams replayed into its state), and the journal records it replayed."""
+    held the writer lease (the dead writer's lease lapsing) and until it was ready to write
+    (a standby that follows the journals only fences them and applies what came meanwhile;
+    one that recovers replays checkpoint + streams), and the journal records it read then."""
     out: dict = {}
     lines = log_text.splitlines()
     start = next((i for i, x in enumerate(lines) if "msg=taking over as the writer" in x), None)
@@ -335,7 +336,7 @@ def standby_phases(log_text: str, killed_wall: float) -> dict:
         m = re.search(r"msg=journal stream read .* records=(\d+)", x)
         if m:
             records += int(m[1])
-        if "msg=recovered " in x:
+        if "msg=recovered " in x or "msg=took over as the writer" in x:  # the latter: from the state it followed
             out["recovered_s"] = _log_time(x) - killed_wall
             break
     out["records_replayed"] = records

@@ -94,13 +94,14 @@ def test_verify_a_jetstream_journal(nats, tmp_path):
             first, last, messages = before["shardetcd_pods"]
             pods = line_of(out, "pods: stream shardetcd_pods: ")
             assert pods.startswith("pods: stream shardetcd_pods: ok, ")
-            assert f"{messages} messages (seq {first}..{last})" in pods and "0 cuts" in pods
+            assert f"{messages} messages (seq {first}..{last})" in pods  # the writer's cut marker purged with the rest
             assert re.search(r"revs \d+\.\.301$", pods), pods  # the 300 puts were revisions 2..301
             ckpt = line_of(out, "pods: shardetcd_pods-checkpoints/checkpoint-")
             assert re.search(r": ok, \d+ rows, rev \d+, \d+ bytes$", ckpt), ckpt
             for shard in ("leases", "events", "nodes", "default"):
                 assert line_of(out, f"{shard}: stream shardetcd_{shard}: ").split(": ")[2].startswith("ok,")
-            assert "leases: stream shardetcd_leases: ok, 2 messages (seq 1..2), 1 records, 1 fences, 0 cuts, " \
+            # the writer's fence, its cut marker (every writer publishes one per stream), one record
+            assert "leases: stream shardetcd_leases: ok, 3 messages (seq 1..3), 1 records, 1 fences, 1 cuts, " \
                    "revs 302..302" in out, out
             assert out.strip().splitlines()[-1] == (f"summary: 5 streams, prefix shardetcd at {nats.urls}: all sound")
 
@@ -123,7 +124,7 @@ def test_verify_a_jetstream_journal(nats, tmp_path):
     bad = journal("verify", "--journal-url", nats.urls, "--journal-prefix", "shardetcd")
     out = bad.stdout
     assert bad.returncode == 1, (bad.stdout, bad.stderr)
-    assert line_of(out, "nodes: stream shardetcd_nodes: corrupt, ").endswith(", 1 fences, 0 cuts, no records")
+    assert line_of(out, "nodes: stream shardetcd_nodes: corrupt, ").endswith(", 1 fences, 1 cuts, no records")
     assert f"nodes: stream shardetcd_nodes: seq {garbage_seq}: offset 0: bad magic" in out.splitlines(), out
     pods = line_of(out, "pods: stream shardetcd_pods: purged past its checkpoint, ")
     assert "were purged, but shardetcd_pods-checkpoints holds no checkpoint" in pods
