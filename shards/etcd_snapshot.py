@@ -167,7 +167,12 @@ def _bucket_items(db: BoltReader, name: bytes) -> Iterator[tuple[bytes, bytes]]:
 def import_db(db: BoltReader, router: Router) -> Imported:
     """Read and check every bucket shardetcd takes from an etcd database;
     SnapshotError (or BoltError) for anything that is not what etcd writes."""
-    names = {name for name, _ in db.buckets()}
+    names = set()
+    for name, bucket in db.buckets():  # every page of every bucket, those not imported too
+        names.add(name)
+        if name not in (KEY, META, LEASE, AUTH, AUTH_USERS, AUTH_ROLES):
+            for _ in bucket.items():
+                pass
     if KEY not in names or META not in names:
         raise SnapshotError(f"not an etcd database: it has no 'key' and 'meta' buckets (it has {sorted(names)})")
     compact_rev = _compact_rev(db)

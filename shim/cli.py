@@ -210,8 +210,9 @@ def snapshot_main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"shardetcd: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    compacted = f"compacted at {got['compact_revision']}" if got["compact_revision"] >= 0 else "never compacted"
     print(f"restored {args.file} at revision {got['revision']} into {args.data_dir.absolute()}: "
-          f"{got['keys']} keys ({got['rows']} revisions of them), compacted at {got['compact_revision']}, "
+          f"{got['keys']} keys ({got['rows']} revisions of them), {compacted}, "
           f"{got['leases']} leases, {got['users']} users, {got['roles']} roles")
     return 0
 
