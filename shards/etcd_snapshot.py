@@ -44,7 +44,8 @@ from google.protobuf.message import DecodeError
 from proto import auth_pb2, lease_pb2
 from proto.kv_pb2 import KeyValue
 
-from .auth_state import AuthState, Permission, Role, User
+from .auth import role_from_message, role_message, user_from_message, user_message
+from .auth_state import AuthState
 from .bbolt import Bucket, BoltError, BoltReader
 from .errors import SnapshotError
 from .layout import Router
@@ -114,24 +115,14 @@ def buckets(c: Content) -> list[Bucket]:
         meta.append((SCHEDULED_COMPACT, rev_key(c.compact_rev)))
     leases = sorted((_I64BE.pack(i), lease_pb2.Lease(ID=i, TTL=ttl).SerializeToString()) for i, ttl in c.leases)
     auth = [(AUTH_ENABLED, b"\x01" if c.auth.enabled else b"\x00"), (AUTH_REVISION, _U64BE.pack(c.auth.revision))]
-    users = sorted((u.name.encode(), _user_pb(u)) for u in c.auth.users.values())
-    roles = sorted((r.name.encode(), _role_pb(r)) for r in c.auth.roles.values())
+    users = sorted((u.name.encode(), user_message(u).SerializeToString()) for u in c.auth.users.values())
+    roles = sorted((r.name.encode(), role_message(r).SerializeToString()) for r in c.auth.roles.values())
     fixed = {KEY: lambda: ((from_row_key(rk), v) for rk, v in c.rows()),
              META: lambda: sorted(meta), LEASE: lambda: leases, AUTH: lambda: sorted(auth),
              AUTH_USERS: lambda: users, AUTH_ROLES: lambda: roles,
              CLUSTER: lambda: [(b"clusterVersion", CLUSTER_VERSION)],
              MEMBERS: lambda: [], MEMBERS_REMOVED: lambda: [], ALARM: lambda: []}
     return [Bucket(name, items) for name, items in fixed.items()]
-
-
-def _user_pb(u: User) -> bytes:
-    return auth_pb2.User(name=u.name.encode(), password=u.password, roles=list(u.roles),
-                         options=auth_pb2.UserAddOptions(no_password=u.no_password)).SerializeToString()
-
-
-def _role_pb(r: Role) -> bytes:
-    perms = [auth_pb2.Permission(permType=p.kind, key=p.key, range_end=p.range_end) for p in r.perms]
-    return auth_pb2.Role(name=r.name.encode(), keyPermission=perms).SerializeToString()
 
 
 # -- import ------------------------------------------------------------------
@@ -173,6 +164,8 @@ def import_db(db: BoltReader, router: Router) -> Imported:
         if name not in (KEY, META, LEASE, AUTH, AUTH_USERS, AUTH_ROLES):
             for _ in bucket.items():
                 pass
+    if router.default >= SKIP:
+        raise SnapshotError(f"a layout of {router.default + 1} shards: a restore routes to at most {SKIP} shards")
     if KEY not in names or META not in names:
         raise SnapshotError(f"not an etcd database: it has no 'key' and 'meta' buckets (it has {sorted(names)})")
     compact_rev = _compact_rev(db)
@@ -252,12 +245,15 @@ def _auth(db: BoltReader) -> AuthState:
         s.revision = _U64BE.unpack(flags[AUTH_REVISION])[0]
     try:
         for k, v in _bucket_items(db, AUTH_USERS):
-            u = auth_pb2.User.FromString(v)
-            s.users[k.decode()] = User(k.decode(), u.password, u.options.no_password, tuple(u.roles))
+            u = user_from_message(auth_pb2.User.FromString(v))
+            if u.name.encode() != k:
+                raise SnapshotError(f"authUsers bucket: the user under {k[:80]!r} is named {u.name[:80]!r}")
+            s.users[u.name] = u
         for k, v in _bucket_items(db, AUTH_ROLES):
-            r = auth_pb2.Role.FromString(v)
-            perms = tuple(Permission(p.permType, p.key, p.range_end) for p in r.keyPermission)
-            s.roles[k.decode()] = Role(k.decode(), perms)
+            r = role_from_message(auth_pb2.Role.FromString(v))
+            if r.name.encode() != k:
+                raise SnapshotError(f"authRoles bucket: the role under {k[:80]!r} is named {r.name[:80]!r}")
+            s.roles[r.name] = r
     except (DecodeError, UnicodeDecodeError):
         raise SnapshotError("auth buckets: a user or role is damaged") from None
     return s
