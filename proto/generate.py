@@ -26,7 +26,7 @@ PROTO_DIR = Path(__file__).resolve().parent
 PACKAGE = PROTO_DIR.name  # "proto"
 
 # Sources in dependency order, and those that declare services.
-PROTO_FILES = ("kv.proto", "auth.proto", "rpc.proto", "v3lock.proto", "v3election.proto")
+PROTO_FILES = ("kv.proto", "auth.proto", "lease.proto", "rpc.proto", "v3lock.proto", "v3election.proto")
 SERVICE_FILES = ("rpc.proto", "v3lock.proto", "v3election.proto")
 
 _MODULES = tuple(Path(name).stem + "_pb2" for name in PROTO_FILES)

@@ -101,13 +101,29 @@ def _framed(msgs: list[bytes]) -> list[bytes]:
     return out
 
 
+def user_message(u: User) -> auth_pb2.User:
+    """A user as etcd stores it (authpb.User: also the value of etcd's authUsers bucket)."""
+    return auth_pb2.User(name=u.name.encode(), password=u.password, roles=list(u.roles),
+                         options=auth_pb2.UserAddOptions(no_password=u.no_password))
+
+
+def role_message(r: Role) -> auth_pb2.Role:
+    """A role as etcd stores it (authpb.Role: also the value of etcd's authRoles bucket)."""
+    perms = [auth_pb2.Permission(permType=p.kind, key=p.key, range_end=p.range_end) for p in r.perms]
+    return auth_pb2.Role(name=r.name.encode(), keyPermission=perms)
+
+
+def user_from_message(u: auth_pb2.User) -> User:
+    return User(u.name.decode(), u.password, u.options.no_password, tuple(u.roles))
+
+
+def role_from_message(r: auth_pb2.Role) -> Role:
+    return Role(r.name.decode(), tuple(Permission(p.permType, p.key, p.range_end) for p in r.keyPermission))
+
+
 def encode_table(s: AuthState) -> bytes:
-    users = [auth_pb2.User(name=u.name.encode(), password=u.password, roles=list(u.roles),
-                           options=auth_pb2.UserAddOptions(no_password=u.no_password)).SerializeToString()
-             for u in s.users.values()]
-    roles = [auth_pb2.Role(name=r.name.encode(), keyPermission=[
-                 auth_pb2.Permission(permType=p.kind, key=p.key, range_end=p.range_end) for p in r.perms]
-             ).SerializeToString() for r in s.roles.values()]
+    users = [user_message(u).SerializeToString() for u in s.users.values()]
+    roles = [role_message(r).SerializeToString() for r in s.roles.values()]
     return b"".join([_TABLE_HEAD.pack(TABLE_FORMAT, s.enabled, s.revision, s.seq), *_framed(users), *_framed(roles)])
 
 
@@ -134,12 +150,11 @@ def decode_table(blob: bytes) -> AuthState:
     users, pos = _unframe(blob, _TABLE_HEAD.size)
     roles, pos = _unframe(blob, pos)
     for raw in users:
-        u = auth_pb2.User.FromString(raw)
-        s.users[u.name.decode()] = User(u.name.decode(), u.password, u.options.no_password, tuple(u.roles))
+        u = user_from_message(auth_pb2.User.FromString(raw))
+        s.users[u.name] = u
     for raw in roles:
-        r = auth_pb2.Role.FromString(raw)
-        perms = tuple(Permission(p.permType, p.key, p.range_end) for p in r.keyPermission)
-        s.roles[r.name.decode()] = Role(r.name.decode(), perms)
+        r = role_from_message(auth_pb2.Role.FromString(raw))
+        s.roles[r.name] = r
     return s
 
 

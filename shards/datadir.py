@@ -6,7 +6,8 @@
     <state-dir>/LOCK                 flock()ed too: a second server must not wipe the first's RocksDB
       shards/<name>/journal/*.wal    the shard's journal segments
       shards/<name>/checkpoint-*.ckpt
-      tmp/                           scratch (snapshots being streamed); emptied at every start
+      tmp/                           scratch, emptied at every start (snapshots are streamed without
+                                     it now; the former format was written here first)
 """
 from __future__ import annotations
 

@@ -55,6 +55,10 @@ class DataDirError(RuntimeError):
     """A data directory this version cannot serve (incompatible or changed layout)."""
 
 
+class SnapshotError(ValueError):
+    """A snapshot file that cannot be restored (not an etcd snapshot, truncated, damaged)."""
+
+
 class AuthError(StoreError):
     """Base class of the auth store's named outcomes (etcd's ``auth.Err*``)."""
 

@@ -42,6 +42,11 @@ class Lease:
         return self.expiry - now
 
 
+def encode_lease_table(leases) -> bytes:
+    """A checkpoint's lease table: 16 bytes per lease, its id and TTL (i64 LE each)."""
+    return b"".join(_ENTRY.pack(lease_id, ttl) for lease_id, ttl in leases)
+
+
 def encode_lease_record(op: int, lease_id: int, ttl: int = 0) -> bytes:
     return _RECORD.pack(op, lease_id, ttl)
 
@@ -189,11 +194,11 @@ class LeaseTable:
 
     # -- checkpoints ------------------------------------------------------
 
-    def encode_table(self, at_rev: int) -> bytes:
-        """The table as of revision ``at_rev``: grants and revokes tagged above
-        it are undone, newest first.  A checkpoint at R written while a revoke
-        tagged R+1 is still on its way must keep the lease: if a crash cuts
-        R+1, the keys it deleted come back, and so must their lease."""
+    def table_at(self, at_rev: int) -> dict[int, int]:
+        """{lease id: TTL} as of revision ``at_rev``: grants and revokes tagged
+        above it are undone, newest first.  A checkpoint at R written while a
+        revoke tagged R+1 is still on its way must keep the lease: if a crash
+        cuts R+1, the keys it deleted come back, and so must their lease."""
         table = {l.id: l.ttl for l in self.leases.values()}
         for tag, op, lease_id, ttl in reversed(self._recent):
             if tag <= at_rev:
@@ -202,7 +207,11 @@ class LeaseTable:
                 table.pop(lease_id, None)
             else:
                 table[lease_id] = ttl
-        return b"".join(_ENTRY.pack(lease_id, ttl) for lease_id, ttl in table.items())
+        return table
+
+    def encode_table(self, at_rev: int) -> bytes:
+        """The table as of revision ``at_rev`` (``table_at``), for a checkpoint."""
+        return encode_lease_table(self.table_at(at_rev).items())
 
     def load_table(self, blob: bytes) -> None:
         for lease_id, ttl in _ENTRY.iter_unpack(blob):

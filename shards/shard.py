@@ -33,6 +33,12 @@ _CKPT_META = struct.Struct("<QqI")  # committed rev, compact rev, shard id
 YIELD_EVERY = 8192
 
 
+def checkpoint_meta(rev: int, compact_rev: int, sid: int, extra_meta: bytes = b"") -> bytes:
+    """A shard checkpoint's meta: its revision, the compacted revision, the shard's
+    id, then what the store keeps beside it (``record.encode_extra_meta``)."""
+    return _CKPT_META.pack(rev, compact_rev, sid) + extra_meta
+
+
 @dataclass(slots=True)
 class Recovered:
     """What a shard found on disk, before the store decides what to keep:
@@ -151,7 +157,7 @@ class Shard:
 
     def checkpoint_source(self, committed: int, compact_rev: int, extra_meta: bytes = b""):
         """(meta, rows) of a checkpoint at ``committed``, frozen now; rows may be read in a thread."""
-        return _CKPT_META.pack(committed, compact_rev, self.sid) + extra_meta, self.state.snapshot_rows(committed)
+        return checkpoint_meta(committed, compact_rev, self.sid, extra_meta), self.state.snapshot_rows(committed)
 
     def start_checkpoint(self, committed: int, compact_rev: int, extra_meta: bytes = b"") -> None:
         """Snapshot rows <= committed now; write and fsync them in a thread."""

@@ -1,126 +1,187 @@
-"""Snapshots: the whole store at one committed revision, as one file.
+"""Snapshots in etcd's format: the whole store at one committed revision.
 
-A snapshot is a tar archive followed by the SHA-256 of the archive (32
-bytes), like etcd's (a 512-byte-aligned body + its SHA-256, which
-``etcdctl snapshot save`` checks)::
+``Maintenance.Snapshot`` streams the store as etcd 3.5's bbolt database
+(``etcd_snapshot.py`` has the buckets, ``bbolt.py`` the pages) followed by
+the SHA-256 of the database, as etcd does: ``etcdctl snapshot save`` keeps
+it, ``etcdutl snapshot status`` reads it, ``etcdutl snapshot restore`` makes
+an etcd data dir of it.
 
-    meta.json                             format, revision, compact revision, layout
-    shards/<name>/checkpoint-<rev>.ckpt   each shard's checkpoint at that revision
+The stream is written straight from the shards' RocksDB snapshots, taken in
+one step of the event loop: a first pass over the rows learns how they fall
+into pages (which fixes the meta pages and the size), a second pass sends
+them.  Nothing is copied to disk, and memory stays bounded whatever the
+store's size: one open page per level of each bucket's tree and one chunk
+being sent (1 MiB).  The RocksDB snapshots keep that revision's rows until
+the stream ends, however slowly the client reads.
 
-The checkpoint files are the journal's own CRC-framed checkpoints, so a
-snapshot checks itself; restoring one lays them into a new data dir, whose
-server recovers from them exactly as from its own checkpoints.
+``restore_snapshot`` makes a shardetcd data dir of any etcd snapshot (etcd
+3.4–3.6, what ``etcdctl snapshot save`` wrote, or a copy of
+``member/snap/db``): it reads and checks all of it first (hash, pages,
+every row and table), writes nothing before that, routes each key's rows to
+its shard by the layout, and writes each shard one checkpoint at the
+snapshot's revision (the default shard's carries the leases and the auth
+state).  Revisions are kept exactly.
 """
 from __future__ import annotations
 
 import hashlib
-import json
+import heapq
+import mmap
 import os
-import shutil
-import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from journal import failpoints, load_latest_checkpoint, write_checkpoint
+from journal import failpoints, write_checkpoint
 from journal.fsutil import fsync_dir
 
+from .auth import encode_table as encode_auth_table
+from .bbolt import PAGE_SIZE, BoltError, BoltPlan, BoltReader, plan_file, write_file
 from .datadir import DataDir
-from .errors import DataDirError
-from .layout import Layout
+from .errors import DataDirError, SnapshotError
+from .etcd_snapshot import HASH_BYTES, Content, Imported, buckets, import_db
+from .layout import Layout, Router
+from .lease import encode_lease_table
+from .record import encode_extra_meta
+from .shard import checkpoint_meta
+from .state import checkpoint_row
 
 if TYPE_CHECKING:
     from .store import Store
 
-SNAPSHOT_FORMAT = 1
+__all__ = ["SnapshotError", "SnapshotStream", "freeze", "restore_snapshot"]
 
 
-class SnapshotError(ValueError):
-    """A snapshot file that cannot be restored."""
+# -- save ----------------------------------------------------------------------
+
+def freeze(store: Store) -> Content:
+    """The store at its committed revision, taken in one step of the event loop."""
+    rev = store.committed
+    shard_rows = [shard.state.row_snapshot(rev) for shard in store.shards]
+
+    def rows() -> Iterator[tuple[bytes, bytes]]:
+        # a revision's rows may sit on several shards; row keys are unique across them
+        return heapq.merge(*(r() for r in shard_rows), key=lambda row: row[0])
+
+    return Content(revision=rev, compact_rev=store.compact_rev, finished_compact_rev=store.compacted_through,
+                   term=store.term, leases=sorted(store.leases.table_at(rev).items()),
+                   auth=store.auth.state, rows=rows)
 
 
-def freeze(store: Store):
-    """Everything a snapshot needs, taken in one step of the event loop."""
-    rev, compact = store.committed, store.compact_rev
-    sources = []
-    for shard in store.shards:
-        sources.append((shard.name, *shard.checkpoint_source(rev, compact, store.checkpoint_extra(shard, rev))))
-    meta = {"format": SNAPSHOT_FORMAT, "revision": rev, "compact_revision": compact,
-            "layout": store.config.layout.fingerprint(), "shards": store.config.layout.names}
-    return meta, sources
+class SnapshotStream:
+    """The bytes of an etcd snapshot of ``content``; both methods block (run them in a thread)."""
+
+    def __init__(self, content: Content, page_size: int = PAGE_SIZE) -> None:
+        self.content = content
+        self.page_size = page_size
+        self._plan: BoltPlan | None = None
+
+    def measure(self) -> int:
+        """First pass: the snapshot's size in bytes, hash included."""
+        self._plan = plan_file(buckets(self.content), self.page_size, txid=self.content.revision)
+        return self._plan.size + HASH_BYTES
+
+    def chunks(self, chunk_bytes: int) -> Iterator[bytes]:
+        """Second pass: the database in chunks of about ``chunk_bytes``, then its SHA-256."""
+        if self._plan is None:
+            self.measure()
+        digest = hashlib.sha256()
+        pending: list[bytes] = []
+        size = 0
+        for page in write_file(self._plan):
+            pending.append(page)
+            size += len(page)
+            if size >= chunk_bytes:
+                chunk = b"".join(pending)
+                digest.update(chunk)
+                yield chunk
+                pending, size = [], 0
+        if pending:
+            chunk = b"".join(pending)
+            digest.update(chunk)
+            yield chunk
+        yield digest.digest()
 
 
-def write_snapshot(meta: dict, sources, out: Path) -> Path:
-    """Write the frozen store into the tar file ``out`` (blocking; run in a thread)."""
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        root = Path(tmp)
-        (root / "meta.json").write_text(json.dumps(meta))
-        for name, ckpt_meta, rows in sources:
-            write_checkpoint(root / "shards" / name, meta["revision"], ckpt_meta, rows)
-        with tarfile.open(out, "w") as tar:
-            tar.add(root / "meta.json", arcname="meta.json")
-            tar.add(root / "shards", arcname="shards")
-    with open(out, "r+b") as f:
-        digest = _sha256(f)
-        f.seek(0, 2)
-        f.write(digest)
-    return out
-
-
-def _sha256(f, end: int | None = None) -> bytes:
-    h = hashlib.sha256()
-    f.seek(0)
-    left = end
-    while chunk := f.read(1 << 20 if left is None else min(1 << 20, left)):
-        h.update(chunk)
-        if left is not None:
-            left -= len(chunk)
-    return h.digest()
-
-
-def _verify(snapshot: Path) -> None:
-    try:
-        size = snapshot.stat().st_size
-        with open(snapshot, "rb") as f:
-            ok = size % 512 == 32 and _sha256(f, size - 32) == (f.seek(size - 32), f.read(32))[1]
-    except OSError as exc:
-        raise SnapshotError(f"{snapshot}: {exc.strerror}") from None
-    if not ok:
-        raise SnapshotError(f"{snapshot} is not a shardetcd snapshot (its SHA-256 trailer does not match)")
-
+# -- restore -------------------------------------------------------------------
 
 def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout) -> dict:
-    """Lay ``snapshot`` into a new ``data_dir``; return the snapshot's meta.
+    """Make a new shardetcd ``data_dir`` of an etcd snapshot; returns what it held.
 
-    The data dir is built beside its final place, fsynced, and renamed into
-    place only when complete, so a restore killed part-way leaves no data dir
-    a server would start on.  Its meta.json records the restored revision
-    (``floor_revision``): a server refuses the dir if any shard lacks a
-    checkpoint at or above it."""
+    Everything is read and checked before anything is written.  The data dir
+    is built beside its final place, fsynced, and renamed into place only when
+    complete, so a restore killed part-way leaves no data dir a server would
+    start on.  Its meta.json records the restored revision (``floor_revision``):
+    a server refuses the dir if any shard lacks a checkpoint at or above it."""
     data_dir = data_dir.absolute()
     if data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
         raise DataDirError(f"data dir {data_dir} is not empty: restore needs a new one")
-    _verify(snapshot)
+    view, hashed = _mapped(snapshot)
     try:
-        tar = tarfile.open(snapshot, "r")
-    except (OSError, tarfile.TarError) as exc:
-        raise SnapshotError(f"{snapshot} is not a shardetcd snapshot: {exc}") from None
+        imported = import_db(BoltReader(view), Router(layout))
+    except (BoltError, SnapshotError) as exc:
+        raise SnapshotError(f"{snapshot}: {exc}") from None
+    _build(imported, data_dir, layout)
+    return {"revision": imported.revision, "compact_revision": imported.compact_rev,
+            "keys": imported.keys_live, "rows": len(imported.route), "leases": len(imported.leases),
+            "users": len(imported.auth.users), "roles": len(imported.auth.roles), "hashed": hashed}
+
+
+def _mapped(snapshot: Path) -> tuple[memoryview, bool]:
+    """The database part of ``snapshot``, memory-mapped, and whether a SHA-256
+    followed it (checked here); SnapshotError for a file that is neither an
+    etcd snapshot nor a bbolt database.  The mapping goes away with the last
+    view of it (readers hold slices, so it is not closed explicitly)."""
+    try:
+        with open(snapshot, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise SnapshotError(f"{snapshot} is empty, not an etcd snapshot")
+            view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    except OSError as exc:
+        raise SnapshotError(f"{snapshot}: {exc.strerror}") from None
+    hashed = _check_frame(snapshot, view, size)
+    return (view[: size - HASH_BYTES] if hashed else view), hashed
+
+
+def _check_frame(snapshot: Path, view: memoryview, size: int) -> bool:
+    """Whether the file is a database + SHA-256 (checked) or a bare database."""
+    if size > 262 and bytes(view[257:262]) == b"ustar":
+        raise SnapshotError(f"{snapshot} is a snapshot in shardetcd's former format (a tar of checkpoints); "
+                            "this shardetcd restores etcd snapshots only")
+    hashed = size % 512 == HASH_BYTES
+    db = view[: size - HASH_BYTES] if hashed else view
+    try:
+        page_size = BoltReader(db).meta.page_size  # not a bbolt file, or cut inside its pages
+    except BoltError as exc:
+        raise SnapshotError(f"{snapshot} is not an etcd snapshot: {exc}") from None
+    if hashed:
+        if hashlib.sha256(db).digest() != bytes(view[size - HASH_BYTES :]):
+            raise SnapshotError(f"{snapshot}: the SHA-256 at its end does not match its content: "
+                                "the file is damaged or was cut short")
+    elif size % page_size:
+        raise SnapshotError(f"{snapshot} was cut short or is damaged: {size} bytes are neither whole pages "
+                            f"of {page_size} bytes (a copy of member/snap/db) nor whole pages followed by "
+                            "a SHA-256 (etcdctl snapshot save)")
+    return hashed
+
+
+def _build(imported: Imported, data_dir: Path, layout: Layout) -> None:
+    """Write the data dir beside ``data_dir``, then rename it into place."""
+    rev, compact = imported.revision, imported.compact_rev
+    tables = encode_extra_meta(encode_lease_table(imported.leases), encode_auth_table(imported.auth))
+    default = len(layout.shards) - 1  # the lease and auth tables live in the default shard's checkpoints
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tar, tempfile.TemporaryDirectory() as tmp, \
-            tempfile.TemporaryDirectory(dir=data_dir.parent, prefix=f".{data_dir.name}.restoring-") as building:
-        tar.extractall(tmp, filter="data")
-        meta = _check_meta(Path(tmp), layout, snapshot)
+    with tempfile.TemporaryDirectory(dir=data_dir.parent, prefix=f".{data_dir.name}.restoring-") as building:
         new = Path(building) / "data"
         datadir = DataDir.open(new, layout)  # meta.json with fresh ids
-        datadir.meta["floor_revision"] = meta["revision"]
+        datadir.meta["floor_revision"] = rev
         datadir.save_meta()
-        for name in meta["shards"]:
-            src = Path(tmp) / "shards" / name
-            ckpt = load_latest_checkpoint(src)
-            if ckpt is None or ckpt.rev != meta["revision"]:
-                raise SnapshotError(f"{snapshot}: checkpoint of shard {name!r} is missing or damaged")
-            sum(1 for _ in ckpt.rows())  # verify every frame before using it
-            shutil.copytree(src, new / "shards" / name)
+        for sid, spec in enumerate(layout.shards):
+            meta = checkpoint_meta(rev, compact, sid, tables if sid == default else b"")
+            rows = (checkpoint_row(rk, v) for rk, v in imported.rows(sid))
+            write_checkpoint(new / "shards" / spec.name, rev, meta, rows)
             failpoints.hit("snapshot.restore_between_shards")
         datadir.close()
         _fsync_tree(new)
@@ -128,7 +189,6 @@ def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout) -> dict:
             data_dir.rmdir()  # empty, checked above
         os.rename(new, data_dir)
         fsync_dir(data_dir.parent)
-    return meta
 
 
 def _fsync_tree(root: Path) -> None:
@@ -141,15 +201,3 @@ def _fsync_tree(root: Path) -> None:
             finally:
                 os.close(fd)
         fsync_dir(Path(dirpath))
-
-
-def _check_meta(root: Path, layout: Layout, snapshot: Path) -> dict:
-    try:
-        meta = json.loads((root / "meta.json").read_text())
-    except (OSError, ValueError):
-        raise SnapshotError(f"{snapshot} has no readable meta.json") from None
-    if meta.get("format") != SNAPSHOT_FORMAT:
-        raise SnapshotError(f"{snapshot} has snapshot format {meta.get('format')!r}; this shardetcd reads {SNAPSHOT_FORMAT}")
-    if meta.get("layout") != layout.fingerprint():
-        raise SnapshotError(f"{snapshot} was taken with shard layout {meta.get('shards')}, not {layout.names}")
-    return meta

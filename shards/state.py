@@ -66,6 +66,11 @@ def open_rocks(path: Path) -> Rdict:
     return db
 
 
+def checkpoint_row(row_key: bytes, value: bytes) -> bytes:
+    """One row of a shard checkpoint: row key length (1 byte), row key, serialized KeyValue."""
+    return len(row_key).to_bytes(1, "big") + row_key + value
+
+
 def _ignore_failure(exc: BaseException) -> None:
     pass
 
@@ -370,19 +375,26 @@ class ShardState:
         """Rows (row key + value, length-prefixed) with main <= upto, from a
         RocksDB snapshot taken now.  Safe to consume in another thread; a
         RocksDB error is raised as StateStoreError (the consumer reports it)."""
+        pairs = self.row_snapshot(upto)
+        return (checkpoint_row(k, v) for k, v in pairs())
+
+    def row_snapshot(self, upto: int) -> Callable[[], Iterator[tuple[bytes, bytes]]]:
+        """A RocksDB snapshot taken now, as a function that yields its rows with
+        main <= upto, (row key, value) in revision order, each time it is called
+        (the snapshot lives as long as the function).  Callable from another
+        thread; a RocksDB error is raised as StateStoreError."""
         snap = self.db.snapshot()
         limit = row_key(entry(upto + 1, 0, False))
         path = self.path
 
-        def rows() -> Iterator[bytes]:
+        def rows() -> Iterator[tuple[bytes, bytes]]:
             it = snap.iter()
             it.seek_to_first()
             while it.valid():
                 k = it.key()
                 if k >= limit:
                     break
-                v = it.value()
-                yield len(k).to_bytes(1, "big") + k + v
+                yield k, it.value()
                 it.next()
             try:
                 it.status()
@@ -390,7 +402,7 @@ class ShardState:
                 raise StateStoreError(f"state store {path}: {exc}") from exc
             del it
 
-        return rows()
+        return rows
 
     def load_rows(self, blobs, on_row: Callable[[bytes, int], None], progress) -> None:
         """Load a checkpoint's rows (``snapshot_rows`` blobs, in revision order)

@@ -235,6 +235,12 @@ class Store:
             return b""
         return encode_extra_meta(self.leases.encode_table(rev), self.auth.encode_table())
 
+    @property
+    def compacted_through(self) -> int:
+        """The highest compaction whose rows are all gone (-1: none yet); below
+        ``compact_rev`` while a compaction is under way."""
+        return self._compacted_through
+
     def lease_exists(self, lease_id: int) -> bool:
         return lease_id in self.leases
 

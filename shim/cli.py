@@ -196,23 +196,30 @@ def setup_logging(level: str) -> None:
 
 def snapshot_main(argv: list[str]) -> int:
     """shardetcd snapshot restore FILE --data-dir DIR [--shard-layout FILE]"""
-    p = argparse.ArgumentParser(prog="shardetcd snapshot", description="Restore a snapshot taken with etcdctl snapshot save.")
+    p = argparse.ArgumentParser(prog="shardetcd snapshot", description="Restore an etcd snapshot into a new data dir.")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("restore", help="lay a snapshot into a new data dir")
+    r = sub.add_parser("restore", help="make a new data dir of an etcd snapshot",
+                       description="Make a new shardetcd data dir of an etcd snapshot: what `etcdctl snapshot save` "
+                                   "wrote (from etcd 3.4, 3.5, 3.6 or shardetcd; its SHA-256 is checked) or a copy of "
+                                   "an etcd member's member/snap/db.  Keys, revisions, the compacted revision, leases "
+                                   "and auth are kept; keys go to shards by the layout.")
     r.add_argument("file", type=Path)
     r.add_argument("--data-dir", type=Path, required=True, help="the new data dir (must not exist or be empty)")
-    r.add_argument("--shard-layout", type=Path, default=None, help="the layout the snapshot was taken with (default: built-in)")
+    r.add_argument("--shard-layout", type=Path, default=None, help="the layout the server will run with (default: built-in)")
     args = p.parse_args(argv)
     setup_logging("warn")
     try:
-        meta = restore_snapshot(args.file, args.data_dir, load_layout(args.shard_layout))
+        got = restore_snapshot(args.file, args.data_dir, load_layout(args.shard_layout))
     except (SnapshotError, DataDirError, LayoutError) as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"shardetcd: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    print(f"restored {args.file} at revision {meta['revision']} into {args.data_dir.absolute()}")
+    compacted = f"compacted at {got['compact_revision']}" if got["compact_revision"] >= 0 else "never compacted"
+    print(f"restored {args.file} at revision {got['revision']} into {args.data_dir.absolute()}: "
+          f"{got['keys']} keys ({got['rows']} revisions of them), {compacted}, "
+          f"{got['leases']} leases, {got['users']} users, {got['roles']} roles")
     return 0
 
 

@@ -143,6 +143,9 @@ def start_etcd(
     extra_client_urls: tuple[str, ...] = (),
     timeout: float = 30.0,
     attempts: int = 3,
+    binary: str | None = None,
+    data_dir: Path | None = None,
+    ports: tuple[int, int] | None = None,
 ) -> EtcdProcess:
     """Start a one-member etcd cluster under `tmp_path` and wait until it is
     healthy (has a leader and serves clients).
@@ -150,9 +153,13 @@ def start_etcd(
     A start that fails, e.g. because a picked port was taken in the meantime,
     is retried on new ports up to `attempts` times. `extra_client_urls` are
     served beside the plain one (e.g. an https URL with --cert-file/--key-file);
-    health is checked on the plain one.
+    health is checked on the plain one. `binary` picks another etcd; `data_dir`
+    and `ports` (client, peer) start one on a data dir made beforehand (e.g. by
+    `etcdutl snapshot restore`, whose peer URL is fixed): no retries then.
     """
-    binary = etcd_binary()
+    binary = binary or etcd_binary()
+    if ports is not None:
+        attempts = 1
     if binary is None:
         raise FileNotFoundError(f"no etcd binary (set ${ETCD_BIN_ENV})")
     # ETCD_* variables would be read as flags by etcd; keep them out.
@@ -161,17 +168,17 @@ def start_etcd(
 
     last_error = ""
     for attempt in range(attempts):
-        client_port, peer_port = free_ports(2)
+        client_port, peer_port = ports or free_ports(2)
         run_dir = base / f"{name}-{attempt}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        data_dir = run_dir / "data"
+        data = data_dir or run_dir / "data"
         log_path = run_dir / "etcd.log"
         client_url = f"http://127.0.0.1:{client_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         args = [
             binary,
             f"--name={name}",
-            f"--data-dir={data_dir}",
+            f"--data-dir={data}",
             f"--listen-client-urls={','.join((client_url, *extra_client_urls))}",
             f"--advertise-client-urls={client_url}",
             f"--listen-peer-urls={peer_url}",
@@ -192,7 +199,7 @@ def start_etcd(
             name=name,
             client_port=client_port,
             peer_port=peer_port,
-            data_dir=data_dir,
+            data_dir=data,
             log_path=log_path,
         )
         deadline = time.monotonic() + timeout
