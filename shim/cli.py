@@ -21,7 +21,13 @@ from .server import StartupError, StoreStopped, serve
 DESCRIPTION = """\
 Serve the etcd v3 gRPC API from journaled, resource-sharded MVCC state.
 With no arguments: listen on http://127.0.0.1:2379, data in ./default.shardetcd.
-Flags follow etcd's names where etcd has the same knob."""
+Flags follow etcd's names where etcd has the same knob.
+
+Other commands (each has --help):
+  shardetcd cluster ...            one process per partition of a cluster layout, supervised
+  shardetcd migrate --from URL ... a live etcd's data into a new data dir, revisions kept
+  shardetcd snapshot restore ...   an etcd snapshot into a new data dir
+  shardetcd journal verify ...     check journals and checkpoints (local or JetStream)"""
 
 
 def _urls(text: str) -> tuple[str, ...]:
@@ -329,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         return snapshot_main(argv[1:])
     if argv[:1] == ["journal"]:
         return journal_main(argv[1:])
+    if argv[:1] == ["migrate"]:
+        from .migrate import migrate_main
+
+        return migrate_main(argv[1:])
     if argv[:1] == ["cluster"]:
         from .cluster import cluster_main
 
