@@ -135,18 +135,23 @@ class JetStreamLog:
         self.js = self.nc.jetstream(timeout=self.config.publish_timeout_s)
         return self
 
+    async def _meta(self):
+        from nats.js.api import KeyValueConfig
+        from nats.js.errors import BucketNotFoundError
+
+        name = f"{self.config.prefix}-meta"
+        return await open_or_create(f"meta bucket {name}", lambda: self.js.key_value(name),
+                                    lambda: self.js.create_key_value(KeyValueConfig(
+                                        bucket=name, history=1, replicas=self.config.replicas)),
+                                    BucketNotFoundError)
+
     async def agree(self, key: str, proposal: str) -> str:
         """The value of ``key`` in the bucket ``<prefix>-meta``: ``proposal`` if
         this process is the first to set it, else what the first one set (kept
         forever, for every process on any machine that uses these journals)."""
-        from nats.js.api import KeyValueConfig
-        from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-        name = f"{self.config.prefix}-meta"
-        kv = await open_or_create(f"meta bucket {name}", lambda: self.js.key_value(name),
-                                  lambda: self.js.create_key_value(KeyValueConfig(
-                                      bucket=name, history=1, replicas=self.config.replicas)),
-                                  BucketNotFoundError)
+        kv = await self._meta()
         try:
             await retrying(f"create {key}", lambda: kv.create(key, proposal.encode()))
             return proposal
@@ -156,6 +161,20 @@ class JetStreamLog:
             return (await retrying(f"get {key}", lambda: kv.get(key))).value.decode()
         except KeyNotFoundError:  # deleted by hand meanwhile: ask again
             return await self.agree(key, proposal)
+
+    async def put_meta(self, key: str, value: str) -> None:
+        """Set ``key`` in ``<prefix>-meta`` (e.g. where the writer serves clients)."""
+        kv = await self._meta()
+        await retrying(f"put {key}", lambda: kv.put(key, value.encode()))
+
+    async def get_meta(self, key: str) -> str | None:
+        from nats.js.errors import KeyNotFoundError
+
+        kv = await self._meta()
+        try:
+            return (await retrying(f"get {key}", lambda: kv.get(key))).value.decode()
+        except KeyNotFoundError:
+            return None
 
     def stream_name(self, name: str) -> str:
         return f"{self.config.prefix}_{name}".replace(".", "_")

@@ -122,6 +122,7 @@ class Follower:
             store.rev = store.committed = self.applied
             if store.hub.active:
                 store.hub.notify(store._committed_changes(first, self.applied), self.applied)
+            store._release_waiters(self.applied)  # reads waiting for a revision to be applied
         return self.applied
 
     def _whole(self, rev: int, parts: dict) -> bool:

@@ -251,15 +251,18 @@ class Store:
             raise StoreFailedError(str(self.failure))  # the index may no longer match the rows
         return range_at(self, req, self.committed)
 
-    async def range_async(self, req: RangeReq) -> RangeResult:
-        """``range``, yielding to the event loop between slices of a large read.
+    async def range_async(self, req: RangeReq, current: int | None = None) -> RangeResult:
+        """``range``, yielding to the event loop between slices of a large read;
+        ``current``: the revision to read as the latest (a follower's read index),
+        at most the committed revision.
 
         While a read that yielded is in flight, compaction does not go past its
         revision (the rows it is about to fetch stay)."""
         if self.failure is not None and isinstance(self.failure, StateStoreError):
             raise StoreFailedError(str(self.failure))
-        steps = range_steps(self, req, self.committed)
-        rev = req.revision if req.revision > 0 else self.committed
+        current = self.committed if current is None else min(current, self.committed)
+        steps = range_steps(self, req, current)
+        rev = req.revision if req.revision > 0 else current
         slice_s = self.config.slice_ms / 1000
         deadline = time.perf_counter() + slice_s
         held = False
@@ -437,13 +440,16 @@ class Store:
         else:
             for rev in range(first, c + 1):
                 del self._changes[rev]
+        self._release_waiters(c)
+        if shard.wants_checkpoint(self.config.checkpoint_journal_bytes):
+            shard.start_checkpoint(c, self.compact_rev, self.checkpoint_extra(shard, c))
+
+    def _release_waiters(self, committed: int) -> None:
         waiters = self._waiters
-        while waiters and waiters[0][0] <= c:
+        while waiters and waiters[0][0] <= committed:
             fut = heapq.heappop(waiters)[2]
             if not fut.done():
                 fut.set_result(None)
-        if shard.wants_checkpoint(self.config.checkpoint_journal_bytes):
-            shard.start_checkpoint(c, self.compact_rev, self.checkpoint_extra(shard, c))
 
     def _committed_changes(self, first: int, last: int) -> list[tuple[int, int, Change]]:
         """(rev, shard id, change) of revisions first..last in (rev, sub) order; forgets them."""

@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --journal-url: do not serve clients; keep a state that follows the writer's journals, "
                         "and when the writer's lease lapses (it stopped or died) take the journals over and serve "
                         "the same revision sequence (/health on --listen-metrics-urls says standby meanwhile)")
+    p.add_argument("--follow", action="store_true",
+                   help="with --journal-url: a follower: serve reads and watches from a state that follows the "
+                        "writer's journals (linearizable reads ask the writer's committed revision first), and "
+                        "hand writes, leases and auth calls to the writer")
     p.add_argument("--journal-lease-ttl", type=float, default=d.journal_lease_ttl_s, dest="journal_lease_ttl",
                    help="with --journal-url: seconds the writer lease lasts without renewal, so how soon a standby "
                         "takes over (default: %(default)s)")
@@ -173,6 +177,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         journal_prefix=args.journal_prefix,
         journal_lease_ttl_s=args.journal_lease_ttl,
         standby=args.standby,
+        follow=args.follow,
         watch_progress_notify_interval_s=args.experimental_watch_progress_notify_interval,
         cert_file=args.cert_file,
         key_file=args.key_file,

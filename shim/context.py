@@ -35,6 +35,11 @@ class Member:
         self.auth = self.store.auth  # auth.enabled is the one thing a request checks while auth is off
         self.access = Access(self.store.auth, self.store.leases, cert_users=self.config.client_cert_auth)
 
+    def leader_id(self) -> int:
+        """etcd's leader: this member, or the writer a follower hands writes to."""
+        link = getattr(self, "link", None)
+        return link.member_id if link is not None and link.member_id else self.member_id
+
     def header(self, revision: int | None = None) -> pb.ResponseHeader:
         return pb.ResponseHeader(
             cluster_id=self.cluster_id,

@@ -17,11 +17,16 @@ class KVService:
         self.access = member.access
 
     async def Range(self, request: pb.RangeRequest, context: grpc.aio.ServicerContext) -> bytes:
+        return await self.range_at(request, context)
+
+    async def range_at(self, request: pb.RangeRequest, context: grpc.aio.ServicerContext,
+                       current: int | None = None) -> bytes:
+        """Range, reading ``current`` as the latest revision (None: the committed one)."""
         try:
             validate.check_range(request)
             if self.auth.enabled:
                 self.access.range(self.access.caller(context), request)
-            r = await self.store.range_async(convert.range_req(request))
+            r = await self.store.range_async(convert.range_req(request), current)
         except Exception as exc:
             await abort_with(context, exc)
         return wire.range_response(self.m.headers.framed(r.revision), r.kvs, r.more, r.count)

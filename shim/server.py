@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from journal import JournalConfig
-from journal.errors import JournalUnreachable
+from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import JetStreamConfig, JetStreamLog
 from journal.leadership import WriterLease
 from shards.errors import StateStoreError
@@ -34,6 +34,7 @@ from .http import HttpEndpoint, start_http
 from .kv import KVService
 from .lease_auth import CheckedLeaseService
 from .maintenance import ClusterService, MaintenanceService
+from .follower import WriterLink, follower_kv, forwarding_handlers, writer_key, writer_record
 from .metrics import Metrics, StandbyMetrics
 from .watch import WatchService
 
@@ -58,6 +59,8 @@ class Running:
     autocompact: asyncio.Task | None = None
     http: list = field(default_factory=list)
     lease: WriterLease | None = None
+    link: WriterLink | None = None  # a follower's way to the writer
+    following: asyncio.Task | None = None
 
 
 def parse_listen_url(url: str) -> tuple[str, bool]:
@@ -133,6 +136,34 @@ def jetstream_config(config: ServerConfig) -> JetStreamConfig | None:
     if not config.journal_urls:
         return None
     return JetStreamConfig(urls=config.journal_urls, prefix=config.journal_prefix, replicas=config.journal_replicas)
+
+
+async def start_following(config: ServerConfig) -> tuple[Store, WriterLink, asyncio.Task]:
+    """--follow: a state that follows the writer's journals (a follower that falls
+    behind the journal's checkpoints, or finds its state diverged, stops with exit
+    1: started again, it loads the newest checkpoint)."""
+    js = jetstream_config(config)
+    if js is None or config.standby:
+        raise StartupError("--follow needs --journal-url and no --standby (a follower reads a replicated journal)")
+    try:
+        log = await JetStreamLog(js).connect()
+    except JournalUnreachable as exc:
+        raise StartupError(str(exc)) from exc
+    try:
+        store = await open_store(config, log, follow=True)
+    except BaseException:
+        await log.close()
+        raise
+    link = WriterLink(log, config.partition or "writer", store)
+    following = asyncio.ensure_future(store.follow_journals())
+
+    def stopped(task: asyncio.Task) -> None:
+        if not task.cancelled():
+            store._fail(task.exception() or JournalFailed("stopped following the journals"))
+
+    following.add_done_callback(stopped)
+    logger.warning("following the writer's journals rev=%d", store.committed)
+    return store, link, following
 
 
 async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
@@ -248,15 +279,20 @@ class StandbyStatus(HttpEndpoint):
 async def start(config: ServerConfig) -> Running:
     addresses = [parse_listen_url(u) for u in config.listen_client_urls]
     guard = partition_guard(config)
-    lease = await take_writer_lease(config)
-    try:
-        if config.standby:
-            store = await stand_by(config, lease)
-        else:
-            store = await open_store(config, lease.log if lease else None)
-    except BaseException:
-        await release_writer_lease(lease)
-        raise
+    link = following = None
+    if config.follow:
+        lease = None
+        store, link, following = await start_following(config)
+    else:
+        lease = await take_writer_lease(config)
+        try:
+            if config.standby:
+                store = await stand_by(config, lease)
+            else:
+                store = await open_store(config, lease.log if lease else None)
+        except BaseException:
+            await release_writer_lease(lease)
+            raise
     failed = asyncio.Event()
     store.on_failure = lambda exc: failed.set()
     if lease is not None:
@@ -266,9 +302,12 @@ async def start(config: ServerConfig) -> Running:
             await release_writer_lease(lease)
             raise StartupError(f"{lease.lost} while recovering: another shardetcd writes these journals now")
     member = Member(store, config, guard)
+    member.link = link
     server = grpc.aio.server(options=grpc_options(config))
+    if link is not None:  # a follower: these go to the writer (registered first, so they win)
+        server.add_generic_rpc_handlers(forwarding_handlers(link))
     services = {
-        "KV": KVService(member),
+        "KV": follower_kv(member, link) if link is not None else KVService(member),
         "Watch": WatchService(member),
         "Lease": CheckedLeaseService(member),
         "Maintenance": MaintenanceService(member),
@@ -296,8 +335,11 @@ async def start(config: ServerConfig) -> Running:
         await release_writer_lease(lease)
         raise
     progress = asyncio.get_running_loop().create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
-    running = Running(server, store, ports, failed, progress, lease=lease)
-    running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
+    running = Running(server, store, ports, failed, progress, lease=lease, link=link, following=following)
+    if link is None:  # a follower's journals are written by the writer, compactions included
+        running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
+    if lease is not None:  # followers find the writer here, after a takeover too
+        await lease.log.put_meta(writer_key(lease.key), writer_record(config.client_urls, member.member_id, config.name))
 
     try:
         endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes))
@@ -323,8 +365,14 @@ async def stop(running: Running, grace_s: float = 1.0) -> None:
             task.cancel()
     running.store.hub.close()
     await running.server.stop(grace_s)
+    if running.following is not None:
+        running.following.cancel()
+        await asyncio.gather(running.following, return_exceptions=True)
     await running.store.close()
     await release_writer_lease(running.lease)
+    if running.link is not None:
+        await running.link.close()
+        await running.link.log.close()
 
 
 async def serve(config: ServerConfig, ready=None) -> int:

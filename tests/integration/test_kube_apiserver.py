@@ -63,26 +63,55 @@ class Backend:
         self.transcript.append(what)
 
 
-@pytest.fixture(scope="module", params=["shardetcd", "etcd"])
+@pytest.fixture(scope="module", params=["shardetcd", "etcd", "shardetcd-followers"])
 def backend(request, tmp_path_factory) -> Iterator[Backend]:
-    """One endpoint and one kube-apiserver on it for the whole module, per backend."""
+    """One kube-apiserver for the whole module, per backend: etcd 3.5.1, shardetcd
+    (local journal, default flags), and a shardetcd writer with two followers on a
+    JetStream journal, all three in kube-apiserver's --etcd-servers (its etcd
+    client spreads calls over them: reads and watches on followers, writes handed
+    on to the writer)."""
     require_kube_apiserver()
     tmp = tmp_path_factory.mktemp(request.param)
+    extra = ["--watch-cache-sizes=configmaps#0"]
     if request.param == "etcd":
         from tests.conftest import require_etcd_binary
 
         require_etcd_binary()
-        server = start_etcd(tmp / "etcd")
+        servers = [start_etcd(tmp / "etcd")]
+    elif request.param == "shardetcd":
+        servers = [start_shardetcd(tmp)]  # local journal, default flags
     else:
-        server = start_shardetcd(tmp)  # local journal, default flags
+        servers = list(writer_and_followers(tmp))
     try:
-        api = start_kube_apiserver(tmp, [server.client_url], extra_args=["--watch-cache-sizes=configmaps#0"])
+        api = start_kube_apiserver(tmp, [s.client_url for s in servers if hasattr(s, "client_url")], extra_args=extra)
         try:
-            yield Backend(request.param, api, server.log_path)
+            yield Backend(request.param, api, servers[0].log_path)
         finally:
             api.stop()
     finally:
-        server.stop()
+        for s in servers:  # NATS, when there, last
+            s.stop()
+
+
+def writer_and_followers(tmp: Path):
+    """NATS (3 servers), a writer and two --follow processes: [writer, follower, follower, NATS]."""
+    from tests.etcd_fixture import free_port
+    from tests.nats_fixture import start_nats_cluster
+    from tests.shardetcd_fixture import ShardetcdProcess
+
+    nats = start_nats_cluster(tmp / "nats")
+    started = []
+    try:
+        for name, extra in (("writer", ()), ("follower-1", ("--follow",)), ("follower-2", ("--follow",))):
+            started.append(ShardetcdProcess(data_dir=tmp / name / "data", state_dir=tmp / name / "state",
+                                            port=free_port(), log_path=tmp / name / "shardetcd.log",
+                                            extra_args=("--journal-url", nats.urls, *extra)).start())
+    except BaseException:
+        for s in started:
+            s.stop()
+        nats.stop()
+        raise
+    return [*started, nats]
 
 
 def rv(obj: dict) -> int:
@@ -311,5 +340,5 @@ def test_kube_apiserver_scenario(backend: Backend) -> None:
 
 def test_both_backends_gave_the_same_outcomes() -> None:
     """Run after the scenario on both: what kube-apiserver answered is the same."""
-    assert set(TRANSCRIPTS) == {"shardetcd", "etcd"}, "the scenario must have passed on both backends"
-    assert TRANSCRIPTS["shardetcd"] == TRANSCRIPTS["etcd"]
+    assert set(TRANSCRIPTS) == {"shardetcd", "etcd", "shardetcd-followers"}, "the scenario must have passed on each"
+    assert TRANSCRIPTS["shardetcd"] == TRANSCRIPTS["etcd"] == TRANSCRIPTS["shardetcd-followers"]

@@ -1,0 +1,245 @@
+"""A follower (``--follow``): serves reads and watches from its own state, which
+follows the writer's journals, and hands everything else to the writer.
+
+* Serializable Range and Watch: from this process's state, at the revision it
+  has applied (a follower may lag; it never shows a revision that is not whole
+  in the journal).
+* Linearizable Range: etcd's ReadIndex.  Ask the writer for its committed
+  revision R (one request answers every read that was waiting when it was
+  sent), wait until R is applied here, read at R: the read sees every write
+  acknowledged before it began, and no later read on the writer can see less.
+* Everything that writes (Put, DeleteRange, Txn, Compact, leases, auth,
+  membership, alarms, locks, elections) goes to the writer as the client sent
+  it, token included; the writer's answer is returned as it is, once the
+  revision in its header is applied here, so a client reads its own writes
+  on the member it wrote through, as on an etcd member.
+
+The writer publishes where it serves clients in the journal's meta bucket
+(key ``writer-urls.<role>``) when it starts serving, after every takeover
+too; the follower reads it again whenever the writer cannot be reached.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import grpc
+
+from proto import rpc_pb2 as pb
+from shards.errors import RequestTimeoutError
+
+logger = logging.getLogger(__name__)
+
+# (service, method, kind): every call a follower hands to the writer
+FORWARDED: dict[str, dict[str, str]] = {
+    "etcdserverpb.KV": {"Put": "unary", "DeleteRange": "unary", "Txn": "unary", "Compact": "unary"},
+    "etcdserverpb.Lease": {"LeaseGrant": "unary", "LeaseRevoke": "unary", "LeaseTimeToLive": "unary",
+                           "LeaseLeases": "unary", "LeaseKeepAlive": "stream_stream"},
+    "etcdserverpb.Auth": {m: "unary" for m in (
+        "AuthEnable", "AuthDisable", "AuthStatus", "Authenticate", "UserAdd", "UserGet", "UserList", "UserDelete",
+        "UserChangePassword", "UserGrantRole", "UserRevokeRole", "RoleAdd", "RoleGet", "RoleList", "RoleDelete",
+        "RoleGrantPermission", "RoleRevokePermission")},
+    "etcdserverpb.Cluster": {"MemberAdd": "unary", "MemberRemove": "unary", "MemberUpdate": "unary",
+                             "MemberPromote": "unary"},
+    "etcdserverpb.Maintenance": {"Alarm": "unary", "MoveLeader": "unary", "Downgrade": "unary"},
+    "v3lockpb.Lock": {"Lock": "unary", "Unlock": "unary"},
+    "v3electionpb.Election": {"Campaign": "unary", "Proclaim": "unary", "Leader": "unary", "Resign": "unary",
+                              "Observe": "unary_stream"},
+}
+# what a forwarded call's client metadata may carry on to the writer
+FORWARDED_METADATA = ("token", "authorization")
+_identity = None  # raw bytes in and out
+
+
+def writer_key(role: str) -> str:
+    return f"writer-urls.{role}"
+
+
+def writer_record(urls: tuple[str, ...], member_id: int, name: str) -> str:
+    return json.dumps({"urls": list(urls), "member_id": member_id, "name": name})
+
+
+def header_revision(raw: bytes) -> int:
+    """The header revision of an etcd response (field 1, a ResponseHeader), 0 if none."""
+    if not raw or raw[0] != 0x0A:
+        return 0
+    length, shift, pos = 0, 0, 1
+    while True:
+        b = raw[pos]
+        length |= (b & 0x7F) << shift
+        pos += 1
+        if b < 0x80:
+            break
+        shift += 7
+    return pb.ResponseHeader.FromString(raw[pos:pos + length]).revision
+
+
+class WriterLink:
+    """The writer of the journals this process follows: where it is, a channel to it."""
+
+    def __init__(self, log, role: str, store, timeout_s: float = 7.0) -> None:
+        self.log = log
+        self.key = writer_key(role)
+        self.store = store
+        self.timeout_s = timeout_s
+        self.member_id = 0
+        self._channel: grpc.aio.Channel | None = None
+        self._target = ""
+        self._index: asyncio.Future | None = None  # the read index request in flight
+        self._next_index: asyncio.Future | None = None  # the one asked for after it
+
+    async def channel(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            record = await self.log.get_meta(self.key)
+            if record is None:
+                raise RequestTimeoutError()  # no writer has served yet
+            found = json.loads(record)
+            url = found["urls"][0]
+            self._target = url.split("://", 1)[-1]
+            self.member_id = found["member_id"]
+            self._channel = grpc.aio.insecure_channel(self._target)
+            logger.info("following writer target=%s member=%x", self._target, self.member_id)
+        return self._channel
+
+    async def forget(self) -> None:
+        """The writer did not answer: look it up again next time (a takeover moves it)."""
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
+
+    async def close(self) -> None:
+        await self.forget()
+
+    # -- ReadIndex ------------------------------------------------------
+
+    async def read_index(self) -> int:
+        """The writer's committed revision, asked after this call began.  Callers
+        share requests: one in flight serves those that came before it was sent;
+        later callers share the next one."""
+        if self._index is None:
+            self._index = asyncio.ensure_future(self._ask_index())
+            index = self._index
+        else:
+            if self._next_index is None:
+                self._next_index = asyncio.ensure_future(self._after(self._index))
+            index = self._next_index
+        return await asyncio.shield(index)
+
+    async def _after(self, previous: asyncio.Future) -> int:
+        await asyncio.gather(previous, return_exceptions=True)
+        self._index, self._next_index = self._next_index, None
+        return await self._ask_index()
+
+    async def _ask_index(self) -> int:
+        try:
+            # Status: its header carries the committed revision, and it needs no permission
+            raw = await self.unary("etcdserverpb.Maintenance", "Status", b"", ())
+            return header_revision(raw)
+        finally:
+            if self._next_index is None:
+                self._index = None
+
+    # -- forwarding -----------------------------------------------------
+
+    async def unary(self, service: str, method: str, request: bytes, metadata) -> bytes:
+        channel = await self.channel()
+        call = channel.unary_unary(f"/{service}/{method}", request_serializer=_identity, response_deserializer=_identity)
+        try:
+            return await call(request, metadata=metadata, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                await self.forget()
+            raise
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> tuple:
+    return tuple((k, v) for k, v in context.invocation_metadata() or () if k in FORWARDED_METADATA)
+
+
+async def _relay_error(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError):
+    await context.abort(exc.code(), exc.details() or "")
+
+
+def forwarding_handlers(link: WriterLink) -> list[grpc.GenericRpcHandler]:
+    """Generic handlers (registered before the follower's own services) that hand
+    FORWARDED calls to the writer as raw bytes."""
+    store = link.store
+
+    def unary(service: str, method: str):
+        async def handle(request: bytes, context) -> bytes:
+            try:
+                raw = await link.unary(service, method, request, _metadata(context))
+            except grpc.aio.AioRpcError as exc:
+                await _relay_error(context, exc)
+            except RequestTimeoutError:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+            rev = header_revision(raw)
+            if rev > store.committed:  # read your own writes on this member
+                try:
+                    await store.wait_committed(rev)
+                except RequestTimeoutError:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+            return raw
+
+        return grpc.unary_unary_rpc_method_handler(handle)
+
+    def unary_stream(service: str, method: str):
+        async def handle(request: bytes, context):
+            channel = await link.channel()
+            call = channel.unary_stream(f"/{service}/{method}", request_serializer=_identity,
+                                        response_deserializer=_identity)(request, metadata=_metadata(context))
+            try:
+                async for raw in call:
+                    yield raw
+            except grpc.aio.AioRpcError as exc:
+                await _relay_error(context, exc)
+
+        return grpc.unary_stream_rpc_method_handler(handle)
+
+    def stream_stream(service: str, method: str):
+        async def handle(requests, context):
+            channel = await link.channel()
+            call = channel.stream_stream(f"/{service}/{method}", request_serializer=_identity,
+                                         response_deserializer=_identity)(metadata=_metadata(context))
+
+            async def pump() -> None:
+                async for raw in requests:
+                    await call.write(raw)
+                await call.done_writing()
+
+            pumping = asyncio.ensure_future(pump())
+            try:
+                async for raw in call:
+                    yield raw
+            except grpc.aio.AioRpcError as exc:
+                await _relay_error(context, exc)
+            finally:
+                pumping.cancel()
+                call.cancel()
+
+        return grpc.stream_stream_rpc_method_handler(handle)
+
+    kinds = {"unary": unary, "unary_stream": unary_stream, "stream_stream": stream_stream}
+    return [grpc.method_handlers_generic_handler(service, {m: kinds[kind](service, m) for m, kind in methods.items()})
+            for service, methods in FORWARDED.items()]
+
+
+def follower_kv(member, link: WriterLink):
+    """The KV service of a follower: linearizable Range through the read index."""
+    from .kv import KVService
+
+    class FollowerKV(KVService):
+        async def Range(self, request: pb.RangeRequest, context: grpc.aio.ServicerContext) -> bytes:
+            if request.serializable:
+                return await super().Range(request, context)
+            try:
+                index = await link.read_index()
+                await self.store.wait_committed(index)
+            except grpc.aio.AioRpcError as exc:
+                await _relay_error(context, exc)
+            except RequestTimeoutError:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+            return await self.range_at(request, context, index)
+
+    return FollowerKV(member)
