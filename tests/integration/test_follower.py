@@ -177,3 +177,49 @@ def test_watches_on_followers_see_every_write_once_in_order(writer_and_followers
         c.close()
     for ch in channels:
         ch.close()
+
+
+def test_a_follower_serves_through_a_writer_takeover(nats, tmp_path):
+    """Writer, standby and a follower; a watch on the follower and writes through
+    it. kill -9 of the writer: the standby takes over, the follower finds the new
+    writer (writes through it succeed again, with the next revisions), and its
+    watch delivers every acknowledged write once, in order, across the takeover."""
+    writer = server_on(nats, tmp_path / "w").start()
+    follower = server_on(nats, tmp_path / "f", "--follow").start()
+    standby = server_on(nats, tmp_path / "s", "--standby").start(wait=False)
+    try:
+        deadline = time.monotonic() + 30
+        while "standing by, following" not in standby.log_tail(50):
+            assert standby.running() and time.monotonic() < deadline, standby.log_tail()
+            time.sleep(0.1)
+        with grpc.insecure_channel(follower.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            watch = WatchClient(ch)
+            watch.create(b"/registry/pods/t/", b"/registry/pods/t0")
+            watch.wait_for(lambda rs: any(r.created for r in rs))
+            acked = [kv.Put(pb.PutRequest(key=b"/registry/pods/t/k%d" % (i % 5), value=b"%d" % i), timeout=10).header.revision
+                     for i in range(30)]
+            writer.kill()
+            deadline = time.monotonic() + 60
+            while True:  # writes through the follower, until the new writer takes them
+                try:
+                    acked.append(kv.Put(pb.PutRequest(key=b"/registry/pods/t/after", value=b"x"), timeout=5).header.revision)
+                    break
+                except grpc.RpcError as exc:
+                    assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), exc
+                    assert time.monotonic() < deadline, (follower.log_tail(), standby.log_tail())
+                    time.sleep(0.2)
+            acked += [kv.Put(pb.PutRequest(key=b"/registry/pods/t/k%d" % i, value=b"after"), timeout=10).header.revision
+                      for i in range(10)]
+            assert acked == sorted(acked) and len(set(acked)) == len(acked)
+            watch.wait_for(lambda rs: len([e for r in rs for e in r.events]) >= len(acked), timeout=30)
+            time.sleep(0.5)  # a bound for anything extra to arrive, not a claim about speed
+            assert [e.kv.mod_revision for e in watch.events()] == acked
+            assert watch.error is None
+            watch.close()
+            r = kv.Range(pb.RangeRequest(key=b"/registry/pods/t/", range_end=b"/registry/pods/t0"), timeout=10)
+            assert r.header.revision == acked[-1] and len(r.kvs) == 11  # k0..k9 and "after"
+        assert "took over as the writer" in standby.log_tail(200)
+    finally:
+        for s in (follower, standby, writer):
+            s.kill()
