@@ -97,6 +97,7 @@ class Store:
         self.log = None  # where the journals live (set by open)
         self._owns_log = True
         self.follower = None  # set while this store follows another writer's journals
+        self.lease_renewals = 0  # keep-alive requests handled (etcd_debugging_lease_renewed_total)
         for state in self.states:
             state.on_failure = self._fail
 
@@ -589,6 +590,7 @@ class Store:
         await self.wait_committed(tag)
 
     def lease_renew(self, lease_id: int) -> int:
+        self.lease_renewals += 1
         return self.leases.renew(lease_id)
 
     async def _expire_leases(self, interval_s: float = 0.5, per_tick: int = 500) -> None:

@@ -23,11 +23,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 import grpc
 
 from proto import rpc_pb2 as pb
 from shards.errors import RequestTimeoutError
+
+from . import wire
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +38,7 @@ logger = logging.getLogger(__name__)
 FORWARDED: dict[str, dict[str, str]] = {
     "etcdserverpb.KV": {"Put": "unary", "DeleteRange": "unary", "Txn": "unary", "Compact": "unary"},
     "etcdserverpb.Lease": {"LeaseGrant": "unary", "LeaseRevoke": "unary", "LeaseTimeToLive": "unary",
-                           "LeaseLeases": "unary", "LeaseKeepAlive": "stream_stream"},
+                           "LeaseLeases": "unary"},  # LeaseKeepAlive: keepalive_handler
     "etcdserverpb.Auth": {m: "unary" for m in (
         "AuthEnable", "AuthDisable", "AuthStatus", "Authenticate", "UserAdd", "UserGet", "UserList", "UserDelete",
         "UserChangePassword", "UserGrantRole", "UserRevokeRole", "RoleAdd", "RoleGet", "RoleList", "RoleDelete",
@@ -161,9 +164,9 @@ async def _relay_error(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcEr
     await context.abort(exc.code(), exc.details() or "")
 
 
-def forwarding_handlers(link: WriterLink) -> list[grpc.GenericRpcHandler]:
+def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FORWARDED) -> list[grpc.GenericRpcHandler]:
     """Generic handlers (registered before the follower's own services) that hand
-    FORWARDED calls to the writer as raw bytes."""
+    ``calls`` to the writer as raw bytes."""
     store = link.store
 
     def unary(service: str, method: str):
@@ -222,7 +225,121 @@ def forwarding_handlers(link: WriterLink) -> list[grpc.GenericRpcHandler]:
 
     kinds = {"unary": unary, "unary_stream": unary_stream, "stream_stream": stream_stream}
     return [grpc.method_handlers_generic_handler(service, {m: kinds[kind](service, m) for m, kind in methods.items()})
-            for service, methods in FORWARDED.items()]
+            for service, methods in calls.items()]
+
+
+class KeepAlives:
+    """A follower's keep-alives, coalesced as etcd's grpc-proxy does: a keep-alive
+    for a lease this process renewed at the writer recently enough is answered
+    here at once (the TTL the writer granted), and the lease is renewed at the
+    writer with the next batch; every ``interval_s`` one stream to the writer
+    carries one renewal per lease kept alive since the last batch, however many
+    clients sent how many keep-alives.  A keep-alive for a lease the follower
+    cannot vouch for (never renewed through it, or too close to its deadline)
+    waits for the writer's own answer."""
+
+    def __init__(self, link: WriterLink, interval_s: float = 0.5) -> None:
+        self.link = link
+        self.interval_s = interval_s
+        self.pending: set[int] = set()  # leases to renew with the next batch
+        self.renewed: dict[int, tuple[float, int]] = {}  # lease -> (when its last renewal was sent, TTL granted)
+        self.sent: dict[int, float] = {}  # lease -> when the renewal in flight was sent
+        self.waiting: dict[int, list[asyncio.Future]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def keepalive(self, lease_id: int) -> int:
+        """The TTL to answer a keep-alive of ``lease_id`` with (0: no such lease)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+        renewed = self.renewed.get(lease_id)
+        self.pending.add(lease_id)
+        if renewed is not None:
+            since, ttl = renewed
+            if time.monotonic() - since < ttl - 3 * self.interval_s:
+                return ttl
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(lease_id, []).append(future)
+        self._wake.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.link.timeout_s)
+        except asyncio.TimeoutError:
+            raise RequestTimeoutError() from None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._stream()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the writer went away: find it again
+                logger.info("keep-alive stream to the writer ended error=%r", exc)
+                await self.link.forget()
+                await asyncio.sleep(self.interval_s)
+
+    async def _stream(self) -> None:
+        channel = await self.link.channel()
+        call = channel.stream_stream("/etcdserverpb.Lease/LeaseKeepAlive", request_serializer=_identity,
+                                     response_deserializer=_identity)()
+        reader = asyncio.ensure_future(self._answers(call))
+        try:
+            while not reader.done():
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.interval_s)
+                except asyncio.TimeoutError:
+                    pass
+                self._wake.clear()
+                batch, self.pending = self.pending, set()
+                now = time.monotonic()
+                for lease_id in batch:
+                    self.sent[lease_id] = now
+                    await call.write(pb.LeaseKeepAliveRequest(ID=lease_id).SerializeToString())
+            reader.result()
+        finally:
+            reader.cancel()
+            call.cancel()
+
+    async def _answers(self, call) -> None:
+        async for raw in call:
+            resp = pb.LeaseKeepAliveResponse.FromString(raw)
+            sent = self.sent.pop(resp.ID, time.monotonic())
+            if resp.TTL > 0:
+                self.renewed[resp.ID] = (sent, resp.TTL)
+            else:
+                self.renewed.pop(resp.ID, None)
+            for future in self.waiting.pop(resp.ID, ()):
+                if not future.done():
+                    future.set_result(resp.TTL)
+
+
+def keepalive_handler(link: WriterLink, member) -> grpc.GenericRpcHandler:
+    """Lease.LeaseKeepAlive on a follower: coalesced (KeepAlives) while auth is
+    off; with auth on, each client's stream goes to the writer with its token."""
+    keepalives = KeepAlives(link)
+    forward = forwarding_handlers(link, {"etcdserverpb.Lease": {"LeaseKeepAlive": "stream_stream"}})[0]
+    forwarded = forward.service(_Details("/etcdserverpb.Lease/LeaseKeepAlive"))
+
+    async def handle(requests, context):
+        if member.auth.enabled:
+            async for raw in forwarded.stream_stream(requests, context):
+                yield raw
+            return
+        headers, store = member.headers, member.store
+        async for raw in requests:
+            lease_id = pb.LeaseKeepAliveRequest.FromString(raw).ID
+            try:
+                ttl = await keepalives.keepalive(lease_id)
+            except RequestTimeoutError:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+            yield wire.keepalive_response(headers.framed(store.committed), lease_id, ttl)
+
+    return grpc.method_handlers_generic_handler("etcdserverpb.Lease", {
+        "LeaseKeepAlive": grpc.stream_stream_rpc_method_handler(handle)})
+
+
+class _Details:
+    def __init__(self, method: str) -> None:
+        self.method = method
 
 
 def follower_kv(member, link: WriterLink):

@@ -40,6 +40,7 @@ class _StateCollector:
         yield _gauge("etcd_debugging_mvcc_compact_revision", "Compacted revision.", max(store.compact_rev, 0))
         yield _gauge("etcd_debugging_mvcc_watcher_total", "Watchers.", store.hub.watcher_count)
         yield _gauge("etcd_debugging_lease_total", "Leases.", len(store.leases.leases))
+        yield _counter("etcd_debugging_lease_renewed", "Keep-alive requests handled.", store.lease_renewals)
         yield _counter("etcd_network_client_grpc_received_bytes", "Bytes received from gRPC clients.", Traffic.received)
         yield _counter("etcd_network_client_grpc_sent_bytes", "Bytes sent to gRPC clients.", Traffic.sent)
         yield from self._per_shard()

@@ -34,7 +34,7 @@ from .http import HttpEndpoint, start_http
 from .kv import KVService
 from .lease_auth import CheckedLeaseService
 from .maintenance import ClusterService, MaintenanceService
-from .follower import WriterLink, follower_kv, forwarding_handlers, writer_key, writer_record
+from .follower import WriterLink, follower_kv, forwarding_handlers, keepalive_handler, writer_key, writer_record
 from .metrics import Metrics, StandbyMetrics
 from .watch import WatchService
 
@@ -305,7 +305,7 @@ async def start(config: ServerConfig) -> Running:
     member.link = link
     server = grpc.aio.server(options=grpc_options(config))
     if link is not None:  # a follower: these go to the writer (registered first, so they win)
-        server.add_generic_rpc_handlers(forwarding_handlers(link))
+        server.add_generic_rpc_handlers([keepalive_handler(link, member), *forwarding_handlers(link)])
     services = {
         "KV": follower_kv(member, link) if link is not None else KVService(member),
         "Watch": WatchService(member),

@@ -223,3 +223,43 @@ def test_a_follower_serves_through_a_writer_takeover(nats, tmp_path):
     finally:
         for s in (follower, standby, writer):
             s.kill()
+
+
+def test_keepalives_through_a_follower_are_coalesced(nats, tmp_path):
+    """A client keeps a 3 s lease alive through a follower with a keep-alive every
+    50 ms for 5 s: every answer carries the TTL, the lease outlives its TTL at the
+    writer, and the writer handled about one renewal per 0.5 s batch, not one per
+    client keep-alive."""
+    import urllib.request
+
+    metrics = free_port()
+    writer = server_on(nats, tmp_path / "w", "--listen-metrics-urls", f"http://127.0.0.1:{metrics}").start()
+    follower = server_on(nats, tmp_path / "f", "--follow").start()
+
+    def renewed() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as r:
+            line = next(l for l in r.read().decode().splitlines() if l.startswith("etcd_debugging_lease_renewed_total "))
+        return float(line.split()[1])
+
+    try:
+        with grpc.insecure_channel(follower.endpoint) as ch:
+            lease = pbg.LeaseStub(ch)
+            lease_id = lease.LeaseGrant(pb.LeaseGrantRequest(TTL=3), timeout=10).ID
+            before = renewed()
+
+            def requests():
+                end = time.monotonic() + 5
+                while time.monotonic() < end:
+                    yield pb.LeaseKeepAliveRequest(ID=lease_id)
+                    time.sleep(0.05)
+
+            answers = list(lease.LeaseKeepAlive(requests(), timeout=30))
+        at_writer = renewed() - before
+        assert len(answers) >= 50 and all(a.ID == lease_id and a.TTL == 3 for a in answers)
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            ttl = pbg.LeaseStub(ch).LeaseTimeToLive(pb.LeaseTimeToLiveRequest(ID=lease_id), timeout=10)
+        assert ttl.TTL > 0 and ttl.grantedTTL == 3  # 5 s after a 3 s grant: renewed at the writer
+        assert 3 <= at_writer <= 5 / 0.5 + 4, (at_writer, len(answers))
+    finally:
+        follower.stop()
+        writer.stop()
