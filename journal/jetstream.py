@@ -176,6 +176,40 @@ class JetStreamLog:
         except KeyNotFoundError:
             return None
 
+    async def _members(self, ttl_s: float):
+        from nats.js.api import KeyValueConfig
+        from nats.js.errors import BucketNotFoundError
+
+        name = f"{self.config.prefix}-members"
+        return await open_or_create(f"members bucket {name}", lambda: self.js.key_value(name),
+                                    lambda: self.js.create_key_value(KeyValueConfig(
+                                        bucket=name, history=1, ttl=ttl_s, replicas=self.config.replicas)),
+                                    BucketNotFoundError)
+
+    async def announce(self, key: str, value: str, ttl_s: float) -> None:
+        """Keep ``key`` in the bucket ``<prefix>-members`` (entries expire after
+        ``ttl_s`` unless announced again): who serves these journals now."""
+        kv = await self._members(ttl_s)
+        await retrying(f"announce {key}", lambda: kv.put(key, value.encode()))
+
+    async def announced(self, prefix: str, ttl_s: float) -> list[str]:
+        """The values of the live entries of ``<prefix>-members`` whose key starts with ``prefix``."""
+        from nats.js.errors import KeyNotFoundError, NoKeysError
+
+        kv = await self._members(ttl_s)
+        try:
+            keys = await retrying("list members", kv.keys)
+        except NoKeysError:
+            return []
+        out = []
+        for key in keys:
+            if key.startswith(prefix):
+                try:
+                    out.append((await kv.get(key)).value.decode())
+                except KeyNotFoundError:  # expired meanwhile
+                    pass
+        return out
+
     def stream_name(self, name: str) -> str:
         return f"{self.config.prefix}_{name}".replace(".", "_")
 

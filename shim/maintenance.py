@@ -147,7 +147,9 @@ class ClusterService:
     async def MemberList(self, request: pb.MemberListRequest, context: grpc.aio.ServicerContext) -> pb.MemberListResponse:
         # etcd's Cluster service header carries no revision
         header = pb.ResponseHeader(cluster_id=self.m.cluster_id, member_id=self.m.member_id, raft_term=self.m.raft_term)
-        return pb.MemberListResponse(header=header, members=[self._me()])
+        registry = getattr(self.m, "registry", None)  # a replicated journal: the writer and its followers
+        members = await registry.members() if registry is not None else [self._me()]
+        return pb.MemberListResponse(header=header, members=members)
 
     async def _unsupported(self, request, context: grpc.aio.ServicerContext):
         """Membership changes need the root role while auth is enabled (checked first, as etcd), then are refused."""

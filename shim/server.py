@@ -35,6 +35,7 @@ from .kv import KVService
 from .lease_auth import CheckedLeaseService
 from .maintenance import ClusterService, MaintenanceService
 from .follower import WriterLink, follower_kv, forwarding_handlers, keepalive_handler, writer_key, writer_record
+from .members import Registry
 from .metrics import Metrics, StandbyMetrics
 from .watch import WatchService
 
@@ -61,6 +62,7 @@ class Running:
     lease: WriterLease | None = None
     link: WriterLink | None = None  # a follower's way to the writer
     following: asyncio.Task | None = None
+    registry: Registry | None = None  # with a replicated journal: who serves it
 
 
 def parse_listen_url(url: str) -> tuple[str, bool]:
@@ -340,6 +342,11 @@ async def start(config: ServerConfig) -> Running:
         running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
     if lease is not None:  # followers find the writer here, after a takeover too
         await lease.log.put_meta(writer_key(lease.key), writer_record(config.client_urls, member.member_id, config.name))
+    journal_log = lease.log if lease is not None else link.log if link is not None else None
+    if journal_log is not None:  # MemberList: the writer and its followers
+        member.registry = running.registry = Registry(journal_log, config.partition or "writer",
+                                                      services["Cluster"]._me())
+        running.registry.start()
 
     try:
         endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes))
@@ -365,6 +372,8 @@ async def stop(running: Running, grace_s: float = 1.0) -> None:
             task.cancel()
     running.store.hub.close()
     await running.server.stop(grace_s)
+    if running.registry is not None:
+        await running.registry.stop()
     if running.following is not None:
         running.following.cancel()
         await asyncio.gather(running.following, return_exceptions=True)
