@@ -786,8 +786,11 @@ class JetStreamJournal(Appender):
         bucket = await self._bucket_store()
         with tempfile.TemporaryDirectory(dir=self._scratch_dir()) as tmp:
             path = await asyncio.to_thread(write_checkpoint, Path(tmp), rev, meta, rows)
-            with open(path, "rb") as f:
-                await bucket.put(path.name, f)
+            async def store():
+                with open(path, "rb") as f:
+                    await bucket.put(path.name, f)
+
+            await retrying("store checkpoint", store)
         for name, older in await self._checkpoint_objects(bucket):
             if older < rev:
                 try:
@@ -806,8 +809,11 @@ class JetStreamJournal(Appender):
         into = self._scratch_dir() / "loaded"
         shutil.rmtree(into, ignore_errors=True)
         into.mkdir(parents=True)
-        with open(into / name, "wb") as f:
-            await bucket.get(name, writeinto=f)
+        async def fetch():
+            with open(into / name, "wb") as f:
+                await bucket.get(name, writeinto=f)
+
+        await retrying("fetch checkpoint", fetch)
         return load_latest_checkpoint(into)
 
     async def newest_checkpoint_rev(self) -> int:
@@ -819,7 +825,7 @@ class JetStreamJournal(Appender):
         from nats.js.errors import NotFoundError
 
         try:
-            infos = await bucket.list()
+            infos = await retrying("list checkpoints", bucket.list)
         except NotFoundError:  # an empty bucket
             return []
         out = []

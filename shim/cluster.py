@@ -63,6 +63,7 @@ class Child:
     backoff_s: float = BACKOFF_MIN_S
     restart_at: float | None = None
     replica: int = 1  # 2: a partition's second process (--standbys)
+    follower: int = 0  # n > 0: the partition's n-th follower (--followers), on a client URL of its own
 
     @property
     def name(self) -> str:
@@ -70,7 +71,9 @@ class Child:
 
     @property
     def label(self) -> str:
-        """The partition's name, and which of its processes this is when it has two."""
+        """The partition's name, and which of its processes this is when it has more."""
+        if self.follower:
+            return f"{self.name}.f{self.follower}"
         return self.name if self.replica == 1 else f"{self.name}.{self.replica}"
 
     def spawn(self) -> None:
@@ -121,7 +124,7 @@ def exit_reason(code: int) -> str:
 class Supervisor:
     def __init__(self, layout: ClusterLayout, layout_path: Path, data_dir: Path, host: str, base_port: int,
                  server_args: list[str], state_dir: Path | None = None, quota_backend_bytes: int | None = None,
-                 standbys: bool = False) -> None:
+                 standbys: bool = False, followers: int = 0) -> None:
         self.layout = layout
         self.data_dir = data_dir
         self.stopping = False
@@ -143,32 +146,52 @@ class Supervisor:
                     argv += ["--quota-backend-bytes", str(quota)]
                 self.children.append(Child(p, url, data_dir / label, data_dir / f"{label}.log", argv + server_args,
                                            replica=replica))
+        next_port = max(ports.values()) + 1
+        for p in layout.partitions:
+            for n in range(1, followers + 1):
+                url, next_port = f"http://{host}:{next_port}", next_port + 1
+                label = f"{p.name}.f{n}"
+                argv = [sys.executable, "-m", "shim", "--name", label, "--data-dir", str(data_dir / label),
+                        "--listen-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
+                        "--partition", p.name, "--follow"]
+                if state_dir is not None:
+                    argv += ["--state-dir", str(state_dir / label)]
+                self.children.append(Child(p, url, data_dir / label, data_dir / f"{label}.log", argv + server_args,
+                                           follower=n))
 
     def serving(self) -> dict[str, Child]:
-        """Per partition, the process that serves it (its first while none does)."""
+        """Per partition, the process that writes it (its first while none does)."""
         out: dict[str, Child] = {}
         for c in self.children:
+            if c.follower:
+                continue
             if c.check_ready() or c.name not in out:
                 out[c.name] = c
         return out
 
     @property
     def flags(self) -> list[str]:
-        return self.layout.apiserver_flags({c.name: [c.url] for c in self.children if c.replica == 1})
+        urls: dict[str, list[str]] = {}
+        for c in self.children:  # the writer's URL, then its followers'
+            if c.replica == 1:
+                urls.setdefault(c.name, []).append(c.url)
+        return self.layout.apiserver_flags(urls)
 
     def start_all(self) -> str | None:
         """Start every partition and wait until each serves; the reason if one cannot."""
         for c in self.children:
             c.spawn()
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not all(c.ready for c in self.serving().values()):
+        while not all(c.ready for c in self.serving().values()) or \
+                not all(c.check_ready() for c in self.children if c.follower):
             for c in self.children:
                 if c.proc.poll() is not None and not c.check_ready():
                     return f"partition {c.label} {exit_reason(c.proc.returncode)}: {c.last_log_line()}"
             if self.stopping:
                 return "stopped while starting"
             if time.monotonic() > deadline:
-                late = [c.name for c in self.serving().values() if not c.ready]
+                late = [c.label for c in (*self.serving().values(), *(c for c in self.children if c.follower))
+                        if not c.ready]
                 return f"partitions {', '.join(late)} did not start within {START_TIMEOUT_S:.0f}s (see their logs in {self.data_dir})"
             time.sleep(POLL_S)
         return None
@@ -224,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--standbys", action="store_true",
                    help="with --journal-url: two processes per partition on the same client URL; one serves, the "
                         "other follows its journals and takes over when it dies")
+    p.add_argument("--followers", type=int, default=0, metavar="N",
+                   help="with --journal-url: N followers per partition, each on a client URL of its own (the ports "
+                        "after the partitions'), serving reads and watches; all are in the kube-apiserver flags")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
     return p
 
@@ -234,8 +260,8 @@ def cluster_main(argv: list[str]) -> int:
     clash = sorted({a.split("=")[0] for a in server_args} & PER_PARTITION_FLAGS)
     if clash:
         parser.error(f"the cluster sets {', '.join(clash)} for each partition itself (see --base-port, --data-dir, --state-dir and the layout)")
-    if args.standbys and not any(a.split("=")[0] == "--journal-url" for a in server_args):
-        parser.error("--standbys needs --journal-url: a standby follows a replicated journal")
+    if (args.standbys or args.followers) and not any(a.split("=")[0] == "--journal-url" for a in server_args):
+        parser.error("--standbys and --followers need --journal-url: they follow a replicated journal")
     from .cli import setup_logging
 
     setup_logging(args.log_level)
@@ -246,7 +272,7 @@ def cluster_main(argv: list[str]) -> int:
         return 2
     args.data_dir.mkdir(parents=True, exist_ok=True)
     sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir,
-                     args.quota_backend_bytes, args.standbys)
+                     args.quota_backend_bytes, args.standbys, args.followers)
 
     def on_signal(signum, frame) -> None:
         sup.stopping = True
@@ -276,7 +302,9 @@ def _announce(sup: Supervisor, flags_file: Path) -> None:
         what = "everything else" if c.partition.default else ", ".join(r.override_name for r in c.partition.resources)
         print(f"  {c.name:<{width}}  {c.url}  pid {c.proc.pid}  ({what}; data {c.data_dir})", flush=True)
     for c in sup.children:
-        if c not in serving:
+        if c.follower:
+            print(f"  {c.label:<{width}}  follower at {c.url}  pid {c.proc.pid}  (data {c.data_dir})", flush=True)
+        elif c not in serving:
             print(f"  {c.label:<{width}}  standby for {c.url}  pid {c.proc.pid}  (data {c.data_dir})", flush=True)
     print(f"kube-apiserver flags (also in {flags_file}):", flush=True)
     for f in sup.flags:

@@ -297,3 +297,44 @@ def test_member_list_names_the_writer_and_its_followers(writer_and_followers):
     while members(writer.endpoint) != want:  # its entry lapses 10 s after its last announcement
         assert time.monotonic() < deadline, members(writer.endpoint)
         time.sleep(0.5)
+
+
+def test_cluster_starts_followers_per_partition_and_lists_them_for_kube_apiserver(nats, tmp_path):
+    """`shardetcd cluster --journal-url ... --followers 1`: each partition gets a
+    follower on a port of its own; the kube-apiserver flags list the writer and
+    its follower for every partition; a follower reads and writes its own
+    partition, and hands a write to another partition's resource to its writer,
+    which refuses it as a writer does."""
+    import re
+
+    from tests.integration.test_cluster import Cluster
+
+    cluster = Cluster(tmp_path)
+    cluster.argv += ["--journal-url", nats.urls, "--followers", "1"]
+    cluster.start()
+    followers = {m[0]: (m[1], int(m[2])) for m in re.findall(r"^  (\w+)\.f1\s+follower at http://(\S+)\s+pid (\d+)",
+                                                             cluster.output(), re.M)}
+    try:
+        assert set(followers) == {"leases", "events", "main"}
+        flags = (cluster.data_dir / "kube-apiserver.flags").read_text()
+        for name, (endpoint, _) in followers.items():
+            assert f"http://{cluster.endpoint(name)};http://{endpoint}" in flags or \
+                f"--etcd-servers=http://{cluster.endpoint(name)},http://{endpoint}" in flags, flags
+        with grpc.insecure_channel(followers["main"][0]) as ch:
+            kv = pbg.KVStub(ch)
+            rev = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p", value=b"v"), timeout=10).header.revision
+            got = kv.Range(pb.RangeRequest(key=b"/registry/pods/ns/p", serializable=True), timeout=10)
+            assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"v", rev)]
+            with pytest.raises(grpc.RpcError) as err:
+                kv.Put(pb.PutRequest(key=b"/registry/events/ns/e", value=b"v"), timeout=10)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "events" in err.value.details()
+        with grpc.insecure_channel(cluster.endpoint("main")) as ch:
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/p"), timeout=10)
+            assert [x.mod_revision for x in got.kvs] == [rev]
+    finally:
+        cluster.stop()
+        for _, pid in followers.values():
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
