@@ -227,11 +227,15 @@ def snapshot_main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"shardetcd: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    compacted = f"compacted at {got['compact_revision']}" if got["compact_revision"] >= 0 else "never compacted"
-    print(f"restored {args.file} at revision {got['revision']} into {args.data_dir.absolute()}: "
-          f"{got['keys']} keys ({got['rows']} revisions of them), {compacted}, "
-          f"{got['leases']} leases, {got['users']} users, {got['roles']} roles")
+    print(f"restored {args.file} at revision {got['revision']} into {args.data_dir.absolute()}: {restored(got)}")
     return 0
+
+
+def restored(got: dict) -> str:
+    """What a restore brought in, in one line (snapshot restore, migrate)."""
+    compacted = f"compacted at {got['compact_revision']}" if got["compact_revision"] >= 0 else "never compacted"
+    return (f"{got['keys']} keys ({got['rows']} revisions of them), {compacted}, "
+            f"{got['leases']} leases, {got['users']} users, {got['roles']} roles")
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -151,8 +151,8 @@ def migrate_main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"shardetcd migrate: {exc.filename or data_dir}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    compacted = f"compacted at {got['compact_revision']}" if got["compact_revision"] >= 0 else "never compacted"
+    from .cli import restored
+
     print(f"migrated {target} at revision {got['revision']} into {data_dir} in {time.monotonic() - started:.1f} s: "
-          f"{got['keys']} keys ({got['rows']} revisions of them), {compacted}, {got['leases']} leases, "
-          f"{got['users']} users, {got['roles']} roles; start it with: shardetcd --data-dir {data_dir}")
+          f"{restored(got)}; start it with: shardetcd --data-dir {data_dir}")
     return 0

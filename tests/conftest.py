@@ -49,3 +49,15 @@ def shardetcd(tmp_path: Path) -> Iterator[ShardetcdProcess]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def nats(tmp_path: Path):
+    """Three real NATS servers with JetStream, clustered on free loopback ports, stopped by PID."""
+    from tests.nats_fixture import start_nats_cluster
+
+    cluster = start_nats_cluster(tmp_path / "nats", size=3)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -171,3 +171,13 @@ def start_nats_cluster(tmp_path: Path, size: int = 3, *, max_store_bytes: int | 
         raise
     return cluster
 
+
+
+def shardetcd_on(nats, base: Path, *extra: str):
+    """A shardetcd (not started) whose journals are on ``nats`` (anything with
+    ``.urls``), its data dir, state dir and log under ``base``, on a free port."""
+    from tests.etcd_fixture import free_port
+    from tests.shardetcd_fixture import ShardetcdProcess
+
+    return ShardetcdProcess(data_dir=base / "data", state_dir=base / "state", port=free_port(),
+                            log_path=base / "shardetcd.log", extra_args=("--journal-url", nats.urls, *extra))

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -21,22 +19,12 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
-from tests.lincheck import Op, linearizable, save
-from tests.nats_fixture import start_nats_cluster
-from tests.shardetcd_fixture import ShardetcdProcess
+from tests.integration.test_linearizability import check_linearizable, client
+from tests.lincheck import Op
+from tests.nats_fixture import shardetcd_on as server_on
 from tests.watch_client import WatchClient
 
 
-@pytest.fixture
-def nats(tmp_path):
-    cluster = start_nats_cluster(tmp_path / "nats", size=3)
-    yield cluster
-    cluster.stop()
-
-
-def server_on(nats, base: Path, *extra: str) -> ShardetcdProcess:
-    return ShardetcdProcess(data_dir=base / "data", state_dir=base / "state", port=free_port(),
-                            log_path=base / "shardetcd.log", extra_args=("--journal-url", nats.urls, *extra))
 
 
 @pytest.fixture
@@ -63,47 +51,6 @@ def test_a_follower_answers_as_etcd(real_etcd, writer_and_followers, seed):
     assert status.leader == writer_id != status.header.member_id  # the writer is the leader
 
 
-KEYS = [b"/registry/pods/lin", b"/registry/leases/lin", b"lin-plain"]
-
-
-def lin_client(endpoint: str, cid: int, stop: threading.Event, history: list) -> None:
-    rng = random.Random(cid)
-    channel = grpc.insecure_channel(endpoint)
-    kv = pbg.KVStub(channel)
-    n = 0
-    while not stop.is_set():
-        key = rng.choice(KEYS)
-        kind = rng.choices(["get", "put", "cas"], [4, 3, 3])[0]
-        n += 1
-        value = b"c%d-%d" % (cid, n)
-        start = time.monotonic()
-        try:
-            if kind == "get":
-                kvs = kv.Range(pb.RangeRequest(key=key), timeout=5).kvs
-                arg, out = None, (kvs[0].value.decode() if kvs else None)
-            elif kind == "put":
-                kv.Put(pb.PutRequest(key=key, value=value), timeout=5)
-                arg, out = value.decode(), True
-            else:
-                expected = rng.choice([None, *[b"c%d-%d" % (c, max(1, n - rng.randrange(1, 4))) for c in range(6)]])
-                cmp = (pb.Compare(key=key, target=pb.Compare.VERSION, result=pb.Compare.EQUAL, version=0)
-                       if expected is None else
-                       pb.Compare(key=key, target=pb.Compare.VALUE, result=pb.Compare.EQUAL, value=expected))
-                r = kv.Txn(pb.TxnRequest(compare=[cmp], success=[pb.RequestOp(request_put=pb.PutRequest(key=key, value=value))]),
-                           timeout=5)
-                arg, out = ((expected.decode() if expected else None), value.decode()), r.succeeded
-            history.append((key, Op(cid, start, time.monotonic(), kind, arg, out)))
-        except grpc.RpcError:
-            if kind != "get":  # the write may or may not have happened
-                a = value.decode() if kind == "put" else ((expected.decode() if expected else None), value.decode())
-                history.append((key, Op(cid, start, math.inf, kind, a, None)))
-            try:
-                grpc.channel_ready_future(channel).result(timeout=20)
-            except grpc.FutureTimeoutError:
-                pass
-    channel.close()
-
-
 def test_history_over_writer_and_followers_is_linearizable(writer_and_followers, tmp_path):
     """Six clients: two on the writer, two on each follower; linearizable reads
     on a follower go through the writer's committed revision, writes through
@@ -113,7 +60,7 @@ def test_history_over_writer_and_followers_is_linearizable(writer_and_followers,
     endpoints = [writer.endpoint] * 2 + [followers[0].endpoint] * 2 + [followers[1].endpoint] * 2
     history: list[tuple[bytes, Op]] = []
     stop = threading.Event()
-    threads = [threading.Thread(target=lin_client, args=(ep, c, stop, history)) for c, ep in enumerate(endpoints)]
+    threads = [threading.Thread(target=client, args=(ep, c, stop, history, 5)) for c, ep in enumerate(endpoints)]
     for t in threads:
         t.start()
     time.sleep(2.5)
@@ -126,14 +73,7 @@ def test_history_over_writer_and_followers_is_linearizable(writer_and_followers,
     done = [op for _, op in history if not math.isinf(op.ret)]
     assert len(done) > 150, "too little traffic to say anything"
     assert {op.client for op in done} == set(range(6))
-    for key in KEYS:
-        ops = [op for k, op in history if k == key]
-        if not linearizable(ops):
-            out = Path(os.environ.get("SHARDETCD_FAILURE_DIR", tmp_path))
-            out.mkdir(parents=True, exist_ok=True)
-            path = out / f"follower-history-{key.decode().replace('/', '_')}.json"
-            save(ops, path)
-            raise AssertionError(f"history of {key!r} is not linearizable; saved to {path}")
+    check_linearizable(history, tmp_path, "follower-history")
 
 
 def test_watches_on_followers_see_every_write_once_in_order(writer_and_followers):

@@ -16,23 +16,11 @@ import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
-from tests.nats_fixture import start_nats_cluster
-from tests.shardetcd_fixture import ShardetcdProcess
+from tests.nats_fixture import shardetcd_on as server_on
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def nats(tmp_path):
-    cluster = start_nats_cluster(tmp_path / "nats", size=3)
-    yield cluster
-    cluster.stop()
-
-
-def server_on(nats, base: Path, *extra: str) -> ShardetcdProcess:
-    return ShardetcdProcess(data_dir=base / "data", state_dir=base / "state", port=free_port(),
-                            log_path=base / "shardetcd.log",
-                            extra_args=("--journal-url", nats.urls, *extra))
 
 
 def everything(ch) -> tuple:

@@ -24,8 +24,8 @@ from journal.jetstream import CUT_HEADER, FENCE_HEADER, retrying
 from journal.record import decode_frame
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shards.record import WRITE
-from tests.integration.test_jetstream import Writers, check_everything_acknowledged, everything, server_on
-from tests.nats_fixture import start_nats_cluster
+from tests.integration.test_jetstream import Writers, check_everything_acknowledged, everything
+from tests.nats_fixture import shardetcd_on as server_on, start_nats_cluster
 from tests.tcp_proxy import TcpProxy
 
 PREFIX = "shardetcd"

@@ -12,21 +12,13 @@ import time
 from pathlib import Path
 
 import grpc
-import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
-from tests.integration.test_jetstream import server_on
-from tests.nats_fixture import start_nats_cluster
+from tests.nats_fixture import shardetcd_on as server_on
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture
-def nats(tmp_path):
-    cluster = start_nats_cluster(tmp_path / "nats", size=3)
-    yield cluster
-    cluster.stop()
 
 
 def journal(*args: str) -> subprocess.CompletedProcess:

@@ -19,13 +19,11 @@ log says the endpoint answered differently from etcd.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.etcd_fixture import free_port
 from tests.kube_fixture import KubeClient, WatchEnded, WatchStream, require_kube_apiserver, start_kube_apiserver
-from tests.nats_fixture import start_nats_cluster
+from tests.nats_fixture import shardetcd_on as server_on, start_nats_cluster
 from tests.shardetcd_fixture import ShardetcdProcess
 
 NS = "takeover"
@@ -35,10 +33,6 @@ LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
 WAIT = 60.0  # bound on waiting for one watch event
 TAKEOVER_BOUND = 180.0  # bound on waiting for the standby, then for kube-apiserver to write through it
 
-
-def server_on(nats, base: Path, *extra: str) -> ShardetcdProcess:
-    return ShardetcdProcess(data_dir=base / "data", state_dir=base / "state", port=free_port(),
-                            log_path=base / "shardetcd.log", extra_args=("--journal-url", nats.urls, *extra))
 
 
 def rv(obj: dict) -> int:

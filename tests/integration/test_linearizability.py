@@ -31,7 +31,7 @@ def now() -> float:
     return time.monotonic()
 
 
-def client(endpoint: str, cid: int, stop: threading.Event, history: list) -> None:
+def client(endpoint: str, cid: int, stop: threading.Event, history: list, timeout: float = 2) -> None:
     rng = random.Random(cid)
     channel = grpc.insecure_channel(endpoint)
     kv = pbg.KVStub(channel)
@@ -44,20 +44,20 @@ def client(endpoint: str, cid: int, stop: threading.Event, history: list) -> Non
         start = now()
         try:
             if kind == "get":
-                kvs = kv.Range(pb.RangeRequest(key=key), timeout=2).kvs
+                kvs = kv.Range(pb.RangeRequest(key=key), timeout=timeout).kvs
                 arg, out = None, (kvs[0].value.decode() if kvs else None)
             elif kind == "put":
-                kv.Put(pb.PutRequest(key=key, value=value), timeout=2)
+                kv.Put(pb.PutRequest(key=key, value=value), timeout=timeout)
                 arg, out = value.decode(), True
             elif kind == "delete":
-                kv.DeleteRange(pb.DeleteRangeRequest(key=key), timeout=2)
+                kv.DeleteRange(pb.DeleteRangeRequest(key=key), timeout=timeout)
                 arg, out = None, True
             else:
                 expected = rng.choice([None, *[b"c%d-%d" % (c, max(1, n - rng.randrange(1, 4))) for c in range(CLIENTS)]])
                 cmp = (pb.Compare(key=key, target=pb.Compare.VERSION, result=pb.Compare.EQUAL, version=0)
                        if expected is None else
                        pb.Compare(key=key, target=pb.Compare.VALUE, result=pb.Compare.EQUAL, value=expected))
-                r = kv.Txn(pb.TxnRequest(compare=[cmp], success=[pb.RequestOp(request_put=pb.PutRequest(key=key, value=value))]), timeout=2)
+                r = kv.Txn(pb.TxnRequest(compare=[cmp], success=[pb.RequestOp(request_put=pb.PutRequest(key=key, value=value))]), timeout=timeout)
                 arg, out = ((expected.decode() if expected else None), value.decode()), r.succeeded
             history.append((key, Op(cid, start, now(), kind, arg, out)))
         except grpc.RpcError:
@@ -74,6 +74,20 @@ def client(endpoint: str, cid: int, stop: threading.Event, history: list) -> Non
             except grpc.FutureTimeoutError:
                 pass
     channel.close()
+
+
+def check_linearizable(history: list[tuple[bytes, Op]], tmp_path: Path, name: str = "history") -> None:
+    """Every key's history is linearizable against a register; a failing one is
+    saved in $SHARDETCD_FAILURE_DIR (default: tmp_path) for ``python -m tests.lincheck``."""
+    for key in KEYS:
+        ops = [op for k, op in history if k == key]
+        if not linearizable(ops):
+            out = Path(os.environ.get("SHARDETCD_FAILURE_DIR", tmp_path))
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"{name}-{key.decode().replace('/', '_')}.json"
+            save(ops, path)
+            raise AssertionError(f"history of {key!r} is not linearizable; saved to {path} "
+                                 f"(replay: python -m tests.lincheck {path})")
 
 
 def test_history_is_linearizable_across_kills(shardetcd, tmp_path):
@@ -94,15 +108,7 @@ def test_history_is_linearizable_across_kills(shardetcd, tmp_path):
     done = [op for _, op in history if not math.isinf(op.ret)]
     assert len(done) > 200, "too little traffic to say anything"
     assert any(math.isinf(op.ret) for _, op in history), "no operation was in flight at a kill"
-    for key in KEYS:
-        ops = [op for k, op in history if k == key]
-        if not linearizable(ops):
-            out = Path(os.environ.get("SHARDETCD_FAILURE_DIR", tmp_path))
-            out.mkdir(parents=True, exist_ok=True)
-            path = out / f"history-{key.decode().replace('/', '_')}.json"
-            save(ops, path)
-            raise AssertionError(f"history of {key!r} is not linearizable; saved to {path} "
-                                 f"(replay: python -m tests.lincheck {path})")
+    check_linearizable(history, tmp_path)
     # the checker is not vacuous on this history: one read of a value nobody
     # wrote makes it fail
     ops = [op for k, op in history if k == KEYS[0]]
