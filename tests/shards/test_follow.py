@@ -46,6 +46,11 @@ class FakeStore:
         self.hub = FakeHub()
         self.rev = self.committed = 1
         self.compact_rev = -1
+        self.released = 1  # reads waiting for a revision are let go once it is applied
+
+    def _release_waiters(self, rev: int) -> None:
+        assert rev == self.committed >= self.released
+        self.released = rev
 
 
 def part(rev: int, participants: tuple[int, ...], epoch: int, sid: int) -> Record:
