@@ -46,3 +46,15 @@ def test_bench_followers_tiny_runs_every_row_without_errors(tmp_path):
     # every server stopped; a tiny run never replaces the results kept in git
     assert "stopped etcd" in p.stdout and "stopped shardetcd (writer, followers) and NATS" in p.stdout
     assert "kept as the latest" not in p.stdout and not list(tmp_path.glob("latest-followers*"))
+
+
+def test_readme_followers_table_is_the_kept_quick_run():
+    """bench/README.md shows the summary of results/latest-followers.json, not older figures."""
+    kept = json.loads((REPO / "bench" / "results" / "latest-followers.json").read_text())
+    assert kept["meta"]["mode"] == "quick"
+    assert {r["server"] for r in kept["rows"]} == set(followers.CONFIGS)
+    readme = (REPO / "bench" / "README.md").read_text()
+    block = readme.split("<!-- followers-summary:", 1)[1].split("-->", 1)[1].split("<!-- /followers-summary -->", 1)[0]
+    assert block.strip() == followers.summary(kept["rows"]).strip()
+    assert kept["meta"]["timestamp"] in readme
+    assert kept["summary_md"] in (REPO / "bench" / "results" / "latest-followers.md").read_text()
