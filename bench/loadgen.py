@@ -66,6 +66,22 @@ async def open_channels(target: str, n: int) -> list[grpc.aio.Channel]:
     return chans
 
 
+def job_channels(job: dict, conn_ids: list[int]) -> list[grpc.aio.Channel]:
+    """One channel per global connection index; with job["targets"] (a list of endpoints,
+    e.g. a writer and its followers) connection g goes to targets[g % len(targets)], so
+    connections (and the clients on them) are spread evenly over the endpoints; without it,
+    every connection goes to job["target"]."""
+    targets = job.get("targets") or [job["target"]]
+    return [channel(targets[g % len(targets)]) for g in conn_ids]
+
+
+async def open_job_channels(job: dict, conn_ids: list[int]) -> list[grpc.aio.Channel]:
+    chans = job_channels(job, conn_ids)
+    for ch in chans:
+        await asyncio.wait_for(ch.channel_ready(), 30)
+    return chans
+
+
 def my_share(total: int, wi: int, wn: int) -> list[int]:
     """Global indexes (of clients, connections, ...) that worker `wi` of `wn` runs."""
     return [g for g in range(total) if g % wn == wi]
@@ -145,8 +161,8 @@ def build_unary_requests(job: dict, g: int) -> tuple[str, list[bytes]]:
 
 async def run_unary(job: dict, wi: int, wn: int, conn) -> dict:
     clients = my_share(job["clients"], wi, wn)
-    nconns = max(1, len(my_share(job["conns"], wi, wn)))
-    chans = await open_channels(job["target"], nconns)
+    chans = await open_job_channels(job, my_share(job["conns"], wi, wn) or [wi])
+    nconns = len(chans)
     work = []
     for j, g in enumerate(clients):
         method, reqs = build_unary_requests(job, g)
@@ -168,8 +184,8 @@ async def run_unary(job: dict, wi: int, wn: int, conn) -> dict:
 
 async def run_keepalive(job: dict, wi: int, wn: int, conn) -> dict:
     streams = my_share(job["clients"], wi, wn)
-    nconns = max(1, len(my_share(job["conns"], wi, wn)))
-    chans = await open_channels(job["target"], nconns)
+    chans = await open_job_channels(job, my_share(job["conns"], wi, wn) or [wi])
+    nconns = len(chans)
     grant = chans[0].unary_unary(LEASE_GRANT, request_serializer=pb.LeaseGrantRequest.SerializeToString,
                                  response_deserializer=pb.LeaseGrantResponse.FromString)
     lease = (await grant(pb.LeaseGrantRequest(TTL=600))).ID
@@ -200,8 +216,8 @@ async def run_keepalive_pipelined(job: dict, wi: int, wn: int, conn) -> dict:
     for each answer (up to `window` keep-alives in flight per stream). A stream
     answers in order, so a FIFO of send times gives each answer's latency."""
     streams = my_share(job["clients"], wi, wn)
-    nconns = max(1, len(my_share(job["conns"], wi, wn)))
-    chans = await open_channels(job["target"], nconns)
+    chans = await open_job_channels(job, my_share(job["conns"], wi, wn) or [wi])
+    nconns = len(chans)
     ids = job["setup"]["lease_ids"]
     calls = [chans[j % nconns].stream_stream(LEASE_KEEPALIVE)() for j in range(len(streams))]
     # stream g renews leases g, g+S, g+2S, ... (S streams in all)
@@ -289,14 +305,20 @@ async def run_watch(job: dict, wi: int, wn: int, conn) -> dict:
     nw = wn - 1
     watchers = [] if writer else my_share(job["clients"], wi, nw)
     streams = [] if writer else (my_share(job["streams"], wi, nw) or [wi])
-    ch = (await open_channels(job["target"], 1))[0]
+    # one channel per endpoint this worker's streams go to (global stream g -> targets[g % n]);
+    # the writer of the watched key always puts to job["target"]
+    targets = job.get("targets") or [job["target"]]
+    stream_target = [targets[g % len(targets)] for g in streams]
+    chan_of = {t: channel(t) for t in (dict.fromkeys(stream_target) or [job["target"]])}
+    for c in chan_of.values():
+        await asyncio.wait_for(c.channel_ready(), 30)
     create = pb.WatchRequest(create_request=pb.WatchCreateRequest(key=WATCH_KEY)).SerializeToString()
     per_stream = [watchers[j::len(streams)] for j in range(len(streams))] if streams else []
     calls = []
-    for ws in per_stream:
+    for j, ws in enumerate(per_stream):
         if not ws:
             continue
-        call = ch.stream_stream(WATCH, response_deserializer=pb.WatchResponse.FromString)()
+        call = chan_of[stream_target[j]].stream_stream(WATCH, response_deserializer=pb.WatchResponse.FromString)()
         for _ in ws:
             await call.write(create)
         created = 0
@@ -341,7 +363,8 @@ async def run_watch(job: dict, wi: int, wn: int, conn) -> dict:
     except asyncio.TimeoutError:
         timed_out = True
     cpu = time.process_time() - cpu0
-    await ch.close()
+    for c in chan_of.values():
+        await c.close()
     return {"lat": lat.tobytes(), "revs": revs.tobytes(), "recvs": recvs.tobytes(), "events_in_window": in_window[0],
             "timed_out": timed_out, "cpu": cpu, "total": len(lat), "errors": {}, **out}
 

@@ -1,0 +1,413 @@
+"""python -m bench.followers [--quick|--tiny]: reads, watches and keep-alives
+served by 1, 2 and 4 processes per partition (issue 17), with etcd beside.
+
+Deployments, one after the other, on 127.0.0.1 with free ports, stopped by PID:
+
+  etcd          single etcd 3.5.1, data dir on disk
+  shardetcd-1   shardetcd on JetStream R1 (one NATS server, to leave the CPU to the
+                servers): the writer only
+  shardetcd-2   the same writer + 1 follower (`--follow`)
+  shardetcd-4   the same writer + 3 followers
+
+The shardetcd rows share one NATS server and one writer: followers are added
+(1, then 2 more) between the rows, so a row's processes are all that serve.
+
+Each row gets the same load with the same total clients, spread evenly over
+the serving processes' endpoints (the load generator's job["targets"]:
+connection g, or watch stream g, goes to endpoint g % n):
+
+  range-s          Range of one key, serializable (served from the process's own state)
+  range-l          Range of one key, linearizable (a follower asks the writer's committed
+                   revision, shared by every read waiting for it, and reads at it)
+  watch-fanout     1 writer putting as fast as it can (always to the writer) -> N watchers of
+                   the key over 8 streams; req/s = events delivered/s
+  lease-keepalive  8 LeaseKeepAlive streams over 4 connections, each keep-alive -> response
+                   in a loop (a follower coalesces: it answers a lease it renewed recently at
+                   once and renews at the writer every 0.5 s)
+
+Per row: req/s, p50/p99, server CPU summed over the serving processes (µs per
+request, and each process's % of one core), the NATS server's CPU per request
+apart, other CPU %, and ratios × one process (shardetcd-1) and × etcd.
+
+This machine has few cores (2 when written), shared by the load generator,
+NATS and up to 4 server processes: more serving processes cannot add
+throughput past the cores there are. Read the CPU µs per request to see what
+one process costs per request; bench/README.md turns that into a model for
+more cores.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import grpc
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+
+from . import machine, report, scenarios as sc
+from .cli import make_job, prepare
+from .loadgen import HOT_KEY, Pool
+from .replicated import nats_version
+from tests.etcd_fixture import free_ports
+
+from .servers import _DefaultShardetcd, busy_seconds, cpu_seconds, machine_busy, start_real_etcd, start_shardetcd_default
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LATEST = "latest-followers"
+CONFIGS = ("etcd", "shardetcd-1", "shardetcd-2", "shardetcd-4")
+ONE = "shardetcd-1"
+NOTE = ("Load generator, the NATS server and every serving process share this machine's cores (loopback only): "
+        "with more processes than cores, more processes cannot add throughput; read the server CPU µs per request.")
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str  # the scenario of bench/scenarios.py
+    clients: int  # total, spread over the serving endpoints
+    overrides: dict = field(default_factory=dict)
+
+
+# conns (unary: min(clients, 8)) and streams are multiples of 4, so that every serving endpoint gets the same share
+POINTS = [Point("range-s", 64), Point("range-l", 64), Point("watch-fanout", 100, {"streams": 8}),
+          Point("lease-keepalive", 8, {"conns": 4})]
+TINY_POINTS = [Point("range-s", 8), Point("range-l", 8), Point("watch-fanout", 16, {"streams": 8}),
+               Point("lease-keepalive", 8, {"conns": 4})]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.followers", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="0.5 s warm-up + 2.5 s measured per run (≈ 3 min)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="smoke run: 8 clients (16 watchers), 0.2 + 0.5 s runs; its figures mean nothing")
+    ap.add_argument("--workers", type=int, default=sc.WORKERS, help="load-generator processes (default 2)")
+    ap.add_argument("--quiet-wait", type=float, default=None,
+                    help="before each run, wait up to this many seconds for other CPU load to drop below "
+                         "--quiet-below (default 0 tiny, 10 s quick, 60 s full)")
+    ap.add_argument("--quiet-below", type=float, default=25.0, help="percent of one core (default 25)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and Markdown go (default bench/results)")
+    return ap.parse_args(argv)
+
+
+def mode_of(args) -> str:
+    return "tiny" if args.tiny else "quick" if args.quick else "full"
+
+
+# ------------------------------------------------------------------ deployments
+
+
+@dataclass
+class Serving:
+    """What serves one row: endpoints (the writer, or etcd, first) and the PIDs to charge."""
+    name: str
+    endpoints: list[str]
+    serving_pids: dict[str, int]  # role -> pid of each serving process
+    other_pids: dict[str, int]  # role -> pid of processes that do not serve clients (the NATS server)
+    version: str
+    describe: str
+
+
+class ShardetcdOnJetStream:
+    """One NATS server (JetStream, R1), a writer, and followers added on demand."""
+
+    def __init__(self, tmp: Path) -> None:
+        from tests.nats_fixture import start_nats_cluster
+
+        self.base = tmp / "shardetcd-js-r1"
+        self.nats = start_nats_cluster(self.base / "nats", size=1)
+        self.js_args = ("--journal-url", self.nats.urls, "--journal-replicas", "1")
+        self.writer = None
+        self.followers: list[_DefaultShardetcd] = []
+        try:
+            self.writer = start_shardetcd_default(self.base / "w", self.js_args, "journal on JetStream R1")
+        except BaseException:
+            self.nats.stop()
+            raise
+        self.version = f"shardetcd, journal on JetStream R1 (nats-server {nats_version()})"
+
+    def grow(self, processes: int) -> None:
+        """Start followers until `processes` serve (the writer + processes-1 followers)."""
+        while 1 + len(self.followers) < processes:
+            d = self.base / f"f{len(self.followers) + 1}"
+            f = _DefaultShardetcd(data_dir=d / "data", state_dir=d / "unused", port=0,
+                                  log_path=d / "shardetcd.log", extra_args=(*self.js_args, "--follow"), timeout=120)
+
+            f.port, f.metrics_port = free_ports(2)
+            self.followers.append(f)
+            f.start()
+
+    def serving(self, processes: int) -> Serving:
+        self.grow(processes)
+        procs = [self.writer.process, *self.followers[:processes - 1]]
+        roles = ["writer"] + [f"follower {i + 1}" for i in range(processes - 1)]
+        return Serving(f"shardetcd-{processes}", [p.endpoint for p in procs],
+                       {r: p.pid for r, p in zip(roles, procs)},
+                       {f"nats {s.name}": s.pid for s in self.nats.servers if s.running()}, self.version,
+                       "shardetcd on JetStream R1 (one NATS server): the writer" +
+                       (f" + {processes - 1} follower{'s' if processes > 2 else ''}" if processes > 1 else " only"))
+
+    # WARNING lines every start logs (not problems)
+    ROUTINE = ("msg=writer lease acquired", "msg=following the writer's journals")
+
+    def problems(self) -> dict[str, list[str]]:
+        """WARNING/ERROR lines of the writer and followers' logs (what they reported while serving),
+        but for the routine start lines."""
+        out = {}
+        for role, p in [("writer", self.writer.process), *((f"follower {i + 1}", f) for i, f in enumerate(self.followers))]:
+            text = p.log_tail(100_000)
+            bad = [x for x in text.splitlines() if ("level=ERROR" in x or "level=WARNING" in x or "Traceback" in x)
+                   and not any(m in x for m in self.ROUTINE)]
+            if bad:
+                out[role] = bad[-20:]
+        return out
+
+    def stop(self) -> None:
+        try:
+            for f in reversed(self.followers):
+                f.stop(grace=15)
+                shutil.rmtree(f.default_state_dir(), ignore_errors=True)
+            if self.writer is not None:
+                self.writer.stop()
+        finally:
+            self.nats.stop()
+
+
+def wait_visible(endpoints: list[str], key: bytes, timeout: float = 60.0) -> None:
+    """Until every endpoint serves `key` in a serializable Range (a follower may lag)."""
+    deadline = time.monotonic() + timeout
+    for ep in endpoints:
+        with grpc.insecure_channel(ep) as ch:
+            rng = pbg.KVStub(ch).Range
+            while not rng(pb.RangeRequest(key=key, serializable=True), timeout=10).kvs:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{ep} does not serve {key!r} within {timeout:.0f} s of the put")
+                time.sleep(0.05)
+
+
+# ------------------------------------------------------------------ runs
+
+
+def run_point(pool: Pool, srv: Serving, p: Point, s: sc.Scenario, timing: sc.Timing, workers: int) -> dict:
+    job = make_job(s, p.clients, srv.endpoints[0], timing, True, {})
+    job.update(p.overrides)
+    job["targets"] = srv.endpoints
+    extra: list[dict[str, float]] = []
+
+    def on_window(worker_pids: list[int]) -> tuple[float, float, float]:
+        per = {role: cpu_seconds(pid) for role, pid in {**srv.serving_pids, **srv.other_pids}.items()}
+        extra.append(per)
+        return (sum(per[r] for r in srv.serving_pids), sum(cpu_seconds(w) for w in worker_pids), busy_seconds())
+
+    results = pool.run(job, workers, on_window=on_window)
+    [row] = report.summarize(s.kind, results, job["duration"])
+    a, b = extra
+    d = job["duration"]
+    by_proc = {r: (b[r] - a[r]) / d * 100 for r in srv.serving_pids}
+    other = sum(b[r] - a[r] for r in srv.other_pids)
+    n = row["req_s"] * d
+    row.update(scenario=p.name, server=srv.name, processes=len(srv.endpoints), clients=p.clients,
+               conns=job.get("conns"), streams=job.get("streams"), workers=workers,
+               srv_cpu_pct_by_process=by_proc, nats_cpu_pct=other / d * 100,
+               nats_cpu_us=other / n * 1e6 if n else None)
+    if row.get("other_cpu_pct") is not None:  # the NATS server is not "the rest of the machine"
+        row["other_cpu_pct"] = max(0.0, row["other_cpu_pct"] - other / d * 100)
+    if s.kind == "watch":
+        row["clients_label"] = f"{p.clients} watchers/{job['streams']} streams"
+    else:
+        row["clients_label"] = f"{p.clients}/{job['conns']} conns"
+    return row
+
+
+def ratios(rows: list[dict]) -> None:
+    """× one process (shardetcd-1) and × etcd, of the same scenario in this run."""
+    ref = {(r["scenario"], r["server"]): r for r in rows}
+    for r in rows:
+        for key, name in (("x_one", ONE), ("x_etcd", "etcd")):
+            base = ref.get((r["scenario"], name))
+            own = key == "x_one" and r["server"] == "etcd"  # × one process: shardetcd's rows only
+            r[key] = r["req_s"] / base["req_s"] if base and base["req_s"] and base is not r and not own else None
+
+
+# ------------------------------------------------------------------ tables
+
+
+def _x(v) -> str:
+    return f"{v:.2f}×" if v is not None else ""
+
+
+def table(rows: list[dict]) -> str:
+    head = ["scenario", "clients", "server", "processes", "req/s", "p50 ms", "p99 ms", "srv CPU µs/req",
+            "srv CPU % per process", "NATS CPU µs/req", "other CPU %", "× 1 process", "× etcd", "errors"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        per = " / ".join(f"{v:.0f}" for v in r["srv_cpu_pct_by_process"].values())
+        errs = sum(r.get("errors", {}).values()) + (1 if r.get("timed_out") else 0)
+        lines.append("| " + " | ".join([
+            r["scenario"], r["clients_label"], r["server"], str(r["processes"]), report._thr(r["req_s"]),
+            report._f(r.get("p50_ms")), report._f(r.get("p99_ms")), report._f(r.get("srv_cpu_us"), "{:.0f}"), per,
+            report._f(r.get("nats_cpu_us"), "{:.0f}") if r["server"] != "etcd" else "", report._f(r.get("other_cpu_pct"), "{:.0f}"),
+            _x(r.get("x_one")), _x(r.get("x_etcd")), str(errs) if errs else ""]) + " |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> str:
+    """One line per server; each scenario: req/s (× 1 process, × etcd), p99 ms, server CPU µs/req."""
+    scen = list(dict.fromkeys(r["scenario"] for r in rows))
+    index = {(r["scenario"], r["server"]): r for r in rows}
+    head = ["server"] + scen
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for srv in CONFIGS:
+        if not any(k[1] == srv for k in index):
+            continue
+        cells = [srv]
+        for s in scen:
+            r = index.get((s, srv))
+            if not r:
+                cells.append("")
+                continue
+            xs = [x for x in (_x(r.get("x_one")) if srv not in ("etcd", ONE) else "",
+                              _x(r.get("x_etcd")) + " etcd" if srv != "etcd" else "") if x]
+            cells.append(f"{report._thr(r['req_s'])}" + (f" ({', '.join(xs)})" if xs else "")
+                         + f"; p99 {report._f(r.get('p99_ms'), '{:.1f}')} ms; {report._f(r.get('srv_cpu_us'), '{:.0f}')} µs")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    servers = "\n".join(f"- **{k}**: {v['describe']} ({v['version']})" for k, v in meta["servers"].items())
+    t = meta["timing"]
+    problems = meta.get("log_problems") or {}
+    prob = ("\n".join(f"- {role}: {len(lines)} WARNING/ERROR lines, last: `{lines[-1][:300]}`" for role, lines in problems.items())
+            if problems else "none")
+    return "\n".join([
+        f"# `python -m bench.followers{'' if meta['mode'] == 'full' else ' --' + meta['mode']}` ({meta['timestamp']})", "",
+        f"Machine: {machine.one_line(meta['machine'])}; grpcio {meta['grpcio']}. Runs: {t['warmup_s']} s warm-up + "
+        f"{t['duration_s']} s measured; other CPU while measuring (the rest of the machine, % of one core; the NATS "
+        f"server not included): median {meta['other_cpu_pct_median']:.0f} %, max {meta['other_cpu_pct_max']:.0f} %.", "",
+        servers, "", NOTE, "",
+        "The same total clients in every row, spread evenly over the serving endpoints. *srv CPU* is summed over the "
+        "serving processes (etcd; the writer and its followers) per request (watch-fanout: per delivered event); "
+        "*srv CPU % per process* is each one's share of one core over the window (writer first); *NATS CPU* is the "
+        "NATS server's, apart.", "",
+        "## Summary", "", "Each cell: req/s (× 1 process, × etcd); p99; server CPU µs per request.", "", summary(rows), "",
+        "## Every row", "", table(rows), "",
+        f"WARNING/ERROR lines in the shardetcd logs: {prob}", "",
+        f"Reproduce: `python -m bench.followers{'' if meta['mode'] == 'full' else ' --' + meta['mode']}` from the "
+        f"repository root (took {meta['elapsed_s']:.0f} s).", ""])
+
+
+# ------------------------------------------------------------------ main
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.quick = args.quick or args.tiny
+    mode = mode_of(args)
+    timing = sc.TINY if args.tiny else sc.QUICK if args.quick else sc.FULL
+    table_of = sc.by_name(tiny=args.tiny)
+    points = TINY_POINTS if args.tiny else POINTS
+    quiet_wait = args.quiet_wait if args.quiet_wait is not None else {"tiny": 0.0, "quick": 10.0, "full": 60.0}[mode]
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    tmp = Path(tempfile.mkdtemp(prefix="shardetcd-bench-followers-"))
+    total = len(CONFIGS) * len(points)
+    print(f"bench.followers: {mode} mode, {total} runs, {','.join(CONFIGS)}; {os.cpu_count()} cores shared by the "
+          f"load generator, NATS and every serving process; data under {tmp}", flush=True)
+    meta: dict = {"timestamp": stamp, "mode": mode, "cores": os.cpu_count(), "python": platform.python_version(),
+                  "grpcio": grpc.__version__, "note": NOTE, "workers": args.workers,
+                  "timing": {"warmup_s": timing.warmup, "duration_s": timing.duration}, "servers": {},
+                  "points": [{"scenario": p.name, "clients": p.clients, **p.overrides} for p in points],
+                  "machine": machine.describe(tmp)}
+    print(f"  machine: {machine.one_line(meta['machine'])}", flush=True)
+    rows: list[dict] = []
+    pool = Pool(args.workers)
+    t_begin = time.monotonic()
+    done = 0
+
+    def log(line: str) -> None:
+        print(f"  [{time.monotonic() - t_begin:5.0f}s] {line}", flush=True)
+
+    def wait_quiet() -> None:
+        deadline = time.monotonic() + quiet_wait
+        while machine_busy(0.5) >= args.quiet_below and time.monotonic() < deadline:
+            pass
+
+    def run_all(srv: Serving) -> None:
+        nonlocal done
+        meta["servers"][srv.name] = {"version": srv.version, "describe": srv.describe, "endpoints": srv.endpoints}
+        log(f"serving {srv.name}: {srv.endpoints} (pids {srv.serving_pids}, other {srv.other_pids})")
+        for p in points:
+            s = table_of[p.name]
+            prepare(s, srv.endpoints[0], True)  # range: the key, put through the writer
+            if s.kind == "unary":
+                wait_visible(srv.endpoints, HOT_KEY)
+            wait_quiet()
+            r = run_point(pool, srv, p, s, timing, args.workers)
+            rows.append(r)
+            done += 1
+            errs = sum(r.get("errors", {}).values())
+            log(f"{done:>2}/{total} {p.name:<16} {r['clients_label']:<22} {srv.name:<12} {report._thr(r['req_s']):>7} req/s  "
+                f"p50 {report._f(r['p50_ms']):>6} ms  p99 {report._f(r['p99_ms']):>7} ms  "
+                f"srv {report._f(r.get('srv_cpu_us'), '{:.0f}'):>5} µs/req  other CPU {report._f(r.get('other_cpu_pct'), '{:.0f}')}%"
+                + (f"  errors {r['errors']}" if errs else "") + ("  TIMED OUT" if r.get("timed_out") else ""))
+
+    try:
+        etcd = start_real_etcd(tmp / "etcd")
+        try:
+            run_all(Serving("etcd", [etcd.endpoint], {"etcd": etcd.pid}, {}, etcd.version, "single etcd 3.5.1, data dir on disk"))
+        finally:
+            etcd.stop()
+            log("stopped etcd")
+        js = ShardetcdOnJetStream(tmp)
+        try:
+            for n in (1, 2, 4):
+                run_all(js.serving(n))
+            meta["log_problems"] = js.problems()
+        finally:
+            js.stop()
+            log("stopped shardetcd (writer, followers) and NATS")
+    finally:
+        pool.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    ratios(rows)
+    elapsed = time.monotonic() - t_begin
+    other = [r["other_cpu_pct"] for r in rows if r.get("other_cpu_pct") is not None]
+    meta.update(elapsed_s=elapsed, other_cpu_pct_median=statistics.median(other) if other else 0.0,
+                other_cpu_pct_max=max(other) if other else 0.0)
+    md = table(rows)
+    print()
+    print(md)
+    print()
+    print(summary(rows))
+    for role, lines in (meta.get("log_problems") or {}).items():
+        print(f"\n{role}: {len(lines)} WARNING/ERROR lines in its log, last:\n  " + "\n  ".join(x[:300] for x in lines[-3:]))
+    print(f"\nNote: {NOTE}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"followers-{stamp}"
+    report.write_json(stem.with_suffix(".json"), {"meta": meta, "rows": rows, "table_md": md, "summary_md": summary(rows)})
+    stem.with_suffix(".md").write_text(markdown(meta, rows))
+    print(f"results: {stem.with_suffix('.json')}, {stem.with_suffix('.md')}  ({elapsed:.0f} s)")
+    if publishable(args):
+        for ext in (".json", ".md"):
+            shutil.copyfile(stem.with_suffix(ext), args.out / (LATEST + ext))
+        print(f"kept as the latest quick followers run (tracked in git): {args.out / LATEST}.{{json,md}}")
+    return 0
+
+
+def publishable(args) -> bool:
+    """Only a default quick run replaces the results kept in the repository."""
+    return args.quick and not args.tiny and args.out.resolve() == RESULTS.resolve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
