@@ -77,20 +77,20 @@ def test_history_over_writer_and_followers_is_linearizable(writer_and_followers,
 
 
 def test_watches_on_followers_see_every_write_once_in_order(writer_and_followers):
-    """32 writers on the writer; 400 watchers over 8 streams on the two
+    """32 writers on the writer; 1,000 watchers over 8 streams on the two
     followers, each on one writer's keys; every watcher sees exactly that
     writer's acknowledged puts, in revision order, nothing twice."""
     writer, followers = writer_and_followers
     channels = [grpc.insecure_channel(f.endpoint) for f in followers]
     clients = [WatchClient(channels[i % 2]) for i in range(8)]
     watching: list[tuple[WatchClient, int, int]] = []  # (client, watch id, writer)
-    for n in range(400):
+    for n in range(1000):
         c = clients[n % 8]
         prefix = b"/registry/pods/w%d/" % (n % 32)
         c.create(prefix, prefix[:-1] + b"0")
         watching.append((c, sum(1 for w in watching if w[0] is c), n % 32))
     for c in clients:
-        c.wait_for(lambda rs: sum(r.created for r in rs) == 50, timeout=30)
+        c.wait_for(lambda rs: sum(r.created for r in rs) == 125, timeout=60)
     acked: dict[int, list[int]] = {w: [] for w in range(32)}
 
     def write(w: int) -> None:
