@@ -278,3 +278,36 @@ def test_cluster_starts_followers_per_partition_and_lists_them_for_kube_apiserve
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+
+
+def test_a_follower_that_falls_behind_the_checkpoints_stops_and_restarts_from_the_newest(nats, tmp_path):
+    """A follower paused (SIGSTOP) while the writer writes past several checkpoints,
+    each purging the journal it covers: when it runs again it finds messages
+    missing that its checkpoint does not cover, and stops (exit 1, one line)
+    rather than serve a state with holes; started again, it loads the newest
+    checkpoint and serves every write."""
+    import signal
+
+    writer = server_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "65536").start()
+    follower = server_on(nats, tmp_path / "f", "--follow").start()
+    try:
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            kv.Put(pb.PutRequest(key=b"/registry/pods/ns/first", value=b"v"), timeout=10)
+            os.kill(follower.pid, signal.SIGSTOP)
+            for i in range(300):  # ~300 KiB into the pods journal: several checkpoints and purges
+                rev = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (i % 40), value=b"v" * 1000),
+                             timeout=10).header.revision
+        os.kill(follower.pid, signal.SIGCONT)
+        assert follower.proc.wait(60) == 1
+        assert "stopped after a journal failure" in follower.log_tail(5) and "expected message" in follower.log_tail(5)
+        follower.start()
+        with grpc.insecure_channel(follower.endpoint) as ch:
+            r = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
+                                     timeout=10)
+        assert r.header.revision == rev and len(r.kvs) == 41
+    finally:
+        for s in (follower, writer):
+            if s.running():
+                os.kill(s.pid, signal.SIGCONT)
+            s.stop()
