@@ -146,14 +146,27 @@ class WriterLink:
     # -- forwarding -----------------------------------------------------
 
     async def unary(self, service: str, method: str, request: bytes, metadata) -> bytes:
-        channel = await self.channel()
-        call = channel.unary_unary(f"/{service}/{method}", request_serializer=_identity, response_deserializer=_identity)
-        try:
-            return await call(request, metadata=metadata, timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        """Call the writer.  While no writer can be reached (a takeover under way),
+        wait for one, as an etcd member holds requests while it elects a leader,
+        up to the request timeout: a call the writer refused to connect to never
+        reached it, so sending it again cannot apply it twice."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                channel = await self.channel()
+                call = channel.unary_unary(f"/{service}/{method}", request_serializer=_identity,
+                                           response_deserializer=_identity)
+                return await call(request, metadata=metadata, timeout=max(deadline - time.monotonic(), 0.1))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
                 await self.forget()
-            raise
+                if "failed to connect" not in (exc.details() or "").lower() or time.monotonic() > deadline:
+                    raise  # it may have reached the writer: the client decides
+            except RequestTimeoutError:  # no writer has published where it serves yet
+                if time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.1)
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> tuple:

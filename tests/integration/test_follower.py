@@ -311,3 +311,38 @@ def test_a_follower_that_falls_behind_the_checkpoints_stops_and_restarts_from_th
             if s.running():
                 os.kill(s.pid, signal.SIGCONT)
             s.stop()
+
+
+def test_history_over_followers_is_linearizable_across_a_writer_takeover(nats, tmp_path):
+    """Clients on two followers (and two on the writer until it dies); kill -9 of
+    the writer mid-run, a standby takes over, the followers find it: every key's
+    history is linearizable, writes whose answers were lost included."""
+    writer = server_on(nats, tmp_path / "w").start()
+    followers = [server_on(nats, tmp_path / f"f{i}", "--follow").start() for i in range(2)]
+    standby = server_on(nats, tmp_path / "s", "--standby").start(wait=False)
+    try:
+        deadline = time.monotonic() + 30
+        while "standing by, following" not in standby.log_tail(50):
+            assert standby.running() and time.monotonic() < deadline, standby.log_tail()
+            time.sleep(0.1)
+        endpoints = [writer.endpoint] * 2 + [followers[0].endpoint] * 2 + [followers[1].endpoint] * 2
+        history: list = []
+        stop = threading.Event()
+        threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10)) for c, ep in enumerate(endpoints)]
+        for t in threads:
+            t.start()
+        time.sleep(2.5)
+        writer.kill()
+        killed = time.monotonic()
+        time.sleep(7.5)  # the lease lapses (~3 s), the standby takes over, the followers find it
+        stop.set()
+        for t in threads:
+            t.join(60)
+        after_kill = [op for _, op in history if op.client >= 2 and op.kind != "get" and not math.isinf(op.ret)
+                      and op.call > killed]
+        assert after_kill, "no write through a follower succeeded after the takeover"
+        check_linearizable(history, tmp_path, "takeover-history")
+        assert "took over as the writer" in standby.log_tail(200)
+    finally:
+        for s in (*followers, standby, writer):
+            s.kill()
