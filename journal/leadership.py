@@ -155,8 +155,11 @@ class WriterLease:
                 if holder == self.me:  # our last renewal was stored although its answer was lost
                     self.revision, failures = entry.revision, 0
                     continue
-                if holder is None and await self.try_acquire():  # it lapsed while NATS could not be reached
-                    failures = 0
+                if holder is None:
+                    if await self.try_acquire():  # it lapsed while NATS could not be reached
+                        failures = 0
+                    else:  # no holder to be read, yet not free: NATS is not answering consistently yet
+                        not_renewed(JournalFailed("lease entry neither readable nor free"))
                     continue
             except (JournalFailed, *transient_errors()) as exc:  # NATS still unreachable: try again next round
                 not_renewed(exc)

@@ -30,8 +30,15 @@ class Registry:
         self._cache: tuple[float, list[pb.Member]] = (0.0, [])
         self._task: asyncio.Task | None = None
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Announce this member once now (its bucket is made while NATS is known to
+        answer, at start), then every ANNOUNCE_S."""
+        await self.log.announce(f"{self.prefix}{self.me.ID:x}", self._record(), TTL_S)
         self._task = asyncio.ensure_future(self._announce())
+
+    def _record(self) -> str:
+        return json.dumps({"ID": self.me.ID, "name": self.me.name, "peerURLs": list(self.me.peerURLs),
+                           "clientURLs": list(self.me.clientURLs)})
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -39,14 +46,13 @@ class Registry:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _announce(self) -> None:
-        record = json.dumps({"ID": self.me.ID, "name": self.me.name, "peerURLs": list(self.me.peerURLs),
-                             "clientURLs": list(self.me.clientURLs)})
+        record = self._record()
         while True:
+            await asyncio.sleep(ANNOUNCE_S)
             try:
                 await self.log.announce(f"{self.prefix}{self.me.ID:x}", record, TTL_S)
             except Exception as exc:  # noqa: BLE001 - NATS unreachable: try again next round
                 logger.info("member not announced error=%r", exc)
-            await asyncio.sleep(ANNOUNCE_S)
 
     async def members(self) -> list[pb.Member]:
         """Every member that announced itself lately (this one always), by id."""

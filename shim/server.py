@@ -320,6 +320,19 @@ async def start(config: ServerConfig) -> Running:
     recipes = {"Lock": LockService(member), "Election": ElectionService(member)}
     server.add_generic_rpc_handlers([service_handler("Lock", recipes["Lock"], v3lock_pb2),
                                      service_handler("Election", recipes["Election"], v3election_pb2)])
+    registry = None
+    try:  # before serving: followers find the writer here (after a takeover too); MemberList lists who serves
+        if lease is not None:
+            await lease.log.put_meta(writer_key(lease.key),
+                                     writer_record(config.client_urls, member.member_id, config.name))
+        journal_log = lease.log if lease is not None else link.log if link is not None else None
+        if journal_log is not None:
+            member.registry = registry = Registry(journal_log, config.partition or "writer", services["Cluster"]._me())
+            await registry.start()
+    except BaseException:
+        await store.close()
+        await release_writer_lease(lease)
+        raise
     health_servicer = health.aio.HealthServicer()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -337,16 +350,10 @@ async def start(config: ServerConfig) -> Running:
         await release_writer_lease(lease)
         raise
     progress = asyncio.get_running_loop().create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
-    running = Running(server, store, ports, failed, progress, lease=lease, link=link, following=following)
+    running = Running(server, store, ports, failed, progress, lease=lease, link=link, following=following,
+                      registry=registry)
     if link is None:  # a follower's journals are written by the writer, compactions included
         running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
-    if lease is not None:  # followers find the writer here, after a takeover too
-        await lease.log.put_meta(writer_key(lease.key), writer_record(config.client_urls, member.member_id, config.name))
-    journal_log = lease.log if lease is not None else link.log if link is not None else None
-    if journal_log is not None:  # MemberList: the writer and its followers
-        member.registry = running.registry = Registry(journal_log, config.partition or "writer",
-                                                      services["Cluster"]._me())
-        running.registry.start()
 
     try:
         endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes))
