@@ -418,6 +418,7 @@ def run_load(job: dict, wi: int, wn: int, pipe) -> dict:
         ok = [r for r in inwin if _ok(r[3])]
         out["kinds"][kind] = {
             "n": len(inwin), "ok": len(ok), "errors": len(inwin) - len(ok), "n_all": len(recs),
+            "due": array("d", [r[0] - win0 for r in ok]).tobytes(),  # scheduled, from the window's start
             "lat": array("d", [r[2] - r[0] for r in ok]).tobytes(),  # from the scheduled time
             "svc": array("d", [r[2] - r[1] for r in ok]).tobytes(),  # from the send
             "lag": array("d", [r[1] - r[0] for r in inwin]).tobytes(),
@@ -716,6 +717,37 @@ def setup(api, mode: Mode, log) -> dict:
 # ------------------------------------------------------------------ one backend
 
 
+def process_cpu() -> dict[int, tuple[float, str]]:
+    """{pid: (CPU seconds, command line)} of every process on the machine right now."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        out[int(d)] = ((int(fields[11]) + int(fields[12])) / tick, cmd[:120])
+    return out
+
+
+def top_others(a: dict, b: dict, ours: set[int], seconds: float, n: int = 5) -> list[dict]:
+    """The processes other than ours that used the most CPU between two process_cpu() samples."""
+    used = []
+    for pid, (cpu1, cmd) in b.items():
+        if pid in ours:
+            continue
+        cpu0 = a.get(pid, (0.0, cmd))[0]  # started in the window: all its CPU is in it
+        if cpu1 - cpu0 > 0.01 * seconds:
+            used.append({"pid": pid, "cpu_pct": (cpu1 - cpu0) / seconds * 100, "cmd": cmd})
+    used.sort(key=lambda x: -x["cpu_pct"])
+    return used[:n]
+
+
 def _cpu(pids) -> float:
     total = 0.0
     for p in pids:
@@ -766,6 +798,7 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
         time.sleep(max(0.0, start - now()))
         m0 = scrape(api)
         pids_gen = pool.pids
+        p0 = process_cpu()
         s0 = (_cpu(be.pids.values()), cpu_seconds(api.pid), _cpu(pids_gen), busy_seconds(), now())
         log(f"measuring {mode.duration:.0f} s (warm-up {mode.warmup:.0f} s done)")
         next_note = now() + 10
@@ -775,8 +808,9 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
                 log(f"  ... {now() - start:.0f}/{mode.duration:.0f} s")
                 next_note += 10
         s1 = (_cpu(be.pids.values()), cpu_seconds(api.pid), _cpu(pids_gen), busy_seconds(), now())
+        others = top_others(p0, process_cpu(), {*be.pids.values(), api.pid, *pids_gen, os.getpid()}, s1[4] - s0[4])
         m1 = scrape(api)
-        return {"metrics": hist_delta(m0, m1), "cpu": (s0, s1)}
+        return {"metrics": hist_delta(m0, m1), "cpu": (s0, s1), "others": others}
 
     results = pool.run(job, in_window)
     window = results[0].pop("_window")
@@ -785,6 +819,7 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
     cpu = {"backend_pct": (b1 - b0) / secs * 100, "apiserver_pct": (a1 - a0) / secs * 100,
            "generator_pct": (g1 - g0) / secs * 100, "window_s": secs}
     cpu["other_pct"] = max(0.0, ((m1 - m0) - (b1 - b0) - (a1 - a0) - (g1 - g0)) / secs * 100)
+    cpu["other_processes"] = window["others"]  # what else ran in the window, by CPU
     rows, requests = [], 0
     for kind in [*KINDS, "healthz"]:
         parts = [r["kinds"][kind] for r in results if kind in r["kinds"]]
@@ -806,6 +841,14 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
         rows.append(row)
         if kind != "list":  # a list is its pages: count each HTTP request once
             requests += n
+    # per second of the window (by scheduled time), every request but list pages: where the stalls were
+    due = np.concatenate([report._arr(r["kinds"][k]["due"]) for r in results for k in r["kinds"] if k != "list-page"])
+    lat_all = np.concatenate([report._arr(r["kinds"][k]["lat"]) for r in results for k in r["kinds"] if k != "list-page"])
+    timeline = []
+    for sec in range(int(math.ceil(mode.duration))):
+        sel = lat_all[(due >= sec) & (due < sec + 1)]
+        if sel.size:
+            timeline.append([sec, int(sel.size), float(np.median(sel) * 1e3), float(sel.max() * 1e3)])
     all_lag = np.concatenate([report._arr(r["kinds"][k]["lag"]) for r in results for k in r["kinds"] if k != "list-page"])
     lag = report._pcts(all_lag)
     cpu["requests"] = requests
@@ -831,7 +874,11 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
         f"{cpu['backend_pct']:.0f}, kube-apiserver {cpu['apiserver_pct']:.0f}, generator {cpu['generator_pct']:.0f}, "
         f"other {cpu['other_pct']:.0f}; generator lag p99 {report._f(lag['p99_ms'])} ms"
         + (f"; ERRORS {sum(e['count'] for e in errors.values())}" if errors else ""))
-    return {"rows": rows, "storage": storage, "apiserver": apiserver, "cpu": cpu, "errors": errors,
+    slow = sorted(timeline, key=lambda x: -x[2])[:3]
+    if slow:
+        log("slowest seconds of the window (s: requests, p50 ms, max ms): "
+            + ", ".join(f"{t[0]}: {t[1]}, {t[2]:.0f}, {t[3]:.0f}" for t in slow))
+    return {"rows": rows, "storage": storage, "apiserver": apiserver, "cpu": cpu, "errors": errors, "timeline": timeline,
             "conflicts": dict(conflicts), "_apiserver_log_offset": offset}
 
 
@@ -1080,6 +1127,9 @@ def markdown(meta: dict, results: list[dict]) -> str:
                 notes.append(f"- {r['server']}: {e['count']} failed {kind} requests, by status {e['by_status']}: {e['samples'][:1]}")
         if r.get("conflicts"):
             notes.append(f"- {r['server']}: conflicts retried: {r['conflicts']}")
+        if r["cpu"].get("other_processes"):
+            notes.append(f"- {r['server']}: other CPU {r['cpu']['other_pct']:.0f} % in the window; most of it: " + "; ".join(
+                f"{o['cpu_pct']:.0f} % `{o['cmd'][:70]}`" for o in r["cpu"]["other_processes"][:3]))
         pages = next((x["n"] for x in r["rows"] if x["kind"] == "list-page"), 0)
         lists = next((x["n"] for x in r["rows"] if x["kind"] == "list"), 0)
         st = sum(x["count"] for x in r.get("storage", []) if x["resource"] == "pods" and x["operation"].startswith("list"))
