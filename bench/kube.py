@@ -799,6 +799,7 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
         m0 = scrape(api)
         pids_gen = pool.pids
         p0 = process_cpu()
+        h0 = cpu_seconds(os.getpid())
         s0 = (_cpu(be.pids.values()), cpu_seconds(api.pid), _cpu(pids_gen), busy_seconds(), now())
         log(f"measuring {mode.duration:.0f} s (warm-up {mode.warmup:.0f} s done)")
         next_note = now() + 10
@@ -809,8 +810,9 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
                 next_note += 10
         s1 = (_cpu(be.pids.values()), cpu_seconds(api.pid), _cpu(pids_gen), busy_seconds(), now())
         others = top_others(p0, process_cpu(), {*be.pids.values(), api.pid, *pids_gen, os.getpid()}, s1[4] - s0[4])
+        harness = cpu_seconds(os.getpid()) - h0
         m1 = scrape(api)
-        return {"metrics": hist_delta(m0, m1), "cpu": (s0, s1), "others": others}
+        return {"metrics": hist_delta(m0, m1), "cpu": (s0, s1), "others": others, "harness_s": harness}
 
     results = pool.run(job, in_window)
     window = results[0].pop("_window")
@@ -818,7 +820,8 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
     secs = t1 - t0
     cpu = {"backend_pct": (b1 - b0) / secs * 100, "apiserver_pct": (a1 - a0) / secs * 100,
            "generator_pct": (g1 - g0) / secs * 100, "window_s": secs}
-    cpu["other_pct"] = max(0.0, ((m1 - m0) - (b1 - b0) - (a1 - a0) - (g1 - g0)) / secs * 100)
+    cpu["harness_pct"] = window["harness_s"] / secs * 100  # this process: /proc samples (the /metrics scrapes are outside)
+    cpu["other_pct"] = max(0.0, ((m1 - m0) - (b1 - b0) - (a1 - a0) - (g1 - g0) - window["harness_s"]) / secs * 100)
     cpu["other_processes"] = window["others"]  # what else ran in the window, by CPU
     rows, requests = [], 0
     for kind in [*KINDS, "healthz"]:
@@ -841,9 +844,10 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
         rows.append(row)
         if kind != "list":  # a list is its pages: count each HTTP request once
             requests += n
-    # per second of the window (by scheduled time), every request but list pages: where the stalls were
-    due = np.concatenate([report._arr(r["kinds"][k]["due"]) for r in results for k in r["kinds"] if k != "list-page"])
-    lat_all = np.concatenate([report._arr(r["kinds"][k]["lat"]) for r in results for k in r["kinds"] if k != "list-page"])
+    # per second of the window (by scheduled time), the single-object requests (no lists): where the stalls were
+    single = [k for k in KINDS if k not in ("list", "list-page")]
+    due = np.concatenate([report._arr(r["kinds"][k]["due"]) for r in results for k in r["kinds"] if k in single])
+    lat_all = np.concatenate([report._arr(r["kinds"][k]["lat"]) for r in results for k in r["kinds"] if k in single])
     timeline = []
     for sec in range(int(math.ceil(mode.duration))):
         sel = lat_all[(due >= sec) & (due < sec + 1)]
@@ -884,7 +888,7 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
 
 def generator_check(api, mode: Mode, pool: Pool, log) -> list[dict]:
     """What the generator itself sustains: GET /healthz (no storage, little work in kube-apiserver) at
-    rising fixed rates, 3 s each, until the p99 passes 100 ms or fewer than 95 % are answered; achieved =
+    rising fixed rates, 3 s each, until the p50 passes 20 ms or fewer than 95 % are answered; achieved =
     answers completed in the window per second (a backlog from a stall can push it above the offered rate)."""
     out = []
     check = replace(mode, warmup=1.0, duration=3.0)
@@ -914,7 +918,7 @@ def generator_check(api, mode: Mode, pool: Pool, log) -> list[dict]:
             f"{report._f(row['p99_ms'])} ms, generator {row['generator_pct']:.0f} % / kube-apiserver "
             f"{row['apiserver_pct']:.0f} % of a core (other {row['other_pct']:.0f} %), "
             f"{report._f(row['generator_us_per_request'], '{:.0f}')} µs/request")
-        if row["achieved_per_s"] < 0.95 * rate or (row["p99_ms"] or 0) > 100:
+        if row["achieved_per_s"] < 0.95 * rate or (row["p50_ms"] or 0) > 20:
             break
     return out
 
@@ -979,7 +983,7 @@ def latency_table(results: list[dict]) -> str:
     for s in servers:
         if s != "etcd" and "etcd" in by:
             head += [f"{SHORT[s]}/etcd p50", f"{SHORT[s]}/etcd p99"]
-    head += ["errors"]
+    head += [f"errors ({' / '.join(SHORT[s] for s in servers)})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for kind in KINDS:
         rows = {s: by[s].get(kind) for s in servers}
@@ -1083,6 +1087,13 @@ def generator_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary(results: list[dict]) -> str:
+    """The bench README's kube tables: API latency per request kind, then the storage-side time of the
+    writes and reads the load makes (kube-apiserver's etcd_request_duration_seconds)."""
+    mine = [dict(r, storage=[x for x in r["storage"] if x["resource"] in ("pods", "leases", "events")]) for r in results]
+    return latency_table(results) + "\n\nStorage side (kube-apiserver's etcd_request_duration_seconds, ms):\n\n" + storage_table(mine)
+
+
 def markdown(meta: dict, results: list[dict]) -> str:
     mode = meta["mode"]
     offered = ", ".join(f"{k} {report._thr(v)}/s" for k, v in meta["offered_per_s"].items())
@@ -1094,7 +1105,8 @@ def markdown(meta: dict, results: list[dict]) -> str:
              f"connections): {meta['nodes']} nodes renewing their Lease every {meta['heartbeat_s']:g} s, {offered}; "
              f"{meta['keep_pods']} pods patched in turn, ~{meta['pods_listed']} pods listed (limit {meta['list_limit']}). "
              f"{meta['warmup_s']:g} s warm-up + {meta['duration_s']:g} s measured per backend.", "",
-             NOTE, "",
+             NOTE + " The rest of the machine (other sessions) used, in each backend's measured window: "
+             + ", ".join(f"{r['server']} {r['cpu']['other_pct']:.0f} %" for r in results) + " of one core.", "",
              "## API request latency (client side, ms, from the scheduled send time)", "",
              latency_table(results), "",
              "## Storage-side time: kube-apiserver's etcd_request_duration_seconds over the measured window", "",
@@ -1127,6 +1139,10 @@ def markdown(meta: dict, results: list[dict]) -> str:
                 notes.append(f"- {r['server']}: {e['count']} failed {kind} requests, by status {e['by_status']}: {e['samples'][:1]}")
         if r.get("conflicts"):
             notes.append(f"- {r['server']}: conflicts retried: {r['conflicts']}")
+        if r.get("attempts_other_cpu_pct"):
+            notes.append(f"- {r['server']}: run {len(r['attempts_other_cpu_pct'])} times because other CPU exceeded "
+                         f"--max-other; other CPU per attempt: " + ", ".join(f"{x:.0f} %" for x in r["attempts_other_cpu_pct"])
+                         + "; the attempt with the least is reported")
         if r["cpu"].get("other_processes"):
             notes.append(f"- {r['server']}: other CPU {r['cpu']['other_pct']:.0f} % in the window; most of it: " + "; ".join(
                 f"{o['cpu_pct']:.0f} % `{o['cmd'][:70]}`" for o in r["cpu"]["other_processes"][:3]))
@@ -1135,6 +1151,14 @@ def markdown(meta: dict, results: list[dict]) -> str:
         st = sum(x["count"] for x in r.get("storage", []) if x["resource"] == "pods" and x["operation"].startswith("list"))
         notes.append(f"- {r['server']}: {lists} LISTs of pods, {pages} pages; storage-side pods list calls in the "
                      f"window: {st}")
+        deletes = next((x["n"] for x in r["rows"] if x["kind"] == "pod-delete"), 0)
+        st_del = sum(x["count"] for x in r.get("storage", []) if x["resource"] == "pods" and x["operation"] == "delete")
+        if deletes:
+            notes.append(f"- {r['server']}: {st_del} storage-side pods delete calls for {deletes} DELETE requests "
+                         f"({st_del / deletes:.2f} each). The watch cache hands the delete Txn its copy of the pod; "
+                         f"when that copy does not yet have the update the DELETE itself made just before "
+                         f"(deletionTimestamp), the mod-revision compare fails and the Txn is sent again: more "
+                         f"calls per DELETE = the update came back through the watch later")
         if len(r.get("keys", {})) > 1:
             notes.append(f"- {r['server']}: keys per endpoint after the run: " + "; ".join(
                 f"{url}: " + ", ".join(f"{k} {v}" for k, v in c.items() if v) for url, c in r["keys"].items()))
@@ -1165,6 +1189,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--quiet-wait", type=float, default=None, help="before each backend, wait up to this many seconds "
                                                                    "for the machine to be idle (default 0 tiny, 10 quick, 60 full)")
     ap.add_argument("--quiet-below", type=float, default=25.0, help="percent of one core (default 25)")
+    ap.add_argument("--max-other", type=float, default=50.0,
+                    help="run a backend again (fresh backend and kube-apiserver) when the rest of the machine used more "
+                         "than this percent of a core during its window (default 50)")
+    ap.add_argument("--retries", type=int, default=None, help="how many times at most (default 0 tiny, 2 quick and full); "
+                                                             "the attempt with the least other CPU is reported")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and Markdown go (default bench/results)")
     return ap.parse_args(argv)
 
@@ -1202,7 +1231,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown server(s) {bad}; known: {list(SERVER_ORDER)}")
     servers = [s for s in SERVER_ORDER if s in servers]
     gen_check = args.generator_check == "yes" or (args.generator_check == "auto" and not args.tiny)
-    quiet_wait = args.quiet_wait if args.quiet_wait is not None else {"tiny": 0.0, "quick": 10.0, "full": 60.0}[mode.name]
+    quiet_wait = args.quiet_wait if args.quiet_wait is not None else {"tiny": 0.0, "quick": 30.0, "full": 60.0}[mode.name]
+    retries = args.retries if args.retries is not None else (0 if args.tiny else 2)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     tmp = Path(tempfile.mkdtemp(prefix="shardetcd-bench-kube-"))
     t_begin = now()
@@ -1226,9 +1256,24 @@ def main(argv=None) -> int:
     results: list[dict] = []
     try:
         for i, name in enumerate(servers):
-            res = run_backend(name, tmp, mode, pool, log, gen_check and i == 0, quiet_wait, args.quiet_below)
-            res["duration_s"] = mode.duration
-            results.append(res)
+            attempts = []
+            for attempt in range(1 + retries):
+                res = run_backend(name, tmp / f"{name}-{attempt}", mode, pool, log, gen_check and i == 0 and attempt == 0,
+                                  quiet_wait, args.quiet_below)
+                res["duration_s"] = mode.duration
+                attempts.append(res)
+                other = res["cpu"]["other_pct"]
+                if other <= args.max_other:
+                    break
+                log(f"{name}: the rest of the machine used {other:.0f} % of a core in the window (> --max-other "
+                    f"{args.max_other:.0f})" + ("; running this backend again" if attempt < retries else "; keeping "
+                                                "the attempt with the least other CPU"))
+            best = min(attempts, key=lambda r: r["cpu"]["other_pct"])
+            if len(attempts) > 1:
+                best["attempts_other_cpu_pct"] = [r["cpu"]["other_pct"] for r in attempts]
+                if not best.get("generator_check"):
+                    best["generator_check"] = next((r["generator_check"] for r in attempts if r.get("generator_check")), None)
+            results.append(best)
     finally:
         pool.close()
         shutil.rmtree(tmp, ignore_errors=True)
