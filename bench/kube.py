@@ -528,6 +528,27 @@ def scrape(api) -> dict[str, dict]:
     return out
 
 
+FSYNC = "etcd_disk_wal_fsync_duration_seconds"
+
+
+def scrape_backend(urls) -> dict:
+    """The backend's WAL/journal fsync histogram (etcd and shardetcd both export it), summed over `urls`."""
+    import urllib.request
+
+    h = {"buckets": {}, "sum": 0.0, "count": 0.0}
+    for url in urls or ():
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        for m in re.finditer(rf"^{FSYNC}_(bucket|sum|count)(?:{{(.*)}})? (\S+)$", text, re.M):
+            part, labels, value = m.groups()
+            if part == "bucket":
+                le = float(re.search(r'le="([^"]+)"', labels).group(1))
+                h["buckets"][le] = h["buckets"].get(le, 0.0) + float(value)
+            else:
+                h[part] += float(value)
+    return {FSYNC: {(): h}} if urls else {}
+
+
 def hist_delta(a: dict, b: dict) -> dict:
     """b - a, for each histogram series with a positive count delta."""
     out = {}
@@ -590,6 +611,7 @@ class Backend:
     logs: list[Path]
     stop: object
     describe: str = ""
+    metrics_urls: list = None  # the backend's own /metrics (etcd: its client URL; shardetcd: --listen-metrics-urls)
 
 
 def start_backend(name: str, tmp: Path) -> Backend:
@@ -597,11 +619,12 @@ def start_backend(name: str, tmp: Path) -> Backend:
     if name == "etcd":
         s = start_real_etcd(tmp)
         return Backend(name, s.version, [f"http://{s.endpoint}"], [], {"etcd": s.pid}, [s.process.log_path], s.stop,
-                       "etcd 3.5.1, one member, data dir on disk")
+                       "etcd 3.5.1, one member, data dir on disk", [s.metrics_url])
     if name == "shardetcd":
         s = start_shardetcd_default(tmp)
         return Backend(name, s.version, [f"http://{s.endpoint}"], [], {"shardetcd": s.pid}, [s.process.log_path], s.stop,
-                       "shardetcd with its defaults: one process, 5 shards, local journal fsync=always, state on /dev/shm")
+                       "shardetcd with its defaults: one process, 5 shards, local journal fsync=always, state on /dev/shm",
+                       [s.metrics_url])
     if name == "shardetcd-cluster":
         return start_cluster(tmp)
     raise ValueError(name)
@@ -797,6 +820,7 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
         start, end = t0 + mode.warmup, t0 + mode.warmup + mode.duration
         time.sleep(max(0.0, start - now()))
         m0 = scrape(api)
+        f0 = scrape_backend(be.metrics_urls)
         pids_gen = pool.pids
         p0 = process_cpu()
         h0 = cpu_seconds(os.getpid())
@@ -812,7 +836,9 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
         others = top_others(p0, process_cpu(), {*be.pids.values(), api.pid, *pids_gen, os.getpid()}, s1[4] - s0[4])
         harness = cpu_seconds(os.getpid()) - h0
         m1 = scrape(api)
-        return {"metrics": hist_delta(m0, m1), "cpu": (s0, s1), "others": others, "harness_s": harness}
+        f1 = scrape_backend(be.metrics_urls)
+        return {"metrics": hist_delta(m0, m1), "fsync": hist_delta(f0, f1), "cpu": (s0, s1), "others": others,
+                "harness_s": harness}
 
     results = pool.run(job, in_window)
     window = results[0].pop("_window")
@@ -873,6 +899,19 @@ def measure(api, be: Backend, mode: Mode, pool: Pool, log) -> dict:
     storage = hist_rows(delta, "etcd_request_duration_seconds", ("group", "resource", "operation"), secs)
     apiserver = [r for r in hist_rows(delta, "apiserver_request_duration_seconds",
                                       ("verb", "group", "resource", "subresource", "scope"), secs) if r["resource"]]
+    fsync = None
+    if be.metrics_urls:
+        fs = hist_rows(window["fsync"], FSYNC, (), secs)
+        fsync = fs[0] if fs else {"count": 0}
+        if fs:  # the highest bucket anything fell in: the slowest fsync was at most this
+            b = window["fsync"][FSYNC][()]["buckets"]
+            prev, worst = 0.0, None
+            for le in sorted(b):
+                if b[le] > prev:
+                    worst = le
+                prev = b[le]
+            fsync["max_le_ms"] = None if worst is None else worst * 1e3
+    cpu["fsync"] = fsync
     summary = "  ".join(f"{r['kind']} {report._f(r['p50_ms'])}/{report._f(r['p99_ms'])}" for r in rows)
     log(f"done: p50/p99 ms {summary}; {requests / mode.duration:.0f} req/s; CPU % of a core: backend "
         f"{cpu['backend_pct']:.0f}, kube-apiserver {cpu['apiserver_pct']:.0f}, generator {cpu['generator_pct']:.0f}, "
@@ -1062,7 +1101,8 @@ def apiserver_table(results: list[dict], min_count: int = 5) -> str:
 
 def cpu_table(results: list[dict]) -> str:
     head = ["backend", "API req/s", "backend CPU %", "kube-apiserver CPU %", "generator CPU %", "other CPU %",
-            "generator µs/req", "generator lag p50 / p99 ms", "kube-apiserver log: E/W lines in the run", "backend log: warnings"]
+            "generator µs/req", "generator lag p50 / p99 ms", "backend fsyncs: n, mean ms, slowest ≤ ms",
+            "kube-apiserver log: E/W lines in the run", "backend log: warnings"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in results:
         c, lg = r["cpu"], r.get("logs", {})
@@ -1070,9 +1110,18 @@ def cpu_table(results: list[dict]) -> str:
                                         f"{c['apiserver_pct']:.0f}", f"{c['generator_pct']:.0f}", f"{c['other_pct']:.0f}",
                                         report._f(c["generator_us_per_request"], "{:.0f}"),
                                         f"{report._f(c['lag_p50_ms'])} / {report._f(c['lag_p99_ms'])}",
+                                        _fsync_cell(c.get("fsync")),
                                         str(lg.get("apiserver_errors_warnings_total", "-")),
                                         str(lg.get("backend_warnings_total", "-"))]) + " |")
     return "\n".join(lines)
+
+
+def _fsync_cell(f: dict | None) -> str:
+    if not f:
+        return "- (no metrics URL)"
+    if not f.get("count"):
+        return "0"
+    return f"{f['count']:,}, {f['mean_ms']:.2f}, {report._f(f.get('max_le_ms'), '{:g}')}"
 
 
 def generator_table(rows: list[dict]) -> str:
