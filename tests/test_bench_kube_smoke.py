@@ -82,3 +82,16 @@ def test_histogram_quantile_interpolates_inside_the_bucket():
     assert le == 0.025 and abs(value - 0.025) < 1e-9
     value, le = kube.hist_quantile(0.995, buckets)
     assert le == 0.05 and 0.025 < value < 0.05
+
+
+def test_readme_kube_tables_are_the_kept_quick_run():
+    """bench/README.md shows the tables of results/latest-kube.json, not older figures."""
+    kept = json.loads((REPO / "bench" / "results" / "latest-kube.json").read_text())
+    assert kept["meta"]["mode"] == "quick" and kept["meta"]["machine"]["cores"]
+    assert [r["server"] for r in kept["results"]] == list(kube.SERVER_ORDER)
+    readme = (REPO / "bench" / "README.md").read_text()
+    block = readme.split("<!-- kube-summary:", 1)[1].split("-->", 1)[1].split("<!-- /kube-summary -->", 1)[0]
+    assert block.strip() == kube.summary(kept["results"]).strip()
+    assert kept["meta"]["timestamp"] in readme
+    md = (REPO / "bench" / "results" / "latest-kube.md").read_text()
+    assert kube.latency_table(kept["results"]) in md and kept["meta"]["timestamp"] in md
