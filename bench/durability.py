@@ -230,8 +230,9 @@ def markdown(meta: dict, rows: list[dict], md: str, tk: str) -> str:
         f"Each repeat kills under 8 writing clients ({meta['takeover_write_s']} s of writes first) and probes with a Put "
         "every 20 ms per probed endpoint. etcd-3: the leader (Maintenance.Status), restarted on its data dir before the "
         f"next repeat. shardetcd-js-r3: the writer, with a --standby waiting on the writer lease (TTL "
-        f"{meta['shardetcd_lease_ttl_s']:.0f} s, renewed every TTL/3); the standby recovers at takeover from the newest "
-        "checkpoint plus the streams (*records replayed*) and is the writer of the next repeat.", "",
+        f"{meta['shardetcd_lease_ttl_s']:.0f} s, renewed every TTL/3); the standby follows the streams while it waits, so at "
+        "takeover it only fences them and applies what came meanwhile (*records replayed*: read at takeover), and it is "
+        "the writer of the next repeat.", "",
         f"Reproduce: `python -m bench.durability{'' if meta['mode'] == 'full' else ' --' + meta['mode']}` from the "
         f"repository root (took {meta['elapsed_s']:.0f} s).", ""])
 
