@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from .handlers import Traffic
 
 FSYNC_BUCKETS_S = tuple(0.001 * 2**i for i in range(14))  # etcd's WAL fsync buckets
+BATCH_BYTES_BUCKETS = tuple(256 * 4**i for i in range(9))  # 256 B .. 16 MiB
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -70,16 +71,20 @@ class Metrics:
                                buckets=FSYNC_BUCKETS_S, registry=self.registry)
         self.shard_batch = Histogram("shardetcd_shard_journal_batch_seconds", "Journal batch write + fsync latency.",
                                      ["shard"], buckets=FSYNC_BUCKETS_S, registry=self.registry)
+        self.shard_batch_bytes = Histogram("shardetcd_shard_journal_batch_bytes",
+                                           "Bytes per journal batch (one fdatasync, or one JetStream message).",
+                                           ["shard"], buckets=BATCH_BYTES_BUCKETS, registry=self.registry)
         for shard in member.store.shards:
             shard.journal.on_batch = self._batch_observer(shard.name)
 
     def _batch_observer(self, name: str):
-        child = self.shard_batch.labels(name)
+        child, sizes = self.shard_batch.labels(name), self.shard_batch_bytes.labels(name)
         fsync = self.fsync
 
         def observe(nbytes: int, seconds: float) -> None:
             fsync.observe(seconds)
             child.observe(seconds)
+            sizes.observe(nbytes)
 
         return observe
 

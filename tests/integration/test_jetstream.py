@@ -216,7 +216,14 @@ def test_a_standby_keeps_its_state_current_and_says_it_is_a_standby(nats, tmp_pa
         # one cluster (its id kept in NATS), another member, a later term
         assert status.header.cluster_id == header.cluster_id and status.header.member_id != header.member_id
         assert scrape(metrics_port, "/health") == (200, b'{"health":"true","reason":""}')
-        assert b"shardetcd_standby 0.0" in scrape(metrics_port, "/metrics")[1]
+        metrics = scrape(metrics_port, "/metrics")[1].decode()
+        assert "shardetcd_standby 0.0" in metrics
+        # the JetStream journal's publishes under the local journal's names: latency and batch sizes
+        counts = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+                  if line.startswith(("etcd_disk_wal_fsync_duration_seconds_count",
+                                      'shardetcd_shard_journal_batch_bytes_count{shard="default"}'))}
+        assert counts["etcd_disk_wal_fsync_duration_seconds_count"] >= 1
+        assert counts['shardetcd_shard_journal_batch_bytes_count{shard="default"}'] >= 1  # the put after takeover
     finally:
         writer.kill()
         standby.kill()

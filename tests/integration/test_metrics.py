@@ -58,6 +58,8 @@ def test_metrics_follow_the_state(server):
     assert m[("shardetcd_shard_writes_total", (("shard", "pods"),))] == 6
     assert m[("shardetcd_shard_writes_total", (("shard", "leases"),))] == 1
     assert m[("etcd_disk_wal_fsync_duration_seconds_count", ())] >= 2
+    assert m[("shardetcd_shard_journal_batch_bytes_count", (("shard", "pods"),))] >= 1
+    assert m[("shardetcd_shard_journal_batch_bytes_sum", (("shard", "pods"),))] > 6 * 20  # six pod writes, framed
     assert m[("etcd_network_client_grpc_received_bytes_total", ())] > 100
     assert m[("etcd_network_client_grpc_sent_bytes_total", ())] > 50
     rss = int(next(line for line in open(f"/proc/{srv.pid}/status") if line.startswith("VmRSS:")).split()[1]) * 1024
