@@ -181,3 +181,11 @@ def shardetcd_on(nats, base: Path, *extra: str):
 
     return ShardetcdProcess(data_dir=base / "data", state_dir=base / "state", port=free_port(),
                             log_path=base / "shardetcd.log", extra_args=("--journal-url", nats.urls, *extra))
+
+
+def wait_standing_by(standby, timeout: float = 30.0) -> None:
+    """Until a --standby started with start(wait=False) follows the writer's journals."""
+    deadline = time.monotonic() + timeout
+    while "standing by, following" not in standby.log_tail(50):
+        assert standby.running() and time.monotonic() < deadline, standby.log_tail(50)
+        time.sleep(0.1)

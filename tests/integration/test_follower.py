@@ -21,7 +21,7 @@ from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
 from tests.integration.test_linearizability import check_linearizable, client
 from tests.lincheck import Op
-from tests.nats_fixture import shardetcd_on as server_on
+from tests.nats_fixture import shardetcd_on as server_on, wait_standing_by
 from tests.watch_client import WatchClient
 
 
@@ -128,10 +128,7 @@ def test_a_follower_serves_through_a_writer_takeover(nats, tmp_path):
     follower = server_on(nats, tmp_path / "f", "--follow").start()
     standby = server_on(nats, tmp_path / "s", "--standby").start(wait=False)
     try:
-        deadline = time.monotonic() + 30
-        while "standing by, following" not in standby.log_tail(50):
-            assert standby.running() and time.monotonic() < deadline, standby.log_tail()
-            time.sleep(0.1)
+        wait_standing_by(standby)
         with grpc.insecure_channel(follower.endpoint) as ch:
             kv = pbg.KVStub(ch)
             watch = WatchClient(ch)
@@ -321,10 +318,7 @@ def test_history_over_followers_is_linearizable_across_a_writer_takeover(nats, t
     followers = [server_on(nats, tmp_path / f"f{i}", "--follow").start() for i in range(2)]
     standby = server_on(nats, tmp_path / "s", "--standby").start(wait=False)
     try:
-        deadline = time.monotonic() + 30
-        while "standing by, following" not in standby.log_tail(50):
-            assert standby.running() and time.monotonic() < deadline, standby.log_tail()
-            time.sleep(0.1)
+        wait_standing_by(standby)
         endpoints = [writer.endpoint] * 2 + [followers[0].endpoint] * 2 + [followers[1].endpoint] * 2
         history: list = []
         stop = threading.Event()
