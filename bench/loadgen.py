@@ -1,10 +1,12 @@
-"""The load generator: a few worker processes, each one asyncio loop with
-grpc.aio channels, driving closed-loop clients with pre-built requests.
+"""The Python load generator, for the shapes etcd's benchmark tool cannot
+produce (clientv3's pipelined lease renewal here, the Kubernetes mix in
+k8s.py, the partition groups in partitions.py): a few worker processes, each
+one asyncio loop with grpc.aio channels, driving clients with pre-built
+requests.
 
 Kept as light as a Python client can be:
   * requests are serialized once, before the run, and sent as raw bytes (the
-    channels have no request serializer); responses of the plain KV scenarios
-    are not even parsed (no response deserializer);
+    channels have no request serializer);
   * one Python list append per request (its latency); everything else happens
     after the run;
   * worker processes are spawned once and reused for every scenario.
@@ -20,7 +22,6 @@ import asyncio
 import multiprocessing as mp
 import os
 import random
-import struct
 import time
 import traceback
 from array import array
@@ -35,8 +36,6 @@ now = time.monotonic
 # one TCP connection per channel (no subchannel sharing between channels)
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", 64 << 20)]
 
-HOT_KEY = b"\0" * 8
-WATCH_KEY = b"\0" * 7 + b"\x01"
 BIG_REV = 1 << 62
 
 KV_PUT = "/etcdserverpb.KV/Put"
@@ -44,7 +43,6 @@ KV_RANGE = "/etcdserverpb.KV/Range"
 KV_TXN = "/etcdserverpb.KV/Txn"
 WATCH = "/etcdserverpb.Watch/Watch"
 LEASE_KEEPALIVE = "/etcdserverpb.Lease/LeaseKeepAlive"
-LEASE_GRANT = "/etcdserverpb.Lease/LeaseGrant"
 
 
 class BenchError(RuntimeError):
@@ -93,106 +91,7 @@ async def wait_until(t: float) -> None:
         await asyncio.sleep(d)
 
 
-# ---------------------------------------------------------------- closed loop
-
-
-async def closed_loop(call, reqs: list[bytes], win: Window, lat: list, errors: Counter, total: list) -> None:
-    """Send reqs[i], reqs[i+1], ... (cycling) one at a time until the window ends."""
-    n = len(reqs)
-    i = 0
-    done = 0
-    append = lat.append
-    start, end = win.start, win.end
-    await wait_until(win.t0)
-    while True:
-        t0 = now()
-        if t0 >= end:
-            break
-        try:
-            await call(reqs[i])
-        except grpc.aio.AioRpcError as exc:
-            errors[exc.code().name] += 1
-            await asyncio.sleep(0.01)
-            continue
-        t1 = now()
-        done += 1
-        if t0 >= start:
-            append(t1 - t0)
-        i += 1
-        if i == n:
-            i = 0
-    total[0] += done
-
-
-def build_unary_requests(job: dict, g: int) -> tuple[str, list[bytes]]:
-    op, keys = job["op"], job["keys"]
-    value = value_bytes(job.get("val_size", 256))
-    if keys == "hot":
-        keylist = [HOT_KEY]
-    else:  # sequential distinct keys: client g of C takes g, g+C, g+2C, ... < keyspace
-        keylist = [struct.pack(">Q", k) for k in range(g, job["keyspace"], job["clients"])] or [struct.pack(">Q", g)]
-    if op == "put":
-        return KV_PUT, [pb.PutRequest(key=k, value=value).SerializeToString() for k in keylist]
-    if op == "range":
-        return KV_RANGE, [pb.RangeRequest(key=k, serializable=job["serializable"]).SerializeToString() for k in keylist]
-    if op == "txn":
-        return KV_TXN, [pb.TxnRequest(
-            compare=[pb.Compare(key=k, target=pb.Compare.MOD, result=pb.Compare.LESS, mod_revision=BIG_REV)],
-            success=[pb.RequestOp(request_put=pb.PutRequest(key=k, value=value))],
-        ).SerializeToString() for k in keylist]
-    raise BenchError(f"unknown op {op}")
-
-
-async def run_unary(job: dict, wi: int, wn: int, conn) -> dict:
-    clients = my_share(job["clients"], wi, wn)
-    nconns = max(1, len(my_share(job["conns"], wi, wn)))
-    chans = await open_channels(job["target"], nconns)
-    work = []
-    for j, g in enumerate(clients):
-        method, reqs = build_unary_requests(job, g)
-        work.append((chans[j % nconns].unary_unary(method), reqs))
-    lat: list[float] = []
-    errors: Counter = Counter()
-    total = [0]
-    win = Window(await ready(conn), job["warmup"], job["duration"])
-    cpu0 = time.process_time()
-    await asyncio.gather(*(closed_loop(call, reqs, win, lat, errors, total) for call, reqs in work))
-    cpu = time.process_time() - cpu0
-    for ch in chans:
-        await ch.close()
-    return {"lat": array("d", lat).tobytes(), "errors": dict(errors), "total": total[0], "cpu": cpu}
-
-
 # --------------------------------------------------------------- keep-alive
-
-
-async def run_keepalive(job: dict, wi: int, wn: int, conn) -> dict:
-    streams = my_share(job["clients"], wi, wn)
-    nconns = max(1, len(my_share(job["conns"], wi, wn)))
-    chans = await open_channels(job["target"], nconns)
-    grant = chans[0].unary_unary(LEASE_GRANT, request_serializer=pb.LeaseGrantRequest.SerializeToString,
-                                 response_deserializer=pb.LeaseGrantResponse.FromString)
-    lease = (await grant(pb.LeaseGrantRequest(TTL=600))).ID
-    req = pb.LeaseKeepAliveRequest(ID=lease).SerializeToString()
-    calls = [chans[j % nconns].stream_stream(LEASE_KEEPALIVE)() for j in range(len(streams))]
-    lat: list[float] = []
-    errors: Counter = Counter()
-    total = [0]
-
-    async def one(call) -> None:
-        async def send(r: bytes) -> None:
-            await call.write(r)
-            await call.read()
-        await closed_loop(send, [req], win, lat, errors, total)
-        call.cancel()
-
-    win = Window(await ready(conn), job["warmup"], job["duration"])
-    cpu0 = time.process_time()
-    await asyncio.gather(*(one(c) for c in calls))
-    cpu = time.process_time() - cpu0
-    for ch in chans:
-        await ch.close()
-    return {"lat": array("d", lat).tobytes(), "errors": dict(errors), "total": total[0], "cpu": cpu}
 
 
 async def run_keepalive_pipelined(job: dict, wi: int, wn: int, conn) -> dict:
@@ -253,101 +152,7 @@ async def run_keepalive_pipelined(job: dict, wi: int, wn: int, conn) -> dict:
     return {"lat": array("d", lat).tobytes(), "errors": dict(errors), "total": total[0], "cpu": cpu}
 
 
-# -------------------------------------------------------------------- watch
-
-_STAMP = struct.Struct("<dB")  # put-sent time, stop flag; then padding to the value size
-
-
-async def _watch_writer(job: dict, target: str, win: Window, out: dict) -> None:
-    ch = (await open_channels(target, 1))[0]
-    put = ch.unary_unary(KV_PUT, response_deserializer=pb.PutResponse.FromString)
-    pad = value_bytes(job.get("val_size", 256) - _STAMP.size)
-    rate = job["put_rate"]
-    revs, acks = array("q"), array("d")
-    await wait_until(win.t0)
-    i = 0
-    while True:
-        if rate:
-            await wait_until(win.t0 + i / rate)
-        t = now()
-        stop = t >= win.end
-        resp = await put(pb.PutRequest(key=WATCH_KEY, value=_STAMP.pack(t, stop) + pad).SerializeToString())
-        if stop:
-            break
-        if t >= win.start:
-            revs.append(resp.header.revision)
-            acks.append(now())
-        i += 1
-    out["writer"] = {"revs": revs.tobytes(), "acks": acks.tobytes(), "puts": len(revs)}
-    await ch.close()
-
-
-async def run_watch(job: dict, wi: int, wn: int, conn) -> dict:
-    """Watchers on workers 0..wn-2; the last worker only writes, so that reading
-    events never delays the writer (it runs in its own process and loop)."""
-    writer = wi == wn - 1
-    nw = wn - 1
-    watchers = [] if writer else my_share(job["clients"], wi, nw)
-    streams = [] if writer else (my_share(job["streams"], wi, nw) or [wi])
-    ch = (await open_channels(job["target"], 1))[0]
-    create = pb.WatchRequest(create_request=pb.WatchCreateRequest(key=WATCH_KEY)).SerializeToString()
-    per_stream = [watchers[j::len(streams)] for j in range(len(streams))] if streams else []
-    calls = []
-    for ws in per_stream:
-        if not ws:
-            continue
-        call = ch.stream_stream(WATCH, response_deserializer=pb.WatchResponse.FromString)()
-        for _ in ws:
-            await call.write(create)
-        created = 0
-        while created < len(ws):
-            resp = await call.read()
-            created += resp.created
-        calls.append((call, len(ws)))
-    lat, revs, recvs = array("d"), array("q"), array("d")
-    in_window = [0]
-    out: dict = {}
-
-    async def reader(call, n: int) -> None:
-        stops = 0
-        unpack = _STAMP.unpack_from
-        while stops < n:
-            resp = await call.read()
-            if resp is grpc.aio.EOF:
-                return
-            t = now()
-            for ev in resp.events:
-                sent, stop = unpack(ev.kv.value)
-                if stop:
-                    stops += 1
-                    continue
-                if win.start <= t < win.end:
-                    in_window[0] += 1
-                if sent >= win.start:
-                    lat.append(t - sent)
-                    revs.append(ev.kv.mod_revision)
-                    recvs.append(t)
-        call.cancel()
-
-    win = Window(await ready(conn), job["warmup"], job["duration"])
-    cpu0 = time.process_time()
-    tasks = [reader(c, n) for c, n in calls]
-    if writer:
-        tasks.append(_watch_writer(job, job["target"], win, out))
-    grace = 30.0
-    timed_out = False
-    try:
-        await asyncio.wait_for(asyncio.gather(*tasks), win.end - now() + grace)
-    except asyncio.TimeoutError:
-        timed_out = True
-    cpu = time.process_time() - cpu0
-    await ch.close()
-    return {"lat": lat.tobytes(), "revs": revs.tobytes(), "recvs": recvs.tobytes(), "events_in_window": in_window[0],
-            "timed_out": timed_out, "cpu": cpu, "total": len(lat), "errors": {}, **out}
-
-
-RUNNERS = {"unary": run_unary, "keepalive": run_keepalive, "keepalive-pipelined": run_keepalive_pipelined,
-           "watch": run_watch}
+RUNNERS = {"keepalive-pipelined": run_keepalive_pipelined}
 
 
 # ------------------------------------------------------------- worker pool
