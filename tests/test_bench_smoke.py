@@ -193,3 +193,44 @@ Error distribution:
     assert row["req_s"] == 999.5 and row["n"] == 7010 and not row["errors"]
     with pytest.raises(ValueError):
         etcdtool.parse("Error: context deadline exceeded\n")
+
+
+def test_profile_splits_server_cpu_by_where_the_samples_are(tmp_path):
+    """bench.profile's classification of py-spy's folded stacks (no profiler run here)."""
+    from bench import profile
+
+    loop = ("_run_module_as_main (<frozen runpy>:198);<module> (shim/__main__.py:5);main (shim/cli.py:359);"
+            "run (asyncio/runners.py:190);BaseEventLoop._run_once (asyncio/base_events.py:1922)")
+    call = loop + ";Handle._run (asyncio/events.py:80)"
+    pool = "Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982)"
+    raw = tmp_path / "raw.txt"
+    raw.write_text("\n".join([
+        f"thread (100): MainThread;{call} 50",  # a C callback: grpc's Cython
+        f"thread (100): MainThread;{loop.replace('1922', '1884')};EpollSelector.select (selectors.py:468) 30",
+        f"thread (100): MainThread;{call};_unary.<locals>.handle (shim/handlers.py:61);KVService.Put (shim/kv.py:40);"
+        "Store.put (shards/store.py:295);BaseEventLoop.create_future (asyncio/base_events.py:427) 10",
+        f"thread (100): MainThread;{call};_unary.<locals>.handle (shim/handlers.py:61);KVService.Put (shim/kv.py:43) 5",
+        f"thread (100): MainThread;{call};_deserializer.<locals>.deserialize (shim/handlers.py:38) 4",
+        f"thread (100): MainThread;{loop} 1",
+        "thread (100): MainThread;Journal._run (journal/journal.py:196);"
+        "BaseEventLoop.run_in_executor (asyncio/base_events.py:829) 10",
+        f"thread (200): asyncio_0;{pool};_worker (concurrent/futures/thread.py:81) 80",
+        f"thread (200): asyncio_0;{pool};_worker (concurrent/futures/thread.py:83);_call (journal/journal.py:49);"
+        "fdatasync (journal/fsutil.py:19) 20",
+        f"thread (300): Thread-1 (_poll_wrapper);{pool} 100",
+    ]) + "\n")
+    samples = profile.read_samples(raw)
+    assert samples[100]["counts"] == {"gRPC/protobuf": 54, "waiting": 30, "store": 10, "handler": 5, "event loop": 1,
+                                      "journal": 10}
+    assert samples[200]["counts"] == {"waiting": 100} and samples[200]["owners"] == {"journal": 20}
+    cpu = {100: ("python3", 0.8), 200: ("python3", 0.1), 300: ("python3", 0.05), 400: ("event_engine", 0.04),
+           500: ("rocksdb:low", 0.01)}
+    b = profile.breakdown(samples, cpu, wall=1.0)
+    got = {k: round(v, 4) for k, v in b["cpu_s"].items()}
+    # the event loop's 0.8 s over its 80 running samples; the pool thread is the journal's; the poller and
+    # grpc's native threads are gRPC; RocksDB's threads are the store's
+    assert got == {"gRPC/protobuf": round(0.8 * 54 / 80 + 0.05 + 0.04, 4), "store": round(0.8 * 10 / 80 + 0.01, 4),
+                   "handler": 0.05, "event loop": 0.01, "journal": round(0.8 * 10 / 80 + 0.1, 4)}
+    main = next(t for t in b["threads"] if t["tid"] == 100)
+    assert main["busy_pct"] == 80 and round(main["waiting_samples_pct"], 1) == round(30 / 110 * 100, 1)
+    assert main["waits"] == {"EpollSelector.select": 30}
