@@ -77,7 +77,7 @@ class Scenario:
 def _kv_points(*extra: Point, tiny_many: bool = False) -> list[Point]:
     """1/1 and 1000/100 (etcd's documented points), plus `extra`; `tiny_many`: 1000/100 runs in --tiny too."""
     return sorted([Point(1, 1, (100, 2_000, 10_000)), *extra,
-                   Point(1000, 100, (1_000 if tiny_many else None, 10_000, 100_000))], key=lambda p: p.clients)
+                   Point(1000, 100, (1_000 if tiny_many else None, 20_000, 100_000))], key=lambda p: p.clients)
 
 
 _PUT = ("put", "--key-size", "8", "--val-size", str(VAL_SIZE))
@@ -87,12 +87,12 @@ SCENARIOS: list[Scenario] = [
     Scenario("put-hot", "tool", _kv_points(), _PUT,
              describe="Put, one hot key (8 zero bytes: the tool's default key space of 1), 256-byte value"),
     Scenario("put-seq", "tool",
-             _kv_points(Point(64, 8, (None, 5_000, 50_000)), Point(256, 32, (None, None, 50_000)),
+             _kv_points(Point(64, 8, (None, 10_000, 50_000)), Point(256, 32, (None, None, 50_000)),
                         tiny_many=True),  # --tiny: one run of the many-connections path
              (*_PUT, *_SEQ),
              describe="Put, sequential distinct 8-byte keys (varints of 0..99,999), 256-byte value"),
     Scenario("range-l", "tool",
-             _kv_points(Point(64, 8, (None, 5_000, 50_000)), Point(256, 32, (None, None, 50_000))),
+             _kv_points(Point(64, 8, (None, 10_000, 50_000)), Point(256, 32, (None, None, 50_000))),
              ("range", RANGE_KEY, "--consistency", "l"),
              describe="Range one key (holding 256 bytes), linearizable"),
     Scenario("range-s", "tool", _kv_points(), ("range", RANGE_KEY, "--consistency", "s"),
@@ -107,12 +107,12 @@ SCENARIOS: list[Scenario] = [
                       "after every watcher got the event (so ≤ put-rate); latency = put acknowledged -> event "
                       "received, per watcher; req/s = events received/s"),
     Scenario("watch-fanout", "tool",
-             [Point(1, 1, (20, 300, 1_500), ("--streams", "10", "--watch-per-stream", "10"), "100 watchers/10 streams"),
+             [Point(1, 1, (20, 1_000, 3_000), ("--streams", "10", "--watch-per-stream", "10"), "100 watchers/10 streams"),
               Point(1, 1, (None, None, 300), ("--streams", "10", "--watch-per-stream", "100"), "1000 watchers/10 streams")],
              ("watch", "--put-rate", "1000000"), count_flag="--put-total", latency=False,
              describe="the tool's watch: N watchers of one key over 10 streams on one connection, one client putting "
                       "as fast as it can; req/s = events received/s (its latency figures time nothing, so none shown)"),
-    Scenario("lease-keepalive", "tool", [Point(100, 10, (500, 5_000, 50_000))], ("lease-keepalive",),
+    Scenario("lease-keepalive", "tool", [Point(100, 10, (500, 10_000, 50_000))], ("lease-keepalive",),
              describe="the tool's lease-keepalive: each client grants a lease, then KeepAliveOnce in a loop "
                       "(a LeaseKeepAlive stream opened per keep-alive)"),
     Scenario("lease-keepalive-many", "python",
