@@ -27,12 +27,22 @@ attached) and once under ``py-spy record --idle --nonblocking --threads
 
 A sample goes to the category of its innermost frame that belongs to one of
 them (so asyncio calls made by the store count as the store's).  Per thread,
-the CPU that /proc/<pid>/task/<tid>/stat says it used over the load is split
-over its on-CPU samples in those proportions; samples waiting (epoll in the
-event loop, a thread pool worker waiting for work, fdatasync) are counted as
-wall time, not CPU.  Threads py-spy does not see (native) are put in a
-category by name.  µs per request = category CPU / requests the tool counted
-(watch-latency: events received).
+the CPU the kernel counted over the load (/proc/<pid>/task/<tid>/schedstat) is
+split over that thread's on-CPU samples in those proportions; samples that
+wait (epoll in the event loop, a pool worker waiting for work, fdatasync) are
+left out.  A worker thread's CPU goes to the owners of the code it runs
+(the default executor's threads run the journal's writes).  Threads py-spy
+does not see (native) are put in a category by name.  µs per request =
+category CPU / requests the tool counted (watch-latency: events received).
+The event-loop thread's wall time is split by schedstat too: on CPU, waiting
+for a core (runnable), asleep (in epoll with nothing to do, or waiting for the
+GIL).
+
+Samples are not trusted for the idle share: on 2 shared cores py-spy tends to
+get a core when the server gives one up, so its samples over-represent the
+moments the event loop sleeps (at put 1/1, 77-88 % of the loop's samples were
+in epoll while schedstat had it on CPU half the time).  That is why the
+kernel's counters give the totals and the samples only split them.
 
 py-spy attaches with ptrace (root or CAP_SYS_PTRACE); ``pip install py-spy``.
 """
@@ -77,19 +87,19 @@ def loads() -> list[tuple[str, sc.Scenario, sc.Point]]:
 # --------------------------------------------------------------- threads
 
 
-def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """{tid: (name, CPU seconds)} of every thread of `pid` (utime + stime)."""
+def thread_cpu(pid: int) -> dict[int, tuple[str, float, float]]:
+    """{tid: (name, seconds on CPU, seconds runnable but waiting for a core)} of every thread of `pid`,
+    from /proc/<pid>/task/<tid>/schedstat (exact, unlike tick-sampled utime/stime)."""
     out = {}
-    tick = os.sysconf("SC_CLK_TCK")
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                text = f.read()
-        except OSError:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                on_cpu, run_wait, _ = (int(x) for x in f.read().split())
+        except (OSError, ValueError):
             continue
-        name = text[text.index("(") + 1:text.rindex(")")]
-        fields = text.rsplit(")", 1)[1].split()
-        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        out[int(tid)] = (name, on_cpu / 1e9, run_wait / 1e9)
     return out
 
 
@@ -201,11 +211,13 @@ def read_samples(path: Path) -> dict[int, dict]:
     return threads
 
 
-def breakdown(samples: dict[int, dict], cpu: dict[int, tuple[str, float]], wall: float) -> dict:
-    """Split each thread's CPU over its categories: {"cpu_s": {category: s}, "threads": [...]}."""
+def breakdown(samples: dict[int, dict], cpu: dict[int, tuple], wall: float) -> dict:
+    """Split each thread's CPU over its categories: {"cpu_s": {category: s}, "threads": [...]}.
+    `cpu`: {tid: (name, seconds on CPU[, seconds waiting for a core])} over `wall` seconds."""
     cpu_s: dict[str, float] = defaultdict(float)
     rows = []
-    for tid, (kname, secs) in sorted(cpu.items(), key=lambda kv: -kv[1][1]):
+    for tid, (kname, secs, *rest) in sorted(cpu.items(), key=lambda kv: -kv[1][1]):
+        queued = rest[0] if rest else None
         t = samples.get(tid)
         running = {c: n for c, n in (t["counts"].items() if t else ()) if c != WAITING}
         name = t["name"] if t else kname
@@ -225,6 +237,7 @@ def breakdown(samples: dict[int, dict], cpu: dict[int, tuple[str, float]], wall:
             cpu_s[c] += s
         n_all = sum(t["counts"].values()) if t else 0
         rows.append({"tid": tid, "name": name, "comm": kname, "cpu_s": secs, "busy_pct": secs / wall * 100,
+                     "queued_pct": queued / wall * 100 if queued is not None else None,
                      "samples": n_all, "waiting_samples_pct": (t["counts"][WAITING] / n_all * 100) if n_all else None,
                      "waits": dict(t["waits"].most_common(4)) if t else {}, "split_s": split})
     return {"cpu_s": dict(cpu_s), "threads": rows}
@@ -270,11 +283,12 @@ def profile_one(tool: Path, server, label: str, s: sc.Scenario, point: sc.Point,
         spy_out, spy_cpu = stop_pyspy(spy)
     after, wall, busy = thread_cpu(server.pid), time.monotonic() - t0, busy_seconds() - busy0
     spy_wall = wall
-    cpu = {tid: (after[tid][0], after[tid][1] - before.get(tid, (None, 0.0))[1]) for tid in after}
+    cpu = {tid: (name, on - before.get(tid, (None, 0.0, 0.0))[1], queued - before.get(tid, (None, 0.0, 0.0))[2])
+           for tid, (name, on, queued) in after.items()}
     samples = read_samples(raw)
     b = breakdown(samples, cpu, wall)
     n = max(row["n"], 1)
-    total_cpu = sum(c for _, c in cpu.values())
+    total_cpu = sum(c[1] for c in cpu.values())
     main = next((t for t in b["threads"] if t["name"] == "MainThread"), None)
     m = re.search(r"Samples: (\d+) Errors: (\d+)", spy_out)
     return {"load": label, "server": server.name, "command": row["command"], "requests": row["n"],
@@ -285,8 +299,11 @@ def profile_one(tool: Path, server, label: str, s: sc.Scenario, point: sc.Point,
             "categories_us": {c: b["cpu_s"].get(c, 0.0) / n * 1e6 for c in CATEGORIES},
             "categories_pct": {c: b["cpu_s"].get(c, 0.0) / total_cpu * 100 if total_cpu else 0.0 for c in CATEGORIES},
             "main_thread_busy_pct": main["busy_pct"] if main else None,
-            "main_thread_idle_pct": main["waiting_samples_pct"] if main else None,
-            "main_thread_idle_us": (main["waiting_samples_pct"] or 0) / 100 * wall / n * 1e6 if main else None,
+            "main_thread_queued_pct": main["queued_pct"] if main else None,
+            "main_thread_sleep_pct": max(0.0, 100 - main["busy_pct"] - main["queued_pct"]) if main else None,
+            "main_thread_sleep_us": max(0.0, 1 - (main["busy_pct"] + main["queued_pct"]) / 100) * wall / n * 1e6
+            if main else None,
+            "main_thread_idle_samples_pct": main["waiting_samples_pct"] if main else None,
             "threads": b["threads"], "pyspy": {"samples": int(m[1]) if m else None, "errors": int(m[2]) if m else None,
                                                "rate_hz": rate, "cpu_pct": spy_cpu / spy_wall * 100}}
 
@@ -298,15 +315,14 @@ def table(results: list[dict]) -> str:
     for c in CATEGORIES:
         lines.append("| " + " | ".join([c] + [f"{r['categories_us'][c]:,.0f} µs ({r['categories_pct'][c]:.0f} %)"
                                               for r in results]) + " |")
-    lines.append("| **total** (from /proc) | " + " | ".join(f"**{r['srv_cpu_us']:,.0f} µs** ({r['srv_cpu_pct']:.0f} % of a core)"
+    lines.append("| **total** (kernel: schedstat) | " + " | ".join(f"**{r['srv_cpu_us']:,.0f} µs** ({r['srv_cpu_pct']:.0f} % of a core)"
                                                       for r in results) + " |")
-    lines.append("| event loop idle in epoll (wall, from samples) | " + " | ".join(
-        f"{r['main_thread_idle_us']:,.0f} µs ({r['main_thread_idle_pct']:.0f} % of the time)"
-        if r["main_thread_idle_pct"] is not None else "-" for r in results) + " |")
-    lines.append("| event loop thread on CPU / idle / ready but not running (% of wall) | " + " | ".join(
-        f"{r['main_thread_busy_pct']:.0f} / {r['main_thread_idle_pct']:.0f} / "
-        f"{max(0.0, 100 - r['main_thread_busy_pct'] - r['main_thread_idle_pct']):.0f}"
-        if r["main_thread_idle_pct"] is not None else "-" for r in results) + " |")
+    lines.append("| event-loop thread asleep: epoll, GIL (wall, not CPU) | " + " | ".join(
+        f"{r['main_thread_sleep_us']:,.0f} µs ({r['main_thread_sleep_pct']:.0f} % of the time)"
+        if r["main_thread_sleep_pct"] is not None else "-" for r in results) + " |")
+    lines.append("| event-loop thread on CPU / waiting for a core / asleep (% of wall) | " + " | ".join(
+        f"{r['main_thread_busy_pct']:.0f} / {r['main_thread_queued_pct']:.0f} / {r['main_thread_sleep_pct']:.0f}"
+        if r["main_thread_sleep_pct"] is not None else "-" for r in results) + " |")
     lines.append("| req/s with py-spy / without | " + " | ".join(
         f"{r['req_s']:,.0f} / {r['plain']['req_s']:,.0f}" for r in results) + " |")
     lines.append("| server CPU µs/req without py-spy | " + " | ".join(
@@ -318,7 +334,7 @@ def table(results: list[dict]) -> str:
 
 
 def threads_table(results: list[dict]) -> str:
-    head = ["load", "thread", "CPU µs/req", "busy % of wall", "waiting in (samples)"]
+    head = ["load", "thread", "CPU µs/req", "on CPU % of wall", "waiting for a core %", "idle samples in"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in results:
         n = max(r["requests"], 1)
@@ -326,8 +342,9 @@ def threads_table(results: list[dict]) -> str:
             if t["cpu_s"] / n * 1e6 < 1 and not t["samples"]:
                 continue
             waits = ", ".join(f"{k} {v}" for k, v in t["waits"].items())
+            queued = "-" if t.get("queued_pct") is None else f"{t['queued_pct']:.0f}"
             lines.append(f"| {r['server']}: {r['load']} | {t['name']} | {t['cpu_s'] / n * 1e6:,.0f} | "
-                         f"{t['busy_pct']:.0f} | {waits} |")
+                         f"{t['busy_pct']:.0f} | {queued} | {waits} |")
     return "\n".join(lines)
 
 
