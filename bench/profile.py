@@ -9,12 +9,13 @@ freshly started server, once plain (req/s and server CPU without a profiler
 attached) and once under ``py-spy record --idle --nonblocking --threads
 --format raw`` on the server's PID, and splits the server's CPU into:
 
-  gRPC/protobuf   grpcio's aio machinery: Python frames under grpc/, samples
+  gRPC            grpcio's aio machinery: Python frames under grpc/, samples
                   whose innermost Python frame is asyncio's ``Handle._run``
                   (a C callback: grpc's Cython coroutines and completion-queue
                   callbacks, and the C part of asyncio's task steps), the
-                  poller thread (``_poll_wrapper``) and grpc's native threads;
-                  request parsing and response serialization (shim/handlers.py's
+                  poller thread (``_poll_wrapper``) and grpc's native threads
+                  (event_engine, lifeguard, timers)
+  protobuf        request parsing and response encoding (shim/handlers.py's
                   (de)serializer, shim/wire.py, proto/, google/protobuf)
   event loop      asyncio's own Python code with no project frame above it
                   (``_run_once``, ``call_soon``, the self-pipe read after a
@@ -66,7 +67,11 @@ from . import etcdtool, machine, scenarios as sc
 from .servers import STARTERS, busy_seconds
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CATEGORIES = ("gRPC/protobuf", "event loop", "handler", "store", "journal", "other")
+CATEGORIES = ("gRPC", "protobuf", "event loop", "handler", "store", "journal", "other")
+LABELS = {"gRPC": "gRPC (grpcio's aio machinery, poller, C-core threads)",
+          "protobuf": "protobuf (parse requests, encode responses)", "event loop": "event loop (asyncio)",
+          "handler": "handler (shim/)", "store": "store (shards/)", "journal": "journal (journal/, writer threads)",
+          "other": "other"}
 WAITING = "waiting"
 
 
@@ -106,7 +111,7 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float, float]]:
 def native_category(name: str) -> str:
     """A thread py-spy does not sample, by its kernel name (comm)."""
     if name.startswith(("grpc", "event_engine", "lifeguard", "default-execut", "resolver-execu", "timer_manager")):
-        return "gRPC/protobuf"
+        return "gRPC"
     if name.startswith("rocksdb"):
         return "store"
     return "other"
@@ -137,12 +142,12 @@ def owner(file: str, func: str) -> str | None:
         return "journal"
     if file.startswith("shards/"):
         return "store"
-    if file == "shim/wire.py" or (file, func) in SERDES:
-        return "gRPC/protobuf"
+    if file == "shim/wire.py" or (file, func) in SERDES or file.startswith(("google/protobuf/", "proto/")):
+        return "protobuf"
     if file.startswith(("shim/", "bench/")):
         return "handler"
-    if file.startswith(("grpc/", "google/protobuf/", "proto/")) or "_pb2" in file:
-        return "gRPC/protobuf"
+    if file.startswith("grpc/"):
+        return "gRPC"
     return None
 
 
@@ -178,7 +183,7 @@ def classify(frames: list[str]) -> str:
         if cat:
             return cat
     if leaf == ("asyncio/events.py", "Handle._run"):  # a C callback: grpc's Cython, or asyncio's C task step
-        return "gRPC/protobuf"
+        return "gRPC"
     if leaf == ("threading.py", "Thread.run"):  # a thread running a C target (grpc's poller)
         return WAITING
     if any(file.startswith("asyncio/") for file, _ in parsed):
@@ -222,7 +227,7 @@ def breakdown(samples: dict[int, dict], cpu: dict[int, tuple], wall: float) -> d
         running = {c: n for c, n in (t["counts"].items() if t else ()) if c != WAITING}
         name = t["name"] if t else kname
         if t and "_poll_wrapper" in name:  # grpc's poller: C code under Thread.run
-            split = {"gRPC/protobuf": secs}
+            split = {"gRPC": secs}
         elif t and name != "MainThread" and t["owners"]:
             # a worker thread (the journal's writes and fdatasyncs in the default executor) is there for the
             # code it runs, waiting or not: its CPU goes to that code's owners
@@ -282,30 +287,49 @@ def profile_one(tool: Path, server, label: str, s: sc.Scenario, point: sc.Point,
     finally:
         spy_out, spy_cpu = stop_pyspy(spy)
     after, wall, busy = thread_cpu(server.pid), time.monotonic() - t0, busy_seconds() - busy0
-    spy_wall = wall
     cpu = {tid: (name, on - before.get(tid, (None, 0.0, 0.0))[1], queued - before.get(tid, (None, 0.0, 0.0))[2])
            for tid, (name, on, queued) in after.items()}
-    samples = read_samples(raw)
+    m = re.search(r"Samples: (\d+) Errors: (\d+)", spy_out)
+    result = {"load": label, "server": server.name, "command": row["command"], "requests": row["n"],
+              "req_s": row["req_s"], "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"], "wall_s": wall,
+              "plain": {"req_s": plain["req_s"], "srv_cpu_us": plain["srv_cpu_us"], "p99_ms": plain["p99_ms"]},
+              "other_cpu_pct": row["other_cpu_pct"], "machine_busy_pct": busy / wall * 100, "raw": raw.name,
+              "pyspy": {"samples": int(m[1]) if m else None, "errors": int(m[2]) if m else None,
+                        "rate_hz": rate, "cpu_pct": spy_cpu / wall * 100}}
+    return analyze(result, read_samples(raw), cpu)
+
+
+def analyze(result: dict, samples: dict[int, dict], cpu: dict[int, tuple]) -> dict:
+    """Fill in `result`'s breakdown from the samples and the threads' CPU (also used by --reread)."""
+    wall, n = result["wall_s"], max(result["requests"], 1)
     b = breakdown(samples, cpu, wall)
-    n = max(row["n"], 1)
     total_cpu = sum(c[1] for c in cpu.values())
     main = next((t for t in b["threads"] if t["name"] == "MainThread"), None)
-    m = re.search(r"Samples: (\d+) Errors: (\d+)", spy_out)
-    return {"load": label, "server": server.name, "command": row["command"], "requests": row["n"],
-            "req_s": row["req_s"], "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"],
-            "srv_cpu_us": total_cpu / n * 1e6, "srv_cpu_pct": total_cpu / wall * 100,
-            "plain": {"req_s": plain["req_s"], "srv_cpu_us": plain["srv_cpu_us"], "p99_ms": plain["p99_ms"]},
-            "other_cpu_pct": row["other_cpu_pct"], "machine_busy_pct": busy / wall * 100,
-            "categories_us": {c: b["cpu_s"].get(c, 0.0) / n * 1e6 for c in CATEGORIES},
-            "categories_pct": {c: b["cpu_s"].get(c, 0.0) / total_cpu * 100 if total_cpu else 0.0 for c in CATEGORIES},
-            "main_thread_busy_pct": main["busy_pct"] if main else None,
-            "main_thread_queued_pct": main["queued_pct"] if main else None,
-            "main_thread_sleep_pct": max(0.0, 100 - main["busy_pct"] - main["queued_pct"]) if main else None,
-            "main_thread_sleep_us": max(0.0, 1 - (main["busy_pct"] + main["queued_pct"]) / 100) * wall / n * 1e6
-            if main else None,
-            "main_thread_idle_samples_pct": main["waiting_samples_pct"] if main else None,
-            "threads": b["threads"], "pyspy": {"samples": int(m[1]) if m else None, "errors": int(m[2]) if m else None,
-                                               "rate_hz": rate, "cpu_pct": spy_cpu / spy_wall * 100}}
+    result.update(
+        srv_cpu_us=total_cpu / n * 1e6, srv_cpu_pct=total_cpu / wall * 100,
+        categories_us={c: b["cpu_s"].get(c, 0.0) / n * 1e6 for c in CATEGORIES},
+        categories_pct={c: b["cpu_s"].get(c, 0.0) / total_cpu * 100 if total_cpu else 0.0 for c in CATEGORIES},
+        main_thread_busy_pct=main["busy_pct"] if main else None,
+        main_thread_queued_pct=main["queued_pct"] if main else None,
+        main_thread_sleep_pct=max(0.0, 100 - main["busy_pct"] - main["queued_pct"]) if main else None,
+        main_thread_sleep_us=max(0.0, 1 - (main["busy_pct"] + main["queued_pct"]) / 100) * wall / n * 1e6
+        if main else None,
+        main_thread_idle_samples_pct=main["waiting_samples_pct"] if main else None,
+        threads=b["threads"])
+    return result
+
+
+def reread(path: Path) -> dict:
+    """Recompute a saved run's breakdown from its folded stacks (saved beside it) and threads' CPU."""
+    doc = json.loads(path.read_text())
+    stamp = doc["meta"]["timestamp"]
+    for r in doc["results"]:
+        raw = path.with_name(f"{stamp}-profile-{r['raw']}")
+        cpu = {t["tid"]: (t["comm"], t["cpu_s"], t["queued_pct"] * r["wall_s"] / 100 if t.get("queued_pct") is not None
+                          else 0.0) for t in r["threads"]}
+        analyze(r, read_samples(raw), cpu)
+    doc["table_md"], doc["threads_md"] = table(doc["results"]), threads_table(doc["results"])
+    return doc
 
 
 def table(results: list[dict]) -> str:
@@ -313,7 +337,7 @@ def table(results: list[dict]) -> str:
     head = ["server CPU per request"] + [f"{r['server']}: {r['load']}" for r in results]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for c in CATEGORIES:
-        lines.append("| " + " | ".join([c] + [f"{r['categories_us'][c]:,.0f} µs ({r['categories_pct'][c]:.0f} %)"
+        lines.append("| " + " | ".join([LABELS[c]] + [f"{r['categories_us'][c]:,.0f} µs ({r['categories_pct'][c]:.0f} %)"
                                               for r in results]) + " |")
     lines.append("| **total** (kernel: schedstat) | " + " | ".join(f"**{r['srv_cpu_us']:,.0f} µs** ({r['srv_cpu_pct']:.0f} % of a core)"
                                                       for r in results) + " |")
@@ -358,7 +382,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second (default 200)")
     ap.add_argument("--tool", default=None, help=f"etcd's benchmark binary (default: ${etcdtool.TOOL_ENV})")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--reread", type=Path, default=None,
+                    help="recompute the tables of a saved <timestamp>-profile.json from its folded stacks (no run)")
     args = ap.parse_args(argv)
+    if args.reread:
+        doc = reread(args.reread)
+        args.reread.write_text(json.dumps(doc, indent=1))
+        print(doc["table_md"] + "\n\n" + doc["threads_md"])
+        return 0
     mode = "tiny" if args.tiny else "full" if args.full else "quick"
     try:
         tool = etcdtool.tool_path(args.tool)
