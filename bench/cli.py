@@ -36,7 +36,7 @@ LATEST = "latest-quick"
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer points, fewer requests per run (≈ 5–6 min)")
+    ap.add_argument("--quick", action="store_true", help="fewer points, fewer requests per run (≈ 3 min on a quiet machine)")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke run (implies --quick): the 1-client point of each scenario (put-seq also at "
                          "1000/100) with a few hundred requests, a small k8s-mix; keeps the harness working, "
