@@ -1,8 +1,9 @@
 """python -m bench.durability [--quick|--tiny]: what durability costs, in one run.
 
-The same scenarios and load generator as `python -m bench` (put-seq and
-txn-put at 1 and 64 clients, the k8s mix) against every way of making a
-write durable, all on 127.0.0.1 (see bench/replicated.py):
+The same scenarios and load generators as `python -m bench` (put-seq and
+txn-put at 1 client on 1 connection and 64 clients on 8, driven by etcd's
+benchmark tool; the k8s mix, driven by the Python generator) against every
+way of making a write durable, all on 127.0.0.1 (see bench/replicated.py):
 
   etcd                  single etcd 3.5.1
   etcd-3                a 3-member etcd 3.5.1 cluster, load on the leader: the reference for
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import grpc
 
-from . import machine, report, scenarios as sc
+from . import etcdtool, machine, report, scenarios as sc
 from .cli import make_job, point_label, prepare
 from .loadgen import Pool
 from .replicated import DEPLOYMENTS, LEASE_TTL_S, Deployment, io_bytes
@@ -50,8 +51,11 @@ LATEST = "latest-durability"
 SERVER_ORDER = tuple(DEPLOYMENTS)
 TINY_SERVERS = ("etcd", "etcd-3", "shardetcd-local", "shardetcd-js-r1", "shardetcd-js-r3")
 REFS = ("etcd-3", "etcd")  # ratios are to these
-POINTS = [("put-seq", 1), ("put-seq", 64), ("txn-put", 1), ("txn-put", 64), ("k8s-mix", 1)]
-TINY_POINTS = [("put-seq", 1), ("txn-put", 1), ("k8s-mix", 1)]
+ONE = sc.Point(1, 1, (100, 2_000, 10_000))  # requests the tool sends per mode (tiny, quick, full)
+MANY = sc.Point(64, 8, (None, 5_000, 50_000))
+K8S = sc.Point(34, 4, (1, 1, 1), label="34 clients/4 conns")
+POINTS = [("put-seq", ONE), ("put-seq", MANY), ("txn-put", ONE), ("txn-put", MANY), ("k8s-mix", K8S)]
+TINY_POINTS = [(name, p) for name, p in POINTS if p.requests("tiny")]
 K8S_WRITES = ("heartbeat", "pod-create", "pod-update", "pod-delete", "event")  # the mix's write calls
 TAKEOVER_WRITE_S = {"tiny": 0.5, "quick": 1.5, "full": 3.0}  # writing before the kill
 NOTE = ("Load generator and every server process (etcd members, NATS servers, shardetcd) share the same "
@@ -69,7 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--servers", default=None, help=f"comma-separated, of {','.join(SERVER_ORDER)} (default: all; --tiny: "
                                                     f"{','.join(TINY_SERVERS)})")
     ap.add_argument("--takeovers", type=int, default=None, help="kill -9 repeats per replicated server (default 1 tiny, 3 quick, 5 full)")
-    ap.add_argument("--workers", type=int, default=sc.WORKERS, help="load-generator processes (default 2)")
+    ap.add_argument("--workers", type=int, default=sc.WORKERS, help="Python load-generator processes (default 2)")
+    ap.add_argument("--tool", default=None,
+                    help=f"etcd's benchmark binary (default: ${etcdtool.TOOL_ENV}, else {etcdtool.SHIPPED})")
     ap.add_argument("--quiet-wait", type=float, default=None,
                     help="before each run, wait up to this many seconds for other CPU load to drop below "
                          "--quiet-below (default 0 tiny, 10 s quick, 60 s full)")
@@ -89,26 +95,33 @@ def write_count(kind: str, rows: list[dict]) -> int:
     return rows[0]["n"]
 
 
-def run_point(pool: Pool, dep: Deployment, s: sc.Scenario, clients: int, timing: sc.Timing, quick: bool,
+def run_point(pool: Pool, tool, dep: Deployment, s: sc.Scenario, point: sc.Point, timing: sc.Timing, mode: str,
               setup: dict, workers: int) -> list[dict]:
-    job = make_job(s, clients, dep.endpoint, timing, quick, setup)
     io: list[dict[str, tuple[int, int]]] = []
 
-    def on_window(worker_pids: list[int]) -> tuple[float, float, float]:
+    def on_window(worker_pids: list[int] = ()) -> tuple[float, float, float]:
         pids = dep.pids()
         io.append({role: io_bytes(pid) for role, pid in pids.items()})
         return sum(cpu_seconds(p) for p in pids.values()), sum(cpu_seconds(p) for p in worker_pids), busy_seconds()
 
-    n_workers = 1 if (s.kind == "unary" and clients == 1) else workers
-    results = pool.run(job, n_workers, on_window=on_window)
-    rows = report.summarize(s.kind, results, job["duration"])
-    label = point_label(s, job)
+    if s.driver == "tool":
+        rows = [etcdtool.run(tool, dep.endpoint, s, point, point.requests(mode), list(dep.pids().values()),
+                             on_window=on_window)]
+        rows[0].pop("window")
+        n_workers = 0
+    else:
+        job = make_job(s, point, dep.endpoint, timing, mode, setup)
+        n_workers = 1 if point.clients == 1 else workers
+        results = pool.run(job, n_workers, on_window=on_window)
+        rows = report.summarize(s.kind, results, job["duration"])
+    label = point_label(s, point, setup)
     writes = write_count(s.kind, rows)
     (a, b) = io
     per_role = {role: b[role][0] - a[role][0] for role in b if role in a}
     cancelled = sum(b[role][1] - a[role][1] for role in b if role in a)
     for r in rows:
-        r.update(scenario=s.name, server=dep.name, point=label, clients=clients, conns=job.get("conns"), workers=n_workers)
+        r.update(scenario=s.name, server=dep.name, point=label, clients=point.clients, conns=point.conns,
+                 generator=s.driver, workers=n_workers)
     main = rows[0]  # put/txn: the only row; k8s: "all writes+reads"
     main.update(writes=writes, disk_bytes=sum(per_role.values()), disk_bytes_by_process=per_role,
                 disk_cancelled_bytes=cancelled,
@@ -250,8 +263,13 @@ def main(argv=None) -> int:
     if bad:
         raise SystemExit(f"unknown server(s) {bad}; known: {list(DEPLOYMENTS)}")
     servers = [s for s in SERVER_ORDER if s in servers]
-    table_of = sc.by_name(tiny=args.tiny)
-    points = [(table_of[name], c) for name, c in (TINY_POINTS if args.tiny else POINTS)]
+    table_of = sc.by_name()
+    points = [(table_of[name], p) for name, p in (TINY_POINTS if args.tiny else POINTS)]
+    try:
+        tool = etcdtool.tool_path(args.tool)
+    except etcdtool.ToolMissing as exc:
+        print(f"python -m bench.durability: {exc}", file=sys.stderr)
+        return 2
     repeats = args.takeovers if args.takeovers is not None else {"tiny": 1, "quick": 3, "full": 5}[mode]
     quiet_wait = args.quiet_wait if args.quiet_wait is not None else {"tiny": 0.0, "quick": 10.0, "full": 60.0}[mode]
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -286,11 +304,11 @@ def main(argv=None) -> int:
             log(f"started {name}: {dep.version} on {dep.endpoint} (pids {dep.pids()})")
             try:
                 prepared: dict[str, dict] = {}
-                for s, clients in points:
+                for s, point in points:
                     if s.name not in prepared:
-                        prepared[s.name] = prepare(s, dep.endpoint, args.quick)
+                        prepared[s.name] = prepare(s, dep.endpoint, mode)
                     wait_quiet()
-                    new = run_point(pool, dep, s, clients, timing, args.quick, prepared[s.name], args.workers)
+                    new = run_point(pool, tool, dep, s, point, timing, mode, prepared[s.name], args.workers)
                     rows += new
                     done += 1
                     r = new[0]

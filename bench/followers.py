@@ -12,20 +12,23 @@ Deployments, one after the other, on 127.0.0.1 with free ports, stopped by PID:
 The shardetcd rows share one NATS server and one writer: followers are added
 (1, then 2 more) between the rows, so a row's processes are all that serve.
 
-Each row gets the same load with the same total clients, spread evenly over
-the serving processes' endpoints (the load generator's job["targets"]:
-connection g, or watch stream g, goes to endpoint g % n):
+Each row gets the same load through etcd's own benchmark tool (--tool PATH,
+$SHARDETCD_BENCHMARK_TOOL, else ../shared/bin), given every serving endpoint
+in --endpoints: the tool dials connection i to endpoint i % n, so the same
+total clients and connections are spread evenly over the serving processes:
 
   range-s          Range of one key, serializable (served from the process's own state)
   range-l          Range of one key, linearizable (a follower asks the writer's committed
                    revision, shared by every read waiting for it, and reads at it)
-  watch-fanout     1 writer putting as fast as it can (always to the writer) -> N watchers of
-                   the key over 8 streams; req/s = events delivered/s
-  lease-keepalive  8 LeaseKeepAlive streams over 4 connections, each keep-alive -> response
-                   in a loop (a follower coalesces: it answers a lease it renewed recently at
-                   once and renews at the writer every 0.5 s)
+  watch-fanout     the tool's watch: 8 streams over 4 connections, 12 watchers each, of one
+                   key; one client puts as fast as it can (a follower forwards its puts);
+                   req/s = events received/s
+  lease-keepalive  the tool's lease-keepalive: 64 clients over 8 connections, each grants a
+                   lease and renews it with KeepAliveOnce in a loop (a follower coalesces:
+                   it answers a lease it renewed recently at once and renews at the writer
+                   every 0.5 s)
 
-Per row: req/s, p50/p99, server CPU summed over the serving processes (µs per
+Per row: req/s, p50/p99 (not for watch-fanout: the tool's watch times nothing), server CPU summed over the serving processes (µs per
 request, and each process's % of one core), the NATS server's CPU per request
 apart, other CPU %, and ratios × one process (shardetcd-1) and × etcd.
 
@@ -46,21 +49,18 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 
-from . import machine, report, scenarios as sc
-from .cli import make_job, prepare
-from .loadgen import HOT_KEY, Pool
+from . import etcdtool, machine, report, scenarios as sc
 from .replicated import nats_version
 from tests.etcd_fixture import free_ports
 
-from .servers import _DefaultShardetcd, busy_seconds, cpu_seconds, machine_busy, start_real_etcd, start_shardetcd_default
+from .servers import _DefaultShardetcd, cpu_seconds, machine_busy, start_real_etcd, start_shardetcd_default
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LATEST = "latest-followers"
@@ -70,27 +70,26 @@ NOTE = ("Load generator, the NATS server and every serving process share this ma
         "with more processes than cores, more processes cannot add throughput; read the server CPU µs per request.")
 
 
-@dataclass(frozen=True)
-class Point:
-    name: str  # the scenario of bench/scenarios.py
-    clients: int  # total, spread over the serving endpoints
-    overrides: dict = field(default_factory=dict)
+def _point(clients: int, conns: int, tiny: int, quick: int, full: int, *flags: str) -> sc.Point:
+    return sc.Point(clients, conns, (tiny, quick, full), flags)
 
 
-# conns (unary: min(clients, 8)) and streams are multiples of 4, so that every serving endpoint gets the same share
-POINTS = [Point("range-s", 64), Point("range-l", 64), Point("watch-fanout", 100, {"streams": 8}),
-          Point("lease-keepalive", 8, {"conns": 4})]
-TINY_POINTS = [Point("range-s", 8), Point("range-l", 8), Point("watch-fanout", 16, {"streams": 8}),
-               Point("lease-keepalive", 8, {"conns": 4})]
+# (scenario of bench/scenarios.py, point): connections are multiples of 4, so that every serving
+# endpoint gets the same share
+POINTS = [("range-s", _point(64, 8, 500, 10_000, 50_000)),
+          ("range-l", _point(64, 8, 500, 10_000, 50_000)),
+          ("watch-fanout", _point(4, 4, 20, 1_000, 3_000, "--streams", "8", "--watch-per-stream", "12")),
+          ("lease-keepalive", _point(64, 8, 500, 10_000, 50_000))]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.followers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="0.5 s warm-up + 2.5 s measured per run (≈ 3 min)")
+    ap.add_argument("--quick", action="store_true", help="10,000 requests (1,000 puts for watch-fanout) per run")
     ap.add_argument("--tiny", action="store_true",
-                    help="smoke run: 8 clients (16 watchers), 0.2 + 0.5 s runs; its figures mean nothing")
-    ap.add_argument("--workers", type=int, default=sc.WORKERS, help="load-generator processes (default 2)")
+                    help="smoke run: a few hundred requests per run; its figures mean nothing")
+    ap.add_argument("--tool", default=None,
+                    help=f"etcd's benchmark binary (default: ${etcdtool.TOOL_ENV}, else {etcdtool.SHIPPED})")
     ap.add_argument("--quiet-wait", type=float, default=None,
                     help="before each run, wait up to this many seconds for other CPU load to drop below "
                          "--quiet-below (default 0 tiny, 10 s quick, 60 s full)")
@@ -197,34 +196,26 @@ def wait_visible(endpoints: list[str], key: bytes, timeout: float = 60.0) -> Non
 # ------------------------------------------------------------------ runs
 
 
-def run_point(pool: Pool, srv: Serving, p: Point, s: sc.Scenario, timing: sc.Timing, workers: int) -> dict:
-    job = make_job(s, p.clients, srv.endpoints[0], timing, True, {})
-    job.update(p.overrides)
-    job["targets"] = srv.endpoints
-    extra: list[dict[str, float]] = []
-
-    def on_window(worker_pids: list[int]) -> tuple[float, float, float]:
-        per = {role: cpu_seconds(pid) for role, pid in {**srv.serving_pids, **srv.other_pids}.items()}
-        extra.append(per)
-        return (sum(per[r] for r in srv.serving_pids), sum(cpu_seconds(w) for w in worker_pids), busy_seconds())
-
-    results = pool.run(job, workers, on_window=on_window)
-    [row] = report.summarize(s.kind, results, job["duration"])
-    a, b = extra
-    d = job["duration"]
-    by_proc = {r: (b[r] - a[r]) / d * 100 for r in srv.serving_pids}
+def run_point(tool: Path, srv: Serving, name: str, p: sc.Point, mode: str) -> dict:
+    s = sc.by_name()[name]
+    pids = {**srv.serving_pids, **srv.other_pids}
+    row = etcdtool.run(tool, ",".join(srv.endpoints), s, p, p.requests(mode), list(srv.serving_pids.values()),
+                       on_window=lambda: {role: cpu_seconds(pid) for role, pid in pids.items()})
+    if not s.latency:
+        row.update(p50_ms=None, p90_ms=None, p99_ms=None, p999_ms=None)
+    a, b = row.pop("window")
+    wall = row["wall_s"]
+    by_proc = {r: (b[r] - a[r]) / wall * 100 for r in srv.serving_pids}
     other = sum(b[r] - a[r] for r in srv.other_pids)
-    n = row["req_s"] * d
-    row.update(scenario=p.name, server=srv.name, processes=len(srv.endpoints), clients=p.clients,
-               conns=job.get("conns"), streams=job.get("streams"), workers=workers,
-               srv_cpu_pct_by_process=by_proc, nats_cpu_pct=other / d * 100,
-               nats_cpu_us=other / n * 1e6 if n else None)
-    if row.get("other_cpu_pct") is not None:  # the NATS server is not "the rest of the machine"
-        row["other_cpu_pct"] = max(0.0, row["other_cpu_pct"] - other / d * 100)
-    if s.kind == "watch":
-        row["clients_label"] = f"{p.clients} watchers/{job['streams']} streams"
+    n = max(row["n"], 1)
+    row.update(scenario=name, server=srv.name, processes=len(srv.endpoints), clients=p.clients, conns=p.conns,
+               srv_cpu_pct_by_process=by_proc, nats_cpu_pct=other / wall * 100, nats_cpu_us=other / n * 1e6)
+    row["other_cpu_pct"] = max(0.0, row["other_cpu_pct"] - other / wall * 100)  # NATS is not "the rest"
+    if name == "watch-fanout":
+        streams, per = p.flags[1], p.flags[3]
+        row["clients_label"] = f"{int(streams) * int(per)} watchers/{streams} streams/{p.conns} conns"
     else:
-        row["clients_label"] = f"{p.clients}/{job['conns']} conns"
+        row["clients_label"] = f"{p.clients}/{p.conns} conns"
     return row
 
 
@@ -278,21 +269,22 @@ def summary(rows: list[dict]) -> str:
             xs = [x for x in (_x(r.get("x_one")) if srv not in ("etcd", ONE) else "",
                               _x(r.get("x_etcd")) + " etcd" if srv != "etcd" else "") if x]
             cells.append(f"{report._thr(r['req_s'])}" + (f" ({', '.join(xs)})" if xs else "")
-                         + f"; p99 {report._f(r.get('p99_ms'), '{:.1f}')} ms; {report._f(r.get('srv_cpu_us'), '{:.0f}')} µs")
+                         + (f"; p99 {report._f(r['p99_ms'], '{:.1f}')} ms" if r.get("p99_ms") is not None else "")
+                         + f"; {report._f(r.get('srv_cpu_us'), '{:.0f}')} µs")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
     servers = "\n".join(f"- **{k}**: {v['describe']} ({v['version']})" for k, v in meta["servers"].items())
-    t = meta["timing"]
+    tool = meta["tool"]["describe"]
     problems = meta.get("log_problems") or {}
     prob = ("\n".join(f"- {role}: {len(lines)} WARNING/ERROR lines, last: `{lines[-1][:300]}`" for role, lines in problems.items())
             if problems else "none")
     return "\n".join([
         f"# `python -m bench.followers{'' if meta['mode'] == 'full' else ' --' + meta['mode']}` ({meta['timestamp']})", "",
-        f"Machine: {machine.one_line(meta['machine'])}; grpcio {meta['grpcio']}. Runs: {t['warmup_s']} s warm-up + "
-        f"{t['duration_s']} s measured; other CPU while measuring (the rest of the machine, % of one core; the NATS "
+        f"Machine: {machine.one_line(meta['machine'])}; grpcio {meta['grpcio']}. Load: {tool}, the "
+        f"requests per run in `meta.points`; other CPU while measuring (the rest of the machine, % of one core; the NATS "
         f"server not included): median {meta['other_cpu_pct_median']:.0f} %, max {meta['other_cpu_pct_max']:.0f} %.", "",
         servers, "", NOTE, "",
         "The same total clients in every row, spread evenly over the serving endpoints. *srv CPU* is summed over the "
@@ -313,9 +305,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     args.quick = args.quick or args.tiny
     mode = mode_of(args)
-    timing = sc.TINY if args.tiny else sc.QUICK if args.quick else sc.FULL
-    table_of = sc.by_name(tiny=args.tiny)
-    points = TINY_POINTS if args.tiny else POINTS
+    try:
+        tool = etcdtool.tool_path(args.tool)
+    except etcdtool.ToolMissing as exc:
+        print(f"python -m bench.followers: {exc}", file=sys.stderr)
+        return 2
+    points = POINTS
     quiet_wait = args.quiet_wait if args.quiet_wait is not None else {"tiny": 0.0, "quick": 10.0, "full": 60.0}[mode]
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     tmp = Path(tempfile.mkdtemp(prefix="shardetcd-bench-followers-"))
@@ -323,13 +318,13 @@ def main(argv=None) -> int:
     print(f"bench.followers: {mode} mode, {total} runs, {','.join(CONFIGS)}; {os.cpu_count()} cores shared by the "
           f"load generator, NATS and every serving process; data under {tmp}", flush=True)
     meta: dict = {"timestamp": stamp, "mode": mode, "cores": os.cpu_count(), "python": platform.python_version(),
-                  "grpcio": grpc.__version__, "note": NOTE, "workers": args.workers,
-                  "timing": {"warmup_s": timing.warmup, "duration_s": timing.duration}, "servers": {},
-                  "points": [{"scenario": p.name, "clients": p.clients, **p.overrides} for p in points],
+                  "grpcio": grpc.__version__, "note": NOTE,
+                  "tool": {"path": str(tool), "describe": etcdtool.describe(tool)}, "servers": {},
+                  "points": [{"scenario": n, "clients": p.clients, "conns": p.conns, "flags": p.flags,
+                              "requests": p.requests(mode)} for n, p in points],
                   "machine": machine.describe(tmp)}
     print(f"  machine: {machine.one_line(meta['machine'])}", flush=True)
     rows: list[dict] = []
-    pool = Pool(args.workers)
     t_begin = time.monotonic()
     done = 0
 
@@ -345,17 +340,15 @@ def main(argv=None) -> int:
         nonlocal done
         meta["servers"][srv.name] = {"version": srv.version, "describe": srv.describe, "endpoints": srv.endpoints}
         log(f"serving {srv.name}: {srv.endpoints} (pids {srv.serving_pids}, other {srv.other_pids})")
-        for p in points:
-            s = table_of[p.name]
-            prepare(s, srv.endpoints[0], True)  # range: the key, put through the writer
-            if s.kind == "unary":
-                wait_visible(srv.endpoints, HOT_KEY)
+        etcdtool.seed_range_key(srv.endpoints[0], sc.RANGE_KEY, sc.VAL_SIZE)  # through the writer
+        wait_visible(srv.endpoints, sc.RANGE_KEY.encode())
+        for name, p in points:
             wait_quiet()
-            r = run_point(pool, srv, p, s, timing, args.workers)
+            r = run_point(tool, srv, name, p, mode)
             rows.append(r)
             done += 1
             errs = sum(r.get("errors", {}).values())
-            log(f"{done:>2}/{total} {p.name:<16} {r['clients_label']:<22} {srv.name:<12} {report._thr(r['req_s']):>7} req/s  "
+            log(f"{done:>2}/{total} {name:<16} {r['clients_label']:<34} {srv.name:<12} {report._thr(r['req_s']):>7} req/s  "
                 f"p50 {report._f(r['p50_ms']):>6} ms  p99 {report._f(r['p99_ms']):>7} ms  "
                 f"srv {report._f(r.get('srv_cpu_us'), '{:.0f}'):>5} µs/req  other CPU {report._f(r.get('other_cpu_pct'), '{:.0f}')}%"
                 + (f"  errors {r['errors']}" if errs else "") + ("  TIMED OUT" if r.get("timed_out") else ""))
@@ -376,7 +369,6 @@ def main(argv=None) -> int:
             js.stop()
             log("stopped shardetcd (writer, followers) and NATS")
     finally:
-        pool.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
     ratios(rows)

@@ -56,10 +56,10 @@ def node_key(i: int) -> bytes:
     return LEASES + f"node-{i:05d}".encode()
 
 
-def prepare(target: str, p: dict, quick: bool) -> dict:
-    """Populate pods and node leases, grant the events lease. Sync gRPC, in the parent."""
-    npods = p["pods_quick" if quick else "pods_full"]
-    nnodes = p["nodes_quick" if quick else "nodes_full"]
+def prepare(target: str, p: dict) -> dict:
+    """Populate pods and node leases, grant the events lease. Sync gRPC, in the parent.
+    `p`: the scenario's parameters resolved for the mode (scenarios.in_mode)."""
+    npods, nnodes = p["pods"], p["nodes"]
     pod_val, lease_val = value_bytes(p["pod_bytes"], 1), value_bytes(p["lease_bytes"], 2)
     with grpc.insecure_channel(target) as ch:
         kv, lease = pbg.KVStub(ch), pbg.LeaseStub(ch)

@@ -1,10 +1,13 @@
-"""The load generator: a few worker processes, each one asyncio loop with
-grpc.aio channels, driving closed-loop clients with pre-built requests.
+"""The Python load generator, for the shapes etcd's benchmark tool cannot
+produce (clientv3's pipelined lease renewal here, the Kubernetes mix in
+k8s.py, the partition groups in partitions.py, and the followers bench's
+reads, watches and keep-alives spread over several endpoints): a few worker processes, each
+one asyncio loop with grpc.aio channels, driving clients with pre-built
+requests.
 
 Kept as light as a Python client can be:
   * requests are serialized once, before the run, and sent as raw bytes (the
-    channels have no request serializer); responses of the plain KV scenarios
-    are not even parsed (no response deserializer);
+    channels have no request serializer);
   * one Python list append per request (its latency); everything else happens
     after the run;
   * worker processes are spawned once and reused for every scenario.

@@ -10,6 +10,7 @@ import numpy as np
 SERVER_ORDER = ("etcd", "shardetcd", "ceiling")
 NOTE = ("Client (load generator) and server share the same 2 cores: every number here is "
         "for both together, loopback only (127.0.0.1).")
+GENERATOR = {"tool": "etcd tool", "python": "Python"}
 
 
 def _arr(b: bytes, code: str = "d") -> np.ndarray:
@@ -53,23 +54,11 @@ def _errors(results: list[dict]) -> dict:
 
 
 def summarize(kind: str, results: list[dict], duration: float) -> list[dict]:
-    """Rows (without scenario/server labels) for one run."""
-    if kind in ("unary", "keepalive", "keepalive-pipelined"):
+    """Rows (without scenario/server labels) for one run of the Python generator."""
+    if kind == "keepalive-pipelined":
         lat = np.concatenate([_arr(r["lat"]) for r in results])
         return [{"req_s": lat.size / duration, "n": int(lat.size), **_pcts(lat), **_cpu(results, duration, lat.size),
                  "errors": _errors(results)}]
-    if kind == "watch":
-        lat = np.concatenate([_arr(r["lat"]) for r in results])
-        revs = np.concatenate([_arr(r["revs"], "q") for r in results])
-        recvs = np.concatenate([_arr(r["recvs"]) for r in results])
-        w = next(r["writer"] for r in results if "writer" in r)
-        ack = dict(zip(_arr(w["revs"], "q").tolist(), _arr(w["acks"]).tolist()))
-        after_ack = np.array([t - ack[rv] for rv, t in zip(revs.tolist(), recvs.tolist()) if rv in ack])
-        events = sum(r["events_in_window"] for r in results)
-        aa = _pcts(after_ack)
-        return [{"req_s": events / duration, "n": int(lat.size), **_pcts(lat), **_cpu(results, duration, events),
-                 "puts_s": w["puts"] / duration, "ack_to_event_p50_ms": aa["p50_ms"], "ack_to_event_p99_ms": aa["p99_ms"],
-                 "timed_out": any(r["timed_out"] for r in results), "errors": _errors(results)}]
     if kind == "k8s":
         ops: dict[str, list] = {}
         wev: dict[str, int] = {}
@@ -123,46 +112,53 @@ def _points(rows: list[dict]) -> tuple[dict, list[tuple]]:
     return index, list(dict.fromkeys(k[:3] for k in index))
 
 
+def _ratio(a: dict | None, b: dict | None, key: str, suffix: str = "") -> str:
+    return f"{a[key] / b[key]:.2f}{suffix}" if a and b and a.get(key) is not None and b.get(key) else ""
+
+
 def table(rows: list[dict]) -> str:
-    """Markdown table; a shardetcd row carries its ratios to etcd (and to the ceiling)."""
+    """Markdown table, every row; a shardetcd row carries its ratios to etcd (and to the ceiling)."""
     index, points = _points(rows)
-    head = ["scenario", "clients/conns", "server", "req/s", "p50 ms", "p99 ms", "srv CPU µs/req", "cli CPU µs/req",
-            "other CPU %", "shardetcd/etcd req/s", "shardetcd/etcd p99", "shardetcd/ceiling req/s"]
+    head = ["scenario", "clients/conns", "generator", "server", "req/s", "p50 ms", "p99 ms", "srv CPU µs/req",
+            "cli CPU µs/req", "other CPU %", "shardetcd/etcd req/s", "shardetcd/etcd p99", "shardetcd/ceiling req/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for k in points:
         for srv in SERVER_ORDER:
             r = index.get((*k, srv))
             if not r:
                 continue
-            ratio_t = ratio_p = ratio_c = ""
+            ratios = ["", "", ""]
             if srv == "shardetcd":
                 e, c = index.get((*k, "etcd")), index.get((*k, "ceiling"))
-                if e and e["req_s"] and r["req_s"] is not None:
-                    ratio_t = f"{r['req_s'] / e['req_s']:.2f}"
-                if e and e.get("p99_ms") and r.get("p99_ms") is not None:
-                    ratio_p = f"{r['p99_ms'] / e['p99_ms']:.2f}"
-                if c and c["req_s"]:
-                    ratio_c = f"{r['req_s'] / c['req_s']:.2f}"
+                ratios = [_ratio(r, e, "req_s"), _ratio(r, e, "p99_ms"), _ratio(r, c, "req_s")]
             name = r["scenario"] + (f" {r['op']}" if r.get("op") else "")
-            cells = [name, r["point"], srv, _thr(r["req_s"]), _f(r.get("p50_ms")), _f(r.get("p99_ms")),
-                     _f(r.get("srv_cpu_us"), "{:.0f}"), _f(r.get("cli_cpu_us"), "{:.0f}"), _f(r.get("other_cpu_pct"), "{:.0f}"), ratio_t, ratio_p, ratio_c]
+            cells = [name, r["point"], GENERATOR.get(r.get("generator"), "?"), srv, _thr(r["req_s"]),
+                     _f(r.get("p50_ms")), _f(r.get("p99_ms")), _f(r.get("srv_cpu_us"), "{:.0f}"),
+                     _f(r.get("cli_cpu_us"), "{:.0f}"), _f(r.get("other_cpu_pct"), "{:.0f}"), *ratios]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def summary(rows: list[dict]) -> str:
-    """One line per scenario point (k8s-mix: its total only): req/s of each server, p99 of
-    etcd and shardetcd, and the ratios. The README's Performance table is this table."""
+    """One line per scenario point (k8s-mix: its total only): req/s of each server, the ratios,
+    p50 and p99 of etcd and shardetcd, server CPU per request of all three. The README's
+    Performance table is this table."""
     index, points = _points(rows)
-    head = ["scenario", "clients", "etcd req/s", "shardetcd req/s", "ceiling req/s", "shardetcd/etcd",
-            "shardetcd/ceiling", "p99 ms etcd / shardetcd"]
+    head = ["scenario", "clients/conns", "generator", "etcd req/s", "shardetcd req/s", "ceiling req/s",
+            "shardetcd/etcd", "shardetcd/ceiling", "p50 ms etcd / shardetcd", "p99 ms etcd / shardetcd",
+            "srv CPU µs/req etcd / shardetcd / ceiling"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for k in (k for k in points if k[2] in (None, "all writes+reads")):
         e, s, c = (index.get((*k, srv)) for srv in SERVER_ORDER)
-        ratio = lambda a, b: f"{a['req_s'] / b['req_s']:.2f}×" if a and b and b["req_s"] else ""  # noqa: E731
-        p99 = " / ".join(_f(x.get("p99_ms"), "{:.1f}") if x else "-" for x in (e, s))
-        lines.append("| " + " | ".join([k[0], k[1], *(_thr(x["req_s"]) if x else "" for x in (e, s, c)),
-                                         ratio(s, e), ratio(s, c), p99]) + " |")
+        gen = GENERATOR.get(next(x for x in (e, s, c) if x).get("generator"), "?")
+
+        def pair(key: str, fmt: str, of=(e, s)) -> str:
+            return " / ".join(_f(x.get(key), fmt) if x else "-" for x in of)
+
+        lines.append("| " + " | ".join([k[0], k[1], gen, *(_thr(x["req_s"]) if x else "" for x in (e, s, c)),
+                                         _ratio(s, e, "req_s", "×"), _ratio(s, c, "req_s", "×"),
+                                         pair("p50_ms", "{:.1f}"), pair("p99_ms", "{:.1f}"),
+                                         pair("srv_cpu_us", "{:.0f}", (e, s, c))]) + " |")
     return "\n".join(lines)
 
 
@@ -188,6 +184,7 @@ def plots(rows: list[dict], stem: Path) -> list[Path]:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
         for srv in SERVER_ORDER:
             pts = sorted((r["clients"], r["req_s"], r["p99_ms"]) for r in data if r["server"] == srv)
+            labels = {r["clients"]: r["point"] for r in data}
             if not pts:
                 continue
             xs = [p[0] for p in pts]
@@ -195,7 +192,8 @@ def plots(rows: list[dict], stem: Path) -> list[Path]:
             a2.plot(xs, [p[2] for p in pts], marker="o", label=srv)
         for ax, yl in ((a1, "requests/s"), (a2, "p99 latency (ms)")):
             ax.set_xscale("log", base=2)
-            ax.set_xlabel("concurrent clients (connections = min(clients, 8))")
+            ax.set_xticks(sorted(labels), [labels[c] for c in sorted(labels)])
+            ax.set_xlabel("clients/connections (etcd's benchmark tool)")
             ax.set_ylabel(yl)
             ax.grid(True, alpha=0.3)
             ax.legend()
@@ -226,6 +224,10 @@ def publish(stem: Path, pngs: list[Path], latest: Path, meta: dict, md: str, per
         kept.append(dst)
     lines = [f"# Latest `python -m bench --quick` ({meta['timestamp']})", "",
              f"Machine: {one_line(meta['machine'])}; grpcio {meta['grpcio']}.", "",
+             f"Load: {meta.get('tool', {}).get('describe', 'etcd benchmark tool')} for etcd's shapes; the Python "
+             "generator (bench/loadgen.py, bench/k8s.py) for lease-keepalive-many and k8s-mix.", "",
+             "Other CPU while measuring (the rest of the machine, % of one core): "
+             f"median {meta.get('other_cpu_pct_median', 0):.0f} %, max {meta.get('other_cpu_pct_max', 0):.0f} %.", "",
              "Servers: " + "; ".join(f"{k}: {v['version']}" for k, v in meta["servers"].items()) + ".", "",
              NOTE, "", "## Summary", "", summary(doc_rows), "", "## Every row", "", md, ""]
     for srv, p in perf.items():

@@ -1,26 +1,32 @@
-"""Every scenario and its parameters, in one table.
+"""Every scenario of `python -m bench` and its parameters, in one table.
 
-Shapes follow etcd's `benchmark` tool (tools/benchmark): put with a hot key or
-sequential keys, range linearizable/serializable, txn-put, watch-latency,
-lease-keepalive; plus a Kubernetes-shaped mix (see k8s.py).
+Two load generators, one per kind of shape:
 
-Concurrency is written as clients; the number of gRPC connections (TCP
-connections, one grpc.aio channel each) is min(clients, MAX_CONNS), spread
-over the worker processes. The machine has 2 cores shared by client and server,
-so "high concurrency" here is 8 connections / 64 clients (quick) up to
-8 connections / 256 clients (full); full mode also runs etcd's documented
-100 connections / 1000 clients point for put, range and txn.
+* **etcd's own benchmark tool** (`tools/benchmark`, a Go client; see
+  etcdtool.py) for etcd's shapes: put with a hot key or sequential keys,
+  range linearizable/serializable, txn-put, watch-latency, watch fan-out
+  (its `watch` command) and lease-keepalive.  It is how etcd's published
+  figures are made, and a Go client costs far less CPU per request than a
+  Python one on the cores the server shares with it.
+* **the Python generator** (loadgen.py, k8s.py) only for what the tool cannot
+  produce: the Kubernetes-shaped mix, and clientv3's lease renewal shape
+  (long-lived LeaseKeepAlive streams, many leases, keep-alives pipelined; the
+  tool's lease-keepalive opens a stream per keep-alive).
+
+A point is (clients, connections) and how many requests the tool sends in
+each mode (tiny, quick, full; None: the point is not run in that mode).  For
+the Python-driven scenarios a truthy entry only says the point runs; they
+run for `Timing` seconds.  etcd's documented points are 1 client on
+1 connection and 1,000 clients on 100 connections; 64 clients on
+8 connections is the "high concurrency" scaled to this 2-core machine.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-KEY_SIZE = 8  # bytes, raw (not text): the hot key is eight zero bytes
 VAL_SIZE = 256
-MAX_CONNS = 8
-# etcd's documented high point (benchmark --conns=100 --clients=1000), run in full mode as it is
-ETCD_STD_CLIENTS, ETCD_STD_CONNS = 1000, 100
-WORKERS = 2  # load-generator processes (for clients > 1)
+WORKERS = 2  # Python load-generator processes (for clients > 1)
+RANGE_KEY = "/bench/range-key"  # seeded with a 256-byte value before the range shapes
 
 
 @dataclass(frozen=True)
@@ -32,69 +38,106 @@ class Timing:
 QUICK = Timing(warmup=0.5, duration=2.5)
 TINY = Timing(warmup=0.2, duration=0.5)  # --tiny: a smoke run of the harness
 FULL = Timing(warmup=2.0, duration=15.0)
+MODES = ("tiny", "quick", "full")
+
+
+@dataclass(frozen=True)
+class Point:
+    clients: int
+    conns: int
+    total: tuple  # per mode (tiny, quick, full): requests (watch shapes: puts) the tool sends; None = not run
+    flags: tuple[str, ...] = ()  # tool flags of this point only
+    label: str = ""  # how the tables name the point (default "clients/conns")
+
+    @property
+    def name(self) -> str:
+        return self.label or f"{self.clients}/{self.conns}"
+
+    def requests(self, mode: str) -> int | None:
+        return self.total[MODES.index(mode)]
 
 
 @dataclass
 class Scenario:
     name: str
-    kind: str  # "unary" | "watch" | "keepalive" | "keepalive-pipelined" | "k8s"
-    quick: list[int]  # concurrency points (clients) in --quick
-    full: list[int]  # concurrency points in full mode
-    params: dict = field(default_factory=dict)
-    servers: tuple[str, ...] = ("etcd", "shardetcd")
+    driver: str  # "tool" | "python"
+    points: list[Point]
+    args: tuple[str, ...] = ()  # tool: its command and flags, without the count
+    count_flag: str = "--total"  # tool: the flag that takes Point.total
+    kind: str = ""  # python: "keepalive-pipelined" | "k8s"
+    params: dict = field(default_factory=dict)  # python: the generator's parameters
+    servers: tuple[str, ...] = ("etcd", "shardetcd", "ceiling")
     describe: str = ""
+    latency: bool = True  # False: the generator's latency figures time nothing (the tool's watch), none reported
 
+    def points_for(self, mode: str) -> list[Point]:
+        return [p for p in self.points if p.requests(mode)]
+
+
+def _kv_points(*extra: Point, tiny_many: bool = False) -> list[Point]:
+    """1/1 and 1000/100 (etcd's documented points), plus `extra`; `tiny_many`: 1000/100 runs in --tiny too."""
+    return sorted([Point(1, 1, (100, 2_000, 10_000)), *extra,
+                   Point(1000, 100, (1_000 if tiny_many else None, 20_000, 100_000))], key=lambda p: p.clients)
+
+
+_PUT = ("put", "--key-size", "8", "--val-size", str(VAL_SIZE))
+_SEQ = ("--sequential-keys", "--key-space-size", "100000")
 
 SCENARIOS: list[Scenario] = [
-    Scenario("put-hot", "unary", [1, 64], [1, 64, 256, 1000],
-             dict(op="put", keys="hot"),
-             describe="Put, one hot key (8 zero bytes), 256-byte value"),
-    Scenario("put-seq", "unary", [1, 8, 64], [1, 8, 32, 64, 128, 256, 1000],
-             dict(op="put", keys="seq", keyspace_quick=20_000, keyspace_full=200_000),
-             servers=("etcd", "shardetcd", "ceiling"),
-             describe="Put, sequential distinct 8-byte big-endian keys, 256-byte value"),
-    Scenario("range-l", "unary", [1, 8, 64], [1, 8, 32, 64, 128, 256, 1000],
-             dict(op="range", keys="hot", serializable=False),
-             servers=("etcd", "shardetcd", "ceiling"),
+    Scenario("put-hot", "tool", _kv_points(), _PUT,
+             describe="Put, one hot key (8 zero bytes: the tool's default key space of 1), 256-byte value"),
+    Scenario("put-seq", "tool",
+             _kv_points(Point(64, 8, (None, 10_000, 50_000)), Point(256, 32, (None, None, 50_000)),
+                        tiny_many=True),  # --tiny: one run of the many-connections path
+             (*_PUT, *_SEQ),
+             describe="Put, sequential distinct 8-byte keys (varints of 0..99,999), 256-byte value"),
+    Scenario("range-l", "tool",
+             _kv_points(Point(64, 8, (None, 10_000, 50_000)), Point(256, 32, (None, None, 50_000))),
+             ("range", RANGE_KEY, "--consistency", "l"),
              describe="Range one key (holding 256 bytes), linearizable"),
-    Scenario("range-s", "unary", [1, 64], [1, 64, 256, 1000],
-             dict(op="range", keys="hot", serializable=True),
+    Scenario("range-s", "tool", _kv_points(), ("range", RANGE_KEY, "--consistency", "s"),
              describe="Range one key, serializable"),
-    Scenario("txn-put", "unary", [1, 64], [1, 8, 64, 256, 1000],
-             dict(op="txn", keys="seq", keyspace_quick=20_000, keyspace_full=200_000),
-             describe="Txn: compare mod(key) < 2^62 (always true) then Put, sequential keys"),
-    Scenario("watch-latency", "watch", [100], [100, 1000],
-             dict(streams=10, put_rate=100, writers=1),
-             describe="1 writer at 100 puts/s, N watchers of that key over 10 streams; latency = put sent -> event received"),
-    Scenario("watch-fanout", "watch", [100], [100, 1000],
-             dict(streams=10, put_rate=0, writers=1),
-             describe="1 writer as fast as it can (1 client), N watchers; req/s = events delivered/s"),
-    Scenario("lease-keepalive", "keepalive", [8], [8, 64],
-             dict(conns=2),
-             servers=("etcd", "shardetcd", "ceiling"),
-             describe="N LeaseKeepAlive streams over 2 connections, each keep-alive -> response in a loop"),
-    Scenario("lease-keepalive-many", "keepalive-pipelined", [4], [4, 16],
-             dict(conns=2, window=64, leases_quick=1_000, leases_full=10_000),
-             servers=("etcd", "shardetcd", "ceiling"),
-             describe="clientv3's shape: N LeaseKeepAlive streams over 2 connections renew 1,000 (full: 10,000) "
-                      "granted leases, up to 64 keep-alives in flight per stream; req/s = keep-alives answered/s"),
-    Scenario("k8s-mix", "k8s", [1], [1],
-             dict(pods_quick=2_000, pods_full=100_000, nodes_quick=200, nodes_full=2_000,
-                  clients=dict(heartbeat=16, pod=8, event=8, list=1, count=1),
-                  duration_quick=6.0, duration_full=30.0,
-                  pod_bytes=1_500, lease_bytes=300, event_bytes=600, list_limit=500,
-                  progress_every_s=0.5, compact_every_s_quick=2.0, compact_every_s_full=15.0),
-             describe="Kubernetes-shaped mix: heartbeats, pod create/update/delete, events with a lease, "
-                      "paginated list + count, watches per resource prefix with prev_kv"),
+    Scenario("txn-put", "tool", _kv_points(), ("txn-put", "--key-size", "8", "--val-size", str(VAL_SIZE), *_SEQ[1:]),
+             describe="Txn with no compare, success = one Put (the tool's txn-put), keys varints of i mod 100,000"),
+    Scenario("watch-latency", "tool",
+             [Point(100, 10, (20, 300, 1_500), ("--put-rate", "100"), "100 watchers/10 conns, 100 put/s"),
+              Point(100, 10, (None, None, 3_000), ("--put-rate", "1000"), "100 watchers/10 conns, ≤1000 put/s")],
+             ("watch-latency",),
+             describe="100 watchers of one key over 10 connections (one stream each); one put at a time, the next "
+                      "after every watcher got the event (so ≤ put-rate); latency = put acknowledged -> event "
+                      "received, per watcher; req/s = events received/s"),
+    Scenario("watch-fanout", "tool",
+             [Point(1, 1, (20, 1_000, 3_000), ("--streams", "10", "--watch-per-stream", "10"), "100 watchers/10 streams"),
+              Point(1, 1, (None, None, 300), ("--streams", "10", "--watch-per-stream", "100"), "1000 watchers/10 streams")],
+             ("watch", "--put-rate", "1000000"), count_flag="--put-total", latency=False,
+             describe="the tool's watch: N watchers of one key over 10 streams on one connection, one client putting "
+                      "as fast as it can; req/s = events received/s (its latency figures time nothing, so none shown)"),
+    Scenario("lease-keepalive", "tool", [Point(100, 10, (500, 10_000, 50_000))], ("lease-keepalive",),
+             describe="the tool's lease-keepalive: each client grants a lease, then KeepAliveOnce in a loop "
+                      "(a LeaseKeepAlive stream opened per keep-alive)"),
+    Scenario("lease-keepalive-many", "python",
+             [Point(4, 2, (1, 1, 1)), Point(16, 2, (None, None, 1))],
+             kind="keepalive-pipelined",
+             params=dict(window=64, leases=(100, 1_000, 10_000)),
+             describe="clientv3's shape (Python generator): N long-lived LeaseKeepAlive streams over 2 connections "
+                      "renew 1,000 (full: 10,000) granted leases, up to 64 keep-alives in flight per stream; "
+                      "req/s = keep-alives answered/s"),
+    Scenario("k8s-mix", "python", [Point(34, 4, (1, 1, 1), label="34 clients/4 conns")], kind="k8s",
+             params=dict(pods=(200, 2_000, 100_000), nodes=(20, 200, 2_000),
+                         clients=dict(heartbeat=16, pod=8, event=8, list=1, count=1),
+                         duration=(1.0, 6.0, 30.0), compact_every_s=(0.3, 2.0, 15.0),
+                         pod_bytes=1_500, lease_bytes=300, event_bytes=600, list_limit=500, progress_every_s=0.5),
+             servers=("etcd", "shardetcd"),
+             describe="Kubernetes-shaped mix (Python generator): heartbeats, pod create/update/delete, events with "
+                      "a lease, paginated list + count, watches per resource prefix with prev_kv"),
 ]
 
 
-# --tiny shrinks the Kubernetes mix's set-up and run (other scenarios only run shorter)
-TINY_PARAMS = {"k8s-mix": dict(pods_quick=200, nodes_quick=20, duration_quick=1.0, compact_every_s_quick=0.3),
-               "lease-keepalive-many": dict(leases_quick=100)}
+def by_name() -> dict[str, Scenario]:
+    return {s.name: s for s in SCENARIOS}
 
 
-def by_name(tiny: bool = False) -> dict[str, Scenario]:
-    if not tiny:
-        return {s.name: s for s in SCENARIOS}
-    return {s.name: replace(s, params={**s.params, **TINY_PARAMS.get(s.name, {})}) for s in SCENARIOS}
+def in_mode(params: dict, mode: str) -> dict:
+    """A Python scenario's parameters with every (tiny, quick, full) triple resolved for `mode`."""
+    i = MODES.index(mode)
+    return {k: (v[i] if isinstance(v, tuple) and len(v) == 3 else v) for k, v in params.items()}

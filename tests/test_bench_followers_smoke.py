@@ -1,7 +1,7 @@
 """The followers bench still works end to end: `python -m bench.followers --tiny`
 starts etcd 3.5.1, then one NATS server with a shardetcd writer on JetStream R1
 and adds followers (1, then 3), runs range-s, range-l, watch-fanout and
-lease-keepalive against 1, 2 and 4 serving processes, and writes the JSON and
+lease-keepalive through etcd's benchmark tool against 1, 2 and 4 serving processes, and writes the JSON and
 Markdown.
 
 Figures from a tiny run mean nothing and are not asserted on (speed is
@@ -30,19 +30,23 @@ def test_bench_followers_tiny_runs_every_row_without_errors(tmp_path):
     data = json.loads(result.read_text())
     assert data["meta"]["mode"] == "tiny"
     rows = data["rows"]
-    assert {(r["scenario"], r["server"]) for r in rows} == {(pt.name, c) for pt in followers.TINY_POINTS
+    assert {(r["scenario"], r["server"]) for r in rows} == {(name, c) for name, _ in followers.POINTS
                                                             for c in followers.CONFIGS}
     for r in rows:
         assert not r["errors"] and not r.get("timed_out"), r
-        assert r["n"] > 0 and r["req_s"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0, r
+        assert r["n"] > 0 and r["req_s"] > 0, r
+        if r["scenario"] != "watch-fanout":  # the tool's watch times nothing
+            assert r["p99_ms"] >= r["p50_ms"] > 0, r
         # one CPU figure per serving process: the writer and its followers
         assert r["processes"] == {"etcd": 1, "shardetcd-1": 1, "shardetcd-2": 2, "shardetcd-4": 4}[r["server"]], r
         assert len(r["srv_cpu_pct_by_process"]) == r["processes"], r
+        if r["scenario"] == "range-s":  # served by every process, none forwarded: each one worked
+            assert all(v > 1 for v in r["srv_cpu_pct_by_process"].values()), r
         assert r["x_etcd"] is not None or r["server"] == "etcd", r
         assert r["x_one"] is not None or r["server"] in ("etcd", followers.ONE), r
     assert len(data["meta"]["servers"]["shardetcd-4"]["endpoints"]) == 4
     md = (tmp_path / result.name.replace(".json", ".md")).read_text()
-    assert data["summary_md"] in md and "| range-l | 8/8 conns | shardetcd-4 | 4 |" in md
+    assert data["summary_md"] in md and "| range-l | 64/8 conns | shardetcd-4 | 4 |" in md
     # every server stopped; a tiny run never replaces the results kept in git
     assert "stopped etcd" in p.stdout and "stopped shardetcd (writer, followers) and NATS" in p.stdout
     assert "kept as the latest" not in p.stdout and not list(tmp_path.glob("latest-followers*"))

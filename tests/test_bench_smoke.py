@@ -1,6 +1,8 @@
 """The benchmark harness still works end to end: `python -m bench --tiny`
-starts etcd, shardetcd and the ceiling server, runs every scenario once with
-each, stops them, and writes a table with ratios and the JSON results.
+starts etcd, shardetcd and the ceiling server, drives etcd's shapes with
+etcd's own benchmark tool and the rest with the Python generator, stops them,
+and writes one table with ratios and the JSON results.  This is also the
+CI smoke run of the tool against shardetcd.
 
 Figures from a tiny run mean nothing and are not asserted on (speed is
 measured in bench/, never in tests); only that every scenario produced
@@ -13,36 +15,61 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import scenarios as sc
+import pytest
+
+from bench import etcdtool, scenarios as sc
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ETCD", etcdtool.TOOL_ENV))}
+    return {**env, **extra}
+
+
 def test_bench_tiny_runs_every_scenario_on_every_server(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
-    p = subprocess.run([sys.executable, "-m", "bench", "--tiny", "--out", str(tmp_path)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=400)
+    tool = etcdtool.tool_path()  # the shipped one, handed over as the environment variable
+    p = subprocess.run([sys.executable, "-m", "bench", "--tiny", "--out", str(tmp_path)], cwd=REPO,
+                       env=_env(**{etcdtool.TOOL_ENV: str(tool)}), capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     [result] = tmp_path.glob("*.json")
     data = json.loads(result.read_text())
-    assert data["meta"]["mode"] == "tiny"
-    ran = {(r["scenario"], r["server"]) for r in data["rows"]}
-    want = {(s.name, srv) for s in sc.SCENARIOS for srv in s.servers}
+    assert data["meta"]["mode"] == "tiny" and data["meta"]["tool"]["path"] == str(tool)
+    ran = {(r["scenario"], r["clients"], r["conns"], r["server"], r["generator"]) for r in data["rows"]}
+    want = {(s.name, pt.clients, pt.conns, srv, s.driver) for s in sc.SCENARIOS for pt in s.points_for("tiny")
+            for srv in s.servers}
     assert ran == want
+    # etcd's shapes come from the tool, only what it cannot do from the Python generator
+    assert {s.name for s in sc.SCENARIOS if s.driver == "python"} == {"lease-keepalive-many", "k8s-mix"}
+    timed = {s.name: s.latency for s in sc.SCENARIOS}
     for r in data["rows"]:
         assert not r.get("errors"), r
-        assert r["n"] > 0 and r["req_s"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0, r
+        assert r["n"] > 0 and r["req_s"] > 0, r
+        if r.get("op") in (None, "all writes+reads"):  # server CPU per request (ticks: may round to 0 in a tiny run)
+            assert r["srv_cpu_us"] >= 0 and r["other_cpu_pct"] >= 0, r
+        if timed[r["scenario"]]:
+            assert r["p99_ms"] >= r["p50_ms"] > 0, r
+        else:  # the tool's watch times nothing per event: no latency is reported
+            assert r["p50_ms"] is None and r["p99_ms"] is None, r
+    # the tool ran its own command for each shape, e.g. watch fan-out through its watch command
+    cmds = {r["scenario"]: r["command"] for r in data["rows"] if r["generator"] == "tool"}
+    assert cmds["watch-fanout"].startswith("--clients=1 --conns=1 --precise watch "), cmds
+    assert "--sequential-keys" in cmds["put-seq"] and "--consistency l" in cmds["range-l"], cmds
     # the Kubernetes mix ran every call shape, the compaction loop and progress requests included
     for srv in ("etcd", "shardetcd"):
         ops = {r["op"] for r in data["rows"] if r["scenario"] == "k8s-mix" and r["server"] == srv}
         assert {"heartbeat", "pod-create", "pod-update", "pod-delete", "event", "list", "count", "compact",
                 "progress", "watch /registry/pods/"} <= ops, (srv, ops)
-    # the table puts shardetcd beside etcd as ratios
-    put_seq = next(line for line in data["table_md"].splitlines() if line.startswith("| put-seq | 1/1 | shardetcd |"))
-    ratios = [c.strip() for c in put_seq.strip("|").split("|")][-3:]
-    assert all(float(x) > 0 for x in ratios), put_seq
+    # one table puts shardetcd beside etcd and the ceiling as ratios, with p50/p99 and server CPU
+    summary = data["summary_md"]
+    assert "| shardetcd/etcd | shardetcd/ceiling | p50 ms etcd / shardetcd | p99 ms etcd / shardetcd | " \
+           "srv CPU µs/req etcd / shardetcd / ceiling |" in summary
+    put_seq = next(line for line in summary.splitlines() if line.startswith("| put-seq | 1/1 | etcd tool |"))
+    cells = [c.strip() for c in put_seq.strip("|").split("|")]
+    assert float(cells[6].rstrip("×")) > 0 and float(cells[7].rstrip("×")) > 0, put_seq
+    assert any(line.startswith("| k8s-mix | 34 clients/4 conns | Python |") for line in summary.splitlines())
     # every server was stopped by PID
-    assert p.stdout.count("  stopped ") == len({srv for _, srv in want}), p.stdout
+    assert p.stdout.count("  stopped ") == len({srv for *_, srv, _ in want}), p.stdout
     # the machine the figures came from is part of the result
     m = data["meta"]["machine"]
     assert m["cores"] == os.cpu_count() and m["memory_gib"] > 0
@@ -51,6 +78,22 @@ def test_bench_tiny_runs_every_scenario_on_every_server(tmp_path):
     # a tiny run into another directory never replaces the results kept in git
     assert "kept as the latest quick run" not in p.stdout
     assert not list(tmp_path.glob("latest-quick*"))
+
+
+def test_a_missing_benchmark_tool_is_named_with_how_to_get_it(tmp_path, monkeypatch):
+    """--tool or $SHARDETCD_BENCHMARK_TOOL pointing nowhere: exit 2, one message, no server started."""
+    for argv, env in ((["--tool", str(tmp_path / "nope")], _env()),
+                      ([], _env(**{etcdtool.TOOL_ENV: str(tmp_path / "nope")}))):
+        p = subprocess.run([sys.executable, "-m", "bench", "--tiny", "--out", str(tmp_path), *argv], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert str(tmp_path / "nope") in p.stderr and "go build ./tools/benchmark" in p.stderr, p.stderr
+        assert "started" not in p.stdout and not list(tmp_path.glob("*.json"))
+    # nothing given and nothing shipped beside the checkout
+    monkeypatch.delenv(etcdtool.TOOL_ENV, raising=False)
+    monkeypatch.setattr(etcdtool, "SHIPPED", tmp_path / "etcd-benchmark.xz")
+    with pytest.raises(etcdtool.ToolMissing, match=r"--tool PATH or set \$SHARDETCD_BENCHMARK_TOOL"):
+        etcdtool.tool_path()
 
 
 def test_publish_keeps_json_plots_and_a_table_with_the_machine(tmp_path):
@@ -81,6 +124,7 @@ def test_publish_keeps_json_plots_and_a_table_with_the_machine(tmp_path):
     tiny.quick = True
     assert not cli.publishable(tiny, list(report.SERVER_ORDER))
     assert not cli.publishable(cli.parse_args(["--quick", "--out", str(tmp_path)]), list(report.SERVER_ORDER))
+    assert not cli.publishable(cli.parse_args(["--quick", "--total", "100"]), list(report.SERVER_ORDER))
 
 
 def test_readme_performance_table_is_the_kept_quick_run():
@@ -90,6 +134,7 @@ def test_readme_performance_table_is_the_kept_quick_run():
     kept = json.loads((REPO / "bench" / "results" / "latest-quick.json").read_text())
     assert kept["meta"]["mode"] == "quick" and kept["meta"]["machine"]["cores"]
     assert {r["server"] for r in kept["rows"]} == {"etcd", "shardetcd", "ceiling"}
+    assert {r["generator"] for r in kept["rows"]} == {"tool", "python"}
     readme = (REPO / "README.md").read_text()
     block = readme.split("<!-- bench-summary:", 1)[1].split("-->", 1)[1].split("<!-- /bench-summary -->", 1)[0]
     assert block.strip() == report.summary(kept["rows"]).strip()
@@ -117,50 +162,76 @@ def test_bench_partitions_tiny_runs_one_process_and_a_cluster(tmp_path):
     assert p.stdout.count("  stopped ") == len(servers), p.stdout
 
 
-def test_etcds_own_benchmark_tool_drives_shardetcd_and_the_ceiling(tmp_path):
-    """etcd's tools/benchmark (shared/bin) runs each of etcd's shapes against
-    shardetcd, and the ceiling answers the shapes it was given for it (Txn,
-    Watch); the tool's summary is parsed into rows. Figures are not asserted."""
-    from bench import etcdtool
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
-    for servers, only in (("shardetcd", None), ("ceiling", "txn-put,watch-latency@100")):
-        argv = [sys.executable, "-m", "bench.etcdtool", "--tiny", "--servers", servers, "--out", str(tmp_path / servers)]
-        p = subprocess.run(argv + (["--only", only] if only else []), cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=400)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        [result] = (tmp_path / servers).glob("*-etcdtool.json")
-        rows = json.loads(result.read_text())["rows"]
-        want = {(s.name, s.label) for s in etcdtool.SHAPES if only is None or s.name in only.split(",")}
-        assert {(r["shape"], r["point"]) for r in rows} == want
-        for r in rows:
-            assert r["server"] == servers and r["n"] > 0 and r["req_s"] > 0 and r["p99_ms"] >= r["p50_ms"] >= 0, r
-        assert f"stopped {servers} (pid " in p.stdout
-
-
 def test_the_benchmark_tool_summary_is_parsed():
-    from bench import etcdtool
-
     out = """Summary:
-  Total:\t2.0010 secs.
-  Slowest:\t0.0200 secs.
-  Requests/sec:\t999.5000
+  Total:\t2.001 secs.
+  Slowest:\t0.02 secs.
+  Requests/sec:\t999.5
 
 Response time histogram:
-  0.0001 [10]\t|
-  0.0200 [1990]\t|∎∎∎
+  4.9e-05 [10]\t|
+  0.02 [1990]\t|∎∎∎
 
 Latency distribution:
-  10% in 0.0001 secs.
-  50% in 0.0010 secs.
-  90% in 0.0050 secs.
-  99% in 0.0150 secs.
+  10% in 5e-05 secs.
+  50% in 0.001 secs.
+  90% in 0.005 secs.
+  99% in 0.015 secs.
   99.9% in 0.0199 secs.
+
+Error distribution:
+  [3]\trpc error: code = Unavailable desc = transport is closing
 """
     row = etcdtool.parse(out)
     assert row["req_s"] == 999.5 and row["n"] == 2000 and row["total_s"] == 2.001
     assert [round(row[k], 6) for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms")] == [1.0, 5.0, 15.0, 19.9]
-    import pytest
-
+    assert row["errors"] == {"rpc error: code = Unavailable desc = transport is closing": 3}
+    # the watch command: watch creation first, then the events, which are what counts
+    watch = "Watch creation summary:\n" + out.split("Error")[0].replace("999.5", "5000") + \
+        "Watch events received summary:\n" + out.split("Error")[0].replace("[1990]", "[7000]")
+    row = etcdtool.parse(watch)
+    assert row["req_s"] == 999.5 and row["n"] == 7010 and not row["errors"]
     with pytest.raises(ValueError):
         etcdtool.parse("Error: context deadline exceeded\n")
+
+
+def test_profile_splits_server_cpu_by_where_the_samples_are(tmp_path):
+    """bench.profile's classification of py-spy's folded stacks (no profiler run here)."""
+    from bench import profile
+
+    loop = ("_run_module_as_main (<frozen runpy>:198);<module> (shim/__main__.py:5);main (shim/cli.py:359);"
+            "run (asyncio/runners.py:190);BaseEventLoop._run_once (asyncio/base_events.py:1922)")
+    call = loop + ";Handle._run (asyncio/events.py:80)"
+    pool = "Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982)"
+    raw = tmp_path / "raw.txt"
+    raw.write_text("\n".join([
+        f"thread (100): MainThread;{call} 50",  # a C callback: grpc's Cython
+        f"thread (100): MainThread;{loop.replace('1922', '1884')};EpollSelector.select (selectors.py:468) 30",
+        f"thread (100): MainThread;{call};_unary.<locals>.handle (shim/handlers.py:61);KVService.Put (shim/kv.py:40);"
+        "Store.put (shards/store.py:295);BaseEventLoop.create_future (asyncio/base_events.py:427) 10",
+        f"thread (100): MainThread;{call};_unary.<locals>.handle (shim/handlers.py:61);KVService.Put (shim/kv.py:43) 5",
+        f"thread (100): MainThread;{call};_deserializer.<locals>.deserialize (shim/handlers.py:38) 4",
+        f"thread (100): MainThread;{loop} 1",
+        "thread (100): MainThread;Journal._run (journal/journal.py:196);"
+        "BaseEventLoop.run_in_executor (asyncio/base_events.py:829) 10",
+        f"thread (200): asyncio_0;{pool};_worker (concurrent/futures/thread.py:81) 80",
+        f"thread (200): asyncio_0;{pool};_worker (concurrent/futures/thread.py:83);_call (journal/journal.py:49);"
+        "fdatasync (journal/fsutil.py:19) 20",
+        f"thread (300): Thread-1 (_poll_wrapper);{pool} 100",
+    ]) + "\n")
+    samples = profile.read_samples(raw)
+    assert samples[100]["counts"] == {"gRPC": 50, "protobuf": 4, "waiting": 30, "store": 10, "handler": 5,
+                                      "event loop": 1, "journal": 10}
+    assert samples[200]["counts"] == {"waiting": 100} and samples[200]["owners"] == {"journal": 20}
+    cpu = {100: ("python3", 0.8), 200: ("python3", 0.1), 300: ("python3", 0.05), 400: ("event_engine", 0.04),
+           500: ("rocksdb:low", 0.01)}
+    b = profile.breakdown(samples, cpu, wall=1.0)
+    got = {k: round(v, 4) for k, v in b["cpu_s"].items()}
+    # the event loop's 0.8 s over its 80 running samples; the pool thread is the journal's; the poller and
+    # grpc's native threads are gRPC; RocksDB's threads are the store's
+    assert got == {"gRPC": round(0.8 * 50 / 80 + 0.05 + 0.04, 4), "protobuf": 0.04,
+                   "store": round(0.8 * 10 / 80 + 0.01, 4), "handler": 0.05, "event loop": 0.01,
+                   "journal": round(0.8 * 10 / 80 + 0.1, 4)}
+    main = next(t for t in b["threads"] if t["tid"] == 100)
+    assert main["busy_pct"] == 80 and round(main["waiting_samples_pct"], 1) == round(30 / 110 * 100, 1)
+    assert main["waits"] == {"EpollSelector.select": 30}
