@@ -4,6 +4,13 @@ KV.Txn, Lease.LeaseGrant, Lease.LeaseKeepAlive and Watch.
 It parses each request (any real server has to) and answers with a canned,
 pre-serialized response, so driving it with the same load generator shows how
 far Python + grpcio (server and client on the same 2 cores) can go at all.
+With --fsync-dir (how the bench starts it) a Put or Txn is also made durable
+the way any durable server must: its bytes appended to a file and answered
+once a group-committed fdatasync covering them has returned (GroupCommit) --
+the same fdatasync cadence as shardetcd's journal with fsync=always, nothing
+else. --fsync-mode chooses where write + fdatasync run: a dedicated thread
+(the default, as shardetcd's journal), the default executor, or inline on the
+event loop (measured in bench/README.md).
 Watch is the same idea: a Put is sent, as one event, to every watcher whose
 key or range holds the put's key, one response per watcher as etcd sends them;
 nothing is stored, so there is no history, no prev_kv and no filtering.
@@ -14,7 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+from queue import SimpleQueue
 import signal
+import threading
 
 import grpc
 
@@ -34,8 +44,77 @@ _revision = [1]
 _watch_streams: set[asyncio.Queue] = set()  # one per Watch stream: its watchers and what to send
 
 
+class GroupCommit:
+    """--fsync-dir: what any durable server must add to a write, and nothing else:
+    each Put/Txn's request bytes are appended to one file, and answered once an
+    fdatasync covering them has returned. One write + fdatasync in flight at a
+    time; whatever arrives meanwhile goes into the next one (group commit)."""
+
+    def __init__(self, directory: str, mode: str) -> None:
+        self.fd = os.open(os.path.join(directory, "ceiling.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.mode = mode
+        self.parts: list[bytes] = []
+        self.waiters: list[asyncio.Future] = []
+        self.busy = False
+        self.loop = asyncio.get_running_loop()
+        if mode == "thread":
+            self.q: SimpleQueue = SimpleQueue()
+            threading.Thread(target=self._thread, daemon=True).start()
+
+    def append(self, data: bytes) -> asyncio.Future:
+        fut = self.loop.create_future()
+        self.parts.append(data)
+        self.waiters.append(fut)
+        if not self.busy:
+            self._kick()
+        return fut
+
+    def _kick(self) -> None:
+        parts, waiters = self.parts, self.waiters
+        self.parts, self.waiters = [], []
+        self.busy = True
+        if self.mode == "inline":
+            self._write(parts)
+            self._done(waiters)
+        elif self.mode == "thread":
+            self.q.put((parts, waiters))
+        else:
+            fut = self.loop.run_in_executor(None, self._write, parts)
+            fut.add_done_callback(lambda f: self._done(waiters))
+
+    def _write(self, parts: list[bytes]) -> None:
+        os.write(self.fd, b"".join(parts))
+        os.fdatasync(self.fd)
+
+    def _thread(self) -> None:
+        while (item := self.q.get()) is not None:
+            parts, waiters = item
+            self._write(parts)
+            self.loop.call_soon_threadsafe(self._done, waiters)
+        os.close(self.fd)
+
+    def close(self) -> None:
+        """Once nothing is in flight."""
+        if self.mode == "thread":
+            self.q.put(None)
+        else:
+            os.close(self.fd)
+
+    def _done(self, waiters: list[asyncio.Future]) -> None:
+        for w in waiters:
+            w.set_result(None)
+        self.busy = False
+        if self.parts:
+            self._kick()
+
+
+_commit: list[GroupCommit | None] = [None]
+
+
 async def _put(request: bytes, context) -> bytes:
     req = pb.PutRequest.FromString(request)
+    if _commit[0] is not None:
+        await _commit[0].append(request)
     if _watch_streams:
         _revision[0] += 1
         _fan_out(req, _revision[0])
@@ -54,6 +133,8 @@ def _fan_out(req: pb.PutRequest, rev: int) -> None:
 
 async def _txn(request: bytes, context) -> bytes:
     pb.TxnRequest.FromString(request)
+    if _commit[0] is not None:
+        await _commit[0].append(request)
     return TXN_RESPONSE
 
 
@@ -100,7 +181,9 @@ async def _keepalive(requests, context):
         yield KEEPALIVE_RESPONSE
 
 
-async def serve(port: int) -> None:
+async def serve(port: int, fsync_dir: str | None = None, fsync_mode: str = "thread") -> None:
+    if fsync_dir:
+        _commit[0] = GroupCommit(fsync_dir, fsync_mode)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     # no (de)serializers: handlers see and return raw bytes
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("etcdserverpb.KV", {
@@ -126,7 +209,10 @@ async def serve(port: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, required=True)
-    asyncio.run(serve(ap.parse_args().port))
+    ap.add_argument("--fsync-dir", default=None, help="make Put and Txn durable: group-committed to a file here")
+    ap.add_argument("--fsync-mode", default="thread", choices=["thread", "executor", "inline"])
+    args = ap.parse_args()
+    asyncio.run(serve(args.port, args.fsync_dir, args.fsync_mode))
 
 
 if __name__ == "__main__":

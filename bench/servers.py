@@ -138,7 +138,9 @@ def start_shardetcd_default(tmp: Path, extra_args: tuple[str, ...] = (), describ
 def start_ceiling(tmp: Path) -> Server:
     port = free_port()
     log = open(tmp / "ceiling.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "bench.ceiling", "--port", str(port)],
+    journal = tmp / "ceiling-journal"  # Put and Txn are made durable there, as shardetcd's (fsync=always)
+    journal.mkdir(exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.ceiling", "--port", str(port), "--fsync-dir", str(journal)],
                             cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -158,7 +160,7 @@ def start_ceiling(tmp: Path) -> Server:
         proc.wait()
         log.close()
 
-    return Server("ceiling", endpoint, proc.pid, f"do-nothing grpc.aio server (grpcio {grpc.__version__})", stop)
+    return Server("ceiling", endpoint, proc.pid, f"do-nothing grpc.aio server, Put/Txn group-committed with fdatasync (grpcio {grpc.__version__})", stop)
 
 
 STARTERS = {"etcd": start_real_etcd, "shardetcd": start_shardetcd_default, "ceiling": start_ceiling}

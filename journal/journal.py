@@ -4,7 +4,7 @@ Lifecycle:
     j = Journal.open(directory, config)   # sync: scan, repair a torn tail
     for r in j.records(after_rev): ...    # replay what was found at open()
     j.truncate_after(rev)                 # optional, only before start()
-    await j.start()                       # one writer task owns the file
+    await j.start()                       # one writer thread owns the file
     seq = j.append(rtype, rev, payload)   # non-blocking, from the event loop
     await j.sync()                        # wait for durability
     await j.close()
@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Callable, Iterator
 
 import aiofiles.os
@@ -63,8 +65,8 @@ class Journal(Appender):
         self._replay = list(segments)
         self._queue: deque[PendingRecord] = deque()
         self._writer: SegmentWriter | None = None
-        self._wakeup: asyncio.Event | None = None
-        self._hop_in_flight = False
+        self._idle = False  # the writer thread is (about to be) asleep in _kick.get()
+        self._kick: SimpleQueue[None] = SimpleQueue()
 
     # ----------------------------------------------------------------- open / replay
 
@@ -129,16 +131,21 @@ class Journal(Appender):
     # ----------------------------------------------------------------- writing
 
     async def start(self) -> None:
-        """Start the writer task; it owns the segment file from now on."""
+        """Start the writer thread; it owns the segment file from now on."""
         if self._task is not None or self._closing:
             raise RuntimeError("journal already started or closed")
         tail = self._segments[-1] if self._segments else None
         writer = SegmentWriter(self.directory, self.config, tail)
         await _in_thread(writer.open_tail)
         self._writer = writer
-        self._wakeup = asyncio.Event()
-        self._task = asyncio.create_task(self._run(), name=f"journal-writer:{self.directory}")
-        self._task.add_done_callback(self._writer_done)
+        self._loop = asyncio.get_running_loop()
+        self._stopped = self._loop.create_future()
+        self._thread = threading.Thread(target=self._thread_main, name=f"journal-writer:{self.directory.parent.name}",
+                                        daemon=True)
+        self._thread.start()
+        # the writer's lifetime as a task: close() and failure handling await it; cancelling it fails the journal
+        self._task = asyncio.create_task(self._supervise(), name=f"journal-writer:{self.directory}")
+        self._task.add_done_callback(self._supervisor_done)
 
     def append(self, rtype: int, rev: int, payload: bytes) -> int:
         """Queue one record; return its sequence number. Never blocks."""
@@ -146,7 +153,9 @@ class Journal(Appender):
         if not isinstance(payload, bytes):
             payload = bytes(payload)
         self._queue.append(PendingRecord(seq, rtype, rev, payload))
-        self._wakeup.set()
+        if self._idle:
+            self._idle = False
+            self._kick.put(None)
         return seq
 
     def release_through(self, rev: int) -> int:
@@ -186,54 +195,91 @@ class Journal(Appender):
     async def load_checkpoint(self) -> Checkpoint | None:
         return load_latest_checkpoint(self.checkpoint_dir)
 
-    # ----------------------------------------------------------------- writer task
+    # ----------------------------------------------------------------- writer thread
+    #
+    # One thread per journal takes what is queued, writes it and fdatasyncs it
+    # (group commit: everything appended while a batch is being written goes
+    # into the next one), then tells the event loop with one
+    # call_soon_threadsafe per batch. The loop never waits for the disk, and
+    # nothing on the loop runs per batch but the acknowledgement itself: no
+    # writer task to wake, no executor future to chain.
 
-    async def _run(self) -> None:
+    def _thread_main(self) -> None:
+        loop = self._loop
         try:
-            while (batch := await self._next_batch()) is not None:
-                self._hop_in_flight = True
+            while True:
+                batch = self._take_batch()
+                if batch is None:
+                    break
                 started = time.monotonic()
-                touched = await _in_thread(self._writer.write_batch, batch)
-                self._hop_in_flight = False
-                if self.on_batch is not None:
-                    self.on_batch(sum(r.frame_bytes for r in batch), time.monotonic() - started)
-                self._acknowledge(batch[-1].seq, touched)
-        except asyncio.CancelledError:
-            self._fail(JournalFailed("journal writer task cancelled"))
-            raise
-        except Exception as exc:  # noqa: BLE001 - every write error is fatal by design
-            self._hop_in_flight = False
-            self._fail(exc)
+                touched = self._writer.write_batch(batch)
+                loop.call_soon_threadsafe(self._batch_written, batch, touched, time.monotonic() - started)
+        except BaseException as exc:  # noqa: BLE001 - every write error is fatal by design
+            self._call_loop(self._fail, exc)
+        finally:
+            self._call_loop(self._thread_exited)
 
-    def _writer_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            self._fail(JournalFailed("journal writer task cancelled"))
-        if not self._hop_in_flight:  # a thread still using the fd keeps it; it is leaked, not reused
-            self._writer.close()
-
-    async def _next_batch(self) -> list[PendingRecord] | None:
-        while not self._queue:
+    def _take_batch(self) -> list[PendingRecord] | None:
+        """In the writer thread: wait for records, then take up to batch_bytes_max of them
+        (None once closing with nothing left, or failed)."""
+        queue = self._queue
+        while not queue:
             if self._closing or self._failure is not None:
                 return None
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        if self._should_linger():
-            await asyncio.sleep(self.config.batch_linger_s)
-        return self._take_batch()
-
-    def _should_linger(self) -> bool:
-        return (self.config.fsync == "batch" and not self._closing
-                and self._queued_bytes < self.config.batch_bytes_max)
-
-    def _take_batch(self) -> list[PendingRecord]:
-        batch = [self._queue.popleft()]
+            self._idle = True
+            if queue or self._closing:  # appended (or closed) before it saw _idle: do not sleep
+                self._idle = False
+                continue
+            self._kick.get()
+        if self._failure is not None:
+            return None
+        if self.config.fsync == "batch" and not self._closing and self._queued_bytes < self.config.batch_bytes_max:
+            time.sleep(self.config.batch_linger_s)  # let more appends join (the writer thread's own time)
+        batch = [queue.popleft()]
         size = batch[0].frame_bytes
-        while self._queue and size + self._queue[0].frame_bytes <= self.config.batch_bytes_max:
-            record = self._queue.popleft()
+        limit = self.config.batch_bytes_max
+        while queue and size + queue[0].frame_bytes <= limit:
+            record = queue.popleft()
             batch.append(record)
             size += record.frame_bytes
-        self._queued_bytes -= sum(len(r.payload) for r in batch)
         return batch
+
+    def _call_loop(self, fn: Callable, *args: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    def _batch_written(self, batch: list[PendingRecord], touched: list[SegmentInfo], seconds: float) -> None:
+        self._queued_bytes -= sum(len(r.payload) for r in batch)
+        if self.on_batch is not None:
+            self.on_batch(sum(r.frame_bytes for r in batch), seconds)
+        if self._failure is None:
+            self._acknowledge(batch[-1].seq, touched)
+
+    def _thread_exited(self) -> None:
+        self._writer.close()
+        if not self._stopped.done():
+            self._stopped.set_result(None)
+
+    async def _supervise(self) -> None:
+        await asyncio.shield(self._stopped)
+
+    def _supervisor_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():  # the thread sees the failure and stops after the batch it may be writing
+            self._fail(JournalFailed("journal writer task cancelled"))
+            self._wake_thread()
+
+    def _wake_thread(self) -> None:
+        self._idle = False
+        self._kick.put(None)
+
+    async def close(self) -> None:
+        """Write out everything queued, then stop the writer thread."""
+        self._closing = True
+        if self._task is not None:
+            self._wake_thread()
+            await asyncio.wait([self._task])
 
     def _acknowledge(self, seq: int, touched: list[SegmentInfo]) -> None:
         for info in touched:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections import Counter
+from collections import Counter, deque
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,6 +81,8 @@ class Store:
         self._pending: dict[int, int] = {}  # revision -> journal parts not yet durable
         self._grants_in_flight: dict[int, asyncio.Future] = {}  # lease id -> resolved once its grant is durable
         self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._deadlines: deque[tuple[float, asyncio.Future]] = deque()  # (loop time, waiter), in arrival order
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self._waiter_seq = 0
         self._compaction: asyncio.Task | None = None
         self._gate: asyncio.Future | None = None  # set while a sliced write holds other writes back
@@ -200,6 +202,8 @@ class Store:
 
     async def close(self) -> None:
         self.hub.close()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
         if self._expiry_task is not None:
             self._expiry_task.cancel()
             await asyncio.gather(self._expiry_task, return_exceptions=True)
@@ -418,9 +422,29 @@ class Store:
         else:
             self._waiter_seq += 1
             heapq.heappush(self._waiters, (rev, self._waiter_seq, fut))
-            timer = asyncio.get_running_loop().call_later(self.config.request_timeout_s, _time_out, fut)
-            fut.add_done_callback(lambda f: timer.cancel() or f.cancelled() or f.exception())
+            # one timer for every waiter (they all wait request_timeout_s), not one each
+            loop = asyncio.get_running_loop()
+            deadlines = self._deadlines
+            while deadlines and deadlines[0][1].done():
+                deadlines.popleft()
+            deadlines.append((loop.time() + self.config.request_timeout_s, fut))
+            if self._deadline_timer is None:
+                self._deadline_timer = loop.call_at(deadlines[0][0], self._time_out_waiters)
         return fut
+
+    def _time_out_waiters(self) -> None:
+        """etcd's "request timed out" for waiters past their deadline; re-armed for the next one."""
+        self._deadline_timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][0] <= now or deadlines[0][1].done()):
+            fut = deadlines.popleft()[1]
+            if not fut.done():
+                fut.set_exception(RequestTimeoutError())
+                fut.exception()  # retrieved: the caller may be gone
+        if deadlines:
+            self._deadline_timer = loop.call_at(deadlines[0][0], self._time_out_waiters)
 
     def _durable(self, shard: Shard, seq: int) -> None:
         inflight, pending = shard.inflight, self._pending
@@ -478,6 +502,7 @@ class Store:
         for _, _, fut in self._waiters:
             if not fut.done():
                 fut.set_exception(StoreFailedError(str(exc)))
+                fut.exception()  # retrieved: the caller may be gone
         self._waiters.clear()
         if source == "state":
             self.hub.close()
@@ -671,11 +696,6 @@ def _txn_leases(req: TxnReq):
                 yield op.lease
         elif isinstance(op, TxnReq):
             yield from _txn_leases(op)
-
-
-def _time_out(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(RequestTimeoutError())
 
 
 def _durable_callback(store: Store, shard: Shard) -> Callable[[int], None]:

@@ -235,3 +235,40 @@ def test_profile_splits_server_cpu_by_where_the_samples_are(tmp_path):
     main = next(t for t in b["threads"] if t["tid"] == 100)
     assert main["busy_pct"] == 80 and round(main["waiting_samples_pct"], 1) == round(30 / 110 * 100, 1)
     assert main["waits"] == {"EpollSelector.select": 30}
+
+
+def test_the_ceiling_makes_puts_and_txns_durable_before_answering(tmp_path):
+    """The ceiling the writes are compared with pays for a durable write: each Put and
+    Txn's bytes are in its file, fdatasynced, by the time it answers."""
+    import asyncio
+
+    from bench import ceiling
+
+    async def go() -> None:
+        os_fdatasync, synced = os.fdatasync, []
+        try:
+            os.fdatasync = lambda fd: (synced.append(os.fstat(fd).st_size), os_fdatasync(fd))[1]
+            gc = ceiling.GroupCommit(str(tmp_path), "thread")
+            ceiling._commit[0] = gc
+            puts = [ceiling._put(b"\x0a\x01" + bytes([65 + i]), None) for i in range(20)]
+            await asyncio.gather(*puts, ceiling._txn(b"", None))
+            size = (tmp_path / "ceiling.log").stat().st_size
+            assert size == 20 * 3 and synced and synced[-1] == size  # every answer came after the sync covering it
+            assert len(synced) < 21  # group commit: puts arriving during a sync share the next one
+        finally:
+            os.fdatasync = os_fdatasync
+            ceiling._commit[0] = None
+            gc.close()
+
+    asyncio.run(go())
+
+
+def test_bench_writepath_compares_the_store_with_a_bare_group_commit():
+    p = subprocess.run([sys.executable, "-m", "bench.writepath", "--puts", "300", "--rounds", "1", "--writers", "1,8"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith(("| 1 |", "| 8 |"))]
+    assert len(rows) == 2, p.stdout
+    for ln in rows:  # every variant answered puts (figures mean nothing in so short a run)
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        assert all(float(c.replace(",", "")) > 0 for c in cells[1:7]), ln
