@@ -59,7 +59,7 @@ _U64 = struct.Struct("<Q")
 _CHANGE = struct.Struct("<BIII")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(unsafe_hash=True, slots=True)  # immutable by convention: a frozen dataclass's __init__ costs ~1.4 µs more
 class Change:
     kind: int
     sub: int

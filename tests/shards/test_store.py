@@ -548,3 +548,35 @@ def test_recovery_yields_to_the_event_loop_so_the_writer_lease_is_renewed(tmp_pa
         assert len(part_way) >= 2 * rows // YIELD_EVERY - 1, sorted(part_way)
 
     run(go())
+
+
+def test_deleted_and_recreated_keys_are_live_as_before_a_restart(tmp_path, run):
+    """Recovery loads rows in bulk and works out which keys are live at the end
+    (state.live: what a Range and a count see): keys deleted, re-created, deleted
+    again, in the checkpoint and in the journal above it."""
+    async def go():
+        store = await open_store(tmp_path, checkpoint_journal_bytes=4 * 1024)
+        keys = [b"/registry/pods/ns/k%02d" % i for i in range(30)]
+        for round_ in range(6):
+            for i, k in enumerate(keys):
+                if (i + round_) % 3 == 0:
+                    await store.delete_range(DeleteReq(k))
+                else:
+                    await store.put(PutReq(k, b"v%d" % round_ * 40))
+        pods = store.shards[store.router.shard_for_key(POD)]
+        assert pods.checkpoint_rev > 0  # some history is in the checkpoint, some in the journal
+        for k in keys[:10]:  # the newest rows of these: in the journal only
+            await store.delete_range(DeleteReq(k))
+        await store.put(PutReq(keys[0], b"back"))
+        live_before = list(pods.state.live)
+        before, rev = snapshot(store), store.committed
+        await store.close()
+
+        store = await open_store(tmp_path, checkpoint_journal_bytes=4 * 1024)
+        pods = store.shards[store.router.shard_for_key(POD)]
+        assert store.committed == rev and snapshot(store) == before
+        assert list(pods.state.live) == live_before and keys[0] in live_before and keys[1] not in live_before
+        assert list(pods.state.keys) == sorted(keys)
+        await store.close()
+
+    run(go())
