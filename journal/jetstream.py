@@ -601,6 +601,17 @@ class JetStreamJournal(Appender):
                     except Exception:  # noqa: BLE001 - the consumer goes away by itself when inactive
                         pass
 
+    @property
+    def read_tail(self) -> int:
+        """The stream sequence of the last message read (and handed on) so far."""
+        return self._tail
+
+    async def stored_tail(self) -> int:
+        """The stream's last sequence now: what a reader must reach to have read
+        everything stored before this call."""
+        info = await retrying("stream info", lambda: self.log.js.stream_info(self.stream), deadline_s=5.0)
+        return info.state.last_seq
+
     async def take_over(self, on_message: Callable[[Message], None]) -> None:
         """A followed journal becomes this process's: fence it after the last
         message read; messages stored meanwhile go to ``on_message`` first."""

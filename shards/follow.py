@@ -33,7 +33,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .lease import GRANT, decode_lease_record
-from .record import AUTH, COMPACT, LEASE, WRITE, Change, decode_compact, decode_write
+from .record import AUTH, COMPACT, LEASE, TOKEN, WRITE, Change, decode_compact, decode_write
 
 if TYPE_CHECKING:
     from journal.jetstream import Message
@@ -94,7 +94,7 @@ class Follower:
                 return  # an older writer's part of a revision a newer one wrote again
             participants, changes = decode_write(rec.payload)
             self.parts.setdefault(rec.rev, {})[sid] = (rec.epoch, participants, changes)
-        elif rec.rtype in (LEASE, AUTH, COMPACT):
+        elif rec.rtype in (LEASE, AUTH, COMPACT, TOKEN):
             self.metas[sid].append((rec.rev, rec.epoch, rec.rtype, rec.payload))
 
     def _void(self, epoch: int, rev: int) -> bool:
@@ -133,7 +133,7 @@ class Follower:
         return all(p in parts or self.floors[p] >= rev for p in participants)
 
     def _apply_metas(self) -> None:
-        """Lease, auth and compaction records tagged at or below the applied revision, in journal order."""
+        """Lease, auth, token and compaction records tagged at or below the applied revision, in journal order."""
         store = self.store
         for metas in self.metas:
             while metas and metas[0][0] <= self.applied:
@@ -146,6 +146,8 @@ class Follower:
                         store.leases.remove(lease_id)
                 elif rtype == AUTH:
                     store.auth.replay(payload)
+                elif rtype == TOKEN:
+                    store.auth.learn_token(payload)
                 elif rtype == COMPACT:
                     compact = decode_compact(payload)
                     if compact > store.compact_rev:

@@ -34,7 +34,8 @@ from .http import HttpEndpoint, start_http
 from .kv import KVService
 from .lease_auth import CheckedLeaseService
 from .maintenance import ClusterService, MaintenanceService
-from .follower import WriterLink, follower_kv, forwarding_handlers, keepalive_handler, writer_key, writer_record
+from .follower import (TokenCatchUp, WriterLink, follower_kv, forwarding_handlers, keepalive_handler, writer_key,
+                       writer_record)
 from .members import Registry
 from .metrics import Metrics, StandbyMetrics
 from .watch import WatchService
@@ -306,8 +307,10 @@ async def start(config: ServerConfig) -> Running:
     member = Member(store, config, guard)
     member.link = link
     server = grpc.aio.server(options=grpc_options(config))
+    gate = None
     if link is not None:  # a follower: these go to the writer (registered first, so they win)
         server.add_generic_rpc_handlers([keepalive_handler(link, member), *forwarding_handlers(link)])
+        gate = link.tokens = TokenCatchUp(link, member)  # calls served here learn new tokens first
     services = {
         "KV": follower_kv(member, link) if link is not None else KVService(member),
         "Watch": WatchService(member),
@@ -316,10 +319,10 @@ async def start(config: ServerConfig) -> Running:
         "Cluster": ClusterService(member),
         "Auth": AuthService(member),
     }
-    server.add_generic_rpc_handlers([service_handler(name, svc) for name, svc in services.items()])
+    server.add_generic_rpc_handlers([service_handler(name, svc, gate=gate) for name, svc in services.items()])
     recipes = {"Lock": LockService(member), "Election": ElectionService(member)}
-    server.add_generic_rpc_handlers([service_handler("Lock", recipes["Lock"], v3lock_pb2),
-                                     service_handler("Election", recipes["Election"], v3election_pb2)])
+    server.add_generic_rpc_handlers([service_handler("Lock", recipes["Lock"], v3lock_pb2, gate),
+                                     service_handler("Election", recipes["Election"], v3election_pb2, gate)])
     registry = None
     try:  # before serving: followers find the writer here (after a takeover too); MemberList lists who serves
         if lease is not None:

@@ -19,6 +19,7 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
+from tests.integration.test_etcdctl import etcdctl_bin  # noqa: F401 - a fixture
 from tests.integration.test_linearizability import check_linearizable, client
 from tests.lincheck import Op
 from tests.nats_fixture import shardetcd_on as server_on, wait_standing_by
@@ -340,3 +341,80 @@ def test_history_over_followers_is_linearizable_across_a_writer_takeover(nats, t
     finally:
         for s in (*followers, standby, writer):
             s.kill()
+
+
+def test_simple_tokens_work_on_every_member(nats, tmp_path, etcdctl_bin):
+    """Auth enabled (root) with etcd's default simple tokens: etcdctl --user through
+    a follower puts, gets and watches; a token from Authenticate on a follower works
+    on the writer and on the other follower at once, and one from the writer on a
+    follower (the writer journals every token it assigns, as etcd sends it through
+    Raft); an unknown token is etcd's "invalid auth token" everywhere; after
+    `user passwd` the old token is refused on every member, the new one works."""
+    import subprocess
+
+    from tests.integration.test_etcdctl import ctl
+
+    writer = server_on(nats, tmp_path / "w").start()
+    followers = [server_on(nats, tmp_path / f"f{i}", "--follow").start() for i in range(2)]
+    etcdctl = etcdctl_bin
+    f0, f1 = followers
+    try:
+        ctl(etcdctl, f0.endpoint, "user", "add", "root", "--new-user-password=pw")
+        ctl(etcdctl, f0.endpoint, "user", "grant-role", "root", "root")
+        ctl(etcdctl, f0.endpoint, "auth", "enable")
+        watch = subprocess.Popen([etcdctl, f"--endpoints={f0.endpoint}", "--user=root:pw", "watch", "/t/w"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={"ETCDCTL_API": "3", "PATH": os.environ.get("PATH", "")})
+        time.sleep(1.0)  # the watch is created
+        ctl(etcdctl, f0.endpoint, "--user=root:pw", "put", "/t/w", "v1")
+        assert ctl(etcdctl, f0.endpoint, "--user=root:pw", "get", "/t/w", "--print-value-only").stdout == "v1\n"
+        assert ctl(etcdctl, f1.endpoint, "--user=root:pw", "get", "/t/w", "--print-value-only",
+                   "--consistency=s").stdout in ("v1\n", "\n")
+        watch.terminate()
+        out, err = watch.communicate(10)
+        assert out.split() == ["PUT", "/t/w", "v1"], (out, err)
+
+        def authenticate(endpoint: str, password: str = "pw") -> str:
+            with grpc.insecure_channel(endpoint) as ch:
+                return pbg.AuthStub(ch).Authenticate(pb.AuthenticateRequest(name="root", password=password),
+                                                     timeout=10).token
+
+        def get(endpoint: str, token: str, serializable: bool = True):
+            with grpc.insecure_channel(endpoint) as ch:
+                return pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/t/w", serializable=serializable),
+                                            metadata=(("token", token),), timeout=10)
+
+        def refused(endpoint: str, token: str) -> bool:
+            try:
+                get(endpoint, token)
+            except grpc.RpcError as exc:
+                assert (exc.code(), exc.details()) == (grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token")
+                return True
+            return False
+
+        on_follower = authenticate(f0.endpoint)
+        prefix, _, index = on_follower.partition(".")
+        assert len(prefix) == 16 and prefix.isalpha() and index.isdigit()
+        for ep in (writer.endpoint, f0.endpoint, f1.endpoint):  # immediately, no waiting
+            assert get(ep, on_follower).kvs[0].value == b"v1"
+        on_writer = authenticate(writer.endpoint)
+        assert int(on_writer.rpartition(".")[2]) > int(index)  # the index keeps growing, as etcd's raft index
+        for ep in (f1.endpoint, f0.endpoint, writer.endpoint):
+            assert get(ep, on_writer, serializable=False).kvs[0].value == b"v1"
+        for ep in (writer.endpoint, f0.endpoint, f1.endpoint):
+            assert refused(ep, "bogusbogusbogusx.1") and refused(ep, "bogusbogusbogusx.99999") and refused(ep, "junk")
+
+        ctl(etcdctl, f1.endpoint, "--user=root:pw", "user", "passwd", "root", "--interactive=false", stdin="pw2\n")
+        assert refused(writer.endpoint, on_follower) and refused(writer.endpoint, on_writer)
+        deadline = time.monotonic() + 10
+        for ep in (f0.endpoint, f1.endpoint):  # each follower ends them once it applies the change
+            while not (refused(ep, on_follower) and refused(ep, on_writer)):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        fresh = authenticate(f1.endpoint, "pw2")
+        for ep in (writer.endpoint, f0.endpoint, f1.endpoint):
+            assert get(ep, fresh).kvs[0].value == b"v1" and refused(ep, on_follower)
+        assert ctl(etcdctl, f0.endpoint, "--user=root:pw2", "get", "/t/w", "--print-value-only").stdout == "v1\n"
+    finally:
+        for s in (*followers, writer):
+            s.stop()
