@@ -27,6 +27,7 @@ from journal.journal import LocalLog
 from .auth import AuthStore
 from .tokens import parse_auth_token
 from .datadir import DataDir
+from .follow import FollowStats
 from .errors import (
     CompactedError,
     FutureRevisionError,
@@ -97,6 +98,7 @@ class Store:
         self.log = None  # where the journals live (set by open)
         self._owns_log = True
         self.follower = None  # set while this store follows another writer's journals
+        self.follow_stats = FollowStats()
         self.lease_renewals = 0  # keep-alive requests handled (etcd_debugging_lease_renewed_total)
         for state in self.states:
             state.on_failure = self._fail

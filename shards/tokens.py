@@ -63,6 +63,11 @@ class SimpleTokens:
         if index.isdigit():
             self._index = max(self._index, int(index))
 
+    def merge(self, other: SimpleTokens) -> None:
+        """Add ``other``'s tokens (a follower's tokens relearned from the journal on a resync)."""
+        for token, (user, _) in list(other._tokens.items()):
+            self.add(token, user)
+
     def discard(self, token: str) -> None:
         self._tokens.pop(token, None)
 

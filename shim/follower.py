@@ -148,7 +148,9 @@ class WriterLink:
         try:
             # Status: its header carries the committed revision, and it needs no permission
             raw = await self.unary("etcdserverpb.Maintenance", "Status", b"", ())
-            return header_revision(raw)
+            rev = header_revision(raw)
+            self.store.follow_stats.learned(rev)
+            return rev
         finally:
             if self._next_index is None:
                 self._index = None
@@ -201,6 +203,7 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
             except RequestTimeoutError:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
             rev = header_revision(raw)
+            store.follow_stats.learned(rev)
             if rev > store.committed:  # read your own writes on this member
                 try:
                     await store.wait_committed(rev)

@@ -19,6 +19,7 @@ from journal.leadership import WriterLease
 from shards.errors import StateStoreError
 from shards.layout import Layout, ShardSpec, load_layout
 from shards.partition import PartitionGuard, load_cluster_layout
+from shards.resync import keep_following
 from shards.store import Store, StoreConfig
 
 from proto import v3election_pb2, v3lock_pb2
@@ -143,8 +144,8 @@ def jetstream_config(config: ServerConfig) -> JetStreamConfig | None:
 
 async def start_following(config: ServerConfig) -> tuple[Store, WriterLink, asyncio.Task]:
     """--follow: a state that follows the writer's journals (a follower that falls
-    behind the journal's checkpoints, or finds its state diverged, stops with exit
-    1: started again, it loads the newest checkpoint)."""
+    behind the journal's checkpoints, or finds its state diverged, rebuilds its
+    state from the newest checkpoint in-process and goes on: shards/resync.py)."""
     js = jetstream_config(config)
     if js is None or config.standby:
         raise StartupError("--follow needs --journal-url and no --standby (a follower reads a replicated journal)")
@@ -158,7 +159,7 @@ async def start_following(config: ServerConfig) -> tuple[Store, WriterLink, asyn
         await log.close()
         raise
     link = WriterLink(log, config.partition or "writer", store)
-    following = asyncio.ensure_future(store.follow_journals())
+    following = asyncio.ensure_future(keep_following(store))
 
     def stopped(task: asyncio.Task) -> None:
         if not task.cancelled():

@@ -278,32 +278,83 @@ def test_cluster_starts_followers_per_partition_and_lists_them_for_kube_apiserve
                 pass
 
 
-def test_a_follower_that_falls_behind_the_checkpoints_stops_and_restarts_from_the_newest(nats, tmp_path):
+def _metric(url: str, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def test_a_follower_that_falls_behind_the_checkpoints_resyncs_in_process(nats, tmp_path):
     """A follower paused (SIGSTOP) while the writer writes past several checkpoints,
     each purging the journal it covers: when it runs again it finds messages
-    missing that its checkpoint does not cover, and stops (exit 1, one line)
-    rather than serve a state with holes; started again, it loads the newest
-    checkpoint and serves every write."""
+    missing, rebuilds its state from the newest checkpoint without exiting (one
+    WARNING line with both revisions, a resync counted in /metrics), serves
+    every write at the writer's revision, and a watch opened before the pause
+    delivers every write once, in order (the checkpoint keeps the history).
+    Paused again while the writer compacts past that watch's next revision:
+    the watch is cancelled with etcd's compact_revision; a new one works."""
     import signal
 
+    metrics = free_port()
+    url = f"http://127.0.0.1:{metrics}"
     writer = server_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "65536").start()
-    follower = server_on(nats, tmp_path / "f", "--follow").start()
+    follower = server_on(nats, tmp_path / "f", "--follow", "--listen-metrics-urls", url).start()
+    prefix, end = b"/registry/pods/ns/", b"/registry/pods/ns0"
     try:
-        with grpc.insecure_channel(writer.endpoint) as ch:
-            kv = pbg.KVStub(ch)
-            kv.Put(pb.PutRequest(key=b"/registry/pods/ns/first", value=b"v"), timeout=10)
+        with grpc.insecure_channel(writer.endpoint) as wch, grpc.insecure_channel(follower.endpoint) as fch:
+            kv, fkv = pbg.KVStub(wch), pbg.KVStub(fch)
+            acked = [kv.Put(pb.PutRequest(key=prefix + b"first", value=b"v"), timeout=10).header.revision]
+            watch = WatchClient(fch)
+            watch.create(prefix, end)
+            watch.wait_for(lambda rs: any(r.created for r in rs))
+
+            def writes(n: int) -> None:
+                for i in range(n):  # ~1 KiB each into the pods journal: several checkpoints and purges
+                    acked.append(kv.Put(pb.PutRequest(key=prefix + b"p%d" % (i % 40), value=b"v" * 1000),
+                                        timeout=10).header.revision)
+
             os.kill(follower.pid, signal.SIGSTOP)
-            for i in range(300):  # ~300 KiB into the pods journal: several checkpoints and purges
-                rev = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (i % 40), value=b"v" * 1000),
-                             timeout=10).header.revision
-        os.kill(follower.pid, signal.SIGCONT)
-        assert follower.proc.wait(60) == 1
-        assert "stopped after a journal failure" in follower.log_tail(5) and "expected message" in follower.log_tail(5)
-        follower.start()
-        with grpc.insecure_channel(follower.endpoint) as ch:
-            r = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
-                                     timeout=10)
-        assert r.header.revision == rev and len(r.kvs) == 41
+            writes(300)
+            os.kill(follower.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 60
+            while "follower resynchronised from a checkpoint" not in follower.log_tail(50):
+                assert follower.running() and time.monotonic() < deadline, follower.log_tail(50)
+                time.sleep(0.1)
+            line = next(l for l in follower.log_tail(50).splitlines() if "follower resynchronised" in l)
+            import re
+
+            old_rev, new_rev = map(int, re.search(r"old_rev=(\d+) new_rev=(\d+)", line).groups())
+            assert "WARNING" in line and acked[0] <= old_rev < new_rev <= acked[-1], line
+            r = fkv.Range(pb.RangeRequest(key=prefix, range_end=end), timeout=10)
+            assert r.header.revision == acked[-1] and len(r.kvs) == 41
+            watch.wait_for(lambda rs: len([e for x in rs for e in x.events]) >= len(acked) - 1, timeout=30)
+            time.sleep(0.5)  # a bound for anything extra to arrive, not a claim about speed
+            assert [e.kv.mod_revision for e in watch.events()] == acked[1:]
+            assert _metric(url, "shardetcd_follower_resyncs_total") == 1
+
+            os.kill(follower.pid, signal.SIGSTOP)
+            writes(300)
+            compact = acked[-1]
+            kv.Compact(pb.CompactionRequest(revision=compact), timeout=10)
+            writes(100)
+            os.kill(follower.pid, signal.SIGCONT)
+            watch.wait_for(lambda rs: any(x.canceled for x in rs), timeout=60)
+            cancel = next(x for x in watch.responses if x.canceled)
+            assert cancel.compact_revision == compact and cancel.watch_id == 0
+            assert acked[-401] < compact  # the watch had been sent up to before the pause, below the compaction
+            r = fkv.Range(pb.RangeRequest(key=prefix, range_end=end), timeout=10)
+            assert r.header.revision == acked[-1] and len(r.kvs) == 41 and follower.running()
+            assert _metric(url, "shardetcd_follower_resyncs_total") == 2
+            again = WatchClient(fch)
+            again.create(prefix, end, start_revision=compact)
+            again.wait_for(lambda rs: len([e for x in rs for e in x.events]) >= 100, timeout=30)
+            assert [e.kv.mod_revision for e in again.events()][-100:] == acked[-100:]
+            watch.close()
+            again.close()
     finally:
         for s in (follower, writer):
             if s.running():
