@@ -362,6 +362,60 @@ def test_a_follower_that_falls_behind_the_checkpoints_resyncs_in_process(nats, t
             s.stop()
 
 
+def test_a_followers_metrics_show_how_far_behind_it_applies(nats, tmp_path):
+    """/metrics on a real follower: not the leader; applied revision, the writer's
+    committed revision as learned (a linearizable read asks it), lag 0 once caught
+    up; paused 1 s while the writer writes, the messages stored meanwhile are
+    applied about 1 s after they were stored (the apply-lag histogram), and the
+    writer's own /metrics carry etcd's committed/applied pair."""
+    import signal
+
+    url, wurl = (f"http://127.0.0.1:{p}" for p in (free_port(), free_port()))
+    writer = server_on(nats, tmp_path / "w", "--listen-metrics-urls", wurl).start()
+    follower = server_on(nats, tmp_path / "f", "--follow", "--listen-metrics-urls", url).start()
+    try:
+        with grpc.insecure_channel(writer.endpoint) as wch, grpc.insecure_channel(follower.endpoint) as fch:
+            kv = pbg.KVStub(wch)
+            for i in range(20):
+                rev = kv.Put(pb.PutRequest(key=b"/m/k%d" % i, value=b"v"), timeout=10).header.revision
+            assert pbg.KVStub(fch).Range(pb.RangeRequest(key=b"/m/k0"), timeout=10).header.revision == rev
+            assert _metric(url, "etcd_server_is_leader") == 0 and _metric(wurl, "etcd_server_is_leader") == 1
+            assert _metric(url, "shardetcd_follower_applied_revision") == rev
+            assert _metric(url, "shardetcd_follower_writer_revision") == rev
+            assert _metric(url, "etcd_server_proposals_committed_total") == rev
+            assert _metric(url, "etcd_server_proposals_applied_total") == rev
+            assert _metric(url, "shardetcd_follower_lag_revisions") == 0
+            assert _metric(url, "shardetcd_follower_resyncs_total") == 0
+            assert _metric(wurl, "etcd_server_proposals_applied_total") == rev
+            applied_before = _metric(url, "shardetcd_follower_apply_lag_seconds_count")
+            assert applied_before >= 1
+            slow_before = applied_before - _metric_bucket(url, "shardetcd_follower_apply_lag_seconds", "0.5")
+            os.kill(follower.pid, signal.SIGSTOP)
+            try:
+                for i in range(10):
+                    rev = kv.Put(pb.PutRequest(key=b"/m/p%d" % i, value=b"v"), timeout=10).header.revision
+                time.sleep(1.0)
+            finally:
+                os.kill(follower.pid, signal.SIGCONT)
+            assert pbg.KVStub(fch).Range(pb.RangeRequest(key=b"/m/p9"), timeout=10).header.revision == rev
+            count = _metric(url, "shardetcd_follower_apply_lag_seconds_count")
+            slow = count - _metric_bucket(url, "shardetcd_follower_apply_lag_seconds", "0.5")
+            assert count - applied_before >= 1 and slow - slow_before >= 1  # stored during the pause: > 0.5 s late
+            assert _metric(url, "shardetcd_follower_last_apply_lag_seconds") > 0.5
+            assert _metric(url, "shardetcd_follower_applied_revision") == rev
+            assert _metric(url, "shardetcd_follower_lag_revisions") == 0
+            assert _metric(url, "shardetcd_follower_lag_seconds") == 0  # nothing read is waiting
+    finally:
+        for s in (follower, writer):
+            if s.running():
+                os.kill(s.pid, signal.SIGCONT)
+            s.stop()
+
+
+def _metric_bucket(url: str, name: str, le: str) -> float:
+    return _metric(url, f'{name}_bucket{{le="{le}"}}')
+
+
 def test_history_over_followers_is_linearizable_across_a_writer_takeover(nats, tmp_path):
     """Clients on two followers (and two on the writer until it dies); kill -9 of
     the writer mid-run, a standby takes over, the followers find it: every key's
