@@ -28,6 +28,13 @@ total clients and connections are spread evenly over the serving processes:
                    it answers a lease it renewed recently at once and renews at the writer
                    every 0.5 s)
 
+For watch-fanout with followers, the followers' own measure of how far behind
+the writer they apply: each follower's /metrics histogram
+shardetcd_follower_apply_lag_seconds (per journal message, from when JetStream
+stored it to when the follower had applied every revision in it), the
+difference over the run, summed over the followers: p50/p99 estimated within
+the histogram's buckets (as Prometheus' histogram_quantile does).
+
 Per row: req/s, p50/p99 (not for watch-fanout: the tool's watch times nothing), server CPU summed over the serving processes (µs per
 request, and each process's % of one core), the NATS server's CPU per request
 apart, other CPU %, and ratios × one process (shardetcd-1) and × etcd.
@@ -49,7 +56,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -114,6 +121,7 @@ class Serving:
     other_pids: dict[str, int]  # role -> pid of processes that do not serve clients (the NATS server)
     version: str
     describe: str
+    follower_metrics: list[str] = field(default_factory=list)  # the followers' /metrics base URLs
 
 
 class ShardetcdOnJetStream:
@@ -153,7 +161,8 @@ class ShardetcdOnJetStream:
                        {r: p.pid for r, p in zip(roles, procs)},
                        {f"nats {s.name}": s.pid for s in self.nats.servers if s.running()}, self.version,
                        "shardetcd on JetStream R1 (one NATS server): the writer" +
-                       (f" + {processes - 1} follower{'s' if processes > 2 else ''}" if processes > 1 else " only"))
+                       (f" + {processes - 1} follower{'s' if processes > 2 else ''}" if processes > 1 else " only"),
+                       [f"http://127.0.0.1:{f.metrics_port}" for f in self.followers[:processes - 1]])
 
     # WARNING lines every start logs (not problems)
     ROUTINE = ("msg=writer lease acquired", "msg=following the writer's journals")
@@ -196,11 +205,55 @@ def wait_visible(endpoints: list[str], key: bytes, timeout: float = 60.0) -> Non
 # ------------------------------------------------------------------ runs
 
 
+LAG_METRIC = "shardetcd_follower_apply_lag_seconds"
+
+
+def lag_histogram(metrics_urls: list[str]) -> dict[float, float]:
+    """The followers' apply-lag histograms summed: upper bound (s) -> cumulative count."""
+    import urllib.request
+
+    total: dict[float, float] = {}
+    for url in metrics_urls:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(LAG_METRIC + "_bucket{"):
+                    le = line.split('le="', 1)[1].split('"', 1)[0]
+                    bound = float("inf") if le == "+Inf" else float(le)
+                    total[bound] = total.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def histogram_quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The q-quantile of what was observed between two scrapes, linear within a bucket
+    (Prometheus' histogram_quantile); None if nothing was observed."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    lower, below = 0.0, 0.0
+    for bound, cum in zip(bounds, counts):
+        if cum >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * ((rank - below) / (cum - below) if cum > below else 0.0)
+        lower, below = bound, cum
+    return lower
+
+
 def run_point(tool: Path, srv: Serving, name: str, p: sc.Point, mode: str) -> dict:
     s = sc.by_name()[name]
     pids = {**srv.serving_pids, **srv.other_pids}
+    lag_urls = srv.follower_metrics if name == "watch-fanout" else []
+    lag_before = lag_histogram(lag_urls) if lag_urls else {}
     row = etcdtool.run(tool, ",".join(srv.endpoints), s, p, p.requests(mode), list(srv.serving_pids.values()),
                        on_window=lambda: {role: cpu_seconds(pid) for role, pid in pids.items()})
+    if lag_urls:
+        lag_after = lag_histogram(lag_urls)
+        row["follower_apply_lag"] = {
+            "messages": lag_after.get(float("inf"), 0.0) - lag_before.get(float("inf"), 0.0),
+            "p50_ms": _ms(histogram_quantile(0.5, lag_before, lag_after)),
+            "p99_ms": _ms(histogram_quantile(0.99, lag_before, lag_after))}
     if not s.latency:
         row.update(p50_ms=None, p90_ms=None, p99_ms=None, p999_ms=None)
     a, b = row.pop("window")
@@ -217,6 +270,10 @@ def run_point(tool: Path, srv: Serving, name: str, p: sc.Point, mode: str) -> di
     else:
         row["clients_label"] = f"{p.clients}/{p.conns} conns"
     return row
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
 
 
 def ratios(rows: list[dict]) -> None:
@@ -238,7 +295,8 @@ def _x(v) -> str:
 
 def table(rows: list[dict]) -> str:
     head = ["scenario", "clients", "server", "processes", "req/s", "p50 ms", "p99 ms", "srv CPU µs/req",
-            "srv CPU % per process", "NATS CPU µs/req", "other CPU %", "× 1 process", "× etcd", "errors"]
+            "srv CPU % per process", "NATS CPU µs/req", "other CPU %", "× 1 process", "× etcd",
+            "follower apply lag p50/p99 ms", "errors"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         per = " / ".join(f"{v:.0f}" for v in r["srv_cpu_pct_by_process"].values())
@@ -247,8 +305,15 @@ def table(rows: list[dict]) -> str:
             r["scenario"], r["clients_label"], r["server"], str(r["processes"]), report._thr(r["req_s"]),
             report._f(r.get("p50_ms")), report._f(r.get("p99_ms")), report._f(r.get("srv_cpu_us"), "{:.0f}"), per,
             report._f(r.get("nats_cpu_us"), "{:.0f}") if r["server"] != "etcd" else "", report._f(r.get("other_cpu_pct"), "{:.0f}"),
-            _x(r.get("x_one")), _x(r.get("x_etcd")), str(errs) if errs else ""]) + " |")
+            _x(r.get("x_one")), _x(r.get("x_etcd")), _lag(r), str(errs) if errs else ""]) + " |")
     return "\n".join(lines)
+
+
+def _lag(r: dict) -> str:
+    lag = r.get("follower_apply_lag")
+    if not lag or lag.get("p50_ms") is None:
+        return ""
+    return f"{lag['p50_ms']:.1f} / {lag['p99_ms']:.1f}"
 
 
 def summary(rows: list[dict]) -> str:
@@ -290,7 +355,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "The same total clients in every row, spread evenly over the serving endpoints. *srv CPU* is summed over the "
         "serving processes (etcd; the writer and its followers) per request (watch-fanout: per delivered event); "
         "*srv CPU % per process* is each one's share of one core over the window (writer first); *NATS CPU* is the "
-        "NATS server's, apart.", "",
+        "NATS server's, apart; *follower apply lag* (watch-fanout with followers): per journal message, from when "
+        "JetStream stored it to when a follower had applied it, from the followers' /metrics histogram "
+        "(bucket-interpolated).", "",
         "## Summary", "", "Each cell: req/s (× 1 process, × etcd); p99; server CPU µs per request.", "", summary(rows), "",
         "## Every row", "", table(rows), "",
         f"WARNING/ERROR lines in the shardetcd logs: {prob}", "",
@@ -351,6 +418,7 @@ def main(argv=None) -> int:
             log(f"{done:>2}/{total} {name:<16} {r['clients_label']:<34} {srv.name:<12} {report._thr(r['req_s']):>7} req/s  "
                 f"p50 {report._f(r['p50_ms']):>6} ms  p99 {report._f(r['p99_ms']):>7} ms  "
                 f"srv {report._f(r.get('srv_cpu_us'), '{:.0f}'):>5} µs/req  other CPU {report._f(r.get('other_cpu_pct'), '{:.0f}')}%"
+                + (f"  follower apply lag p50/p99 {_lag(r)} ms" if _lag(r) else "")
                 + (f"  errors {r['errors']}" if errs else "") + ("  TIMED OUT" if r.get("timed_out") else ""))
 
     try:

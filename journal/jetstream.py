@@ -93,6 +93,7 @@ class Message:
     records: tuple[Record, ...] = ()
     cut: int | None = None  # a Journal-Cut marker: records of earlier epochs above this are void
     top: int = 0  # the highest record tag in it (0 for markers)
+    stored: float = 0.0  # when the stream stored it (unix seconds; 0: not known)
 
 
 class JetStreamLog:
@@ -507,7 +508,7 @@ class JetStreamJournal(Appender):
             await sub.unsubscribe()
         return count
 
-    def _decode(self, seq: int, data: bytes, headers: dict) -> Message:
+    def _decode(self, seq: int, data: bytes, headers: dict, stored: float = 0.0) -> Message:
         epoch = int(headers.get(EPOCH_HEADER, 0))
         cut = headers.get(CUT_HEADER)
         if cut is not None:
@@ -521,7 +522,7 @@ class JetStreamJournal(Appender):
             records.append(Record(frame.rtype, frame.rev, bytes(frame.payload), self.directory, seq, epoch))
             top = max(top, frame.rev)
             pos = frame.end
-        return Message(seq, epoch, tuple(records), top=top)
+        return Message(seq, epoch, tuple(records), top=top, stored=stored)
 
     def _take(self, seq: int, data: bytes, headers: dict) -> None:
         msg = self._decode(seq, data, headers)
@@ -585,7 +586,7 @@ class JetStreamJournal(Appender):
                             raise JournalGap(self.stream, self._tail + 1, seq)
                         self._tail = seq
                         self._stored_bytes += len(m.data)
-                        on_message(self._decode(seq, m.data, m.headers or {}))
+                        on_message(self._decode(seq, m.data, m.headers or {}, m.metadata.timestamp.timestamp()))
             except (asyncio.CancelledError, JournalGap, JournalCorrupt):
                 raise
             except Exception as exc:  # noqa: BLE001 - a lost connection or consumer: make a new one
@@ -600,6 +601,17 @@ class JetStreamJournal(Appender):
                         await sub.unsubscribe()
                     except Exception:  # noqa: BLE001 - the consumer goes away by itself when inactive
                         pass
+
+    @property
+    def read_tail(self) -> int:
+        """The stream sequence of the last message read (and handed on) so far."""
+        return self._tail
+
+    async def stored_tail(self) -> int:
+        """The stream's last sequence now: what a reader must reach to have read
+        everything stored before this call."""
+        info = await retrying("stream info", lambda: self.log.js.stream_info(self.stream), deadline_s=5.0)
+        return info.state.last_seq
 
     async def take_over(self, on_message: Callable[[Message], None]) -> None:
         """A followed journal becomes this process's: fence it after the last

@@ -49,7 +49,7 @@ from . import errors as e
 from .auth_state import (DISABLE, ENABLE, ROLE_ADD, ROLE_DELETE, ROLE_GRANT, ROLE_REVOKE, USER_ADD, USER_DELETE,
                          USER_GRANT, USER_PASSWORD, USER_REVOKE, AuthState, Permission, Role, User,
                          decode_hashed_password)
-from .tokens import JWTTokens, SimpleTokens
+from .tokens import JWTTokens, SimpleTokens, decode_token_record, encode_token_record
 
 logger = logging.getLogger(__name__)
 
@@ -162,8 +162,12 @@ def decode_table(blob: bytes) -> AuthState:
 
 class AuthStore:
     def __init__(self, journal: Callable[[bytes], Awaitable[None]], bcrypt_cost: int = 10,
-                 token_ttl_s: float = 300.0, tokens: SimpleTokens | JWTTokens | None = None) -> None:
+                 token_ttl_s: float = 300.0, tokens: SimpleTokens | JWTTokens | None = None,
+                 journal_token: Callable[[bytes], Awaitable[None]] | None = None) -> None:
+        """``journal_token(payload)`` appends a TOKEN record at once and returns
+        what to await for it to be durable (None: simple tokens stay local)."""
         self._journal = journal
+        self._journal_token = journal_token
         self.bcrypt_cost = bcrypt_cost
         self.state = AuthState()
         self.enabled = False  # a plain attribute: the one check a request makes while auth is off
@@ -193,9 +197,19 @@ class AuthStore:
                 raise e.NoPasswordUserError
             if not await asyncio.to_thread(password_matches, user.password, password):
                 raise e.AuthFailedError
-            if self.state.enabled and self.state.users.get(name) is user:
-                return self.tokens.assign(name, self.state.revision)
-            # the user changed while bcrypt ran: check again, as etcd does
+            async with self._lock:  # no change is between being journaled and swapped in
+                if not (self.state.enabled and self.state.users.get(name) is user):
+                    continue  # the user changed while bcrypt ran: check again, as etcd does
+                token = self.tokens.assign(name, self.state.revision)
+                if self._journal_token is None or not isinstance(self.tokens, SimpleTokens):
+                    return token
+                try:  # appended now: a change journaled after it ends it on every member
+                    durable = self._journal_token(encode_token_record(token, name))
+                except BaseException:
+                    self.tokens.discard(token)
+                    raise
+            await durable  # every member that follows the journal knows it (etcd: applied through Raft)
+            return token
 
     # -- changes -------------------------------------------------------------
 
@@ -267,11 +281,16 @@ class AuthStore:
             finally:
                 self._pending = None
             self._swap(new)
-            if op in (USER_DELETE, USER_PASSWORD):
-                self.tokens.invalidate_user(fields[0].decode())
-            elif op in (ENABLE, DISABLE):
-                self.tokens.clear()
+            self._end_tokens(op, fields)
             return True
+
+    def _end_tokens(self, op: int, fields: tuple[bytes, ...]) -> None:
+        """The tokens a change ends, as etcd: the user's on a password change or
+        deletion, all of them on AuthEnable and AuthDisable."""
+        if op in (USER_DELETE, USER_PASSWORD):
+            self.tokens.invalidate_user(fields[0].decode())
+        elif op in (ENABLE, DISABLE):
+            self.tokens.clear()
 
     def _swap(self, state: AuthState) -> None:
         self.state = state
@@ -296,3 +315,18 @@ class AuthStore:
         state.apply(op, fields)
         state.seq = seq
         self.enabled = state.enabled
+        self._end_tokens(op, fields)
+
+    # -- tokens learned from the journal (followers) -------------------------------
+
+    def learn_token(self, payload: bytes) -> None:
+        """Apply a TOKEN record: the writer assigned this simple token."""
+        if isinstance(self.tokens, SimpleTokens):
+            token, user = decode_token_record(payload)
+            self.tokens.add(token, user)
+
+    def replay_token_effects(self, payload: bytes) -> None:
+        """An AUTH record already in the loaded table, read again for the tokens it ends
+        (a follower replaying TOKEN records from before its checkpoint, in journal order)."""
+        _, op, fields = decode_auth_record(payload)
+        self._end_tokens(op, fields)

@@ -29,11 +29,13 @@ E's rev 10 is whole once A's E part is read.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 from .lease import GRANT, decode_lease_record
-from .record import AUTH, COMPACT, LEASE, WRITE, Change, decode_compact, decode_write
+from .record import AUTH, COMPACT, LEASE, TOKEN, WRITE, Change, decode_compact, decode_write
 
 if TYPE_CHECKING:
     from journal.jetstream import Message
@@ -49,9 +51,24 @@ class FollowerDiverged(RuntimeError):
     the log's history (a broken invariant); it must be rebuilt."""
 
 
+@dataclass
+class FollowStats:
+    """What /metrics shows of a follower: how far behind the writer it is."""
+
+    writer_rev: int = 0  # the writer's committed revision, as last learned (read index, forwarded answers)
+    resyncs: int = 0  # rebuilds from a checkpoint (resync.py)
+    last_lag_s: float = 0.0  # the last journal message applied: from when it was stored to when it was applied
+    on_lag: Callable[[float], None] | None = None  # told each message's lag (the metrics histogram)
+
+    def learned(self, rev: int) -> None:
+        if rev > self.writer_rev:
+            self.writer_rev = rev
+
+
 class Follower:
     def __init__(self, store: Store, applied: int, floors: list[int]) -> None:
         self.store = store
+        self.unapplied: deque[tuple[int, float]] = deque()  # (top tag, when stored) of messages read, not applied
         self.applied = applied  # every revision <= applied is in the state
         self.floors = floors  # per shard: its checkpoint's revision (its parts up to there are in the state)
         self.parts: dict[int, dict[int, tuple[int, tuple[int, ...], list[Change]]]] = {}  # rev -> sid -> part
@@ -66,7 +83,27 @@ class Follower:
             self.cut(msg.epoch, msg.cut)
         for rec in msg.records:
             self.take(sid, rec)
+        if msg.stored and msg.top:
+            self.unapplied.append((msg.top, msg.stored))
         self.advance()
+        if self.unapplied and self.unapplied[0][0] <= self.applied:
+            self._applied_messages()
+
+    def _applied_messages(self) -> None:
+        """Lag of the messages whose every record is applied now (a record of another
+        epoch that was void counts as applied once a later revision is)."""
+        now = time.time()
+        stats = self.store.follow_stats
+        unapplied, applied = self.unapplied, self.applied
+        while unapplied and unapplied[0][0] <= applied:
+            lag = now - unapplied.popleft()[1]
+            stats.last_lag_s = lag
+            if stats.on_lag is not None:
+                stats.on_lag(lag)
+
+    def oldest_unapplied_s(self) -> float:
+        """How long ago the oldest message read but not yet applied was stored (0: none)."""
+        return time.time() - self.unapplied[0][1] if self.unapplied else 0.0
 
     def cut(self, epoch: int, rev: int) -> None:
         """Writer ``epoch`` recovered to ``rev``: older epochs' records above it are void."""
@@ -94,7 +131,7 @@ class Follower:
                 return  # an older writer's part of a revision a newer one wrote again
             participants, changes = decode_write(rec.payload)
             self.parts.setdefault(rec.rev, {})[sid] = (rec.epoch, participants, changes)
-        elif rec.rtype in (LEASE, AUTH, COMPACT):
+        elif rec.rtype in (LEASE, AUTH, COMPACT, TOKEN):
             self.metas[sid].append((rec.rev, rec.epoch, rec.rtype, rec.payload))
 
     def _void(self, epoch: int, rev: int) -> bool:
@@ -120,6 +157,7 @@ class Follower:
         if self.applied >= first:
             store = self.store
             store.rev = store.committed = self.applied
+            store.follow_stats.learned(self.applied)
             if store.hub.active:
                 store.hub.notify(store._committed_changes(first, self.applied), self.applied)
             store._release_waiters(self.applied)  # reads waiting for a revision to be applied
@@ -133,7 +171,7 @@ class Follower:
         return all(p in parts or self.floors[p] >= rev for p in participants)
 
     def _apply_metas(self) -> None:
-        """Lease, auth and compaction records tagged at or below the applied revision, in journal order."""
+        """Lease, auth, token and compaction records tagged at or below the applied revision, in journal order."""
         store = self.store
         for metas in self.metas:
             while metas and metas[0][0] <= self.applied:
@@ -146,6 +184,8 @@ class Follower:
                         store.leases.remove(lease_id)
                 elif rtype == AUTH:
                     store.auth.replay(payload)
+                elif rtype == TOKEN:
+                    store.auth.learn_token(payload)
                 elif rtype == COMPACT:
                     compact = decode_compact(payload)
                     if compact > store.compact_rev:

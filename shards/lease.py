@@ -69,6 +69,10 @@ class LeaseTable:
         ms = int(time.time() * 1000) & ((1 << 40) - 1)
         self._next = ((member_id & 0xFFFF) << 48) | (ms << 8)
 
+    def adopt(self, other: LeaseTable) -> None:
+        """Take ``other``'s contents (a follower's state rebuilt from a checkpoint)."""
+        self.__dict__.update(other.__dict__)
+
     def __contains__(self, lease_id: int) -> bool:
         return lease_id in self.leases
 

@@ -22,8 +22,15 @@ LEASE (type 3) — a lease grant or revocation (``lease.py`` has the payload);
 the tag is the latest revision when it was written.
 
 AUTH (type 4) — one change of the auth store (``auth.py`` has the payload);
-the tag is the latest revision when it was written.  LEASE and AUTH records
-live in the default shard's journal.
+the tag is the latest revision when it was written.
+
+TOKEN (type 5) — a simple auth token the writer assigned (``tokens.py`` has
+the payload), so followers know it as etcd members learn a token through
+Raft; the tag is the latest revision when it was written.  Followers apply
+it in journal order with AUTH records (a later password change ends it);
+recovery of a writer skips it (tokens live in memory: a restart ends them).
+
+LEASE, AUTH and TOKEN records live in the default shard's journal.
 
 The default shard's checkpoints carry the lease table and the auth table
 in their meta, after the shard's own fields::
@@ -50,6 +57,7 @@ WRITE = 1
 COMPACT = 2
 LEASE = 3  # payload: see lease.py
 AUTH = 4  # payload: see auth.py
+TOKEN = 5  # payload: see tokens.py
 
 PUT, DELETE = 0, 1
 

@@ -17,7 +17,7 @@ from .follow import Follower
 from .lease import GRANT, decode_lease_record
 from .progress import Progress
 from .shard import YIELD_EVERY
-from .record import WRITE, decode_compact, decode_extra_meta
+from .record import AUTH, TOKEN, WRITE, decode_compact, decode_extra_meta
 
 if TYPE_CHECKING:
     from .shard import Recovered
@@ -107,6 +107,7 @@ async def recover_to_follow(store: Store) -> Follower:
         for r, participants, changes, epoch in f.writes:
             if r > base and not follower._void(epoch, r):
                 follower.parts.setdefault(r, {})[sid] = (epoch, participants, changes)
+    _learn_tokens(store, base)
     for sid, shard in enumerate(store.shards):
         for rec in shard.journal.records(after_rev=base):
             if rec.rtype != WRITE:
@@ -115,6 +116,21 @@ async def recover_to_follow(store: Store) -> Follower:
     logger.info("standby loaded rev=%d applied=%d pending_records=%d seconds=%.3f",
                 base, follower.applied, follower.pending(), time.monotonic() - started)
     return follower
+
+
+def _learn_tokens(store: Store, base: int) -> None:
+    """The simple tokens the writer assigned in what the journal still holds up
+    to ``base`` (the checkpoint holds none: tokens live in memory), each ended
+    by the AUTH records after it, in journal order; those above ``base`` go
+    through the follower with the rest."""
+    auth = store.auth
+    for rec in store.lease_shard.journal.records(after_rev=0):
+        if rec.rev > base:
+            continue
+        if rec.rtype == TOKEN:
+            auth.learn_token(rec.payload)
+        elif rec.rtype == AUTH:
+            auth.replay_token_effects(rec.payload)
 
 
 async def _rebuild(store: Store, found: list[Recovered], rev: int, keep_hooks: bool = False) -> None:

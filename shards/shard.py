@@ -21,7 +21,7 @@ from journal.record import Record
 from proto.kv_pb2 import KeyValue
 
 from .errors import DataDirError, StateStoreError
-from .record import AUTH, COMPACT, DELETE, LEASE, WRITE, Change, decode_write, encode_compact, encode_write
+from .record import AUTH, COMPACT, DELETE, LEASE, TOKEN, WRITE, Change, decode_write, encode_compact, encode_write
 from .progress import Progress
 from .state import ShardState
 
@@ -146,6 +146,9 @@ class Shard:
 
     def append_auth(self, tag_rev: int, payload: bytes) -> None:
         self.journal.append(AUTH, tag_rev, payload)
+
+    def append_token(self, tag_rev: int, payload: bytes) -> None:
+        self.journal.append(TOKEN, tag_rev, payload)
 
     # -- checkpoints ----------------------------------------------------
 

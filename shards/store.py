@@ -16,7 +16,7 @@ import heapq
 import logging
 from collections import Counter, deque
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from journal.journal import LocalLog
 from .auth import AuthStore
 from .tokens import parse_auth_token
 from .datadir import DataDir
+from .follow import FollowStats
 from .errors import (
     CompactedError,
     FutureRevisionError,
@@ -94,11 +95,12 @@ class Store:
         self.leases = LeaseTable(datadir.member_id)
         self.lease_shard = shards[-1]  # lease and auth records live in the default shard's journal
         self.auth = AuthStore(self._journal_auth, config.bcrypt_cost, config.auth_token_ttl_s,
-                              parse_auth_token(config.auth_token, config.auth_token_ttl_s))
+                              parse_auth_token(config.auth_token, config.auth_token_ttl_s), self._journal_token)
         self._expiry_task: asyncio.Task | None = None
         self.log = None  # where the journals live (set by open)
         self._owns_log = True
         self.follower = None  # set while this store follows another writer's journals
+        self.follow_stats = FollowStats()
         self.lease_renewals = 0  # keep-alive requests handled (etcd_debugging_lease_renewed_total)
         for state in self.states:
             state.on_failure = self._fail
@@ -607,10 +609,20 @@ class Store:
         self._check_alive()
         await self._journal_meta(self.lease_shard.append_auth, payload)
 
+    def _journal_token(self, payload: bytes) -> Awaitable[None]:
+        """Append a TOKEN record now; the awaitable ends once it is durable."""
+        self._check_alive()
+        tag = self.rev
+        self.lease_shard.append_token(tag, payload)
+        return self._meta_durable(tag)
+
     async def _journal_meta(self, append: Callable[[int, bytes], None], payload: bytes) -> None:
         """Journal a LEASE or AUTH record and wait until it and every revision before it are durable."""
         tag = self.rev
         append(tag, payload)
+        await self._meta_durable(tag)
+
+    async def _meta_durable(self, tag: int) -> None:
         await self.lease_shard.journal.sync()
         await self.wait_committed(tag)
 

@@ -3,10 +3,18 @@
 Simple tokens (``--auth-token simple``, the default): who a token names, until it goes unused for the TTL.
 
 A token is 16 random letters, a dot and an index (etcd uses the raft index
-of the Authenticate request; here a counter), e.g. ``"bIcuGTshfkKmMbgR.62"``.
-Each use renews it for another TTL (``--auth-token-ttl``, 300 s).  Tokens
-live only in memory, as in etcd: a restart, AuthDisable, or a change of the
-user's password (or the user's deletion) ends them.
+of the Authenticate request; here a counter that a follower of the journal
+moves up to the highest index it has learned, so it keeps growing across a
+takeover), e.g. ``"bIcuGTshfkKmMbgR.62"``.  Each use renews it for another
+TTL (``--auth-token-ttl``, 300 s) on the member it is used on.  Tokens live
+only in memory, as in etcd: a restart, AuthDisable, or a change of the user's
+password (or the user's deletion) ends them.
+
+As in etcd, where Authenticate goes through Raft carrying the token so every
+member learns it, the writer journals each token it assigns (a TOKEN record,
+``encode_token_record``) before answering, and followers ``add`` it when they
+apply the record: a client may authenticate on one member and use the token
+on any other.  The TTL runs per member, from when that member learned it.
 
 JWT tokens (``--auth-token jwt,sign-method=RS256,priv-key=F,pub-key=F,ttl=5m``):
 signed claims, nothing kept per token; see ``JWTTokens``.
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import secrets
 import string
+import struct
 import time
 
 from .durations import go_duration_s
@@ -45,6 +54,28 @@ class SimpleTokens:
         self._tokens[token] = [user, now + self.ttl_s]
         return token
 
+    def add(self, token: str, user: str) -> None:
+        """A token the writer assigned (learned from the journal): valid here from now for the TTL."""
+        now = self.clock()
+        self._sweep(now)
+        self._tokens[token] = [user, now + self.ttl_s]
+        index = token.rpartition(".")[2]
+        if index.isdigit():
+            self._index = max(self._index, int(index))
+
+    def merge(self, other: SimpleTokens) -> None:
+        """Add ``other``'s tokens (a follower's tokens relearned from the journal on a resync)."""
+        for token, (user, _) in list(other._tokens.items()):
+            self.add(token, user)
+
+    def discard(self, token: str) -> None:
+        self._tokens.pop(token, None)
+
+    def known(self, token: str) -> bool:
+        """Whether ``token`` is valid here now (without renewing it)."""
+        entry = self._tokens.get(token)
+        return entry is not None and entry[1] > self.clock()
+
     def user(self, token: str) -> str | None:
         """The user ``token`` names (renewing it), or None if it is unknown or expired."""
         entry = self._tokens.get(token)
@@ -74,6 +105,26 @@ class SimpleTokens:
                 del self._tokens[token]
         while len(self._tokens) >= TOKENS_MAX:
             del self._tokens[next(iter(self._tokens))]
+
+
+_LEN = struct.Struct("<I")
+
+
+def encode_token_record(token: str, user: str) -> bytes:
+    """A TOKEN journal record's payload: u32 LE token length, token, user name (UTF-8)."""
+    raw = token.encode()
+    return _LEN.pack(len(raw)) + raw + user.encode()
+
+
+def decode_token_record(payload: bytes) -> tuple[str, str]:
+    (n,) = _LEN.unpack_from(payload)
+    return payload[4 : 4 + n].decode(), payload[4 + n :].decode()
+
+
+def looks_simple(token: str) -> bool:
+    """Shaped like a simple token (``<16 letters>.<index>``), as etcd checks before waiting for its index."""
+    prefix, dot, index = token.partition(".")
+    return bool(dot) and len(prefix) == PREFIX_LETTERS and index.isdigit()
 
 
 # -- JWT tokens (--auth-token jwt,...) -------------------------------------------------

@@ -454,6 +454,42 @@ class WatchHub:
                 events.append(self._event(w, entry_main(e), w.key, kind, state.get_row(e)))
         return events
 
+    # -- a follower's state replaced (resync.py) ---------------------------
+
+    def resynced(self, applied_before: int) -> int:
+        """The store's state was rebuilt from a checkpoint; it had been applied up to
+        ``applied_before``.  Every watcher goes back to catching up from the new
+        state's history, from the revision it had been sent up to: no gap and no
+        duplicate where the history is still there, and etcd's compaction cancel
+        (at its catch-up) where it is not.  A watcher that was sent revisions the
+        new state does not have (a newer writer cut them) is cancelled now.
+        Returns how many watchers are behind the compaction or cut."""
+        store = self.store
+        committed, compact_rev = store.committed, store.compact_rev
+        behind = 0
+        for stream in list(self.streams):
+            for w in list(stream.watchers.values()):
+                if w.synced:
+                    self.remove(w)
+                    w.next_rev = max(applied_before + 1, w.min_rev)
+                sent_top = w.next_rev - 1
+                if w.min_rev <= sent_top and sent_top > committed:  # saw revisions that are not in the log
+                    behind += 1
+                    stream.watchers.pop(w.id, None)
+                    stream.unsynced.discard(w)
+                    stream.put(Message(w.id, 0, canceled=True, compact_revision=max(compact_rev, committed),
+                                       cancel_reason="mvcc: required revision has been compacted"))
+                elif w.next_rev > committed:
+                    stream.unsynced.discard(w)
+                    self.add_synced(w)
+                else:
+                    behind += w.next_rev < compact_rev
+                    stream.unsynced.add(w)
+            if stream.unsynced:
+                stream._start_catchup()
+            stream._maybe_progress()
+        return behind
+
     # -- progress -------------------------------------------------------
 
     def progress_tick(self) -> None:

@@ -140,7 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", action="store_true",
                    help="with --journal-url: a follower: serve reads and watches from a state that follows the "
                         "writer's journals (linearizable reads ask the writer's committed revision first), and "
-                        "hand writes, leases and auth calls to the writer")
+                        "hand writes, leases and auth calls to the writer (auth tokens from any member work here); "
+                        "one that falls behind the journal's checkpoints rebuilds its state from the newest "
+                        "checkpoint without exiting; /metrics on --listen-metrics-urls shows its lag")
     p.add_argument("--journal-lease-ttl", type=float, default=d.journal_lease_ttl_s, dest="journal_lease_ttl",
                    help="with --journal-url: seconds the writer lease lasts without renewal, so how soon a standby "
                         "takes over (default: %(default)s)")

@@ -14,6 +14,13 @@ follows the writer's journals, and hands everything else to the writer.
   revision in its header is applied here, so a client reads its own writes
   on the member it wrote through, as on an etcd member.
 
+* Simple auth tokens: Authenticate goes to the writer, which journals the
+  token it assigns before answering; this process learns it when it applies
+  the record (etcd: the token travels through Raft).  A call here with a
+  token this process does not know yet (assigned a moment ago, on the writer
+  or another follower) first catches up with the writer (``TokenCatchUp``),
+  as an etcd member waits until it has applied the token's index.
+
 The writer publishes where it serves clients in the journal's meta bucket
 (key ``writer-urls.<role>``) when it starts serving, after every takeover
 too; the follower reads it again whenever the writer cannot be reached.
@@ -29,8 +36,10 @@ import grpc
 
 from proto import rpc_pb2 as pb
 from shards.errors import RequestTimeoutError
+from shards.tokens import SimpleTokens, looks_simple
 
 from . import wire
+from .access import token_of
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +100,7 @@ class WriterLink:
         self._target = ""
         self._index: asyncio.Future | None = None  # the read index request in flight
         self._next_index: asyncio.Future | None = None  # the one asked for after it
+        self.tokens: TokenCatchUp | None = None  # set by the server: learns tokens Authenticate returns
 
     async def channel(self) -> grpc.aio.Channel:
         if self._channel is None:
@@ -138,7 +148,9 @@ class WriterLink:
         try:
             # Status: its header carries the committed revision, and it needs no permission
             raw = await self.unary("etcdserverpb.Maintenance", "Status", b"", ())
-            return header_revision(raw)
+            rev = header_revision(raw)
+            self.store.follow_stats.learned(rev)
+            return rev
         finally:
             if self._next_index is None:
                 self._index = None
@@ -191,11 +203,14 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
             except RequestTimeoutError:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
             rev = header_revision(raw)
+            store.follow_stats.learned(rev)
             if rev > store.committed:  # read your own writes on this member
                 try:
                     await store.wait_committed(rev)
                 except RequestTimeoutError:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+            if method == "Authenticate" and link.tokens is not None:  # the token works here once answered
+                await link.tokens.learned(pb.AuthenticateResponse.FromString(raw).token)
             return raw
 
         return grpc.unary_unary_rpc_method_handler(handle)
@@ -239,6 +254,49 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
     kinds = {"unary": unary, "unary_stream": unary_stream, "stream_stream": stream_stream}
     return [grpc.method_handlers_generic_handler(service, {m: kinds[kind](service, m) for m, kind in methods.items()})
             for service, methods in calls.items()]
+
+
+class TokenCatchUp:
+    """Before a call served here with a simple token this process does not know:
+    catch up with the writer, then let the call check the token as usual.
+
+    A token the writer assigned is in its journal before Authenticate answers,
+    so once this process has applied up to the writer's committed revision
+    (its read index, asked now) and read the default shard's journal up to
+    what is stored now, it knows every token assigned before the call began.
+    etcd waits the same way (until it has applied the token's raft index).  A
+    token still unknown after that, or after the request timeout, is invalid:
+    the call answers "invalid auth token" as on any member."""
+
+    def __init__(self, link: WriterLink, member) -> None:
+        self.link = link
+        self.member = member
+        self.timeout_s = link.timeout_s
+
+    async def __call__(self, context: grpc.aio.ServicerContext) -> None:
+        if self.member.auth.enabled:
+            token = token_of(context.invocation_metadata())
+            if token is not None:
+                await self.learned(token)
+
+    async def learned(self, token: str) -> None:
+        tokens = self.member.store.auth.tokens
+        if not isinstance(tokens, SimpleTokens) or tokens.known(token) or not looks_simple(token):
+            return
+        try:
+            await asyncio.wait_for(self._catch_up(), self.timeout_s)
+        except (asyncio.TimeoutError, RequestTimeoutError, grpc.aio.AioRpcError) as exc:
+            logger.info("could not catch up with the writer for a token error=%r", exc)
+
+    async def _catch_up(self) -> None:
+        store = self.member.store
+        index = await self.link.read_index()
+        await store.wait_committed(index)
+        journal = store.lease_shard.journal
+        if hasattr(journal, "stored_tail"):
+            stored = await journal.stored_tail()
+            while store.lease_shard.journal.read_tail < stored:
+                await asyncio.sleep(0.005)
 
 
 class KeepAlives:

@@ -54,7 +54,16 @@ async def _reject(context: grpc.aio.ServicerContext, bad: Malformed):
     await context.abort(grpc.StatusCode.INTERNAL, f"grpc: error unmarshalling request: {bad.error}")
 
 
-def _unary(fn):
+def _unary(fn, gate=None):
+    if gate is not None:
+        async def gated(request, context):
+            if type(request) is Malformed:
+                await _reject(context, request)
+            await gate(context)
+            return await fn(request, context)
+
+        return gated
+
     async def handle(request, context):
         if type(request) is Malformed:
             await _reject(context, request)
@@ -63,10 +72,12 @@ def _unary(fn):
     return handle
 
 
-def _unary_stream(fn):
+def _unary_stream(fn, gate=None):
     async def handle(request, context):
         if type(request) is Malformed:
             await _reject(context, request)
+        if gate is not None:
+            await gate(context)
         async for response in fn(request, context):
             yield response
 
@@ -80,16 +91,20 @@ async def _checked(requests, context):
         yield request
 
 
-def _stream_stream(fn):
+def _stream_stream(fn, gate=None):
     async def handle(requests, context):
+        if gate is not None:
+            await gate(context)
         async for response in fn(_checked(requests, context), context):
             yield response
 
     return handle
 
 
-def service_handler(service: str, servicer, module=rpc_pb2) -> grpc.GenericRpcHandler:
-    """Handlers for ``servicer``'s methods of ``service`` as declared in ``module`` (a *_pb2)."""
+def service_handler(service: str, servicer, module=rpc_pb2, gate=None) -> grpc.GenericRpcHandler:
+    """Handlers for ``servicer``'s methods of ``service`` as declared in ``module`` (a *_pb2).
+    ``gate(context)``, if given, is awaited before each call (a follower's wait
+    for a token it has not learned yet)."""
     desc = module.DESCRIPTOR.services_by_name[service]
     handlers = {}
     for method in desc.methods:
@@ -98,11 +113,11 @@ def service_handler(service: str, servicer, module=rpc_pb2) -> grpc.GenericRpcHa
             continue
         des = _deserializer(getattr(module, method.input_type.name))
         if method.client_streaming and method.server_streaming:
-            h = grpc.stream_stream_rpc_method_handler(_stream_stream(fn), des, _serialize)
+            h = grpc.stream_stream_rpc_method_handler(_stream_stream(fn, gate), des, _serialize)
         elif method.server_streaming:
             assert inspect.isasyncgenfunction(fn), method.full_name
-            h = grpc.unary_stream_rpc_method_handler(_unary_stream(fn), des, _serialize)
+            h = grpc.unary_stream_rpc_method_handler(_unary_stream(fn, gate), des, _serialize)
         else:
-            h = grpc.unary_unary_rpc_method_handler(_unary(fn), des, _serialize)
+            h = grpc.unary_unary_rpc_method_handler(_unary(fn, gate), des, _serialize)
         handlers[method.name] = h
     return grpc.method_handlers_generic_handler(desc.full_name, handlers)

@@ -13,6 +13,7 @@ from .handlers import Traffic
 
 FSYNC_BUCKETS_S = tuple(0.001 * 2**i for i in range(14))  # etcd's WAL fsync buckets
 BATCH_BYTES_BUCKETS = tuple(256 * 4**i for i in range(9))  # 256 B .. 16 MiB
+LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -29,8 +30,9 @@ class _StateCollector:
 
     def collect(self):
         m, store = self.m, self.m.store
+        following = store.follower is not None
         yield _gauge("etcd_server_has_leader", "Whether a leader exists (always: no Raft).", 1)
-        yield _gauge("etcd_server_is_leader", "Whether this member is the leader.", 1)
+        yield _gauge("etcd_server_is_leader", "Whether this member is the leader (the writer).", 0 if following else 1)
         yield _gauge("shardetcd_standby", "1 while this process stands by for the writer lease.", 0)
         yield _gauge("etcd_server_quota_backend_bytes", "Backend quota in bytes.", m.quota.limit or 0)
         yield _gauge("etcd_mvcc_db_total_size_in_bytes", "State size, as etcd's backend file size.", store.db_size())
@@ -45,6 +47,35 @@ class _StateCollector:
         yield _counter("etcd_network_client_grpc_received_bytes", "Bytes received from gRPC clients.", Traffic.received)
         yield _counter("etcd_network_client_grpc_sent_bytes", "Bytes sent to gRPC clients.", Traffic.sent)
         yield from self._per_shard()
+        if following:
+            yield from self._follower()
+        else:  # etcd's pair (raft indexes there; revisions here): committed - applied is the apply lag
+            yield _gauge("etcd_server_proposals_committed_total", "Committed revision.", store.committed)
+            yield _gauge("etcd_server_proposals_applied_total", "Applied revision.", store.committed)
+
+    def _follower(self):
+        store = self.m.store
+        stats = store.follow_stats
+        applied = store.committed
+        writer = max(stats.writer_rev, applied)
+        yield _gauge("etcd_server_proposals_committed_total",
+                     "The writer's committed revision, as last learned (etcd: the raft commit index).", writer)
+        yield _gauge("etcd_server_proposals_applied_total", "Revision applied here (etcd: the raft applied index).",
+                     applied)
+        yield _gauge("shardetcd_follower_applied_revision", "Every revision up to this is applied here.", applied)
+        yield _gauge("shardetcd_follower_writer_revision",
+                     "The writer's committed revision as last learned (read index answers, forwarded answers, "
+                     "the journal).", writer)
+        yield _gauge("shardetcd_follower_lag_revisions", "Writer revision last learned minus applied revision.",
+                     writer - applied)
+        yield _gauge("shardetcd_follower_lag_seconds",
+                     "How long ago the oldest journal message read but not yet applied was stored (0: none).",
+                     store.follower.oldest_unapplied_s())
+        yield _gauge("shardetcd_follower_last_apply_lag_seconds",
+                     "The last journal message applied: from when the journal stored it to when it was applied.",
+                     stats.last_lag_s)
+        yield _counter("shardetcd_follower_resyncs", "State rebuilds from a checkpoint after falling behind "
+                       "the journal (or diverging from it).", stats.resyncs)
 
     def _per_shard(self):
         store = self.m.store
@@ -76,6 +107,11 @@ class Metrics:
                                            ["shard"], buckets=BATCH_BYTES_BUCKETS, registry=self.registry)
         for shard in member.store.shards:
             shard.journal.on_batch = self._batch_observer(shard.name)
+        self.apply_lag = Histogram("shardetcd_follower_apply_lag_seconds",
+                                   "Per journal message a follower applied: from when the journal stored it to "
+                                   "when every revision in it was applied here.",
+                                   buckets=LAG_BUCKETS_S, registry=self.registry)
+        member.store.follow_stats.on_lag = self.apply_lag.observe
 
     def _batch_observer(self, name: str):
         child, sizes = self.shard_batch.labels(name), self.shard_batch_bytes.labels(name)

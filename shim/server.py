@@ -19,6 +19,7 @@ from journal.leadership import WriterLease
 from shards.errors import StateStoreError
 from shards.layout import Layout, ShardSpec, load_layout
 from shards.partition import PartitionGuard, load_cluster_layout
+from shards.resync import keep_following
 from shards.store import Store, StoreConfig
 
 from proto import v3election_pb2, v3lock_pb2
@@ -34,7 +35,8 @@ from .http import HttpEndpoint, start_http
 from .kv import KVService
 from .lease_auth import CheckedLeaseService
 from .maintenance import ClusterService, MaintenanceService
-from .follower import WriterLink, follower_kv, forwarding_handlers, keepalive_handler, writer_key, writer_record
+from .follower import (TokenCatchUp, WriterLink, follower_kv, forwarding_handlers, keepalive_handler, writer_key,
+                       writer_record)
 from .members import Registry
 from .metrics import Metrics, StandbyMetrics
 from .watch import WatchService
@@ -142,8 +144,8 @@ def jetstream_config(config: ServerConfig) -> JetStreamConfig | None:
 
 async def start_following(config: ServerConfig) -> tuple[Store, WriterLink, asyncio.Task]:
     """--follow: a state that follows the writer's journals (a follower that falls
-    behind the journal's checkpoints, or finds its state diverged, stops with exit
-    1: started again, it loads the newest checkpoint)."""
+    behind the journal's checkpoints, or finds its state diverged, rebuilds its
+    state from the newest checkpoint in-process and goes on: shards/resync.py)."""
     js = jetstream_config(config)
     if js is None or config.standby:
         raise StartupError("--follow needs --journal-url and no --standby (a follower reads a replicated journal)")
@@ -157,7 +159,7 @@ async def start_following(config: ServerConfig) -> tuple[Store, WriterLink, asyn
         await log.close()
         raise
     link = WriterLink(log, config.partition or "writer", store)
-    following = asyncio.ensure_future(store.follow_journals())
+    following = asyncio.ensure_future(keep_following(store))
 
     def stopped(task: asyncio.Task) -> None:
         if not task.cancelled():
@@ -306,8 +308,10 @@ async def start(config: ServerConfig) -> Running:
     member = Member(store, config, guard)
     member.link = link
     server = grpc.aio.server(options=grpc_options(config))
+    gate = None
     if link is not None:  # a follower: these go to the writer (registered first, so they win)
         server.add_generic_rpc_handlers([keepalive_handler(link, member), *forwarding_handlers(link)])
+        gate = link.tokens = TokenCatchUp(link, member)  # calls served here learn new tokens first
     services = {
         "KV": follower_kv(member, link) if link is not None else KVService(member),
         "Watch": WatchService(member),
@@ -316,10 +320,10 @@ async def start(config: ServerConfig) -> Running:
         "Cluster": ClusterService(member),
         "Auth": AuthService(member),
     }
-    server.add_generic_rpc_handlers([service_handler(name, svc) for name, svc in services.items()])
+    server.add_generic_rpc_handlers([service_handler(name, svc, gate=gate) for name, svc in services.items()])
     recipes = {"Lock": LockService(member), "Election": ElectionService(member)}
-    server.add_generic_rpc_handlers([service_handler("Lock", recipes["Lock"], v3lock_pb2),
-                                     service_handler("Election", recipes["Election"], v3election_pb2)])
+    server.add_generic_rpc_handlers([service_handler("Lock", recipes["Lock"], v3lock_pb2, gate),
+                                     service_handler("Election", recipes["Election"], v3election_pb2, gate)])
     registry = None
     try:  # before serving: followers find the writer here (after a takeover too); MemberList lists who serves
         if lease is not None:

@@ -40,6 +40,11 @@ def test_bench_followers_tiny_runs_every_row_without_errors(tmp_path):
         # one CPU figure per serving process: the writer and its followers
         assert r["processes"] == {"etcd": 1, "shardetcd-1": 1, "shardetcd-2": 2, "shardetcd-4": 4}[r["server"]], r
         assert len(r["srv_cpu_pct_by_process"]) == r["processes"], r
+        if r["scenario"] == "watch-fanout" and r["processes"] > 1:  # the followers measured their apply lag
+            lag = r["follower_apply_lag"]
+            assert lag["messages"] > 0 and lag["p99_ms"] >= lag["p50_ms"] >= 0, r
+        else:
+            assert "follower_apply_lag" not in r, r
         if r["scenario"] == "range-s":  # served by every process, none forwarded: each one worked
             assert all(v > 1 for v in r["srv_cpu_pct_by_process"].values()), r
         assert r["x_etcd"] is not None or r["server"] == "etcd", r

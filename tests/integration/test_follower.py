@@ -19,6 +19,7 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
+from tests.integration.test_etcdctl import etcdctl_bin  # noqa: F401 - a fixture
 from tests.integration.test_linearizability import check_linearizable, client
 from tests.lincheck import Op
 from tests.nats_fixture import shardetcd_on as server_on, wait_standing_by
@@ -277,37 +278,142 @@ def test_cluster_starts_followers_per_partition_and_lists_them_for_kube_apiserve
                 pass
 
 
-def test_a_follower_that_falls_behind_the_checkpoints_stops_and_restarts_from_the_newest(nats, tmp_path):
+def _metric(url: str, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def test_a_follower_that_falls_behind_the_checkpoints_resyncs_in_process(nats, tmp_path):
     """A follower paused (SIGSTOP) while the writer writes past several checkpoints,
     each purging the journal it covers: when it runs again it finds messages
-    missing that its checkpoint does not cover, and stops (exit 1, one line)
-    rather than serve a state with holes; started again, it loads the newest
-    checkpoint and serves every write."""
+    missing, rebuilds its state from the newest checkpoint without exiting (one
+    WARNING line with both revisions, a resync counted in /metrics), serves
+    every write at the writer's revision, and a watch opened before the pause
+    delivers every write once, in order (the checkpoint keeps the history).
+    Paused again while the writer compacts past that watch's next revision:
+    the watch is cancelled with etcd's compact_revision; a new one works."""
     import signal
 
+    metrics = free_port()
+    url = f"http://127.0.0.1:{metrics}"
     writer = server_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "65536").start()
-    follower = server_on(nats, tmp_path / "f", "--follow").start()
+    follower = server_on(nats, tmp_path / "f", "--follow", "--listen-metrics-urls", url).start()
+    prefix, end = b"/registry/pods/ns/", b"/registry/pods/ns0"
     try:
-        with grpc.insecure_channel(writer.endpoint) as ch:
-            kv = pbg.KVStub(ch)
-            kv.Put(pb.PutRequest(key=b"/registry/pods/ns/first", value=b"v"), timeout=10)
+        with grpc.insecure_channel(writer.endpoint) as wch, grpc.insecure_channel(follower.endpoint) as fch:
+            kv, fkv = pbg.KVStub(wch), pbg.KVStub(fch)
+            acked = [kv.Put(pb.PutRequest(key=prefix + b"first", value=b"v"), timeout=10).header.revision]
+            watch = WatchClient(fch)
+            watch.create(prefix, end)
+            watch.wait_for(lambda rs: any(r.created for r in rs))
+
+            def writes(n: int) -> None:
+                for i in range(n):  # ~1 KiB each into the pods journal: several checkpoints and purges
+                    acked.append(kv.Put(pb.PutRequest(key=prefix + b"p%d" % (i % 40), value=b"v" * 1000),
+                                        timeout=10).header.revision)
+
             os.kill(follower.pid, signal.SIGSTOP)
-            for i in range(300):  # ~300 KiB into the pods journal: several checkpoints and purges
-                rev = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (i % 40), value=b"v" * 1000),
-                             timeout=10).header.revision
-        os.kill(follower.pid, signal.SIGCONT)
-        assert follower.proc.wait(60) == 1
-        assert "stopped after a journal failure" in follower.log_tail(5) and "expected message" in follower.log_tail(5)
-        follower.start()
-        with grpc.insecure_channel(follower.endpoint) as ch:
-            r = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
-                                     timeout=10)
-        assert r.header.revision == rev and len(r.kvs) == 41
+            writes(300)
+            os.kill(follower.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 60
+            while "follower resynchronised from a checkpoint" not in follower.log_tail(50):
+                assert follower.running() and time.monotonic() < deadline, follower.log_tail(50)
+                time.sleep(0.1)
+            line = next(l for l in follower.log_tail(50).splitlines() if "follower resynchronised" in l)
+            import re
+
+            old_rev, new_rev = map(int, re.search(r"old_rev=(\d+) new_rev=(\d+)", line).groups())
+            assert "WARNING" in line and acked[0] <= old_rev < new_rev <= acked[-1], line
+            r = fkv.Range(pb.RangeRequest(key=prefix, range_end=end), timeout=10)
+            assert r.header.revision == acked[-1] and len(r.kvs) == 41
+            watch.wait_for(lambda rs: len([e for x in rs for e in x.events]) >= len(acked) - 1, timeout=30)
+            time.sleep(0.5)  # a bound for anything extra to arrive, not a claim about speed
+            assert [e.kv.mod_revision for e in watch.events()] == acked[1:]
+            assert _metric(url, "shardetcd_follower_resyncs_total") == 1
+
+            os.kill(follower.pid, signal.SIGSTOP)
+            writes(300)
+            compact = acked[-1]
+            kv.Compact(pb.CompactionRequest(revision=compact), timeout=10)
+            writes(100)
+            os.kill(follower.pid, signal.SIGCONT)
+            watch.wait_for(lambda rs: any(x.canceled for x in rs), timeout=60)
+            cancel = next(x for x in watch.responses if x.canceled)
+            assert cancel.compact_revision == compact and cancel.watch_id == 0
+            assert acked[-401] < compact  # the watch had been sent up to before the pause, below the compaction
+            r = fkv.Range(pb.RangeRequest(key=prefix, range_end=end), timeout=10)
+            assert r.header.revision == acked[-1] and len(r.kvs) == 41 and follower.running()
+            assert _metric(url, "shardetcd_follower_resyncs_total") == 2
+            again = WatchClient(fch)
+            again.create(prefix, end, start_revision=compact)
+            again.wait_for(lambda rs: len([e for x in rs for e in x.events]) >= 100, timeout=30)
+            assert [e.kv.mod_revision for e in again.events()][-100:] == acked[-100:]
+            watch.close()
+            again.close()
     finally:
         for s in (follower, writer):
             if s.running():
                 os.kill(s.pid, signal.SIGCONT)
             s.stop()
+
+
+def test_a_followers_metrics_show_how_far_behind_it_applies(nats, tmp_path):
+    """/metrics on a real follower: not the leader; applied revision, the writer's
+    committed revision as learned (a linearizable read asks it), lag 0 once caught
+    up; paused 1 s while the writer writes, the messages stored meanwhile are
+    applied about 1 s after they were stored (the apply-lag histogram), and the
+    writer's own /metrics carry etcd's committed/applied pair."""
+    import signal
+
+    url, wurl = (f"http://127.0.0.1:{p}" for p in (free_port(), free_port()))
+    writer = server_on(nats, tmp_path / "w", "--listen-metrics-urls", wurl).start()
+    follower = server_on(nats, tmp_path / "f", "--follow", "--listen-metrics-urls", url).start()
+    try:
+        with grpc.insecure_channel(writer.endpoint) as wch, grpc.insecure_channel(follower.endpoint) as fch:
+            kv = pbg.KVStub(wch)
+            for i in range(20):
+                rev = kv.Put(pb.PutRequest(key=b"/m/k%d" % i, value=b"v"), timeout=10).header.revision
+            assert pbg.KVStub(fch).Range(pb.RangeRequest(key=b"/m/k0"), timeout=10).header.revision == rev
+            assert _metric(url, "etcd_server_is_leader") == 0 and _metric(wurl, "etcd_server_is_leader") == 1
+            assert _metric(url, "shardetcd_follower_applied_revision") == rev
+            assert _metric(url, "shardetcd_follower_writer_revision") == rev
+            assert _metric(url, "etcd_server_proposals_committed_total") == rev
+            assert _metric(url, "etcd_server_proposals_applied_total") == rev
+            assert _metric(url, "shardetcd_follower_lag_revisions") == 0
+            assert _metric(url, "shardetcd_follower_resyncs_total") == 0
+            assert _metric(wurl, "etcd_server_proposals_applied_total") == rev
+            applied_before = _metric(url, "shardetcd_follower_apply_lag_seconds_count")
+            assert applied_before >= 1
+            slow_before = applied_before - _metric_bucket(url, "shardetcd_follower_apply_lag_seconds", "0.5")
+            os.kill(follower.pid, signal.SIGSTOP)
+            try:
+                for i in range(10):
+                    rev = kv.Put(pb.PutRequest(key=b"/m/p%d" % i, value=b"v"), timeout=10).header.revision
+                time.sleep(1.0)
+            finally:
+                os.kill(follower.pid, signal.SIGCONT)
+            assert pbg.KVStub(fch).Range(pb.RangeRequest(key=b"/m/p9"), timeout=10).header.revision == rev
+            count = _metric(url, "shardetcd_follower_apply_lag_seconds_count")
+            slow = count - _metric_bucket(url, "shardetcd_follower_apply_lag_seconds", "0.5")
+            assert count - applied_before >= 1 and slow - slow_before >= 1  # stored during the pause: > 0.5 s late
+            assert _metric(url, "shardetcd_follower_last_apply_lag_seconds") > 0.5
+            assert _metric(url, "shardetcd_follower_applied_revision") == rev
+            assert _metric(url, "shardetcd_follower_lag_revisions") == 0
+            assert _metric(url, "shardetcd_follower_lag_seconds") == 0  # nothing read is waiting
+    finally:
+        for s in (follower, writer):
+            if s.running():
+                os.kill(s.pid, signal.SIGCONT)
+            s.stop()
+
+
+def _metric_bucket(url: str, name: str, le: str) -> float:
+    return _metric(url, f'{name}_bucket{{le="{le}"}}')
 
 
 def test_history_over_followers_is_linearizable_across_a_writer_takeover(nats, tmp_path):
@@ -340,3 +446,80 @@ def test_history_over_followers_is_linearizable_across_a_writer_takeover(nats, t
     finally:
         for s in (*followers, standby, writer):
             s.kill()
+
+
+def test_simple_tokens_work_on_every_member(nats, tmp_path, etcdctl_bin):
+    """Auth enabled (root) with etcd's default simple tokens: etcdctl --user through
+    a follower puts, gets and watches; a token from Authenticate on a follower works
+    on the writer and on the other follower at once, and one from the writer on a
+    follower (the writer journals every token it assigns, as etcd sends it through
+    Raft); an unknown token is etcd's "invalid auth token" everywhere; after
+    `user passwd` the old token is refused on every member, the new one works."""
+    import subprocess
+
+    from tests.integration.test_etcdctl import ctl
+
+    writer = server_on(nats, tmp_path / "w").start()
+    followers = [server_on(nats, tmp_path / f"f{i}", "--follow").start() for i in range(2)]
+    etcdctl = etcdctl_bin
+    f0, f1 = followers
+    try:
+        ctl(etcdctl, f0.endpoint, "user", "add", "root", "--new-user-password=pw")
+        ctl(etcdctl, f0.endpoint, "user", "grant-role", "root", "root")
+        ctl(etcdctl, f0.endpoint, "auth", "enable")
+        watch = subprocess.Popen([etcdctl, f"--endpoints={f0.endpoint}", "--user=root:pw", "watch", "/t/w"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={"ETCDCTL_API": "3", "PATH": os.environ.get("PATH", "")})
+        time.sleep(1.0)  # the watch is created
+        ctl(etcdctl, f0.endpoint, "--user=root:pw", "put", "/t/w", "v1")
+        assert ctl(etcdctl, f0.endpoint, "--user=root:pw", "get", "/t/w", "--print-value-only").stdout == "v1\n"
+        assert ctl(etcdctl, f1.endpoint, "--user=root:pw", "get", "/t/w", "--print-value-only",
+                   "--consistency=s").stdout in ("v1\n", "\n")
+        watch.terminate()
+        out, err = watch.communicate(10)
+        assert out.split() == ["PUT", "/t/w", "v1"], (out, err)
+
+        def authenticate(endpoint: str, password: str = "pw") -> str:
+            with grpc.insecure_channel(endpoint) as ch:
+                return pbg.AuthStub(ch).Authenticate(pb.AuthenticateRequest(name="root", password=password),
+                                                     timeout=10).token
+
+        def get(endpoint: str, token: str, serializable: bool = True):
+            with grpc.insecure_channel(endpoint) as ch:
+                return pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/t/w", serializable=serializable),
+                                            metadata=(("token", token),), timeout=10)
+
+        def refused(endpoint: str, token: str) -> bool:
+            try:
+                get(endpoint, token)
+            except grpc.RpcError as exc:
+                assert (exc.code(), exc.details()) == (grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token")
+                return True
+            return False
+
+        on_follower = authenticate(f0.endpoint)
+        prefix, _, index = on_follower.partition(".")
+        assert len(prefix) == 16 and prefix.isalpha() and index.isdigit()
+        for ep in (writer.endpoint, f0.endpoint, f1.endpoint):  # immediately, no waiting
+            assert get(ep, on_follower).kvs[0].value == b"v1"
+        on_writer = authenticate(writer.endpoint)
+        assert int(on_writer.rpartition(".")[2]) > int(index)  # the index keeps growing, as etcd's raft index
+        for ep in (f1.endpoint, f0.endpoint, writer.endpoint):
+            assert get(ep, on_writer, serializable=False).kvs[0].value == b"v1"
+        for ep in (writer.endpoint, f0.endpoint, f1.endpoint):
+            assert refused(ep, "bogusbogusbogusx.1") and refused(ep, "bogusbogusbogusx.99999") and refused(ep, "junk")
+
+        ctl(etcdctl, f1.endpoint, "--user=root:pw", "user", "passwd", "root", "--interactive=false", stdin="pw2\n")
+        assert refused(writer.endpoint, on_follower) and refused(writer.endpoint, on_writer)
+        deadline = time.monotonic() + 10
+        for ep in (f0.endpoint, f1.endpoint):  # each follower ends them once it applies the change
+            while not (refused(ep, on_follower) and refused(ep, on_writer)):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        fresh = authenticate(f1.endpoint, "pw2")
+        for ep in (writer.endpoint, f0.endpoint, f1.endpoint):
+            assert get(ep, fresh).kvs[0].value == b"v1" and refused(ep, on_follower)
+        assert ctl(etcdctl, f0.endpoint, "--user=root:pw2", "get", "/t/w", "--print-value-only").stdout == "v1\n"
+    finally:
+        for s in (*followers, writer):
+            s.stop()

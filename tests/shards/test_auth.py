@@ -12,7 +12,7 @@ from shards.auth import AuthStore, decode_auth_record, decode_table, encode_auth
 from shards.auth_state import ROLE_ADD, USER_ADD, AuthState, Permission
 from shards.permissions import READ, READWRITE, WRITE, UserPermissions
 from shards.record import decode_extra_meta, encode_extra_meta
-from shards.tokens import SimpleTokens
+from shards.tokens import SimpleTokens, decode_token_record
 from shards.types import PutReq
 from tests.shards.store_helpers import open_store
 
@@ -157,5 +157,46 @@ def test_store_restart_through_checkpoints_keeps_auth(tmp_path, run):
         assert store.auth.enabled
         assert await store.auth.authenticate("root", "pw")
         await store.close()
+
+    run(go())
+
+
+def test_simple_tokens_are_journaled_and_a_follower_learns_and_ends_them(run):
+    """Authenticate answers once the token's record is durable; a follower applying
+    the writer's records in journal order knows the token, renews it on its own
+    clock, and a password change journaled after it ends it there too."""
+    async def go():
+        journal, tokens = SlowJournal(), []
+        durable = asyncio.Event()
+
+        def journal_token(payload: bytes):
+            tokens.append(payload)  # appended at once, in journal order with the changes
+            return durable.wait()
+
+        writer = AuthStore(journal, bcrypt_cost=4, journal_token=journal_token)
+        journal.durable.set()
+        await writer.user_add("root", "pw", False)
+        await writer.user_grant("root", "root")
+        await writer.enable()
+        authenticating = asyncio.ensure_future(writer.authenticate("root", "pw"))
+        while not tokens:
+            await asyncio.sleep(0.01)
+        assert not authenticating.done()  # not answered before the record is durable
+        durable.set()
+        token = await authenticating
+        assert writer.user_of(token) == "root" and decode_token_record(tokens[0]) == (token, "root")
+
+        now = [0.0]
+        follower = AuthStore(journal, bcrypt_cost=4, tokens=SimpleTokens(ttl_s=10, clock=lambda: now[0]))
+        for payload in journal.records:
+            follower.replay(payload)
+        follower.learn_token(tokens[0])
+        assert follower.user_of(token) == "root" and follower.tokens.known(token)
+        assert follower.tokens.assign("root").endswith(".%d" % (int(token.rpartition(".")[2]) + 1))
+        await writer.user_password("root", "pw2", "")
+        follower.replay(journal.records[-1])
+        for auth in (writer, follower):
+            with pytest.raises(e.InvalidAuthTokenError):
+                auth.user_of(token)
 
     run(go())

@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 from journal.jetstream import Message
 from journal.record import Record
-from shards.follow import Follower, FollowerDiverged
+from shards.follow import Follower, FollowerDiverged, FollowStats
 from shards.recovery import recovered_revision
 from shards.record import PUT, WRITE, Change, encode_write
 from shards.shard import Recovered
@@ -47,6 +47,7 @@ class FakeStore:
         self.rev = self.committed = 1
         self.compact_rev = -1
         self.released = 1  # reads waiting for a revision are let go once it is applied
+        self.follow_stats = FollowStats()
 
     def _release_waiters(self, rev: int) -> None:
         assert rev == self.committed >= self.released
