@@ -136,6 +136,8 @@ def _learn_tokens(store: Store, base: int) -> None:
 async def _rebuild(store: Store, found: list[Recovered], rev: int, keep_hooks: bool = False) -> None:
     """Put the checkpoints' tables and every record up to ``rev`` into the state."""
     leases = store.leases
+    for shard in store.shards:  # the checkpoints are loaded: from here rows go through on_replay
+        shard.replay_key_lease = None
     lease_found = found[store.shards.index(store.lease_shard)]
     lease_table, auth_table = decode_extra_meta(lease_found.extra_meta)
     leases.load_table(lease_table)
@@ -180,6 +182,8 @@ def _track_lease_keys(store: Store) -> None:
     leases = store.leases
     for shard in store.shards:
         shard.on_replay = lambda key, lease: leases.detach(key) if lease < 0 else leases.attach(key, lease)
+        # checkpoints load before the lease table: rows only need to say which lease holds each key
+        shard.replay_key_lease = leases.key_lease if not leases.leases else None
         shard.state.begin_bulk()
 
 

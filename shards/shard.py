@@ -68,6 +68,9 @@ class Shard:
         self.writes = 0  # WRITE records appended since start
         # told of every row replayed: (key, lease id of a put, or -1 for a delete)
         self.on_replay: Callable[[bytes, int], None] = lambda key, lease: None
+        # while a checkpoint loads before the lease table: {key: lease id} kept by the rows directly,
+        # instead of on_replay per row (each lease's key set is rebuilt from it afterwards)
+        self.replay_key_lease: dict[bytes, int] | None = None
 
     # -- recovery -------------------------------------------------------
 
@@ -117,7 +120,7 @@ class Shard:
         progress = Progress("checkpoint load", shard=self.name)
         rows = iter(rows)
         while chunk := list(islice(rows, YIELD_EVERY)):
-            self.state.load_rows(chunk, self.on_replay, progress)
+            self.state.load_rows(chunk, self.on_replay, progress, self.replay_key_lease)
             await asyncio.sleep(0)
         progress.done()
 

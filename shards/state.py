@@ -419,12 +419,15 @@ class ShardState:
 
         return rows
 
-    def load_rows(self, blobs, on_row: Callable[[bytes, int], None], progress) -> None:
+    def load_rows(self, blobs, on_row: Callable[[bytes, int], None], progress,
+                  key_lease: dict[bytes, int] | None = None) -> None:
         """Load a checkpoint's rows (``snapshot_rows`` blobs, in revision order)
         while bulk loading; ``on_row(key, lease id, or -1 for a tombstone)``.
 
         One tight loop, as this is most of a restart: the row key is written as
-        stored (not decoded and encoded again), the key index takes the entry."""
+        stored (not decoded and encoded again), the key index takes the entry.
+        With ``key_lease``, each row sets its key's lease there (or removes the
+        key: a tombstone, no lease) instead of calling ``on_row``."""
         if self._bulk is None:
             raise RuntimeError("load_rows() is for bulk loading (begin_bulk)")
         index, new_keys, revs_log, keys_log = self.index, self._bulk_keys, self._log_revs, self._log_keys
@@ -457,6 +460,11 @@ class ShardState:
             held += klen + len(value)
             revs_log.append(main)
             keys_log.append(key)
-            on_row(key, -1 if tomb else kv.lease)
+            if key_lease is None:
+                on_row(key, -1 if tomb else kv.lease)
+            elif not tomb and (lease := kv.lease):
+                key_lease[key] = lease
+            elif key in key_lease:
+                del key_lease[key]
         self._grow(held)
         self.last_main = main

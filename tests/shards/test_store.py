@@ -521,9 +521,9 @@ def test_recovery_yields_to_the_event_loop_so_the_writer_lease_is_renewed(tmp_pa
         loaded = [0]
         load_rows, apply = ShardState.load_rows, Shard.apply_recovered
 
-        def counting_load(self, blobs, on_row, progress):
+        def counting_load(self, blobs, on_row, progress, key_lease=None):
             blobs = list(blobs)
-            load_rows(self, blobs, on_row, progress)
+            load_rows(self, blobs, on_row, progress, key_lease)
             loaded[0] += len(blobs)
 
         def counting_apply(self, rev, changes):
