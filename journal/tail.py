@@ -49,6 +49,7 @@ IDLE_AFTER_S = 0.5
 WRITER_FILE = "writer.json"  # where the writer serves clients (shim/follower.writer_record)
 READ_ROUND_BYTES = 4 * 1024 * 1024  # at most this much segment data per read, so the loop keeps turning
 WAIT_LOG_S = 10.0
+WRITER_WAIT_S = 30.0  # how long a follower waits for the writer's data dir to be made
 
 
 def write_writer_file(data_dir: Path, record: str) -> None:
@@ -71,6 +72,22 @@ class LocalFollowLog:
         self.tails: list[SegmentTail] = []
         self._poller: threading.Thread | None = None
         self._polling = False
+        self._checked = False
+
+    async def _check_writer(self) -> None:
+        """The writer's data dir holds the same shards in a local journal; a writer starting now
+        (``shardetcd cluster`` starts writers and followers together) is waited for, a while."""
+        if self._checked:
+            return
+        if self.data_dir.exists() and not self.data_dir.is_dir():
+            raise JournalUnreachable(f"{self.data_dir} is not a directory: --follow-data-dir names the "
+                                     "writer's --data-dir")
+        waited = time.monotonic()
+        while not (self.data_dir / "meta.json").exists():
+            if time.monotonic() - waited > WRITER_WAIT_S:
+                raise JournalUnreachable(f"{self.data_dir} is not a shardetcd data dir (no meta.json after "
+                                         f"{WRITER_WAIT_S:.0f} s): --follow-data-dir names the writer's --data-dir")
+            await asyncio.sleep(0.1)
         meta = self._writer_meta()
         if meta.get("shards") != self.shard_names:
             raise JournalUnreachable(f"the writer's data dir {self.data_dir} has shards {meta.get('shards')}, "
@@ -79,13 +96,11 @@ class LocalFollowLog:
         if meta.get("journal", "local") != "local":
             raise JournalUnreachable(f"the writer's data dir {self.data_dir} keeps its journal in "
                                      f"{meta['journal']}: follow it with --journal-url")
+        self._checked = True
 
     def _writer_meta(self) -> dict:
         try:
             return json.loads((self.data_dir / "meta.json").read_text())
-        except FileNotFoundError:
-            raise JournalUnreachable(f"{self.data_dir} is not a shardetcd data dir (no meta.json): "
-                                     "--follow-data-dir names the writer's --data-dir") from None
         except (OSError, ValueError) as exc:
             raise JournalUnreachable(f"cannot read {self.data_dir / 'meta.json'}: {exc}") from None
 
@@ -93,6 +108,7 @@ class LocalFollowLog:
                            follow: bool = True) -> SegmentTail:
         if not follow:
             raise ValueError("a writer's local journal is only followed from another process")
+        await self._check_writer()
         tail = SegmentTail(self, self.shard_names.index(name), self.data_dir / "shards" / name, config)
         self.tails.append(tail)
         return tail
@@ -108,6 +124,7 @@ class LocalFollowLog:
 
     async def agree(self, key: str, proposal: str) -> str:
         """The cluster's id is the writer's."""
+        await self._check_writer()
         return str(self._writer_meta()["cluster_id"])
 
     # -- the watermark ---------------------------------------------------------

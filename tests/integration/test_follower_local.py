@@ -311,18 +311,57 @@ def test_follow_flags_are_checked(tmp_path):
     try:
         cases = [
             (["--follow-data-dir", str(writer.data_dir)], "goes with --follow"),
-            (["--follow", "--follow-data-dir", str(tmp_path / "nothing")], "not a shardetcd data dir"),
-            (["--follow", "--follow-data-dir", str(tmp_path / "f")], "needs a --data-dir of its own"),
+            (["--follow", "--follow-data-dir", str(tmp_path / "l.toml")], "is not a directory"),
+            (["--follow", "--follow-data-dir", "OWN"], "needs a --data-dir of its own"),
             (["--follow", "--follow-data-dir", str(writer.data_dir), "--journal-url", "nats://127.0.0.1:1"],
              "not both"),
             (["--follow", "--follow-data-dir", str(writer.data_dir), "--shard-layout", str(tmp_path / "l.toml")],
              "--shard-layout"),
         ]
         (tmp_path / "l.toml").write_text('[[shard]]\nname = "x"\nresources = ["pods"]\n')
-        for args, says in cases:
-            out = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(tmp_path / "f"),
-                                  "--listen-client-urls", f"http://127.0.0.1:{free_port()}", *args],
+        for i, (args, says) in enumerate(cases):
+            own = str(tmp_path / f"f{i}")
+            out = subprocess.run([sys.executable, "-m", "shim", "--data-dir", own,
+                                  "--listen-client-urls", f"http://127.0.0.1:{free_port()}",
+                                  *(own if a == "OWN" else a for a in args)],
                                  capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
             assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
     finally:
         writer.stop()
+
+
+def test_cluster_starts_local_followers_per_partition(tmp_path):
+    """`shardetcd cluster --followers 1` on the local journal: each partition gets a follower of its
+    writer's data dir on a port of its own, listed after the writer in the kube-apiserver flags;
+    a follower reads and writes its own partition, and hands a write to another partition's
+    resource to its writer, which refuses it."""
+    import re
+
+    from tests.integration.test_cluster import Cluster
+
+    cluster = Cluster(tmp_path)
+    cluster.argv += ["--followers", "1"]
+    cluster.start()
+    followers = {m[0]: (m[1], int(m[2])) for m in re.findall(r"^  (\w+)\.f1\s+follower at http://(\S+)\s+pid (\d+)",
+                                                             cluster.output(), re.M)}
+    try:
+        assert set(followers) == {"leases", "events", "main"}
+        flags = (cluster.data_dir / "kube-apiserver.flags").read_text()
+        for name, (endpoint, _) in followers.items():
+            assert f"http://{cluster.endpoint(name)};http://{endpoint}" in flags or \
+                f"--etcd-servers=http://{cluster.endpoint(name)},http://{endpoint}" in flags, flags
+        with grpc.insecure_channel(followers["main"][0]) as ch:
+            kv = pbg.KVStub(ch)
+            rev = put(kv, b"/registry/pods/ns/p", b"v")
+            got = kv.Range(pb.RangeRequest(key=b"/registry/pods/ns/p", serializable=True), timeout=10)
+            assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"v", rev)]
+            with pytest.raises(grpc.RpcError) as err:
+                kv.Put(pb.PutRequest(key=b"/registry/events/ns/e", value=b"v"), timeout=10)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "events" in err.value.details()
+    finally:
+        cluster.stop()
+        for _, pid in followers.values():
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
