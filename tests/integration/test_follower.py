@@ -9,7 +9,6 @@ followers that see every write once, in order, under 32 writers.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 
@@ -19,6 +18,9 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
+from tests.integration.followkit import (cluster_followers_serve_their_partition,
+                                         falls_behind_then_restarts_from_the_newest_checkpoint,
+                                         watches_see_every_write_once_in_order)
 from tests.integration.test_linearizability import check_linearizable, client
 from tests.lincheck import Op
 from tests.nats_fixture import shardetcd_on as server_on, wait_standing_by
@@ -81,42 +83,7 @@ def test_watches_on_followers_see_every_write_once_in_order(writer_and_followers
     followers, each on one writer's keys; every watcher sees exactly that
     writer's acknowledged puts, in revision order, nothing twice."""
     writer, followers = writer_and_followers
-    channels = [grpc.insecure_channel(f.endpoint) for f in followers]
-    clients = [WatchClient(channels[i % 2]) for i in range(8)]
-    watching: list[tuple[WatchClient, int, int]] = []  # (client, watch id, writer)
-    for n in range(1000):
-        c = clients[n % 8]
-        prefix = b"/registry/pods/w%d/" % (n % 32)
-        c.create(prefix, prefix[:-1] + b"0")
-        watching.append((c, sum(1 for w in watching if w[0] is c), n % 32))
-    for c in clients:
-        c.wait_for(lambda rs: sum(r.created for r in rs) == 125, timeout=60)
-    acked: dict[int, list[int]] = {w: [] for w in range(32)}
-
-    def write(w: int) -> None:
-        with grpc.insecure_channel(writer.endpoint) as ch:
-            kv = pbg.KVStub(ch)
-            for i in range(15):
-                rev = kv.Put(pb.PutRequest(key=b"/registry/pods/w%d/k%d" % (w, i % 3), value=b"%d" % i),
-                             timeout=10).header.revision
-                acked[w].append(rev)
-
-    threads = [threading.Thread(target=write, args=(w,)) for w in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    for c, wid, w in watching:
-        c.wait_for(lambda rs, wid=wid, w=w: len([e for r in rs if r.watch_id == wid for e in r.events]) >= len(acked[w]),
-                   timeout=30)
-    time.sleep(0.5)  # anything extra would have arrived by now (a bound, not a claim about speed)
-    for c, wid, w in watching:
-        assert [e.kv.mod_revision for e in c.events(wid)] == acked[w]
-    for c in clients:
-        assert c.error is None
-        c.close()
-    for ch in channels:
-        ch.close()
+    watches_see_every_write_once_in_order(followers, [writer.endpoint], watchers=1000, streams=8, writers=32)
 
 
 def test_a_follower_serves_through_a_writer_takeover(nats, tmp_path):
@@ -242,39 +209,11 @@ def test_cluster_starts_followers_per_partition_and_lists_them_for_kube_apiserve
     its follower for every partition; a follower reads and writes its own
     partition, and hands a write to another partition's resource to its writer,
     which refuses it as a writer does."""
-    import re
-
     from tests.integration.test_cluster import Cluster
 
     cluster = Cluster(tmp_path)
     cluster.argv += ["--journal-url", nats.urls, "--followers", "1"]
-    cluster.start()
-    followers = {m[0]: (m[1], int(m[2])) for m in re.findall(r"^  (\w+)\.f1\s+follower at http://(\S+)\s+pid (\d+)",
-                                                             cluster.output(), re.M)}
-    try:
-        assert set(followers) == {"leases", "events", "main"}
-        flags = (cluster.data_dir / "kube-apiserver.flags").read_text()
-        for name, (endpoint, _) in followers.items():
-            assert f"http://{cluster.endpoint(name)};http://{endpoint}" in flags or \
-                f"--etcd-servers=http://{cluster.endpoint(name)},http://{endpoint}" in flags, flags
-        with grpc.insecure_channel(followers["main"][0]) as ch:
-            kv = pbg.KVStub(ch)
-            rev = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p", value=b"v"), timeout=10).header.revision
-            got = kv.Range(pb.RangeRequest(key=b"/registry/pods/ns/p", serializable=True), timeout=10)
-            assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"v", rev)]
-            with pytest.raises(grpc.RpcError) as err:
-                kv.Put(pb.PutRequest(key=b"/registry/events/ns/e", value=b"v"), timeout=10)
-            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "events" in err.value.details()
-        with grpc.insecure_channel(cluster.endpoint("main")) as ch:
-            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/p"), timeout=10)
-            assert [x.mod_revision for x in got.kvs] == [rev]
-    finally:
-        cluster.stop()
-        for _, pid in followers.values():
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+    cluster_followers_serve_their_partition(cluster)
 
 
 def test_a_follower_that_falls_behind_the_checkpoints_stops_and_restarts_from_the_newest(nats, tmp_path):
@@ -283,31 +222,10 @@ def test_a_follower_that_falls_behind_the_checkpoints_stops_and_restarts_from_th
     missing that its checkpoint does not cover, and stops (exit 1, one line)
     rather than serve a state with holes; started again, it loads the newest
     checkpoint and serves every write."""
-    import signal
-
     writer = server_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "65536").start()
     follower = server_on(nats, tmp_path / "f", "--follow").start()
-    try:
-        with grpc.insecure_channel(writer.endpoint) as ch:
-            kv = pbg.KVStub(ch)
-            kv.Put(pb.PutRequest(key=b"/registry/pods/ns/first", value=b"v"), timeout=10)
-            os.kill(follower.pid, signal.SIGSTOP)
-            for i in range(300):  # ~300 KiB into the pods journal: several checkpoints and purges
-                rev = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (i % 40), value=b"v" * 1000),
-                             timeout=10).header.revision
-        os.kill(follower.pid, signal.SIGCONT)
-        assert follower.proc.wait(60) == 1
-        assert "stopped after a journal failure" in follower.log_tail(5) and "expected message" in follower.log_tail(5)
-        follower.start()
-        with grpc.insecure_channel(follower.endpoint) as ch:
-            r = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
-                                     timeout=10)
-        assert r.header.revision == rev and len(r.kvs) == 41
-    finally:
-        for s in (follower, writer):
-            if s.running():
-                os.kill(s.pid, signal.SIGCONT)
-            s.stop()
+    falls_behind_then_restarts_from_the_newest_checkpoint(writer, follower)
+    assert "expected message" in follower.log_tail(200)
 
 
 def test_history_over_followers_is_linearizable_across_a_writer_takeover(nats, tmp_path):

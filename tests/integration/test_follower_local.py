@@ -11,8 +11,6 @@ checkpoints.
 """
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -23,6 +21,10 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
+from tests.integration.followkit import (cluster_followers_serve_their_partition,
+                                         falls_behind_then_restarts_from_the_newest_checkpoint, put,
+                                         serves_every_pod, watches_see_every_write_once_in_order,
+                                         write_past_checkpoints)
 from tests.shardetcd_fixture import ShardetcdProcess
 from tests.watch_client import WatchClient
 
@@ -43,10 +45,6 @@ def writer_and_followers(tmp_path):
     yield writer, followers
     for s in (*followers, writer):
         s.stop()
-
-
-def put(kv, key: bytes, value: bytes) -> int:
-    return kv.Put(pb.PutRequest(key=key, value=value), timeout=10).header.revision
 
 
 def test_a_local_follower_answers_as_etcd(real_etcd, writer_and_followers):
@@ -89,45 +87,12 @@ def test_reads_of_every_kind_and_read_your_writes_through_a_follower(writer_and_
 
 
 def test_watches_on_local_followers_see_every_write_once_in_order(writer_and_followers):
-    """200 watchers over 4 streams on two followers, each on one of 16 writers' keys; half the
-    writers write through the followers. Every watcher sees exactly its writer's acknowledged
+    """200 watchers over 4 streams on two followers, each on one of 16 writers' keys; two thirds of
+    the writers write through the followers. Every watcher sees exactly its writer's acknowledged
     puts, in revision order, nothing twice."""
     writer, followers = writer_and_followers
-    channels = [grpc.insecure_channel(f.endpoint) for f in followers]
-    clients = [WatchClient(channels[i % 2]) for i in range(4)]
-    watching: list[tuple[WatchClient, int, int]] = []
-    for n in range(200):
-        c = clients[n % 4]
-        prefix = b"/registry/pods/w%d/" % (n % 16)
-        c.create(prefix, prefix[:-1] + b"0")
-        watching.append((c, sum(1 for w in watching if w[0] is c), n % 16))
-    for c in clients:
-        c.wait_for(lambda rs: sum(r.created for r in rs) == 50, timeout=30)
-    acked: dict[int, list[int]] = {w: [] for w in range(16)}
-    targets = [writer.endpoint, *(f.endpoint for f in followers)]
-
-    def write(w: int) -> None:
-        with grpc.insecure_channel(targets[w % 3]) as ch:
-            kv = pbg.KVStub(ch)
-            for i in range(15):
-                acked[w].append(put(kv, b"/registry/pods/w%d/k%d" % (w, i % 3), b"%d" % i))
-
-    threads = [threading.Thread(target=write, args=(w,)) for w in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    for c, wid, w in watching:
-        c.wait_for(lambda rs, wid=wid, w=w: len([e for r in rs if r.watch_id == wid for e in r.events]) >= len(acked[w]),
-                   timeout=30)
-    time.sleep(0.5)  # anything extra would have arrived by now (a bound, not a claim about speed)
-    for c, wid, w in watching:
-        assert [e.kv.mod_revision for e in c.events(wid)] == acked[w]
-    for c in clients:
-        assert c.error is None
-        c.close()
-    for ch in channels:
-        ch.close()
+    watches_see_every_write_once_in_order(followers, [writer.endpoint, *(f.endpoint for f in followers)],
+                                          watchers=200, streams=4, writers=16)
 
 
 def test_a_follower_never_shows_what_the_writer_has_not_made_durable(tmp_path, monkeypatch):
@@ -239,36 +204,19 @@ def test_a_follower_goes_on_across_a_writer_kill_and_restart(tmp_path):
 SMALL_JOURNAL = ("--checkpoint-journal-bytes", "65536", "--journal-segment-bytes", "16384")
 
 
-def write_past_checkpoints(endpoint: str) -> int:
-    with grpc.insecure_channel(endpoint) as ch:
-        kv = pbg.KVStub(ch)
-        for i in range(300):  # ~300 KiB into the pods journal: several checkpoints, segments released
-            rev = put(kv, b"/registry/pods/ns/p%d" % (i % 40), b"v" * 1000)
-    return rev
-
-
-def pods(endpoint: str) -> pb.RangeResponse:
-    with grpc.insecure_channel(endpoint) as ch:
-        return pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
-                                    timeout=10)
-
-
 def test_a_follower_started_after_segments_were_released_starts_from_the_checkpoint(tmp_path):
     writer = writer_at(tmp_path / "w", *SMALL_JOURNAL).start()
     follower = follower_of(writer, tmp_path / "f")
     try:
-        with grpc.insecure_channel(writer.endpoint) as ch:
-            put(pbg.KVStub(ch), b"/registry/pods/ns/first", b"v")
         rev = write_past_checkpoints(writer.endpoint)
         journal = writer.data_dir / "shards" / "pods" / "journal"
         assert not list(journal.glob("0000000000000000-*.wal")), "no segment was released"
         assert list((writer.data_dir / "shards" / "pods").glob("checkpoint-*.ckpt"))
         follower.start()
-        r = pods(follower.endpoint)
-        assert r.header.revision == rev and len(r.kvs) == 41
+        serves_every_pod(follower.endpoint, rev, 41)
         with grpc.insecure_channel(follower.endpoint) as ch:
             after = put(pbg.KVStub(ch), b"/registry/pods/ns/after", b"v")
-        assert pods(follower.endpoint).header.revision == after
+        serves_every_pod(follower.endpoint, after, 42)
     finally:
         follower.stop()
         writer.stop()
@@ -280,23 +228,7 @@ def test_a_follower_that_falls_behind_released_segments_stops_and_restarts_from_
     again, it loads the newest checkpoint and serves every write."""
     writer = writer_at(tmp_path / "w", *SMALL_JOURNAL).start()
     follower = follower_of(writer, tmp_path / "f").start()
-    try:
-        with grpc.insecure_channel(writer.endpoint) as ch:
-            put(pbg.KVStub(ch), b"/registry/pods/ns/first", b"v")
-        time.sleep(0.2)
-        os.kill(follower.pid, signal.SIGSTOP)
-        rev = write_past_checkpoints(writer.endpoint)
-        os.kill(follower.pid, signal.SIGCONT)
-        assert follower.proc.wait(60) == 1
-        assert "stopped after a journal failure" in follower.log_tail(5) and "expected" in follower.log_tail(5)
-        follower.start()
-        r = pods(follower.endpoint)
-        assert r.header.revision == rev and len(r.kvs) == 41
-    finally:
-        for s in (follower, writer):
-            if s.running():
-                os.kill(s.pid, signal.SIGCONT)
-            s.stop()
+    falls_behind_then_restarts_from_the_newest_checkpoint(writer, follower)
 
 
 def test_follow_flags_are_checked(tmp_path):
@@ -335,33 +267,8 @@ def test_cluster_starts_local_followers_per_partition(tmp_path):
     writer's data dir on a port of its own, listed after the writer in the kube-apiserver flags;
     a follower reads and writes its own partition, and hands a write to another partition's
     resource to its writer, which refuses it."""
-    import re
-
     from tests.integration.test_cluster import Cluster
 
     cluster = Cluster(tmp_path)
     cluster.argv += ["--followers", "1"]
-    cluster.start()
-    followers = {m[0]: (m[1], int(m[2])) for m in re.findall(r"^  (\w+)\.f1\s+follower at http://(\S+)\s+pid (\d+)",
-                                                             cluster.output(), re.M)}
-    try:
-        assert set(followers) == {"leases", "events", "main"}
-        flags = (cluster.data_dir / "kube-apiserver.flags").read_text()
-        for name, (endpoint, _) in followers.items():
-            assert f"http://{cluster.endpoint(name)};http://{endpoint}" in flags or \
-                f"--etcd-servers=http://{cluster.endpoint(name)},http://{endpoint}" in flags, flags
-        with grpc.insecure_channel(followers["main"][0]) as ch:
-            kv = pbg.KVStub(ch)
-            rev = put(kv, b"/registry/pods/ns/p", b"v")
-            got = kv.Range(pb.RangeRequest(key=b"/registry/pods/ns/p", serializable=True), timeout=10)
-            assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"v", rev)]
-            with pytest.raises(grpc.RpcError) as err:
-                kv.Put(pb.PutRequest(key=b"/registry/events/ns/e", value=b"v"), timeout=10)
-            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "events" in err.value.details()
-    finally:
-        cluster.stop()
-        for _, pid in followers.values():
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+    cluster_followers_serve_their_partition(cluster)

@@ -79,6 +79,14 @@ class Collected:
             await asyncio.sleep(0.005)
 
 
+async def stop(task: asyncio.Task, *closing) -> None:
+    """Cancel a follow() task, then close logs and writers."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    for c in closing:
+        await c.close()
+
+
 async def never_covered(expected: int, got: int) -> bool:
     return False
 
@@ -111,10 +119,7 @@ def test_a_tail_hands_on_only_what_is_durable_and_committed(tmp_path):
         await got.until(15)
         await asyncio.sleep(0.05)
         assert got.revs == list(range(6, 21))
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await log.close()
-        await w.close()
+        await stop(task, log, w)
 
     asyncio.run(go())
 
@@ -142,10 +147,7 @@ def test_bytes_written_but_not_yet_fsynced_are_not_handed_on(tmp_path):
         await synced
         await got.until(1)
         assert got.payloads == [b"4:held"]
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await log.close()
-        await w.close()
+        await stop(task, log, w)
 
     asyncio.run(go())
 
@@ -177,10 +179,7 @@ def test_a_tail_goes_on_across_a_writer_restart_without_gap_or_duplicate(tmp_pat
             data / FILE_NAME).read().generation == 2
         with open(w2.journal.segments[-1], "rb") as f:
             assert f.read().count(b"6:") == 1  # the first 6 is gone from the file
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await log.close()
-        await w2.close()
+        await stop(task, log, w2)
 
     asyncio.run(go())
 
@@ -235,11 +234,7 @@ def test_segments_released_before_they_were_read_are_a_gap(tmp_path):
         task = asyncio.ensure_future(tail.follow(got, covered))
         await got.until(201 - first)
         assert gaps and gaps[0][0] == 0 and got.revs == list(range(first, 201))
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await log.close()
-        await log2.close()
-        await w.close()
+        await stop(task, log, log2, w)
 
     asyncio.run(go())
 
