@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(linearizable reads ask the writer's committed revision first), and hand writes, leases "
                         "and auth calls to the writer; the journals are the JetStream ones of --journal-url, or the "
                         "local ones of a writer on this machine named by --follow-data-dir")
-    p.add_argument("--follow-data-dir", type=Path, default=None,
+    p.add_argument("--follow-data-dir", type=Path, default=None, metavar="DIR",
                    help="with --follow: the --data-dir of a writer on this machine that keeps its journal there "
                         "(the default local journal); read only, never written: the follower keeps its own "
                         "--data-dir and state, applies what the writer has made durable and committed (it polls "
