@@ -24,9 +24,11 @@ stores into a shared mapping.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,6 +54,37 @@ WAIT_LOG_S = 10.0
 WRITER_WAIT_S = 30.0  # how long a follower waits for the writer's data dir to be made
 
 
+class LocalMembers:
+    """Who serves a writer's local journal: the ``announce``/``announced`` of a members bucket
+    (shim/members.Registry), as files in a directory of the machine's tmpfs named after the
+    writer's data dir (the followers write there, never into that data dir); an entry lapses
+    ``ttl_s`` after its file was last written."""
+
+    def __init__(self, writer_data_dir: Path) -> None:
+        root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+        tag = hashlib.sha256(str(Path(writer_data_dir).absolute()).encode()).hexdigest()[:12]
+        self.directory = root / f"shardetcd-{os.getuid()}-members-{tag}"
+
+    async def announce(self, key: str, value: str, ttl_s: float) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.directory / f".{key}.tmp"
+        tmp.write_text(value)
+        os.replace(tmp, self.directory / key)
+
+    async def announced(self, prefix: str, ttl_s: float) -> list[str]:
+        out = []
+        now = time.time()
+        for path in self.directory.glob(f"{prefix}*") if self.directory.is_dir() else ():
+            try:
+                if now - path.stat().st_mtime <= ttl_s:
+                    out.append(path.read_text())
+                elif now - path.stat().st_mtime > 10 * ttl_s:
+                    path.unlink()  # long gone: tidy up
+            except FileNotFoundError:
+                pass
+        return out
+
+
 def write_writer_file(data_dir: Path, record: str) -> None:
     """The writer's own: where it serves clients, for followers reading its data dir."""
     tmp = Path(data_dir) / (WRITER_FILE + ".tmp")
@@ -73,6 +106,7 @@ class LocalFollowLog:
         self._poller: threading.Thread | None = None
         self._polling = False
         self._checked = False
+        self.members = LocalMembers(self.data_dir)
 
     async def _check_writer(self) -> None:
         """The writer's data dir holds the same shards in a local journal; a writer starting now
@@ -121,6 +155,12 @@ class LocalFollowLog:
             return (self.data_dir / WRITER_FILE).read_text()
         except FileNotFoundError:
             return None
+
+    async def announce(self, key: str, value: str, ttl_s: float) -> None:
+        await self.members.announce(key, value, ttl_s)
+
+    async def announced(self, prefix: str, ttl_s: float) -> list[str]:
+        return await self.members.announced(prefix, ttl_s)
 
     async def agree(self, key: str, proposal: str) -> str:
         """The cluster's id is the writer's."""

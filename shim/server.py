@@ -16,7 +16,7 @@ from journal import JournalConfig
 from journal.errors import JournalFailed, JournalGap, JournalUnreachable
 from journal.jetstream import JetStreamConfig, JetStreamLog
 from journal.leadership import WriterLease
-from journal.tail import LocalFollowLog, write_writer_file
+from journal.tail import LocalFollowLog, LocalMembers, write_writer_file
 from shards.errors import StateStoreError
 from shards.layout import Layout, ShardSpec, load_layout
 from shards.partition import PartitionGuard, load_cluster_layout
@@ -355,7 +355,9 @@ async def start(config: ServerConfig) -> Running:
         elif store.watermark is not None:  # a local journal: its followers on this machine look here
             write_writer_file(store.datadir.path, writer_record(config.client_urls, member.member_id, config.name))
         journal_log = lease.log if lease is not None else link.log if link is not None else None
-        if hasattr(journal_log, "announce"):
+        if journal_log is None and store.watermark is not None:  # a local journal: followers may list it
+            journal_log = LocalMembers(store.datadir.path)
+        if journal_log is not None:
             member.registry = registry = Registry(journal_log, config.partition or "writer", services["Cluster"]._me())
             await registry.start()
     except BaseException:

@@ -135,3 +135,36 @@ def falls_behind_then_restarts_from_the_newest_checkpoint(writer, follower) -> N
             if s.running():
                 os.kill(s.pid, signal.SIGCONT)
             s.stop()
+
+
+def member_list_names_the_writer_and_its_followers(writer, followers) -> None:
+    """MemberList on any serving process lists the writer and the followers with their client URLs
+    (sorted by id, as etcd), and Status on each names the writer as the leader; a stopped follower
+    drops out."""
+    servers = [writer, *followers]
+
+    def members(endpoint: str) -> dict[int, list[str]]:
+        with grpc.insecure_channel(endpoint) as ch:
+            got = pbg.ClusterStub(ch).MemberList(pb.MemberListRequest(), timeout=10).members
+        assert [m.ID for m in got] == sorted(m.ID for m in got)
+        return {m.ID: list(m.clientURLs) for m in got}
+
+    ids = {}
+    for s in servers:
+        with grpc.insecure_channel(s.endpoint) as ch:
+            status = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
+        ids[s.endpoint] = status.header.member_id
+        if s is writer:
+            leader = status.header.member_id
+        assert status.leader == leader
+    want = {ids[s.endpoint]: [s.client_url] for s in servers}
+    deadline = time.monotonic() + 15
+    while any(members(s.endpoint) != want for s in servers):  # each announces itself every 2 s
+        assert time.monotonic() < deadline, [members(s.endpoint) for s in servers]
+        time.sleep(0.5)
+    followers[1].stop()
+    del want[ids[followers[1].endpoint]]
+    deadline = time.monotonic() + 30
+    while members(writer.endpoint) != want:  # its entry lapses 10 s after its last announcement
+        assert time.monotonic() < deadline, members(writer.endpoint)
+        time.sleep(0.5)

@@ -20,6 +20,7 @@ from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
 from tests.integration.followkit import (cluster_followers_serve_their_partition,
                                          falls_behind_then_restarts_from_the_newest_checkpoint,
+                                         member_list_names_the_writer_and_its_followers,
                                          watches_see_every_write_once_in_order)
 from tests.integration.test_linearizability import check_linearizable, client
 from tests.lincheck import Op
@@ -174,34 +175,7 @@ def test_member_list_names_the_writer_and_its_followers(writer_and_followers):
     writer and both followers with their client URLs (sorted by id, as etcd), and
     Status on each names the writer as the leader; a stopped follower drops out."""
     writer, followers = writer_and_followers
-    servers = [writer, *followers]
-
-    def members(endpoint: str) -> dict[int, list[str]]:
-        with grpc.insecure_channel(endpoint) as ch:
-            got = pbg.ClusterStub(ch).MemberList(pb.MemberListRequest(), timeout=10).members
-        assert [m.ID for m in got] == sorted(m.ID for m in got)
-        return {m.ID: list(m.clientURLs) for m in got}
-
-    ids = {}
-    for s in servers:
-        with grpc.insecure_channel(s.endpoint) as ch:
-            status = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
-        ids[s.endpoint] = status.header.member_id
-        if s is writer:
-            leader = status.header.member_id
-        assert status.leader == leader
-    want = {ids[s.endpoint]: [s.client_url] for s in servers}
-    deadline = time.monotonic() + 15
-    while any(members(s.endpoint) != want for s in servers):  # each announces itself every 2 s
-        assert time.monotonic() < deadline, [members(s.endpoint) for s in servers]
-        time.sleep(0.5)
-    followers[1].stop()
-    del want[ids[followers[1].endpoint]]
-    deadline = time.monotonic() + 30
-    while members(writer.endpoint) != want:  # its entry lapses 10 s after its last announcement
-        assert time.monotonic() < deadline, members(writer.endpoint)
-        time.sleep(0.5)
-
+    member_list_names_the_writer_and_its_followers(writer, followers)
 
 def test_cluster_starts_followers_per_partition_and_lists_them_for_kube_apiserver(nats, tmp_path):
     """`shardetcd cluster --journal-url ... --followers 1`: each partition gets a

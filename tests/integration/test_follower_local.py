@@ -22,7 +22,8 @@ from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
 from tests.integration.followkit import (cluster_followers_serve_their_partition,
-                                         falls_behind_then_restarts_from_the_newest_checkpoint, put,
+                                         falls_behind_then_restarts_from_the_newest_checkpoint,
+                                         member_list_names_the_writer_and_its_followers, put,
                                          serves_every_pod, watches_see_every_write_once_in_order,
                                          write_past_checkpoints)
 from tests.shardetcd_fixture import ShardetcdProcess
@@ -58,6 +59,13 @@ def test_a_local_follower_answers_as_etcd(real_etcd, writer_and_followers):
         mine = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
     assert status.leader == mine.header.member_id != status.header.member_id
     assert status.header.cluster_id == mine.header.cluster_id
+
+
+def test_member_list_names_the_local_writer_and_its_followers(writer_and_followers):
+    """As with JetStream: every serving process is a member (announced on this machine's tmpfs,
+    never in the writer's data dir), the writer is the leader, a stopped follower drops out."""
+    writer, followers = writer_and_followers
+    member_list_names_the_writer_and_its_followers(writer, followers)
 
 
 def test_reads_of_every_kind_and_read_your_writes_through_a_follower(writer_and_followers):
