@@ -7,7 +7,9 @@ SHARDETCD_FAILPOINTS environment variable when this module is imported, e.g.
 
 or programmatically with arm(name, action) / disarm(name). Actions:
   "exit":  os._exit(70) on the spot (no cleanup, no flush);
-  "raise": raise OSError(EIO).
+  "raise": raise OSError(EIO);
+  "sleep:S": hold the calling thread S seconds, once (then the point is disarmed), e.g. to
+             keep written bytes in the page cache and not yet fsynced for a while.
 An action may carry a hit count, "exit@25": it fires on the 25th hit, not before.
 """
 
@@ -16,12 +18,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "SHARDETCD_FAILPOINTS"
 EXIT_CODE = 70
-ACTIONS = ("exit", "raise")
+ACTIONS = ("exit", "raise", "sleep")
 POINTS = (
     "journal.before_write",
     "journal.after_write_before_fsync",
@@ -51,6 +54,10 @@ def hit(name: str) -> None:
     logger.info("failpoint hit name=%s action=%s", name, action)
     if action == "exit":
         os._exit(EXIT_CODE)
+    if action.startswith("sleep:"):
+        disarm(name)
+        time.sleep(float(action[len("sleep:"):]))
+        return
     raise OSError(errno.EIO, f"failpoint {name}")
 
 
@@ -60,8 +67,14 @@ def arm(name: str, action: str) -> None:
         raise ValueError(f"failpoint {name}: hit count must be a positive integer, got {count!r}")
     if name not in POINTS:
         raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
-    if action not in ACTIONS:
-        raise ValueError(f"unknown failpoint action {action!r}; known: {', '.join(ACTIONS)}")
+    kind, _, arg = action.partition(":")
+    if kind not in ACTIONS or bool(arg) != (kind == "sleep"):
+        raise ValueError(f"unknown failpoint action {action!r}; known: exit, raise, sleep:SECONDS")
+    if arg:
+        try:
+            float(arg)
+        except ValueError:
+            raise ValueError(f"failpoint {name}: sleep wants seconds, got {arg!r}") from None
     _armed[name] = action
     _skips[name] = int(count) - 1 if count else 0
 

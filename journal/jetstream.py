@@ -52,6 +52,7 @@ from journal.appender import Appender
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
 from journal.errors import JournalCorrupt, JournalFailed, JournalFenced, JournalGap, JournalUnreachable
+from journal.follow import Message  # noqa: F401 - one stream message, as a follower sees it
 from journal.record import HEADER_BYTES, FrameError, Record, decode_frame, frame_header
 
 logger = logging.getLogger(__name__)
@@ -82,18 +83,6 @@ class JetStreamConfig:
     replicas: int = 3
     publish_timeout_s: float = 2.0
     connect_timeout_s: float = 5.0
-
-
-@dataclass(unsafe_hash=True, slots=True)  # immutable by convention: a frozen dataclass's __init__ costs ~1.4 µs more
-class Message:
-    """One stream message as a follower sees it: a batch of records, or a marker."""
-
-    seq: int
-    epoch: int  # the writer that published it
-    records: tuple[Record, ...] = ()
-    cut: int | None = None  # a Journal-Cut marker: records of earlier epochs above this are void
-    top: int = 0  # the highest record tag in it (0 for markers)
-    stored: float = 0.0  # when the stream stored it (unix seconds; 0: not known)
 
 
 class JetStreamLog:

@@ -128,6 +128,13 @@ class Journal(Appender):
     def bytes_total(self) -> int:
         return sum(s.size for s in self._segments)
 
+    @property
+    def durable_tail(self) -> tuple[int, int]:
+        """(seq, byte length) of the newest segment as far as it is durable (every journal byte
+        before that position is), as of the last on_durable; (0, 0) before the first segment."""
+        last = self._segments[-1] if self._segments else None
+        return (last.seq, last.size) if last is not None else (0, 0)
+
     # ----------------------------------------------------------------- writing
 
     async def start(self) -> None:

@@ -38,7 +38,7 @@ from .lease import GRANT, decode_lease_record
 from .record import AUTH, COMPACT, LEASE, TOKEN, WRITE, Change, decode_compact, decode_write
 
 if TYPE_CHECKING:
-    from journal.jetstream import Message
+    from journal.follow import Message
     from journal.record import Record
 
     from .store import Store

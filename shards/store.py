@@ -23,6 +23,7 @@ from pathlib import Path
 from journal import JournalConfig, failpoints
 from journal.jetstream import JetStreamConfig
 from journal.journal import LocalLog
+from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter
 
 from .auth import AuthStore
 from .tokens import parse_auth_token
@@ -101,6 +102,7 @@ class Store:
         self._owns_log = True
         self.follower = None  # set while this store follows another writer's journals
         self.follow_stats = FollowStats()
+        self.watermark: WatermarkWriter | None = None  # a local journal's durable position, for local followers
         self.lease_renewals = 0  # keep-alive requests handled (etcd_debugging_lease_renewed_total)
         for state in self.states:
             state.on_failure = self._fail
@@ -118,10 +120,14 @@ class Store:
         datadir = DataDir.open(config.data_dir, config.layout)
         shards: list[Shard] = []
         owns_log = log is None
+        watermark = None
         try:
             datadir.check_journal(journal_name(config))
             if log is None:
                 log = await open_log(config)
+            if isinstance(log, LocalLog) and not follow:  # before recovery touches a segment
+                watermark = WatermarkWriter(datadir.path / WATERMARK_FILE, len(config.layout.shards),
+                                            datadir.member_id)
             for sid, spec in enumerate(config.layout.shards):
                 state_dir = datadir.state_dir(config.state_dir, spec.name)
                 shard_dir = datadir.shard_dir(spec.name)
@@ -129,7 +135,7 @@ class Store:
                 journal = await log.open_journal(spec.name, shard_dir, config.journal, **extra)
                 shards.append(Shard(sid, spec.name, shard_dir, state_dir, journal))
             store = cls(config, datadir, shards)
-            store.log, store._owns_log = log, owns_log
+            store.log, store._owns_log, store.watermark = log, owns_log, watermark
             if hasattr(log, "agree"):  # a replicated journal keeps the cluster's identity
                 key = f"cluster-id.{journal_role(config)}"
                 datadir.adopt_cluster_id(int(await log.agree(key, str(datadir.cluster_id))))
@@ -142,6 +148,8 @@ class Store:
                 shard.state.close()
             if log is not None and owns_log:
                 await log.close()
+            if watermark is not None:
+                watermark.close()
             datadir.close()
             raise
         if not follow:
@@ -149,6 +157,9 @@ class Store:
         return store
 
     async def _start_writing(self) -> None:
+        if self.watermark is not None:  # recovered: local followers may read up to here
+            self.watermark.publish_all(self.datadir.meta["starts"], self.committed,
+                                       [shard.journal.durable_tail for shard in self.shards])
         for shard in self.shards:
             shard.journal.on_durable = _durable_callback(self, shard)
             shard.journal.on_failure = self._fail
@@ -216,6 +227,8 @@ class Store:
             await shard.close()
         if self._owns_log:
             await self.log.close()
+        if self.watermark is not None:
+            self.watermark.close()
         self.datadir.close()
 
     @property
@@ -711,4 +724,12 @@ def _txn_leases(req: TxnReq):
 
 
 def _durable_callback(store: Store, shard: Shard) -> Callable[[int], None]:
-    return lambda seq: store._durable(shard, seq)
+    if store.watermark is None:
+        return lambda seq: store._durable(shard, seq)
+    publish, journal, sid = store.watermark.durable, shard.journal, shard.sid
+
+    def durable(seq: int) -> None:  # then tell local followers: a few stores into shared memory
+        store._durable(shard, seq)
+        publish(store.committed, sid, *journal.durable_tail)
+
+    return durable

@@ -138,11 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "and when the writer's lease lapses (it stopped or died) take the journals over and serve "
                         "the same revision sequence (/health on --listen-metrics-urls says standby meanwhile)")
     p.add_argument("--follow", action="store_true",
-                   help="with --journal-url: a follower: serve reads and watches from a state that follows the "
-                        "writer's journals (linearizable reads ask the writer's committed revision first), and "
-                        "hand writes, leases and auth calls to the writer (auth tokens from any member work here); "
-                        "one that falls behind the journal's checkpoints rebuilds its state from the newest "
-                        "checkpoint without exiting; /metrics on --listen-metrics-urls shows its lag")
+                   help="a follower: serve reads and watches from a state that follows the writer's journals "
+                        "(linearizable reads ask the writer's committed revision first), and hand writes, leases "
+                        "and auth calls to the writer (auth tokens from any member work here); the journals are the "
+                        "JetStream ones of --journal-url, or the local ones of a writer on this machine named by "
+                        "--follow-data-dir; one that falls behind the journal's checkpoints rebuilds its state from "
+                        "the newest checkpoint without exiting; /metrics on --listen-metrics-urls shows its lag")
+    p.add_argument("--follow-data-dir", type=Path, default=None, metavar="DIR",
+                   help="with --follow: the --data-dir of a writer on this machine that keeps its journal there "
+                        "(the default local journal); read only, never written: the follower keeps its own "
+                        "--data-dir and state, applies what the writer has made durable and committed (it polls "
+                        "the writer's published position every 1-5 ms) and finds the writer's client URL there")
     p.add_argument("--journal-lease-ttl", type=float, default=d.journal_lease_ttl_s, dest="journal_lease_ttl",
                    help="with --journal-url: seconds the writer lease lasts without renewal, so how soon a standby "
                         "takes over (default: %(default)s)")
@@ -180,6 +186,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         journal_lease_ttl_s=args.journal_lease_ttl,
         standby=args.standby,
         follow=args.follow,
+        follow_data_dir=args.follow_data_dir,
         watch_progress_notify_interval_s=args.experimental_watch_progress_notify_interval,
         cert_file=args.cert_file,
         key_file=args.key_file,

@@ -16,6 +16,11 @@ other follows its journals and takes over when it dies (binding the URL the
 dead one held); the supervisor restarts the dead one, which then stands by in
 turn.  The second one keeps its data in ``DIR/<name>.2`` and logs to
 ``DIR/<name>.2.log``.
+
+With ``--followers N``, each partition also gets N followers (``--follow``),
+each on a client URL of its own, listed after the writer in
+``--etcd-servers``: they follow the JetStream journals, or with the local
+journal the writer's data dir ``DIR/<name>`` (``--follow-data-dir``).
 """
 from __future__ import annotations
 
@@ -124,7 +129,7 @@ def exit_reason(code: int) -> str:
 class Supervisor:
     def __init__(self, layout: ClusterLayout, layout_path: Path, data_dir: Path, host: str, base_port: int,
                  server_args: list[str], state_dir: Path | None = None, quota_backend_bytes: int | None = None,
-                 standbys: bool = False, followers: int = 0) -> None:
+                 standbys: bool = False, followers: int = 0, local_journal: bool = True) -> None:
         self.layout = layout
         self.data_dir = data_dir
         self.stopping = False
@@ -154,6 +159,8 @@ class Supervisor:
                 argv = [sys.executable, "-m", "shim", "--name", label, "--data-dir", str(data_dir / label),
                         "--listen-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
                         "--partition", p.name, "--follow"]
+                if local_journal:  # the partition's writer's journal, read in its data dir
+                    argv += ["--follow-data-dir", str(data_dir / p.name)]
                 if state_dir is not None:
                     argv += ["--state-dir", str(state_dir / label)]
                 self.children.append(Child(p, url, data_dir / label, data_dir / f"{label}.log", argv + server_args,
@@ -248,8 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --journal-url: two processes per partition on the same client URL; one serves, the "
                         "other follows its journals and takes over when it dies")
     p.add_argument("--followers", type=int, default=0, metavar="N",
-                   help="with --journal-url: N followers per partition, each on a client URL of its own (the ports "
-                        "after the partitions'), serving reads and watches; all are in the kube-apiserver flags")
+                   help="N followers per partition, each on a client URL of its own (the ports after the "
+                        "partitions'), serving reads and watches; all are in the kube-apiserver flags. They follow "
+                        "the JetStream journals of --journal-url, or else the writer's local journal in DIR/<name>")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
     return p
 
@@ -260,8 +268,9 @@ def cluster_main(argv: list[str]) -> int:
     clash = sorted({a.split("=")[0] for a in server_args} & PER_PARTITION_FLAGS)
     if clash:
         parser.error(f"the cluster sets {', '.join(clash)} for each partition itself (see --base-port, --data-dir, --state-dir and the layout)")
-    if (args.standbys or args.followers) and not any(a.split("=")[0] == "--journal-url" for a in server_args):
-        parser.error("--standbys and --followers need --journal-url: they follow a replicated journal")
+    jetstream = any(a.split("=")[0] == "--journal-url" for a in server_args)
+    if args.standbys and not jetstream:
+        parser.error("--standbys needs --journal-url: a standby takes over a replicated journal")
     from .cli import setup_logging
 
     setup_logging(args.log_level)
@@ -272,7 +281,7 @@ def cluster_main(argv: list[str]) -> int:
         return 2
     args.data_dir.mkdir(parents=True, exist_ok=True)
     sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir,
-                     args.quota_backend_bytes, args.standbys, args.followers)
+                     args.quota_backend_bytes, args.standbys, args.followers, local_journal=not jetstream)
 
     def on_signal(signum, frame) -> None:
         sup.stopping = True

@@ -33,6 +33,7 @@ class ServerConfig:
     journal_lease_ttl_s: float = 3.0  # the writer lease: a standby takes over this long after the writer stops
     standby: bool = False  # wait for the writer lease, then take over
     follow: bool = False  # serve reads and watches from the writer's journals; hand everything else to it
+    follow_data_dir: Path | None = None  # with follow: the data dir of a writer on this machine (its local journal)
     watch_progress_notify_interval_s: float = 600.0
     cert_file: Path | None = None
     key_file: Path | None = None

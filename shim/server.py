@@ -13,9 +13,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from journal import JournalConfig
-from journal.errors import JournalFailed, JournalUnreachable
+from journal.errors import JournalFailed, JournalGap, JournalUnreachable
 from journal.jetstream import JetStreamConfig, JetStreamLog
 from journal.leadership import WriterLease
+from journal.tail import LocalFollowLog, LocalMembers, write_writer_file
 from shards.errors import StateStoreError
 from shards.layout import Layout, ShardSpec, load_layout
 from shards.partition import PartitionGuard, load_cluster_layout
@@ -146,15 +147,16 @@ async def start_following(config: ServerConfig) -> tuple[Store, WriterLink, asyn
     """--follow: a state that follows the writer's journals (a follower that falls
     behind the journal's checkpoints, or finds its state diverged, rebuilds its
     state from the newest checkpoint in-process and goes on: shards/resync.py)."""
-    js = jetstream_config(config)
-    if js is None or config.standby:
-        raise StartupError("--follow needs --journal-url and no --standby (a follower reads a replicated journal)")
+    log = await _followed_log(config)
     try:
-        log = await JetStreamLog(js).connect()
-    except JournalUnreachable as exc:
-        raise StartupError(str(exc)) from exc
-    try:
-        store = await open_store(config, log, follow=True)
+        for attempt in range(1, 4):
+            try:
+                store = await open_store(config, log, follow=True)
+                break
+            except JournalGap as exc:  # released past the checkpoint loaded while starting: load the newer one
+                if attempt == 3:
+                    raise StartupError(f"the writer's checkpoints keep moving while this follower loads: {exc}")
+                logger.warning("journal released past the checkpoint loaded, loading again error=%s", exc)
     except BaseException:
         await log.close()
         raise
@@ -168,6 +170,29 @@ async def start_following(config: ServerConfig) -> tuple[Store, WriterLink, asyn
     following.add_done_callback(stopped)
     logger.warning("following the writer's journals rev=%d", store.committed)
     return store, link, following
+
+
+async def _followed_log(config: ServerConfig):
+    """The journals a follower reads: JetStream's, or the local ones of a writer on this machine."""
+    js = jetstream_config(config)
+    if config.standby:
+        raise StartupError("--follow and --standby exclude each other")
+    if config.follow_data_dir is not None:
+        if js is not None:
+            raise StartupError("--follow takes --journal-url (JetStream) or --follow-data-dir (a local journal), not both")
+        if config.follow_data_dir.absolute() == config.data_dir.absolute():
+            raise StartupError("--follow-data-dir is the writer's data dir: the follower needs a --data-dir of its own")
+        try:
+            return LocalFollowLog(config.follow_data_dir, store_config(config).layout.names)
+        except JournalUnreachable as exc:
+            raise StartupError(str(exc)) from exc
+    if js is None:
+        raise StartupError("--follow needs the writer's journals: --journal-url (JetStream) or --follow-data-dir "
+                           "(the data dir of a writer on this machine)")
+    try:
+        return await JetStreamLog(js).connect()
+    except JournalUnreachable as exc:
+        raise StartupError(str(exc)) from exc
 
 
 async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
@@ -284,6 +309,8 @@ async def start(config: ServerConfig) -> Running:
     addresses = [parse_listen_url(u) for u in config.listen_client_urls]
     guard = partition_guard(config)
     link = following = None
+    if config.follow_data_dir is not None and not config.follow:
+        raise StartupError("--follow-data-dir goes with --follow")
     if config.follow:
         lease = None
         store, link, following = await start_following(config)
@@ -329,7 +356,11 @@ async def start(config: ServerConfig) -> Running:
         if lease is not None:
             await lease.log.put_meta(writer_key(lease.key),
                                      writer_record(config.client_urls, member.member_id, config.name))
+        elif store.watermark is not None:  # a local journal: its followers on this machine look here
+            write_writer_file(store.datadir.path, writer_record(config.client_urls, member.member_id, config.name))
         journal_log = lease.log if lease is not None else link.log if link is not None else None
+        if journal_log is None and store.watermark is not None:  # a local journal: followers may list it
+            journal_log = LocalMembers(store.datadir.path)
         if journal_log is not None:
             member.registry = registry = Registry(journal_log, config.partition or "writer", services["Cluster"]._me())
             await registry.start()

@@ -19,6 +19,9 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
+from tests.integration.followkit import (cluster_followers_serve_their_partition,
+                                         member_list_names_the_writer_and_its_followers,
+                                         watches_see_every_write_once_in_order)
 from tests.integration.test_etcdctl import etcdctl_bin  # noqa: F401 - a fixture
 from tests.integration.test_linearizability import check_linearizable, client
 from tests.lincheck import Op
@@ -82,42 +85,7 @@ def test_watches_on_followers_see_every_write_once_in_order(writer_and_followers
     followers, each on one writer's keys; every watcher sees exactly that
     writer's acknowledged puts, in revision order, nothing twice."""
     writer, followers = writer_and_followers
-    channels = [grpc.insecure_channel(f.endpoint) for f in followers]
-    clients = [WatchClient(channels[i % 2]) for i in range(8)]
-    watching: list[tuple[WatchClient, int, int]] = []  # (client, watch id, writer)
-    for n in range(1000):
-        c = clients[n % 8]
-        prefix = b"/registry/pods/w%d/" % (n % 32)
-        c.create(prefix, prefix[:-1] + b"0")
-        watching.append((c, sum(1 for w in watching if w[0] is c), n % 32))
-    for c in clients:
-        c.wait_for(lambda rs: sum(r.created for r in rs) == 125, timeout=60)
-    acked: dict[int, list[int]] = {w: [] for w in range(32)}
-
-    def write(w: int) -> None:
-        with grpc.insecure_channel(writer.endpoint) as ch:
-            kv = pbg.KVStub(ch)
-            for i in range(15):
-                rev = kv.Put(pb.PutRequest(key=b"/registry/pods/w%d/k%d" % (w, i % 3), value=b"%d" % i),
-                             timeout=10).header.revision
-                acked[w].append(rev)
-
-    threads = [threading.Thread(target=write, args=(w,)) for w in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    for c, wid, w in watching:
-        c.wait_for(lambda rs, wid=wid, w=w: len([e for r in rs if r.watch_id == wid for e in r.events]) >= len(acked[w]),
-                   timeout=30)
-    time.sleep(0.5)  # anything extra would have arrived by now (a bound, not a claim about speed)
-    for c, wid, w in watching:
-        assert [e.kv.mod_revision for e in c.events(wid)] == acked[w]
-    for c in clients:
-        assert c.error is None
-        c.close()
-    for ch in channels:
-        ch.close()
+    watches_see_every_write_once_in_order(followers, [writer.endpoint], watchers=1000, streams=8, writers=32)
 
 
 def test_a_follower_serves_through_a_writer_takeover(nats, tmp_path):
@@ -208,34 +176,7 @@ def test_member_list_names_the_writer_and_its_followers(writer_and_followers):
     writer and both followers with their client URLs (sorted by id, as etcd), and
     Status on each names the writer as the leader; a stopped follower drops out."""
     writer, followers = writer_and_followers
-    servers = [writer, *followers]
-
-    def members(endpoint: str) -> dict[int, list[str]]:
-        with grpc.insecure_channel(endpoint) as ch:
-            got = pbg.ClusterStub(ch).MemberList(pb.MemberListRequest(), timeout=10).members
-        assert [m.ID for m in got] == sorted(m.ID for m in got)
-        return {m.ID: list(m.clientURLs) for m in got}
-
-    ids = {}
-    for s in servers:
-        with grpc.insecure_channel(s.endpoint) as ch:
-            status = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
-        ids[s.endpoint] = status.header.member_id
-        if s is writer:
-            leader = status.header.member_id
-        assert status.leader == leader
-    want = {ids[s.endpoint]: [s.client_url] for s in servers}
-    deadline = time.monotonic() + 15
-    while any(members(s.endpoint) != want for s in servers):  # each announces itself every 2 s
-        assert time.monotonic() < deadline, [members(s.endpoint) for s in servers]
-        time.sleep(0.5)
-    followers[1].stop()
-    del want[ids[followers[1].endpoint]]
-    deadline = time.monotonic() + 30
-    while members(writer.endpoint) != want:  # its entry lapses 10 s after its last announcement
-        assert time.monotonic() < deadline, members(writer.endpoint)
-        time.sleep(0.5)
-
+    member_list_names_the_writer_and_its_followers(writer, followers)
 
 def test_cluster_starts_followers_per_partition_and_lists_them_for_kube_apiserver(nats, tmp_path):
     """`shardetcd cluster --journal-url ... --followers 1`: each partition gets a
@@ -243,39 +184,11 @@ def test_cluster_starts_followers_per_partition_and_lists_them_for_kube_apiserve
     its follower for every partition; a follower reads and writes its own
     partition, and hands a write to another partition's resource to its writer,
     which refuses it as a writer does."""
-    import re
-
     from tests.integration.test_cluster import Cluster
 
     cluster = Cluster(tmp_path)
     cluster.argv += ["--journal-url", nats.urls, "--followers", "1"]
-    cluster.start()
-    followers = {m[0]: (m[1], int(m[2])) for m in re.findall(r"^  (\w+)\.f1\s+follower at http://(\S+)\s+pid (\d+)",
-                                                             cluster.output(), re.M)}
-    try:
-        assert set(followers) == {"leases", "events", "main"}
-        flags = (cluster.data_dir / "kube-apiserver.flags").read_text()
-        for name, (endpoint, _) in followers.items():
-            assert f"http://{cluster.endpoint(name)};http://{endpoint}" in flags or \
-                f"--etcd-servers=http://{cluster.endpoint(name)},http://{endpoint}" in flags, flags
-        with grpc.insecure_channel(followers["main"][0]) as ch:
-            kv = pbg.KVStub(ch)
-            rev = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p", value=b"v"), timeout=10).header.revision
-            got = kv.Range(pb.RangeRequest(key=b"/registry/pods/ns/p", serializable=True), timeout=10)
-            assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"v", rev)]
-            with pytest.raises(grpc.RpcError) as err:
-                kv.Put(pb.PutRequest(key=b"/registry/events/ns/e", value=b"v"), timeout=10)
-            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "events" in err.value.details()
-        with grpc.insecure_channel(cluster.endpoint("main")) as ch:
-            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/p"), timeout=10)
-            assert [x.mod_revision for x in got.kvs] == [rev]
-    finally:
-        cluster.stop()
-        for _, pid in followers.values():
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+    cluster_followers_serve_their_partition(cluster)
 
 
 def _metric(url: str, name: str) -> float:

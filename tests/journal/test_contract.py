@@ -204,6 +204,77 @@ def test_checkpoints_come_back_as_written(backend):
     asyncio.run(go())
 
 
+async def open_followed(backend: Backend):
+    """A writer's journal "j" as a store opens it, and the same journal opened to follow, as a
+    follower on another machine (JetStream) or on the writer's (local segments) opens it.
+    Local: the writer publishes its durable position and committed revision as the store does."""
+    if backend.kind == "jetstream":
+        log, journal = await backend.open("j")
+        await journal.start()
+        flog = await backend.log()
+        return log, journal, flog, await flog.open_journal("j", backend.tmp_path / "scratch", follow=True)
+    import json
+
+    from journal.tail import LocalFollowLog
+    from journal.watermark import FILE_NAME, WatermarkWriter
+
+    data = backend.tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text(json.dumps({"shards": ["j"], "cluster_id": 1, "journal": "local"}))
+    mark = WatermarkWriter(data / FILE_NAME, 1, 1)
+    log = LocalLog()
+    journal = await log.open_journal("j", data / "shards" / "j")
+    revs: dict[int, int] = {}
+    journal.append = lambda rtype, rev, payload, append=journal.append: revs.setdefault(append(rtype, rev, payload), rev)
+    journal.on_durable = lambda seq: mark.durable(revs[seq], 0, *journal.durable_tail)
+    mark.publish_all(1, 0, [journal.durable_tail])
+    await journal.start()
+    flog = LocalFollowLog(data, ["j"])
+    return log, journal, flog, await flog.open_journal("j", backend.tmp_path / "scratch", follow=True)
+
+
+def test_a_follower_reads_every_record_once_in_order(backend):
+    """What was stored before catch_up() comes from records(); everything stored after, from
+    follow(), once each, in order; checkpoints the writer saves are the follower's to load."""
+    async def go():
+        log, journal, flog, followed = await open_followed(backend)
+        for rtype, rev, payload in items(30):
+            journal.append(rtype, rev, payload)
+        await journal.sync()
+        assert await followed.load_checkpoint() is None and await followed.newest_checkpoint_rev() == 0
+        await followed.catch_up()
+        assert [(r.rtype, r.rev, r.payload) for r in followed.records()] == items(30)
+        got: list[tuple[int, int, bytes]] = []
+
+        async def never(expected: int, got: int) -> bool:
+            return False
+
+        task = asyncio.ensure_future(followed.follow(
+            lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records), never))
+        for i, (rtype, rev, payload) in enumerate(items(60, first_rev=31)):
+            journal.append(rtype, rev, payload)
+            if i % 10 == 9:
+                await journal.sync()
+        for _ in range(500):
+            if len(got) >= 60:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert got == items(60, first_rev=31)
+        await journal.save_checkpoint(90, b"meta-90", iter([b"r1", b"r2"]))
+        assert await followed.newest_checkpoint_rev() == 90
+        ckpt = await followed.load_checkpoint()
+        assert (ckpt.rev, ckpt.meta, list(ckpt.rows())) == (90, b"meta-90", [b"r1", b"r2"])
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await followed.close()
+        await flog.close()
+        await journal.close()
+        await log.close()
+
+    asyncio.run(go())
+
+
 def test_opening_a_jetstream_journal_fences_out_the_one_opened_before(nats_cluster, tmp_path):
     """Two processes on one stream: the second's open fences the stream, so the
     first's next append is refused and it fails; what the second wrote stays."""

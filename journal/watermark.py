@@ -1,0 +1,152 @@
+"""The writer's durable position, published for followers on the same machine.
+
+``<data-dir>/watermark`` is a small file the writer maps into memory (a
+shared mapping: its stores are the page cache a follower's mapping reads, no
+syscall per update) and updates after every durable journal batch:
+
+    offset  size  field (little-endian u64s)
+         0     8  magic "SDWMARK1"
+         8     8  update counter: odd while an update is being written (a seqlock)
+        16     8  generation: the writer's start count (data dir meta "starts"); 0 while it recovers
+        24     8  the writer's member id
+        32     8  committed revision: every revision <= it is durable on every shard
+        40     8  shard count
+        48  16*n  per shard, in layout order: (segment seq, byte length) of its newest segment as far
+                  as it is durable: every journal byte before that position is on disk
+
+A follower reads only frames below its shard's position and applies only
+revisions <= committed (DESIGN.md invariant 11): what it shows is durable, and
+recovery never cuts it (invariant 5: a restarted writer keeps every revision
+<= committed and every durable record tagged at or below it).
+
+A writer sets the generation to 0 before its recovery touches a segment (a
+torn tail cut, records above the whole prefix truncated) and publishes its new
+generation once recovered; a reader checks the generation again after reading
+segment bytes and throws away what it read if it changed meanwhile.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+FILE_NAME = "watermark"
+MAGIC = b"SDWMARK1"
+_HEAD = struct.Struct("<8sQQQQQ")
+_U64 = struct.Struct("<Q")
+_POS = struct.Struct("<QQ")
+COUNTER_AT, GENERATION_AT, COMMITTED_AT, POSITIONS_AT = 8, 16, 32, _HEAD.size
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """One consistent reading of the watermark."""
+
+    counter: int
+    generation: int  # 0: the writer is recovering (positions may be about to move back)
+    member_id: int
+    committed: int
+    tails: tuple[tuple[int, int], ...]  # per shard: (segment seq, durable byte length)
+
+
+def _size(shards: int) -> int:
+    return _HEAD.size + shards * _POS.size
+
+
+class WatermarkWriter:
+    """The writer's side: one per data dir, updated from the event loop."""
+
+    def __init__(self, path: Path, shards: int, member_id: int) -> None:
+        self.path = path
+        size = _size(shards)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size < size:  # never shrunk: a reader's mapping must stay valid
+                os.ftruncate(fd, size)
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        counter = _U64.unpack_from(self._mm, COUNTER_AT)[0] if self._mm[:8] == MAGIC else 0
+        self._counter = counter + (counter & 1)  # a writer killed mid-update left it odd
+        self._shards = shards
+        self._member_id = member_id
+        self.recovering()
+
+    def recovering(self) -> None:
+        """Before recovery changes any segment: readers stop until ``publish_all``."""
+        self._update(lambda mm: _HEAD.pack_into(mm, 0, MAGIC, self._counter + 1, 0, self._member_id, 0,
+                                                self._shards))
+
+    def publish_all(self, generation: int, committed: int, tails: list[tuple[int, int]]) -> None:
+        """Once recovered: every shard's durable position, the committed revision, the new generation."""
+        def write(mm: mmap.mmap) -> None:
+            for sid, (seq, length) in enumerate(tails):
+                _POS.pack_into(mm, POSITIONS_AT + sid * _POS.size, seq, length)
+            _U64.pack_into(mm, COMMITTED_AT, committed)
+            _U64.pack_into(mm, GENERATION_AT, generation)
+
+        self._update(write)
+
+    def durable(self, committed: int, sid: int, seq: int, length: int) -> None:
+        """After a durable batch of shard ``sid``: its position and the committed revision (hot path)."""
+        mm, c = self._mm, self._counter + 1
+        _U64.pack_into(mm, COUNTER_AT, c)
+        _POS.pack_into(mm, POSITIONS_AT + sid * 16, seq, length)
+        _U64.pack_into(mm, COMMITTED_AT, committed)
+        _U64.pack_into(mm, COUNTER_AT, c + 1)
+        self._counter = c + 1
+
+    def _update(self, write) -> None:
+        c = self._counter + 1
+        if self._mm[:8] == MAGIC:
+            _U64.pack_into(self._mm, COUNTER_AT, c)
+        write(self._mm)
+        _U64.pack_into(self._mm, COUNTER_AT, c + 1)
+        self._counter = c + 1
+
+    def close(self) -> None:
+        self._mm.close()
+
+
+class WatermarkReader:
+    """A follower's side: read-only, never blocks the writer."""
+
+    def __init__(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size < _HEAD.size:
+                raise ValueError(f"{path}: not a watermark ({size} bytes)")
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        if self._mm[:8] != MAGIC:
+            self._mm.close()
+            raise ValueError(f"{path}: not a watermark (bad magic)")
+        self.path = path
+
+    def counter(self) -> int:
+        """Changes with every update: cheap enough to poll."""
+        return _U64.unpack_from(self._mm, COUNTER_AT)[0]
+
+    def read(self, tries: int = 100) -> Mark | None:
+        """A consistent reading, or None while an update stays half-written (its writer died in it)."""
+        mm = self._mm
+        for _ in range(tries):
+            c1 = _U64.unpack_from(mm, COUNTER_AT)[0]
+            if c1 & 1:
+                continue
+            raw = mm[:]
+            if _U64.unpack_from(mm, COUNTER_AT)[0] != c1:
+                continue
+            _, _, generation, member_id, committed, shards = _HEAD.unpack_from(raw, 0)
+            if _size(shards) > len(raw):
+                return None
+            tails = tuple(_POS.unpack_from(raw, POSITIONS_AT + i * _POS.size) for i in range(shards))
+            return Mark(c1, generation, member_id, committed, tails)
+        return None
+
+    def close(self) -> None:
+        self._mm.close()

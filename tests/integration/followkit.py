@@ -1,0 +1,175 @@
+"""Checks every kind of follower must pass, whichever journal it follows
+(test_follower.py: JetStream; test_follower_local.py: a writer's local
+journal on the same machine)."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.watch_client import WatchClient
+
+
+def put(kv, key: bytes, value: bytes) -> int:
+    return kv.Put(pb.PutRequest(key=key, value=value), timeout=10).header.revision
+
+
+def watches_see_every_write_once_in_order(followers, targets: list[str], watchers: int, streams: int,
+                                          writers: int) -> None:
+    """``watchers`` watches over ``streams`` streams on the followers, each on one of ``writers``
+    writers' keys; writer w puts through ``targets[w % len(targets)]``. Every watcher sees exactly
+    its writer's acknowledged puts, in revision order, nothing twice."""
+    channels = [grpc.insecure_channel(f.endpoint) for f in followers]
+    clients = [WatchClient(channels[i % len(channels)]) for i in range(streams)]
+    watching: list[tuple[WatchClient, int, int]] = []  # (client, watch id, writer)
+    for n in range(watchers):
+        c = clients[n % streams]
+        prefix = b"/registry/pods/w%d/" % (n % writers)
+        c.create(prefix, prefix[:-1] + b"0")
+        watching.append((c, sum(1 for w in watching if w[0] is c), n % writers))
+    for c in clients:
+        c.wait_for(lambda rs: sum(r.created for r in rs) == watchers // streams, timeout=60)
+    acked: dict[int, list[int]] = {w: [] for w in range(writers)}
+
+    def write(w: int) -> None:
+        with grpc.insecure_channel(targets[w % len(targets)]) as ch:
+            kv = pbg.KVStub(ch)
+            for i in range(15):
+                acked[w].append(put(kv, b"/registry/pods/w%d/k%d" % (w, i % 3), b"%d" % i))
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for c, wid, w in watching:
+        c.wait_for(lambda rs, wid=wid, w=w: len([e for r in rs if r.watch_id == wid for e in r.events]) >= len(acked[w]),
+                   timeout=30)
+    time.sleep(0.5)  # anything extra would have arrived by now (a bound, not a claim about speed)
+    for c, wid, w in watching:
+        assert [e.kv.mod_revision for e in c.events(wid)] == acked[w]
+    for c in clients:
+        assert c.error is None
+        c.close()
+    for ch in channels:
+        ch.close()
+
+
+def cluster_followers_serve_their_partition(cluster) -> None:
+    """``cluster`` (test_cluster.Cluster) with ``--followers 1``: each partition has a follower on
+    a port of its own; the kube-apiserver flags list the writer and its follower for every
+    partition; a follower reads and writes its own partition, and hands a write to another
+    partition's resource to its writer, which refuses it as a writer does."""
+    cluster.start()
+    followers = {m[0]: (m[1], int(m[2])) for m in re.findall(r"^  (\w+)\.f1\s+follower at http://(\S+)\s+pid (\d+)",
+                                                             cluster.output(), re.M)}
+    try:
+        assert set(followers) == {"leases", "events", "main"}
+        flags = (cluster.data_dir / "kube-apiserver.flags").read_text()
+        for name, (endpoint, _) in followers.items():
+            assert f"http://{cluster.endpoint(name)};http://{endpoint}" in flags or \
+                f"--etcd-servers=http://{cluster.endpoint(name)},http://{endpoint}" in flags, flags
+        with grpc.insecure_channel(followers["main"][0]) as ch:
+            kv = pbg.KVStub(ch)
+            rev = put(kv, b"/registry/pods/ns/p", b"v")
+            got = kv.Range(pb.RangeRequest(key=b"/registry/pods/ns/p", serializable=True), timeout=10)
+            assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"v", rev)]
+            with pytest.raises(grpc.RpcError) as err:
+                kv.Put(pb.PutRequest(key=b"/registry/events/ns/e", value=b"v"), timeout=10)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "events" in err.value.details()
+        with grpc.insecure_channel(cluster.endpoint("main")) as ch:
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/p"), timeout=10)
+            assert [x.mod_revision for x in got.kvs] == [rev]
+    finally:
+        cluster.stop()
+        for _, pid in followers.values():
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def write_past_checkpoints(endpoint: str) -> int:
+    """~300 KiB into the pods journal (with --checkpoint-journal-bytes 65536: several checkpoints,
+    each releasing the journal it covers); the last revision."""
+    with grpc.insecure_channel(endpoint) as ch:
+        kv = pbg.KVStub(ch)
+        put(kv, b"/registry/pods/ns/first", b"v")
+        for i in range(300):
+            rev = put(kv, b"/registry/pods/ns/p%d" % (i % 40), b"v" * 1000)
+    return rev
+
+
+def serves_every_pod(endpoint: str, rev: int, count: int) -> None:
+    """A range over the pods written answers at ``rev`` with ``count`` keys."""
+    with grpc.insecure_channel(endpoint) as ch:
+        r = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
+                                 timeout=10)
+    assert r.header.revision == rev and len(r.kvs) == count
+
+
+def falls_behind_then_resyncs_in_process(writer, follower) -> None:
+    """Both started (the writer with small checkpoints). The follower paused (SIGSTOP) while the
+    writer writes past several checkpoints that release what it was to read next: when it runs
+    again it rebuilds its state from the newest checkpoint without exiting (one WARNING line with
+    both revisions) rather than serve a state with holes, and serves every write."""
+    try:
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            put(pbg.KVStub(ch), b"/registry/pods/ns/before", b"v")
+        time.sleep(0.2)
+        os.kill(follower.pid, signal.SIGSTOP)
+        rev = write_past_checkpoints(writer.endpoint)
+        os.kill(follower.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while "follower resynchronised from a checkpoint" not in follower.log_tail(50):
+            assert follower.running() and time.monotonic() < deadline, follower.log_tail(50)
+            time.sleep(0.1)
+        line = next(x for x in follower.log_tail(50).splitlines() if "follower resynchronised" in x)
+        old_rev, new_rev = map(int, re.search(r"old_rev=(\d+) new_rev=(\d+)", line).groups())
+        assert "WARNING" in line and "JournalGap" in line and old_rev < new_rev <= rev, line
+        serves_every_pod(follower.endpoint, rev, 42)
+        assert follower.running()
+    finally:
+        for s in (follower, writer):
+            if s.running():
+                os.kill(s.pid, signal.SIGCONT)
+            s.stop()
+
+
+def member_list_names_the_writer_and_its_followers(writer, followers) -> None:
+    """MemberList on any serving process lists the writer and the followers with their client URLs
+    (sorted by id, as etcd), and Status on each names the writer as the leader; a stopped follower
+    drops out."""
+    servers = [writer, *followers]
+
+    def members(endpoint: str) -> dict[int, list[str]]:
+        with grpc.insecure_channel(endpoint) as ch:
+            got = pbg.ClusterStub(ch).MemberList(pb.MemberListRequest(), timeout=10).members
+        assert [m.ID for m in got] == sorted(m.ID for m in got)
+        return {m.ID: list(m.clientURLs) for m in got}
+
+    ids = {}
+    for s in servers:
+        with grpc.insecure_channel(s.endpoint) as ch:
+            status = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
+        ids[s.endpoint] = status.header.member_id
+        if s is writer:
+            leader = status.header.member_id
+        assert status.leader == leader
+    want = {ids[s.endpoint]: [s.client_url] for s in servers}
+    deadline = time.monotonic() + 15
+    while any(members(s.endpoint) != want for s in servers):  # each announces itself every 2 s
+        assert time.monotonic() < deadline, [members(s.endpoint) for s in servers]
+        time.sleep(0.5)
+    followers[1].stop()
+    del want[ids[followers[1].endpoint]]
+    deadline = time.monotonic() + 30
+    while members(writer.endpoint) != want:  # its entry lapses 10 s after its last announcement
+        assert time.monotonic() < deadline, members(writer.endpoint)
+        time.sleep(0.5)

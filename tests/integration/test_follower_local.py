@@ -1,0 +1,282 @@
+"""Followers of a writer on the same machine that keeps the default local journal
+(issue 17.1): ``shardetcd --follow --follow-data-dir <writer's data dir>``.
+
+Real processes on 127.0.0.1, stopped by PID: etcd 3.5.1's answers through a
+follower, reads of every kind and read-your-writes, watches that see every
+write once in order (writes through followers too), a follower that never
+shows a revision the writer has not made durable (its fsync held by a
+failpoint), a writer killed with -9 and started again under a follower, and
+followers that start, or fall, behind segments the writer released after its
+checkpoints.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.etcd_fixture import free_port
+from tests.integration.diffkit import run_differential
+from tests.integration.followkit import (cluster_followers_serve_their_partition,
+                                         falls_behind_then_resyncs_in_process,
+                                         member_list_names_the_writer_and_its_followers, put,
+                                         serves_every_pod, watches_see_every_write_once_in_order,
+                                         write_past_checkpoints)
+from tests.shardetcd_fixture import ShardetcdProcess
+from tests.watch_client import WatchClient
+
+
+def writer_at(base: Path, *extra: str) -> ShardetcdProcess:
+    return ShardetcdProcess(data_dir=base / "data", state_dir=base / "state", port=free_port(),
+                            log_path=base / "shardetcd.log", extra_args=extra)
+
+
+def follower_of(writer: ShardetcdProcess, base: Path, *extra: str) -> ShardetcdProcess:
+    return writer_at(base, "--follow", "--follow-data-dir", str(writer.data_dir), *extra)
+
+
+@pytest.fixture
+def writer_and_followers(tmp_path):
+    writer = writer_at(tmp_path / "w").start()
+    followers = [follower_of(writer, tmp_path / f"f{i}").start() for i in range(2)]
+    yield writer, followers
+    for s in (*followers, writer):
+        s.stop()
+
+
+def test_a_local_follower_answers_as_etcd(real_etcd, writer_and_followers):
+    """The seeded KV differential through a follower gives etcd 3.5.1's answers; Status on
+    the follower names the writer as the leader, and the cluster id is the writer's."""
+    writer, followers = writer_and_followers
+    run_differential(real_etcd.endpoint, followers[0].endpoint, 21, 400)
+    with grpc.insecure_channel(followers[0].endpoint) as ch:
+        status = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
+    with grpc.insecure_channel(writer.endpoint) as ch:
+        mine = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
+    assert status.leader == mine.header.member_id != status.header.member_id
+    assert status.header.cluster_id == mine.header.cluster_id
+
+
+def test_member_list_names_the_local_writer_and_its_followers(writer_and_followers):
+    """As with JetStream: every serving process is a member (announced on this machine's tmpfs,
+    never in the writer's data dir), the writer is the leader, a stopped follower drops out."""
+    writer, followers = writer_and_followers
+    member_list_names_the_writer_and_its_followers(writer, followers)
+
+
+def test_reads_of_every_kind_and_read_your_writes_through_a_follower(writer_and_followers):
+    """A put through a follower is answered by the writer, and a read right after it on the same
+    follower sees it (serializable too); a put on the writer is seen by a linearizable read on
+    a follower at once (read index), and by a serializable one once applied; history reads and
+    a compaction forwarded through a follower behave as on the writer."""
+    writer, followers = writer_and_followers
+    with grpc.insecure_channel(writer.endpoint) as wch, grpc.insecure_channel(followers[0].endpoint) as fch:
+        wkv, fkv = pbg.KVStub(wch), pbg.KVStub(fch)
+        for i in range(20):
+            rev = put(fkv, b"/registry/pods/ryw/k", b"%d" % i)
+            got = fkv.Range(pb.RangeRequest(key=b"/registry/pods/ryw/k", serializable=True), timeout=10)
+            assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"%d" % i, rev)]
+            rev = put(wkv, b"/registry/pods/lin/k", b"%d" % i)
+            got = fkv.Range(pb.RangeRequest(key=b"/registry/pods/lin/k"), timeout=10)
+            assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"%d" % i, rev)] and got.header.revision >= rev
+        old = fkv.Range(pb.RangeRequest(key=b"/registry/pods/lin/k", revision=rev - 2), timeout=10)
+        assert [x.value for x in old.kvs] == [b"18"]
+        fkv.Compact(pb.CompactionRequest(revision=rev - 1), timeout=10)
+        with pytest.raises(grpc.RpcError) as err:
+            fkv.Range(pb.RangeRequest(key=b"/registry/pods/lin/k", revision=rev - 2, serializable=True), timeout=10)
+        assert "compacted" in err.value.details()
+        with grpc.insecure_channel(followers[1].endpoint) as ch:
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/", range_end=b"/registry/pods0"), timeout=10)
+        assert got.header.revision == rev and len(got.kvs) == 2
+
+
+def test_watches_on_local_followers_see_every_write_once_in_order(writer_and_followers):
+    """200 watchers over 4 streams on two followers, each on one of 16 writers' keys; two thirds of
+    the writers write through the followers. Every watcher sees exactly its writer's acknowledged
+    puts, in revision order, nothing twice."""
+    writer, followers = writer_and_followers
+    watches_see_every_write_once_in_order(followers, [writer.endpoint, *(f.endpoint for f in followers)],
+                                          watchers=200, streams=4, writers=16)
+
+
+def test_a_follower_never_shows_what_the_writer_has_not_made_durable(tmp_path, monkeypatch):
+    """The writer's 6th journal batch is held 3 s between write() and fdatasync (a failpoint):
+    its bytes are in the segment file, but the follower (and the writer) keep answering at the
+    revision before it, until the fsync is done; then the follower shows it."""
+    monkeypatch.setenv("SHARDETCD_FAILPOINTS", "journal.after_write_before_fsync=sleep:3@6")
+    writer = writer_at(tmp_path / "w", "--journal-fsync", "always").start()
+    monkeypatch.delenv("SHARDETCD_FAILPOINTS")
+    follower = follower_of(writer, tmp_path / "f").start()
+    try:
+        with grpc.insecure_channel(writer.endpoint) as wch, grpc.insecure_channel(follower.endpoint) as fch:
+            wkv, fkv = pbg.KVStub(wch), pbg.KVStub(fch)
+            revs = [put(wkv, b"/registry/pods/d/k%d" % i, b"v") for i in range(5)]
+            segment = next((writer.data_dir / "shards" / "pods" / "journal").glob("*.wal"))
+            size = segment.stat().st_size
+            held: list[int] = []
+            t = threading.Thread(target=lambda: held.append(put(wkv, b"/registry/pods/d/held", b"not yet")))
+            t.start()
+            deadline = time.monotonic() + 5
+            while segment.stat().st_size == size:
+                assert time.monotonic() < deadline, "the held write never reached the file"
+                time.sleep(0.005)
+            written = time.monotonic()  # its fdatasync comes 3 s after this, not before
+            assert b"not yet" in segment.read_bytes()  # in the page cache, not durable
+            seen = set()
+            while time.monotonic() < written + 2:
+                for kv in (fkv, wkv):
+                    got = kv.Range(pb.RangeRequest(key=b"/registry/pods/d/", range_end=b"/registry/pods/d0",
+                                                   serializable=True), timeout=10)
+                    assert got.header.revision == revs[-1] and len(got.kvs) == 5, kv is fkv
+                    seen.add(got.header.revision)
+                time.sleep(0.05)
+            assert not held
+            t.join(10)
+            assert held == [revs[-1] + 1] and seen == {revs[-1]}
+            got = fkv.Range(pb.RangeRequest(key=b"/registry/pods/d/held", serializable=True), timeout=10)
+            deadline = time.monotonic() + 5
+            while not got.kvs:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+                got = fkv.Range(pb.RangeRequest(key=b"/registry/pods/d/held", serializable=True), timeout=10)
+            assert got.kvs[0].mod_revision == held[0]
+    finally:
+        follower.stop()
+        writer.stop()
+
+
+def test_a_follower_goes_on_across_a_writer_kill_and_restart(tmp_path):
+    """One client writes through the follower while the writer is killed with -9 and started again
+    on the same data dir and URL: the follower's watch delivers one event per revision, every
+    revision from its start to the last, each once (none lost, none twice, the writes whose
+    answers were lost included), every acknowledged write among them; reads on the follower end
+    at the writer's revision."""
+    writer = writer_at(tmp_path / "w").start()
+    follower = follower_of(writer, tmp_path / "f").start()
+    try:
+        with grpc.insecure_channel(follower.endpoint) as fch:
+            kv = pbg.KVStub(fch)
+            watch = WatchClient(fch)
+            watch.create(b"/registry/pods/r/", b"/registry/pods/r0")
+            watch.wait_for(lambda rs: any(r.created for r in rs))
+            first = put(kv, b"/registry/pods/r/k0", b"first")
+            acked = [first]
+            stop = threading.Event()
+
+            def write() -> None:
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    try:
+                        acked.append(put(kv, b"/registry/pods/r/k%d" % (i % 5), b"%d" % i))
+                    except grpc.RpcError as exc:
+                        assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), exc
+                        time.sleep(0.1)
+
+            t = threading.Thread(target=write)
+            t.start()
+            time.sleep(1.5)
+            writer.kill()
+            killed_at = len(acked)
+            time.sleep(0.5)
+            writer.start()
+            deadline = time.monotonic() + 30
+            while len(acked) < killed_at + 30:
+                assert time.monotonic() < deadline, (follower.log_tail(), writer.log_tail())
+                time.sleep(0.1)
+            stop.set()
+            t.join(30)
+            with grpc.insecure_channel(writer.endpoint) as wch:
+                last = pbg.KVStub(wch).Range(pb.RangeRequest(key=b"/registry/pods/r/", range_end=b"/registry/pods/r0"),
+                                             timeout=10).header.revision
+            watch.wait_for(lambda rs: sum(len(r.events) for r in rs) >= last - first + 1, timeout=30)
+            time.sleep(0.5)  # a bound for anything extra to arrive, not a claim about speed
+            events = [e.kv.mod_revision for e in watch.events()]
+            assert events == list(range(first, last + 1))
+            assert set(acked) <= set(events) and acked == sorted(acked)
+            assert watch.error is None
+            watch.close()
+            got = kv.Range(pb.RangeRequest(key=b"/registry/pods/r/", range_end=b"/registry/pods/r0", serializable=True),
+                           timeout=10)
+            assert got.header.revision == last and len(got.kvs) == 5
+        assert follower.running()
+    finally:
+        follower.stop()
+        writer.stop()
+
+
+SMALL_JOURNAL = ("--checkpoint-journal-bytes", "65536", "--journal-segment-bytes", "16384")
+
+
+def test_a_follower_started_after_segments_were_released_starts_from_the_checkpoint(tmp_path):
+    writer = writer_at(tmp_path / "w", *SMALL_JOURNAL).start()
+    follower = follower_of(writer, tmp_path / "f")
+    try:
+        rev = write_past_checkpoints(writer.endpoint)
+        journal = writer.data_dir / "shards" / "pods" / "journal"
+        assert not list(journal.glob("0000000000000000-*.wal")), "no segment was released"
+        assert list((writer.data_dir / "shards" / "pods").glob("checkpoint-*.ckpt"))
+        follower.start()
+        serves_every_pod(follower.endpoint, rev, 41)
+        with grpc.insecure_channel(follower.endpoint) as ch:
+            after = put(pbg.KVStub(ch), b"/registry/pods/ns/after", b"v")
+        serves_every_pod(follower.endpoint, after, 42)
+    finally:
+        follower.stop()
+        writer.stop()
+
+
+def test_a_follower_that_falls_behind_released_segments_resyncs_from_the_checkpoint(tmp_path):
+    """Paused (SIGSTOP) while the writer writes past several checkpoints that release the segments
+    it was to read next: it rebuilds its state from the newest checkpoint in-process (as a
+    JetStream follower does, shards/resync.py) and serves every write."""
+    writer = writer_at(tmp_path / "w", *SMALL_JOURNAL).start()
+    follower = follower_of(writer, tmp_path / "f").start()
+    falls_behind_then_resyncs_in_process(writer, follower)
+
+
+def test_follow_flags_are_checked(tmp_path):
+    """--follow-data-dir needs --follow, names a shardetcd data dir other than the follower's own,
+    and goes without --journal-url: each mistake is one line and exit 2."""
+    import subprocess
+    import sys
+
+    from tests.shardetcd_fixture import REPO_ROOT
+
+    writer = writer_at(tmp_path / "w").start()
+    try:
+        cases = [
+            (["--follow-data-dir", str(writer.data_dir)], "goes with --follow"),
+            (["--follow", "--follow-data-dir", str(tmp_path / "l.toml")], "is not a directory"),
+            (["--follow", "--follow-data-dir", "OWN"], "needs a --data-dir of its own"),
+            (["--follow", "--follow-data-dir", str(writer.data_dir), "--journal-url", "nats://127.0.0.1:1"],
+             "not both"),
+            (["--follow", "--follow-data-dir", str(writer.data_dir), "--shard-layout", str(tmp_path / "l.toml")],
+             "--shard-layout"),
+        ]
+        (tmp_path / "l.toml").write_text('[[shard]]\nname = "x"\nresources = ["pods"]\n')
+        for i, (args, says) in enumerate(cases):
+            own = str(tmp_path / f"f{i}")
+            out = subprocess.run([sys.executable, "-m", "shim", "--data-dir", own,
+                                  "--listen-client-urls", f"http://127.0.0.1:{free_port()}",
+                                  *(own if a == "OWN" else a for a in args)],
+                                 capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+            assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
+    finally:
+        writer.stop()
+
+
+def test_cluster_starts_local_followers_per_partition(tmp_path):
+    """`shardetcd cluster --followers 1` on the local journal: each partition gets a follower of its
+    writer's data dir on a port of its own, listed after the writer in the kube-apiserver flags;
+    a follower reads and writes its own partition, and hands a write to another partition's
+    resource to its writer, which refuses it."""
+    from tests.integration.test_cluster import Cluster
+
+    cluster = Cluster(tmp_path)
+    cluster.argv += ["--followers", "1"]
+    cluster_followers_serve_their_partition(cluster)
