@@ -29,11 +29,12 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 FILE_NAME = "watermark"
-MAGIC = b"SDWMARK1"
+MAGIC = b"SDWMARK2"  # 2: with the CRC
 _HEAD = struct.Struct("<8sQQQQQ")
 _U64 = struct.Struct("<Q")
 _POS = struct.Struct("<QQ")
@@ -51,8 +52,12 @@ class Mark:
     tails: tuple[tuple[int, int], ...]  # per shard: (segment seq, durable byte length)
 
 
-def _size(shards: int) -> int:
+def _crc_at(shards: int) -> int:
     return _HEAD.size + shards * _POS.size
+
+
+def _size(shards: int) -> int:
+    return _crc_at(shards) + _U64.size
 
 
 class WatermarkWriter:
@@ -72,6 +77,7 @@ class WatermarkWriter:
         self._counter = counter + (counter & 1)  # a writer killed mid-update left it odd
         self._shards = shards
         self._member_id = member_id
+        self._crc_at = _crc_at(shards)
         self.recovering()
 
     def recovering(self) -> None:
@@ -91,10 +97,11 @@ class WatermarkWriter:
 
     def durable(self, committed: int, sid: int, seq: int, length: int) -> None:
         """After a durable batch of shard ``sid``: its position and the committed revision (hot path)."""
-        mm, c = self._mm, self._counter + 1
+        mm, c, crc_at = self._mm, self._counter + 1, self._crc_at
         _U64.pack_into(mm, COUNTER_AT, c)
         _POS.pack_into(mm, POSITIONS_AT + sid * 16, seq, length)
         _U64.pack_into(mm, COMMITTED_AT, committed)
+        _U64.pack_into(mm, crc_at, zlib.crc32(mm[GENERATION_AT:crc_at]))
         _U64.pack_into(mm, COUNTER_AT, c + 1)
         self._counter = c + 1
 
@@ -103,6 +110,7 @@ class WatermarkWriter:
         if self._mm[:8] == MAGIC:
             _U64.pack_into(self._mm, COUNTER_AT, c)
         write(self._mm)
+        _U64.pack_into(self._mm, self._crc_at, zlib.crc32(self._mm[GENERATION_AT:self._crc_at]))
         _U64.pack_into(self._mm, COUNTER_AT, c + 1)
         self._counter = c + 1
 
@@ -144,6 +152,9 @@ class WatermarkReader:
             _, _, generation, member_id, committed, shards = _HEAD.unpack_from(raw, 0)
             if _size(shards) > len(raw):
                 return None
+            crc_at = _crc_at(shards)
+            if zlib.crc32(raw[GENERATION_AT:crc_at]) != _U64.unpack_from(raw, crc_at)[0]:
+                continue  # torn: stores seen out of order (or a writer that died in an update)
             tails = tuple(_POS.unpack_from(raw, POSITIONS_AT + i * _POS.size) for i in range(shards))
             return Mark(c1, generation, member_id, committed, tails)
         return None
