@@ -1,8 +1,10 @@
 """python -m bench [--quick|--tiny] [--only S1,S2] [--servers etcd,shardetcd,ceiling] [--tool PATH]
 
-Starts each server in turn (real etcd 3.5.1, shardetcd with its defaults, the
-do-nothing ceiling server), drives every scenario against it, stops it by
-PID, and reports side by side in one table with ratios.  etcd's shapes are
+Starts the servers (real etcd 3.5.1, shardetcd with its defaults, the
+do-nothing ceiling server), runs every scenario point on each in turn (etcd,
+shardetcd, ceiling, then the next point: the runs a ratio compares are
+seconds apart), stops them by PID, and reports side by side in one table with
+ratios.  etcd's shapes are
 driven by etcd's own benchmark tool (--tool PATH, $SHARDETCD_BENCHMARK_TOOL,
 or ../shared/bin/etcd-benchmark.xz); the Python generator drives only what
 the tool cannot (lease-keepalive-many, k8s-mix).
@@ -166,57 +168,66 @@ def main(argv=None) -> int:
             busy = machine_busy(0.5) if quiet_wait else 0.0
             if busy < args.quiet_below or time.monotonic() > deadline:
                 return busy
+    # Every server is started first and the scenarios' points are run in turn on each (etcd, shardetcd,
+    # ceiling, then the next point): the ratios compare runs seconds apart, not minutes, so this VM's
+    # drifting speed moves them less. Each server still sees the same scenarios in the same order.
+    started: dict[str, object] = {}
+    prepared: dict[str, dict[str, dict]] = {}
     try:
         for srv in servers:
-            todo = [(s, p) for s, p in runs if srv in s.servers]
-            if not todo and not (do_check_perf and srv != "ceiling"):
+            if not any(srv in s.servers for s, _ in runs) and not (do_check_perf and srv != "ceiling"):
                 continue
-            server = STARTERS[srv](tmp)
+            server = started[srv] = STARTERS[srv](tmp)
             meta["servers"][srv] = {"version": server.version, "endpoint": server.endpoint}
             print(f"  started {srv}: {server.version} on {server.endpoint} (pid {server.pid})", flush=True)
-            try:
-                etcdtool.seed_range_key(server.endpoint, sc.RANGE_KEY, sc.VAL_SIZE)
-                prepared: dict[str, dict] = {}
-                for s, point in todo:
-                    idle_busy = wait_quiet()
-                    if s.driver == "tool":
-                        new = [run_tool_point(tool, server, s, point, args.total or point.requests(mode))]
-                        workers = 0
-                    else:
-                        if s.name not in prepared:
-                            prepared[s.name] = prepare(s, server.endpoint, mode)
-                        job = make_job(s, point, server.endpoint, timing, mode, prepared[s.name])
-                        workers = 1 if point.clients == 1 else args.workers
-                        results = pool.run(job, workers, on_window=lambda pids: sample(server.pid, pids))
-                        new = report.summarize(s.kind, results, job["duration"])
-                    label = point_label(s, point, prepared.get(s.name, {}))
-                    for r in new:
-                        r.update(scenario=s.name, server=srv, point=label, clients=point.clients, conns=point.conns,
-                                 generator=s.driver, workers=workers, busy_before_pct=idle_busy)
-                    rows += new
-                    done += 1
-                    main_row = new[0]
-                    errs = sum(main_row.get("errors", {}).values())
-                    print(f"  [{done:>2}/{total_runs} {time.monotonic() - t_begin:5.0f}s] {s.name:<20} {label:<26.26} "
-                          f"{srv:<9} {report._thr(main_row['req_s']):>8} req/s  p50 {report._f(main_row['p50_ms']):>7} ms  "
-                          f"p99 {report._f(main_row['p99_ms']):>7} ms  srv {report._f(main_row.get('srv_cpu_us'), '{:.0f}'):>5} "
-                          f"µs/req  other CPU {report._f(main_row.get('other_cpu_pct'), '{:.0f}')}%"
-                          + (f"  errors {errs}" if errs else ""), flush=True)
-                if do_check_perf and srv != "ceiling":
-                    print(f"  etcdctl check perf --load=s against {srv} (~60 s) ...", flush=True)
-                    perf[srv] = check_perf(server.endpoint)
-                    print(f"  etcdctl check datascale --load=s against {srv} ...", flush=True)
-                    perf[srv + " datascale"] = check_datascale(server.endpoint, server.metrics_url)
-                    for name in (srv, srv + " datascale"):
-                        for line in perf[name]["summary"]:
-                            print(f"    {line}", flush=True)
-            finally:
+            etcdtool.seed_range_key(server.endpoint, sc.RANGE_KEY, sc.VAL_SIZE)
+            prepared[srv] = {}
+        for s, point in runs:
+            for srv, server in started.items():
+                if srv not in s.servers:
+                    continue
+                idle_busy = wait_quiet()
+                if s.driver == "tool":
+                    new = [run_tool_point(tool, server, s, point, args.total or point.requests(mode))]
+                    workers = 0
+                else:
+                    if s.name not in prepared[srv]:
+                        prepared[srv][s.name] = prepare(s, server.endpoint, mode)
+                    job = make_job(s, point, server.endpoint, timing, mode, prepared[srv][s.name])
+                    workers = 1 if point.clients == 1 else args.workers
+                    results = pool.run(job, workers, on_window=lambda pids, pid=server.pid: sample(pid, pids))
+                    new = report.summarize(s.kind, results, job["duration"])
+                label = point_label(s, point, prepared[srv].get(s.name, {}))
+                for r in new:
+                    r.update(scenario=s.name, server=srv, point=label, clients=point.clients, conns=point.conns,
+                             generator=s.driver, workers=workers, busy_before_pct=idle_busy)
+                rows += new
+                done += 1
+                main_row = new[0]
+                errs = sum(main_row.get("errors", {}).values())
+                print(f"  [{done:>2}/{total_runs} {time.monotonic() - t_begin:5.0f}s] {s.name:<20} {label:<26.26} "
+                      f"{srv:<9} {report._thr(main_row['req_s']):>8} req/s  p50 {report._f(main_row['p50_ms']):>7} ms  "
+                      f"p99 {report._f(main_row['p99_ms']):>7} ms  srv {report._f(main_row.get('srv_cpu_us'), '{:.0f}'):>5} "
+                      f"µs/req  other CPU {report._f(main_row.get('other_cpu_pct'), '{:.0f}')}%"
+                      + (f"  errors {errs}" if errs else ""), flush=True)
+        for srv, server in started.items():
+            if do_check_perf and srv != "ceiling":
+                print(f"  etcdctl check perf --load=s against {srv} (~60 s) ...", flush=True)
+                perf[srv] = check_perf(server.endpoint)
+                print(f"  etcdctl check datascale --load=s against {srv} ...", flush=True)
+                perf[srv + " datascale"] = check_datascale(server.endpoint, server.metrics_url)
+                for name in (srv, srv + " datascale"):
+                    for line in perf[name]["summary"]:
+                        print(f"    {line}", flush=True)
+    finally:
+        try:
+            for srv, server in started.items():
                 server.stop()
                 print(f"  stopped {srv} (pid {server.pid})", flush=True)
-    finally:
-        if pool:
-            pool.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            if pool:
+                pool.close()
+            shutil.rmtree(tmp, ignore_errors=True)
 
     elapsed = time.monotonic() - t_begin
     other = [r["other_cpu_pct"] for r in rows if r.get("other_cpu_pct") is not None]
