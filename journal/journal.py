@@ -258,11 +258,12 @@ class Journal(Appender):
             pass
 
     def _batch_written(self, batch: list[PendingRecord], touched: list[SegmentInfo], seconds: float) -> None:
+        if self._failure is not None:  # failed meanwhile: its queue (and count) are gone, nothing is acknowledged
+            return
         self._queued_bytes -= sum(len(r.payload) for r in batch)
         if self.on_batch is not None:
             self.on_batch(sum(r.frame_bytes for r in batch), seconds)
-        if self._failure is None:
-            self._acknowledge(batch[-1].seq, touched)
+        self._acknowledge(batch[-1].seq, touched)
 
     def _thread_exited(self) -> None:
         self._writer.close()

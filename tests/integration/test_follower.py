@@ -20,7 +20,7 @@ from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
 from tests.integration.followkit import (cluster_followers_serve_their_partition,
-                                         member_list_names_the_writer_and_its_followers,
+                                         member_list_names_the_writer_and_its_followers, resync_line,
                                          watches_see_every_write_once_in_order)
 from tests.integration.test_etcdctl import etcdctl_bin  # noqa: F401 - a fixture
 from tests.integration.test_linearizability import check_linearizable, client
@@ -233,15 +233,8 @@ def test_a_follower_that_falls_behind_the_checkpoints_resyncs_in_process(nats, t
             os.kill(follower.pid, signal.SIGSTOP)
             writes(300)
             os.kill(follower.pid, signal.SIGCONT)
-            deadline = time.monotonic() + 60
-            while "follower resynchronised from a checkpoint" not in follower.log_tail(50):
-                assert follower.running() and time.monotonic() < deadline, follower.log_tail(50)
-                time.sleep(0.1)
-            line = next(l for l in follower.log_tail(50).splitlines() if "follower resynchronised" in l)
-            import re
-
-            old_rev, new_rev = map(int, re.search(r"old_rev=(\d+) new_rev=(\d+)", line).groups())
-            assert "WARNING" in line and acked[0] <= old_rev < new_rev <= acked[-1], line
+            line, old_rev, new_rev = resync_line(follower)
+            assert acked[0] <= old_rev < new_rev <= acked[-1], line
             r = fkv.Range(pb.RangeRequest(key=prefix, range_end=end), timeout=10)
             assert r.header.revision == acked[-1] and len(r.kvs) == 41
             watch.wait_for(lambda rs: len([e for x in rs for e in x.events]) >= len(acked) - 1, timeout=30)
