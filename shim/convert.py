@@ -1,7 +1,7 @@
-"""protobuf requests → store requests, store results → protobuf responses."""
+"""protobuf requests → store requests (responses are built as bytes in wire)."""
 from __future__ import annotations
 
-from proto import kv_pb2, rpc_pb2 as pb
+from proto import rpc_pb2 as pb
 from shards.types import (
     CMP_CREATE,
     CMP_LEASE,
@@ -10,13 +10,9 @@ from shards.types import (
     CMP_VERSION,
     Compare,
     DeleteReq,
-    DeleteResult,
     PutReq,
-    PutResult,
     RangeReq,
-    RangeResult,
     TxnReq,
-    TxnResult,
 )
 
 _UNION_FIELD = {
@@ -83,37 +79,3 @@ def _op(o: pb.RequestOp):
     if which == "request_txn":
         return txn_req(o.request_txn)
     return None
-
-
-def _kvs(rows: list[bytes]) -> list[kv_pb2.KeyValue]:
-    return [kv_pb2.KeyValue.FromString(r) for r in rows]
-
-
-def txn_response(result: TxnResult, header: pb.ResponseHeader) -> pb.TxnResponse:
-    resp = pb.TxnResponse(header=header, succeeded=result.succeeded)
-    for r in result.responses:
-        resp.responses.append(_response_op(r))
-    return resp
-
-
-def _response_op(r) -> pb.ResponseOp:
-    if isinstance(r, RangeResult):
-        return pb.ResponseOp(
-            response_range=pb.RangeResponse(
-                header=pb.ResponseHeader(revision=r.revision), kvs=_kvs(r.kvs), more=r.more, count=r.count
-            )
-        )
-    if isinstance(r, PutResult):
-        put = pb.PutResponse(header=pb.ResponseHeader(revision=r.revision))
-        if r.prev_kv is not None:
-            put.prev_kv.ParseFromString(r.prev_kv)
-        return pb.ResponseOp(response_put=put)
-    if isinstance(r, DeleteResult):
-        return pb.ResponseOp(
-            response_delete_range=pb.DeleteRangeResponse(
-                header=pb.ResponseHeader(revision=r.revision), deleted=r.deleted, prev_kvs=_kvs(r.prev_kvs)
-            )
-        )
-    if isinstance(r, TxnResult):
-        return pb.ResponseOp(response_txn=txn_response(r, pb.ResponseHeader()))
-    return pb.ResponseOp()

@@ -5,7 +5,7 @@ import grpc
 
 from proto import rpc_pb2 as pb
 
-from . import convert, quota, validate, wire
+from . import convert, quota, txn, validate, wire
 from .context import Member, abort_with
 
 
@@ -62,23 +62,21 @@ class KVService:
             await abort_with(context, exc)
         return wire.delete_response(self.m.headers.framed(r.revision), r.deleted, r.prev_kvs)
 
-    async def Txn(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> pb.TxnResponse:
+    async def Txn(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            validate.check_txn(request, self.m.config.max_txn_ops)
-            validate.check_txn_intervals(request)
+            checked = txn.check_txn(request, self.m.config.max_txn_ops)
             if self.m.guard is not None:
-                validate.check_partition(self.m.guard, validate.txn_written_keys(request))
+                validate.check_partition(self.m.guard, checked.written)
             if auth := self.auth.enabled:
                 user = self.access.caller(context)
             validate.check_size(request, self.m.config.max_request_bytes)
             if auth:
                 self.access.txn(user, request)
-            cost = quota.cost_txn(request)
-            self.m.quota.check(cost, capped=cost > 0)
-            r = await self.store.txn(convert.txn_req(request))
+            self.m.quota.check(checked.cost, capped=checked.cost > 0)
+            r = await self.store.txn(checked.req)
         except Exception as exc:
             await abort_with(context, exc)
-        return convert.txn_response(r, self.m.header(r.revision))
+        return wire.txn_response(self.m.headers.framed(r.revision), r)
 
     async def Compact(self, request: pb.CompactionRequest, context: grpc.aio.ServicerContext) -> pb.CompactionResponse:
         try:

@@ -103,7 +103,7 @@ def check_txn_intervals(r: pb.TxnRequest) -> None:
     _intervals(r.failure)
 
 
-def _hits(dels: list[tuple[bytes, bytes]], key: bytes) -> bool:
+def hits(dels: list[tuple[bytes, bytes]], key: bytes) -> bool:
     """Does the point [key, key+"\\0") meet any [begin, end) in dels?"""
     point_end = key + b"\x00"
     return any(begin < point_end and key < end for begin, end in dels)
@@ -122,11 +122,11 @@ def _intervals(ops) -> tuple[set[bytes], list[tuple[bytes, bytes]]]:
         puts_then, dels_then = _intervals(op.request_txn.success)
         puts_else, dels_else = _intervals(op.request_txn.failure)
         for k in puts_then:
-            if k in puts or _hits(dels, k):
+            if k in puts or hits(dels, k):
                 raise RequestError(DUPLICATE_KEY)
             puts.add(k)
         for k in puts_else:
-            if (k in puts and k not in puts_then) or _hits(dels, k):
+            if (k in puts and k not in puts_then) or hits(dels, k):
                 raise RequestError(DUPLICATE_KEY)
             puts.add(k)
         dels.extend(dels_then)
@@ -135,7 +135,7 @@ def _intervals(ops) -> tuple[set[bytes], list[tuple[bytes, bytes]]]:
         if op.WhichOneof("request") != "request_put":
             continue
         k = op.request_put.key
-        if k in puts or _hits(dels, k):
+        if k in puts or hits(dels, k):
             raise RequestError(DUPLICATE_KEY)
         puts.add(k)
     return puts, dels

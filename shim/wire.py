@@ -9,8 +9,12 @@ parse and a re-serialize per key.  Field numbers are etcd's:
     PutResponse:         header=1 prev_kv=2
     DeleteRangeResponse: header=1 deleted=2 prev_kvs=3 (repeated)
     LeaseKeepAliveResponse: header=1 ID=2 TTL=3 (int64 varints)
+    TxnResponse:         header=1 succeeded=2 responses=3 (repeated ResponseOp)
+    ResponseOp:          response_range=1 response_put=2 response_delete_range=3 response_txn=4
 """
 from __future__ import annotations
+
+from shards.types import DeleteResult, PutResult, RangeResult, TxnResult
 
 
 def varint(n: int) -> bytes:
@@ -80,6 +84,36 @@ def delete_response(header: bytes, deleted: int, prev_kvs: list[bytes]) -> bytes
 
 def _len_field(tag: bytes, data: bytes) -> bytes:
     return tag + varint(len(data)) + data
+
+
+def _op_header(revision: int) -> bytes:
+    """The header of a response inside a txn: the revision only (an empty header is still sent)."""
+    return _len_field(b"\x0a", _field_varint(0x18, revision))
+
+
+_EMPTY_HEADER = b"\x0a\x00"
+
+
+def txn_response(header: bytes, result: TxnResult) -> bytes:
+    parts = [header]
+    if result.succeeded:
+        parts.append(b"\x10\x01")
+    for r in result.responses:
+        parts.append(_len_field(b"\x1a", _response_op(r)))
+    return b"".join(parts)
+
+
+def _response_op(r) -> bytes:
+    kind = type(r)
+    if kind is PutResult:
+        return _len_field(b"\x12", put_response(_op_header(r.revision), r.prev_kv))
+    if kind is RangeResult:
+        return _len_field(b"\x0a", range_response(_op_header(r.revision), r.kvs, r.more, r.count))
+    if kind is DeleteResult:
+        return _len_field(b"\x1a", delete_response(_op_header(r.revision), r.deleted, r.prev_kvs))
+    if kind is TxnResult:
+        return _len_field(b"\x22", txn_response(_EMPTY_HEADER, r))
+    return b""
 
 
 def encode_event(kind: int, kv: bytes, prev_kv: bytes | None) -> bytes:
