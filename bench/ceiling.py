@@ -10,7 +10,10 @@ once a group-committed fdatasync covering them has returned (GroupCommit) --
 the same fdatasync cadence as shardetcd's journal with fsync=always, nothing
 else. --fsync-mode chooses where write + fdatasync run: a dedicated thread
 (the default, as shardetcd's journal), the default executor, or inline on the
-event loop (measured in bench/README.md).
+event loop (measured in bench/README.md). With --metrics-port it serves
+/metrics with etcd's own fdatasync histogram name
+(etcd_disk_wal_fsync_duration_seconds), so the bench counts writes per
+fdatasync the same way on etcd, shardetcd and the ceiling.
 Watch is the same idea: a Put is sent, as one event, to every watcher whose
 key or range holds the put's key, one response per watcher as etcd sends them;
 nothing is stored, so there is no history, no prev_kv and no filtering.
@@ -27,6 +30,7 @@ import signal
 import threading
 
 import grpc
+from prometheus_client import Histogram, start_http_server
 
 from proto import kv_pb2, rpc_pb2 as pb
 
@@ -83,8 +87,9 @@ class GroupCommit:
             fut.add_done_callback(lambda f: self._done(waiters))
 
     def _write(self, parts: list[bytes]) -> None:
-        os.write(self.fd, b"".join(parts))
-        os.fdatasync(self.fd)
+        with _FSYNC.time():
+            os.write(self.fd, b"".join(parts))
+            os.fdatasync(self.fd)
 
     def _thread(self) -> None:
         while (item := self.q.get()) is not None:
@@ -109,6 +114,7 @@ class GroupCommit:
 
 
 _commit: list[GroupCommit | None] = [None]
+_FSYNC = Histogram("etcd_disk_wal_fsync_duration_seconds", "GroupCommit write + fdatasync latency.")
 
 
 async def _put(request: bytes, context) -> bytes:
@@ -181,7 +187,10 @@ async def _keepalive(requests, context):
         yield KEEPALIVE_RESPONSE
 
 
-async def serve(port: int, fsync_dir: str | None = None, fsync_mode: str = "thread") -> None:
+async def serve(port: int, fsync_dir: str | None = None, fsync_mode: str = "thread",
+                metrics_port: int | None = None) -> None:
+    if metrics_port:
+        start_http_server(metrics_port, addr="127.0.0.1")
     if fsync_dir:
         _commit[0] = GroupCommit(fsync_dir, fsync_mode)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -211,8 +220,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--fsync-dir", default=None, help="make Put and Txn durable: group-committed to a file here")
     ap.add_argument("--fsync-mode", default="thread", choices=["thread", "executor", "inline"])
+    ap.add_argument("--metrics-port", type=int, default=None, help="serve /metrics (fdatasync count and time) here")
     args = ap.parse_args()
-    asyncio.run(serve(args.port, args.fsync_dir, args.fsync_mode))
+    asyncio.run(serve(args.port, args.fsync_dir, args.fsync_mode, args.metrics_port))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from . import etcdtool, k8s, machine, report, scenarios as sc
 from .checkperf import check_datascale, check_perf
 from .loadgen import Pool
-from .servers import STARTERS, machine_busy, sample
+from .servers import STARTERS, fsync_count, machine_busy, sample
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LATEST = "latest-quick"
@@ -110,8 +110,16 @@ def grant_leases(target: str, n: int, ttl: int = 3600, batch: int = 256) -> list
     return ids
 
 
+WRITE_COMMANDS = ("put", "txn-put")  # the tool's commands whose requests are all durable writes
+
+
 def run_tool_point(tool: Path, server, s: sc.Scenario, point: sc.Point, total: int) -> dict:
-    row = etcdtool.run(tool, server.endpoint, s, point, total, [server.pid])
+    writes = s.args[0] in WRITE_COMMANDS
+    row = etcdtool.run(tool, server.endpoint, s, point, total, [server.pid],
+                       on_window=(lambda: fsync_count(server.metrics_url)) if writes else None)
+    f0, f1 = row.pop("window", (None, None))
+    if f0 is not None and f1 is not None and f1 > f0:
+        row["writes_per_fsync"] = row["n"] / (f1 - f0)  # how many writes each fdatasync covered (group commit)
     if not s.latency:
         row.update(p50_ms=None, p90_ms=None, p99_ms=None, p999_ms=None)
     return row

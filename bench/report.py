@@ -120,7 +120,8 @@ def table(rows: list[dict]) -> str:
     """Markdown table, every row; a shardetcd row carries its ratios to etcd (and to the ceiling)."""
     index, points = _points(rows)
     head = ["scenario", "clients/conns", "generator", "server", "req/s", "p50 ms", "p99 ms", "srv CPU µs/req",
-            "cli CPU µs/req", "other CPU %", "shardetcd/etcd req/s", "shardetcd/etcd p99", "shardetcd/ceiling req/s"]
+            "cli CPU µs/req", "other CPU %", "writes/fsync", "shardetcd/etcd req/s", "shardetcd/etcd p99",
+            "shardetcd/ceiling req/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for k in points:
         for srv in SERVER_ORDER:
@@ -134,7 +135,8 @@ def table(rows: list[dict]) -> str:
             name = r["scenario"] + (f" {r['op']}" if r.get("op") else "")
             cells = [name, r["point"], GENERATOR.get(r.get("generator"), "?"), srv, _thr(r["req_s"]),
                      _f(r.get("p50_ms")), _f(r.get("p99_ms")), _f(r.get("srv_cpu_us"), "{:.0f}"),
-                     _f(r.get("cli_cpu_us"), "{:.0f}"), _f(r.get("other_cpu_pct"), "{:.0f}"), *ratios]
+                     _f(r.get("cli_cpu_us"), "{:.0f}"), _f(r.get("other_cpu_pct"), "{:.0f}"),
+                     _f(r.get("writes_per_fsync"), "{:.1f}"), *ratios]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

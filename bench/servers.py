@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,11 +138,12 @@ def start_shardetcd_default(tmp: Path, extra_args: tuple[str, ...] = (), describ
 
 
 def start_ceiling(tmp: Path) -> Server:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log = open(tmp / "ceiling.log", "wb")
     journal = tmp / "ceiling-journal"  # Put and Txn are made durable there, as shardetcd's (fsync=always)
     journal.mkdir(exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "bench.ceiling", "--port", str(port), "--fsync-dir", str(journal)],
+    proc = subprocess.Popen([sys.executable, "-m", "bench.ceiling", "--port", str(port), "--fsync-dir", str(journal),
+                             "--metrics-port", str(metrics_port)],
                             cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -160,10 +163,22 @@ def start_ceiling(tmp: Path) -> Server:
         proc.wait()
         log.close()
 
-    return Server("ceiling", endpoint, proc.pid, f"do-nothing grpc.aio server, Put/Txn group-committed with fdatasync (grpcio {grpc.__version__})", stop)
+    return Server("ceiling", endpoint, proc.pid, f"do-nothing grpc.aio server, Put/Txn group-committed with fdatasync (grpcio {grpc.__version__})", stop,
+                  metrics_url=f"http://127.0.0.1:{metrics_port}")
 
 
 STARTERS = {"etcd": start_real_etcd, "shardetcd": start_shardetcd_default, "ceiling": start_ceiling}
+
+
+def fsync_count(metrics_url: str | None) -> float | None:
+    """How many fdatasyncs the server has made: etcd's WAL fsync histogram count, which
+    shardetcd (its journal batches) and the ceiling (its group commits) report too."""
+    if not metrics_url:
+        return None
+    with urllib.request.urlopen(metrics_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    counts = re.findall(r"^etcd_disk_wal_fsync_duration_seconds_count(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return sum(float(c) for c in counts) if counts else None
 
 
 def cpu_seconds(pid: int) -> float:

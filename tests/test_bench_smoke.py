@@ -51,6 +51,16 @@ def test_bench_tiny_runs_every_scenario_on_every_server(tmp_path):
             assert r["p99_ms"] >= r["p50_ms"] > 0, r
         else:  # the tool's watch times nothing per event: no latency is reported
             assert r["p50_ms"] is None and r["p99_ms"] is None, r
+        # durable writes: each server's own fdatasync count (etcd's WAL histogram, which shardetcd and
+        # the ceiling report too) says how many writes one fdatasync covered: one writer's writes cannot
+        # share one (each waits for its own), many writers' may; nothing is counted for the read shapes
+        if r["scenario"] in ("put-hot", "put-seq", "txn-put"):
+            if r["clients"] == 1:
+                assert 0.9 <= r["writes_per_fsync"] <= 1.0, r
+            else:
+                assert r["writes_per_fsync"] >= 0.5, r
+        else:
+            assert "writes_per_fsync" not in r, r
     # the tool ran its own command for each shape, e.g. watch fan-out through its watch command
     cmds = {r["scenario"]: r["command"] for r in data["rows"] if r["generator"] == "tool"}
     assert cmds["watch-fanout"].startswith("--clients=1 --conns=1 --precise watch "), cmds
