@@ -64,7 +64,7 @@ async def _drive(put, writers: int, puts: int) -> tuple[float, float]:
 async def run_variant(variant: str, directory: Path, writers: int, puts: int) -> dict:
     directory.mkdir(parents=True)
     if variant == "group-commit":
-        gc = GroupCommit(str(directory), "thread")
+        gc = GroupCommit(str(directory), "hybrid")  # shardetcd's journal's policy
         request = b"\x0a\x08" + _key(0) + b"\x12\x80\x02" + VALUE  # a PutRequest's size
 
         async def put(i: int) -> None:

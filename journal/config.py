@@ -20,6 +20,10 @@ class JournalConfig:
                 writing so more concurrent appends join the batch.
       "off":    write() only; nothing on the write path is fsynced
                 (a process crash loses nothing, an OS crash may).
+
+    inline_lone_writes: with "always" or "off", a lone writer's batches (one
+    record, nothing else arriving, quick fsyncs) are written on the event loop
+    instead of the writer thread (see Journal._write_inline).
     """
 
     segment_bytes_max: int = 64 * MIB
@@ -27,6 +31,7 @@ class JournalConfig:
     record_bytes_max: int = 64 * MIB
     fsync: str = "always"
     batch_linger_s: float = 0.002
+    inline_lone_writes: bool = True
     replay_progress_bytes: int = 64 * MIB
     read_chunk_bytes: int = 1 * MIB
 

@@ -61,6 +61,12 @@ def hit(name: str) -> None:
     raise OSError(errno.EIO, f"failpoint {name}")
 
 
+def sleep_armed() -> bool:
+    """Is a sleep armed anywhere? (The journal then keeps its writes in its writer thread,
+    so a held fsync holds that thread, not the event loop.)"""
+    return bool(_armed) and any(a.startswith("sleep:") for a in _armed.values())
+
+
 def arm(name: str, action: str) -> None:
     action, _, count = action.partition("@")
     if count and (not count.isdigit() or int(count) < 1):

@@ -33,6 +33,7 @@ from typing import Callable, Iterator
 
 import aiofiles.os
 
+from journal import failpoints
 from journal.appender import Appender
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
@@ -54,6 +55,9 @@ def _call(fn: Callable, *args: object) -> object:
 _in_thread = aiofiles.os.wrap(_call)
 
 
+INLINE_FSYNC_MAX_S = 0.001  # a batch written inline holds the event loop this long at most (see _write_inline)
+
+
 class Journal(Appender):
     """One journal directory. Create with Journal.open()."""
 
@@ -67,6 +71,16 @@ class Journal(Appender):
         self._writer: SegmentWriter | None = None
         self._idle = False  # the writer thread is (about to be) asleep in _kick.get()
         self._kick: SimpleQueue[None] = SimpleQueue()
+        # Whoever writes (the writer thread, or the loop inline) holds this; batches taken by
+        # the thread and batches acknowledged on the loop are counted apart (each side counts its own).
+        self._write_lock = threading.Lock()
+        self._taken = 0
+        self._acked = 0
+        self._lone = False  # the last batch was one record, nothing else came meanwhile, its fsync was quick
+        self._inline_due = False  # a _write_inline is scheduled on the loop
+        self.inline_writes = config.inline_lone_writes and config.fsync != "batch"
+        # may the loop be held for a write now? (the server: no other call is being handled)
+        self.inline_gate: Callable[[], bool] | None = None
 
     # ----------------------------------------------------------------- open / replay
 
@@ -160,9 +174,13 @@ class Journal(Appender):
         if not isinstance(payload, bytes):
             payload = bytes(payload)
         self._queue.append(PendingRecord(seq, rtype, rev, payload))
-        if self._idle:
-            self._idle = False
-            self._kick.put(None)
+        if self._idle and not self._inline_due:
+            if self._lone and self.inline_writes and self._inline_allowed():
+                self._inline_due = True
+                self._loop.call_soon(self._write_inline)
+            else:
+                self._idle = False
+                self._kick.put(None)
         return seq
 
     def release_through(self, rev: int) -> int:
@@ -208,38 +226,56 @@ class Journal(Appender):
     # (group commit: everything appended while a batch is being written goes
     # into the next one), then tells the event loop with one
     # call_soon_threadsafe per batch. The loop never waits for the disk, and
-    # nothing on the loop runs per batch but the acknowledgement itself: no
-    # writer task to wake, no executor future to chain.
+    # nothing on the loop runs per batch but the acknowledgement itself.
+    #
+    # A lone writer (one record per batch, nothing appended while it was
+    # written) gains nothing from the thread: every batch pays two wake-ups
+    # across CPUs (loop -> thread, thread -> loop) and two GIL hand-offs, which
+    # on this VM cost more CPU than the write. While that pattern holds and the
+    # fsyncs are quick, the loop writes the batch itself, after the current
+    # turn's callbacks (so whatever they append joins it); a batch of more than
+    # one record, or an fsync slower than INLINE_FSYNC_MAX_S, hands writing
+    # back to the thread.
 
     def _thread_main(self) -> None:
         loop = self._loop
+        queue = self._queue
         try:
-            while True:
-                batch = self._take_batch()
-                if batch is None:
-                    break
-                started = time.monotonic()
-                touched = self._writer.write_batch(batch)
-                loop.call_soon_threadsafe(self._batch_written, batch, touched, time.monotonic() - started)
+            while self._wait_for_records():
+                with self._write_lock:
+                    batch = self._take_batch()
+                    if not batch:  # the loop wrote it inline meanwhile
+                        continue
+                    self._taken += 1
+                    started = time.monotonic()
+                    touched = self._writer.write_batch(batch)
+                    seconds = time.monotonic() - started
+                    lone = len(batch) == 1 and not queue
+                loop.call_soon_threadsafe(self._batch_written, batch, touched, seconds, lone)
         except BaseException as exc:  # noqa: BLE001 - every write error is fatal by design
             self._call_loop(self._fail, exc)
         finally:
             self._call_loop(self._thread_exited)
 
-    def _take_batch(self) -> list[PendingRecord] | None:
-        """In the writer thread: wait for records, then take up to batch_bytes_max of them
-        (None once closing with nothing left, or failed)."""
+    def _wait_for_records(self) -> bool:
+        """In the writer thread: sleep until records are queued; False once closing with
+        nothing left, or failed."""
         queue = self._queue
         while not queue:
             if self._closing or self._failure is not None:
-                return None
+                return False
             self._idle = True
             if queue or self._closing:  # appended (or closed) before it saw _idle: do not sleep
                 self._idle = False
                 continue
             self._kick.get()
-        if self._failure is not None:
-            return None
+        return self._failure is None
+
+    def _take_batch(self) -> list[PendingRecord]:
+        """Under the write lock: take up to batch_bytes_max of what is queued."""
+        queue = self._queue
+        if not queue or self._failure is not None:
+            return []
         if self.config.fsync == "batch" and not self._closing and self._queued_bytes < self.config.batch_bytes_max:
             time.sleep(self.config.batch_linger_s)  # let more appends join (the writer thread's own time)
         batch = [queue.popleft()]
@@ -251,15 +287,56 @@ class Journal(Appender):
             size += record.frame_bytes
         return batch
 
+    def _inline_allowed(self) -> bool:
+        gate = self.inline_gate
+        return (gate is None or gate()) and not failpoints.sleep_armed()
+
+    def _write_inline(self) -> None:
+        """On the loop: write what is queued here and now, if the thread is idle and
+        nothing it wrote still waits for its acknowledgement; else leave it to the thread."""
+        self._inline_due = False
+        if not self._queue or self._failure is not None:
+            return
+        if (self._closing or not self._idle or not self._inline_allowed()
+                or not self._write_lock.acquire(blocking=False)):
+            self._wake_if_idle()
+            return
+        batch: list[PendingRecord] = []
+        try:
+            if self._taken == self._acked:  # acknowledgements stay in write order
+                batch = self._take_batch()
+                started = time.monotonic()
+                touched = self._writer.write_batch(batch)
+                seconds = time.monotonic() - started
+        except BaseException as exc:  # noqa: BLE001 - every write error is fatal by design
+            self._fail(exc)
+            self._wake_thread()  # it sees the failure and ends
+            return
+        finally:
+            self._write_lock.release()
+        if not batch:
+            self._wake_if_idle()
+            return
+        self._batch_written(batch, touched, seconds, len(batch) == 1 and not self._queue, inline=True)
+        self._wake_if_idle()  # more than a batch's bytes were queued: the rest goes to the thread
+
+    def _wake_if_idle(self) -> None:
+        if self._idle and self._queue:
+            self._wake_thread()
+
     def _call_loop(self, fn: Callable, *args: object) -> None:
         try:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
 
-    def _batch_written(self, batch: list[PendingRecord], touched: list[SegmentInfo], seconds: float) -> None:
+    def _batch_written(self, batch: list[PendingRecord], touched: list[SegmentInfo], seconds: float,
+                       lone: bool, inline: bool = False) -> None:
+        if not inline:
+            self._acked += 1
         if self._failure is not None:  # failed meanwhile: its queue (and count) are gone, nothing is acknowledged
             return
+        self._lone = lone and seconds < INLINE_FSYNC_MAX_S
         self._queued_bytes -= sum(len(r.payload) for r in batch)
         if self.on_batch is not None:
             self.on_batch(sum(r.frame_bytes for r in batch), seconds)

@@ -18,10 +18,17 @@ from proto import rpc_pb2
 
 
 class Traffic:
-    """Bytes of gRPC messages received and sent (read by the metrics collector)."""
+    """Bytes of gRPC messages received and sent (read by the metrics collector), and
+    unary calls being handled right now."""
 
     received = 0
     sent = 0
+    calls = 0
+
+
+def alone() -> bool:
+    """Is at most one unary call (the caller's own) being handled?"""
+    return Traffic.calls <= 1
 
 
 class Malformed:
@@ -67,7 +74,11 @@ def _unary(fn, gate=None):
     async def handle(request, context):
         if type(request) is Malformed:
             await _reject(context, request)
-        return await fn(request, context)
+        Traffic.calls += 1
+        try:
+            return await fn(request, context)
+        finally:
+            Traffic.calls -= 1
 
     return handle
 

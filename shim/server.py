@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from journal import JournalConfig
+from journal import Journal, JournalConfig
 from journal.errors import JournalFailed, JournalGap, JournalUnreachable
 from journal.jetstream import JetStreamConfig, JetStreamLog
 from journal.leadership import WriterLease
@@ -30,6 +30,7 @@ from .concurrency import ElectionService, LockService
 from .auth import AuthService
 from .config import GRPC_OVERHEAD_BYTES, ServerConfig
 from .context import Member
+from . import handlers
 from .handlers import service_handler
 from .gateway import Gateway
 from .http import HttpEndpoint, start_http
@@ -233,7 +234,7 @@ async def release_writer_lease(lease: WriterLease | None) -> None:
 async def open_store(config: ServerConfig, log=None, follow: bool = False) -> Store:
     """Open and recover the store; a disk that cannot take it is one line, not a traceback."""
     try:
-        return await Store.open(store_config(config), log, follow)
+        store = await Store.open(store_config(config), log, follow)
     except OSError as exc:
         where = exc.filename or config.data_dir
         if exc.errno == errno.ENOSPC:
@@ -245,6 +246,10 @@ async def open_store(config: ServerConfig, log=None, follow: bool = False) -> St
         raise StartupError(f"cannot rebuild the in-memory state: {exc}{hint}") from exc
     except JournalUnreachable as exc:
         raise StartupError(str(exc)) from exc
+    for shard in store.shards:
+        if isinstance(shard.journal, Journal):  # a lone writer's batch may hold the loop only while no other call waits
+            shard.journal.inline_gate = handlers.alone
+    return store
 
 
 async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:

@@ -130,8 +130,9 @@ def test_errors(tmp_path, run):
 
 
 def block_writer(shard):
-    """Hold a shard's journal writer before its next batch is written."""
+    """Hold a shard's journal writer (its thread) before its next batch is written."""
     gate = threading.Event()
+    shard.journal.inline_writes = False  # the loop must go on while the writer is held
     writer = shard.journal._writer
     original = writer.write_batch
 
