@@ -24,7 +24,7 @@ from journal.config import JournalConfig
 from journal.errors import JournalCorrupt
 from journal.fsutil import fdatasync, fsync_dir
 from journal.reader import checked_frames, find_valid_frame, iter_frames
-from journal.record import FrameError
+from journal.record import HEADER_BYTES, FrameError
 from journal.segment import SegmentInfo, list_segments
 
 logger = logging.getLogger(__name__)
@@ -83,17 +83,22 @@ def _recover_segment(path: Path, seq: int, prev_rev: int, is_last: bool,
 def scan_segment(f, path: Path, seq: int, end: int, prev_rev: int,
                  config: JournalConfig) -> tuple[SegmentInfo, FrameError | None]:
     """Summarise the valid prefix of a segment; also return the first bad frame, if any."""
-    info = SegmentInfo(path=path, seq=seq)
+    size = count = 0
+    first_rev = last_rev = None
+    bad = None
     try:
         for frame in iter_frames(f, 0, end, config.record_bytes_max, config.read_chunk_bytes):
-            if frame.rev < prev_rev:
-                raise JournalCorrupt(path, frame.offset,
-                                     f"revision tag goes backwards: {frame.rev} after {prev_rev}")
-            info = info.with_record(frame.rev, frame.size)
-            prev_rev = frame.rev
+            rev = frame.rev
+            if rev < prev_rev:
+                raise JournalCorrupt(path, frame.offset, f"revision tag goes backwards: {rev} after {prev_rev}")
+            if not count:
+                first_rev = rev
+            count += 1
+            size += HEADER_BYTES + len(frame.payload)
+            last_rev = prev_rev = rev
     except FrameError as exc:
-        return info, exc
-    return info, None
+        bad = exc
+    return SegmentInfo(path, seq, size, count, first_rev, last_rev), bad
 
 
 BROKEN_COPIES_KEPT = 3
