@@ -17,7 +17,7 @@ from .follow import Follower
 from .lease import GRANT, decode_lease_record
 from .progress import Progress
 from .shard import YIELD_EVERY
-from .record import AUTH, TOKEN, WRITE, decode_compact, decode_extra_meta
+from .record import AUTH, TOKEN, WRITE, decode_compact, decode_extra_meta, decode_write
 
 if TYPE_CHECKING:
     from .shard import Recovered
@@ -104,9 +104,9 @@ async def recover_to_follow(store: Store) -> Follower:
         for epoch, cut in shard.journal.cuts_seen:
             follower.cut(epoch, cut)
     for sid, f in enumerate(found):
-        for r, participants, changes, epoch in f.writes:
+        for r, participants, payload, epoch in f.writes:
             if r > base and not follower._void(epoch, r):
-                follower.parts.setdefault(r, {})[sid] = (epoch, participants, changes)
+                follower.parts.setdefault(r, {})[sid] = (epoch, participants, decode_write(payload)[1])
     _learn_tokens(store, base)
     for sid, shard in enumerate(store.shards):
         for rec in shard.journal.records(after_rev=base):
@@ -153,14 +153,20 @@ async def _rebuild(store: Store, found: list[Recovered], rev: int, keep_hooks: b
             else:
                 leases.remove(lease_id)
     compact = -1
+    key_lease = leases.key_lease
     for shard, f in zip(store.shards, found):
         progress = Progress("journal replay", shard=shard.name, records=len(f.writes))
         budget = YIELD_EVERY
-        for r, _, changes, _ in f.writes:
+        load_write = shard.state.load_write
+        for r, _, payload, _ in f.writes:
             if r <= rev:
-                shard.apply_recovered(r, changes)
+                if keep_hooks:  # a follower goes on through on_replay, which keeps each lease's key set
+                    changes = decode_write(payload)[1]
+                    shard.apply_recovered(r, changes)
+                    budget -= len(changes)
+                else:  # the key sets are rebuilt from key_lease at the end (settle_leases)
+                    budget -= load_write(r, payload, key_lease)
                 progress.tick()
-                budget -= len(changes)
                 if budget <= 0:
                     budget = YIELD_EVERY
                     await asyncio.sleep(0)

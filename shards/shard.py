@@ -21,7 +21,7 @@ from journal.record import Record
 from proto.kv_pb2 import KeyValue
 
 from .errors import DataDirError, StateStoreError
-from .record import AUTH, COMPACT, DELETE, LEASE, TOKEN, WRITE, Change, decode_write, encode_compact, encode_write
+from .record import AUTH, COMPACT, DELETE, LEASE, TOKEN, WRITE, Change, encode_compact, encode_write, write_participants
 from .progress import Progress
 from .state import ShardState
 
@@ -46,7 +46,8 @@ class Recovered:
 
     checkpoint_rev: int
     compact_rev: int
-    writes: list[tuple[int, tuple[int, ...], list[Change], int]]  # (rev, participants, changes, epoch) above it
+    # (rev, participants, WRITE payload, epoch) above it; the changes are read when applied (``decode_write``)
+    writes: list[tuple[int, tuple[int, ...], bytes, int]]
     compacts: list[Record]
     leases: list[Record]
     extra_meta: bytes  # what the store saved beside this shard's last checkpoint
@@ -101,9 +102,8 @@ class Shard:
             budget -= 1
             if rec.rtype == WRITE:
                 if rec.rev > ckpt_rev:
-                    participants, changes = decode_write(rec.payload)
-                    writes.append((rec.rev, participants, changes, rec.epoch))
-                    budget -= len(changes)
+                    writes.append((rec.rev, write_participants(rec.payload), rec.payload, rec.epoch))
+                    budget -= len(rec.payload) >> 12  # read and checked, not yet decoded: yield every ~32 MB
             elif rec.rtype == COMPACT:
                 compacts.append(rec)
             elif rec.rtype == LEASE:

@@ -46,6 +46,7 @@ from journal import failpoints
 from proto.kv_pb2 import KeyValue
 
 from .errors import StateStoreError
+from .record import CHANGE, DELETE, write_changes_at
 from .revision import _ROW, entry, entry_bound, entry_main, row_key
 
 logger = logging.getLogger(__name__)
@@ -468,3 +469,62 @@ class ShardState:
                 del key_lease[key]
         self._grow(held)
         self.last_main = main
+
+    def load_write(self, main: int, payload: bytes, key_lease: dict[bytes, int]) -> int:
+        """Apply a journal WRITE record's changes at revision ``main`` while bulk
+        loading (``record.py`` has the payload); returns how many there were.
+
+        The same rows, index entries and change log as ``put``/``delete`` of each
+        change, in one loop over the payload (no ``Change`` per row, no call per
+        row); each change sets its key's lease in ``key_lease`` (a put without a
+        lease and a delete remove the key), as ``load_rows`` does, for the lease
+        table's key sets to be rebuilt from it afterwards."""
+        if self._bulk is None:
+            raise RuntimeError("load_write() is for bulk loading (begin_bulk)")
+        count, pos = write_changes_at(payload)
+        index, new_keys, revs_log, keys_log = self.index, self._bulk_keys, self._log_revs, self._log_keys
+        unpack, pack, parse = CHANGE.unpack_from, _ROW.pack, KeyValue.FromString
+        dead = self._bulk_dead
+        track = dead is not None
+        batch, held, base, head = self._bulk, 0, main << 33, CHANGE.size
+        for _ in range(count):
+            kind, sub, klen, vlen = unpack(payload, pos)
+            pos += head
+            key = payload[pos : pos + klen]
+            pos += klen
+            row = payload[pos : pos + vlen]
+            pos += vlen
+            if kind == DELETE:
+                batch.put(pack(main, sub) + b"t", row)
+                index[key].append(base | (sub << 1) | 1)  # a KeyError for a key never put, as delete()
+                if track:
+                    dead.add(key)
+                held += 17 + vlen
+                if key in key_lease:
+                    del key_lease[key]
+            else:
+                batch.put(pack(main, sub), row)
+                revs = index.get(key)
+                if revs is None:
+                    index[key] = [base | (sub << 1)]
+                    new_keys.append(key)
+                else:
+                    if dead:
+                        dead.discard(key)
+                    revs.append(base | (sub << 1))
+                held += 16 + vlen
+                if lease := parse(row).lease:
+                    key_lease[key] = lease
+                elif key in key_lease:
+                    del key_lease[key]
+            revs_log.append(main)
+            keys_log.append(key)
+            if len(batch) >= ROW_BATCH_MAX:
+                self._flush_bulk()
+                batch = self._bulk
+        if pos != len(payload):
+            raise ValueError(f"write record has {len(payload) - pos} trailing bytes")
+        self._grow(held)
+        if count:
+            self.last_main = main
+        return count
