@@ -16,6 +16,8 @@ import hashlib
 import random
 import shutil
 
+import pytest
+
 from proto.kv_pb2 import KeyValue
 from shards.record import DELETE, decode_write
 from shards.shard import Shard
@@ -138,5 +140,39 @@ def test_bulk_recovery_equals_the_plain_path(tmp_path, run, monkeypatch):
         assert got.keys() == want.keys()
         for part in want:
             assert got[part] == want[part], part
+
+    run(go())
+
+
+def test_the_collector_is_paused_while_recovering_and_on_again_after(tmp_path, run, monkeypatch):
+    """Recovery's objects all live on: the cyclic collector is off while they are made (it
+    would walk them over and over), and on again afterwards, also when recovery fails."""
+    import gc
+
+    seen = []
+    load_write = ShardState.load_write
+
+    def watching(self, main, payload, key_lease):
+        seen.append(gc.isenabled())
+        return load_write(self, main, payload, key_lease)
+
+    async def go():
+        store = await open_store(tmp_path)
+        await store.put(PutReq(b"/registry/pods/ns/a", b"v"))
+        await store.close()
+        monkeypatch.setattr(ShardState, "load_write", watching)
+        assert gc.isenabled()
+        store = await open_store(tmp_path)
+        assert seen == [False] and gc.isenabled()
+        await store.close()
+
+        def failing(self, main, payload, key_lease):
+            assert not gc.isenabled()
+            raise RuntimeError("state store broke")
+
+        monkeypatch.setattr(ShardState, "load_write", failing)
+        with pytest.raises(RuntimeError, match="state store broke"):
+            await open_store(tmp_path)
+        assert gc.isenabled()
 
     run(go())
