@@ -43,6 +43,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from sortedcontainers import SortedList
 
 from journal import failpoints
+from journal.checkpoint import ROW_LEN
 from proto.kv_pb2 import KeyValue
 
 from .errors import StateStoreError
@@ -420,34 +421,39 @@ class ShardState:
 
         return rows
 
-    def load_rows(self, blobs, on_row: Callable[[bytes, int], None], progress,
-                  key_lease: dict[bytes, int] | None = None) -> None:
-        """Load a checkpoint's rows (``snapshot_rows`` blobs, in revision order)
-        while bulk loading; ``on_row(key, lease id, or -1 for a tombstone)``.
+    def load_rows(self, payload: bytes, pos: int, limit: int, on_row: Callable[[bytes, int], None], progress,
+                  key_lease: dict[bytes, int] | None = None) -> tuple[int, int]:
+        """Load rows of a checkpoint frame (``snapshot_rows`` rows, in revision
+        order, each after its ``ROW_LEN`` length), from offset ``pos``, at most
+        ``limit`` of them, while bulk loading; ``on_row(key, lease id, or -1 for
+        a tombstone)``.  Returns (rows loaded, offset of the next); raises
+        ValueError if the rows do not add up to the payload.
 
-        One tight loop, as this is most of a restart: the row key is written as
-        stored (not decoded and encoded again), the key index takes the entry.
-        With ``key_lease``, each row sets its key's lease there (or removes the
-        key: a tombstone, no lease) instead of calling ``on_row``."""
+        One tight loop, as this is most of a restart: the rows are read in place
+        (no bytes object per row before its key and value), the row key is
+        written as stored (not decoded and encoded again), the key index takes
+        the entry.  With ``key_lease``, each row sets its key's lease there (or
+        removes the key: a tombstone, no lease) instead of calling ``on_row``."""
         if self._bulk is None:
             raise RuntimeError("load_rows() is for bulk loading (begin_bulk)")
         index, new_keys, revs_log, keys_log = self.index, self._bulk_keys, self._log_revs, self._log_keys
-        unpack, parse = _ROW.unpack_from, KeyValue.FromString
+        unpack, row_len, parse = _ROW.unpack_from, ROW_LEN.unpack_from, KeyValue.FromString
         batch, held, count, main = self._bulk, 0, 0, self.last_main
         dead = self._bulk_dead if self._bulk_dead is not None else set()
-        for blob in blobs:
-            klen = blob[0]
-            rk, value = blob[1 : 1 + klen], blob[1 + klen :]
+        end = len(payload)
+        while pos < end and count < limit:
+            (length,) = row_len(payload, pos)
+            klen = payload[pos + 4]
+            at = pos + 5 + klen
+            rk = payload[pos + 5 : at]
+            pos += 4 + length
+            value = payload[at:pos]
             main, sub = unpack(rk)
             tomb = klen > 16
             kv = parse(value)
             key = kv.key
             batch.put(rk, value)
             count += 1
-            if not count & 4095:
-                self._flush_bulk()
-                batch = self._bulk
-                progress.tick(4096)
             revs = index.get(key)
             if revs is None:
                 index[key] = [(main << 33) | (sub << 1) | tomb]
@@ -467,8 +473,14 @@ class ShardState:
                 key_lease[key] = lease
             elif key in key_lease:
                 del key_lease[key]
+        if pos > end:
+            raise ValueError(f"checkpoint rows overrun their frame by {pos - end} bytes")
+        if len(batch) >= ROW_BATCH_MAX:
+            self._flush_bulk()
+        progress.add(count)
         self._grow(held)
         self.last_main = main
+        return count, pos
 
     def load_write(self, main: int, payload: bytes, key_lease: dict[bytes, int]) -> int:
         """Apply a journal WRITE record's changes at revision ``main`` while bulk

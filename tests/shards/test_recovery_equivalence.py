@@ -18,6 +18,8 @@ import shutil
 
 import pytest
 
+from journal.checkpoint import RTYPE_ROWS, _unpack_rows
+from journal.record import Frame
 from proto.kv_pb2 import KeyValue
 from shards.record import DELETE, decode_write
 from shards.shard import Shard
@@ -108,6 +110,27 @@ def plain_load_write(owners: dict):
     return load_write
 
 
+def plain_load_rows(self, payload, pos, limit, on_row, progress, key_lease=None):
+    """The whole frame, one checkpoint row at a time through put/delete, its lease
+    through ``on_row`` (the lease table's attach/detach)."""
+    assert pos == 0
+    n = 0
+    for row in _unpack_rows(Frame(RTYPE_ROWS, 0, payload, 0), None):
+        klen = row[0]
+        rk, value = row[1:1 + klen], row[1 + klen:]
+        main, sub = int.from_bytes(rk[:8], "big"), int.from_bytes(rk[8:16], "big")
+        kv = KeyValue.FromString(value)
+        if klen > 16:
+            self.index.setdefault(kv.key, [])
+            self.delete(kv.key, main, sub, value)
+            on_row(kv.key, -1)
+        else:
+            self.put(kv.key, main, sub, value)
+            on_row(kv.key, kv.lease)
+        n += 1
+    return n, len(payload)
+
+
 def test_bulk_recovery_equals_the_plain_path(tmp_path, run, monkeypatch):
     async def go():
         store = await open_store(tmp_path, checkpoint_journal_bytes=12 * 1024)
@@ -134,6 +157,7 @@ def test_bulk_recovery_equals_the_plain_path(tmp_path, run, monkeypatch):
 
         monkeypatch.setattr(Shard, "__init__", remember)
         monkeypatch.setattr(ShardState, "load_write", plain_load_write(owners))
+        monkeypatch.setattr(ShardState, "load_rows", plain_load_rows)
         plain = await open_store(tmp_path / "plain", checkpoint_journal_bytes=1 << 40)
         want = state_digest(plain)
         await plain.close()
@@ -174,5 +198,36 @@ def test_the_collector_is_paused_while_recovering_and_on_again_after(tmp_path, r
         with pytest.raises(RuntimeError, match="state store broke"):
             await open_store(tmp_path)
         assert gc.isenabled()
+
+    run(go())
+
+
+@pytest.mark.parametrize("tail, reason", [(b"\x09\x00\x00\x00ab", "row overruns its frame"),
+                                          (b"\x01\x00", "row length prefix cut short")])
+def test_a_checkpoint_whose_rows_do_not_add_up_stops_the_start(tmp_path, run, tail, reason):
+    """The rows are read in place from each checkpoint frame: a frame whose CRC holds but
+    whose rows overrun it or end in a cut-short length (a writer's bug) is JournalCorrupt."""
+    from journal import JournalCorrupt
+    from journal.reader import iter_frames
+    from journal.record import encode_frame
+
+    async def go():
+        store = await open_store(tmp_path, checkpoint_journal_bytes=1 << 40)
+        for i in range(50):
+            await store.put(PutReq(b"/registry/pods/ns/p%02d" % i, b"v" * 100))
+        pods = store.shards[store.router.shard_for_key(b"/registry/pods/ns/p00")]
+        pods.start_checkpoint(store.committed, store.compact_rev)
+        await pods.checkpoint_task
+        await store.close()
+        (path,) = (tmp_path / "data" / "shards" / pods.name).glob("checkpoint-*.ckpt")
+        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            frames = list(iter_frames(f, 0, len(raw), 1 << 26, 1 << 20))
+        rows = frames[1]
+        assert rows.rtype == RTYPE_ROWS and len(frames) == 3  # header, one frame of rows, trailer
+        path.write_bytes(raw[:rows.offset] + encode_frame(RTYPE_ROWS, rows.rev, bytes(rows.payload) + tail)
+                         + raw[rows.end:])
+        with pytest.raises(JournalCorrupt, match=reason):
+            await open_store(tmp_path, checkpoint_journal_bytes=1 << 40)
 
     run(go())

@@ -521,10 +521,10 @@ def test_recovery_yields_to_the_event_loop_so_the_writer_lease_is_renewed(tmp_pa
         loaded = [0]
         load_rows, load_write = ShardState.load_rows, ShardState.load_write
 
-        def counting_load(self, blobs, on_row, progress, key_lease=None):
-            blobs = list(blobs)
-            load_rows(self, blobs, on_row, progress, key_lease)
-            loaded[0] += len(blobs)
+        def counting_load(self, payload, pos, limit, on_row, progress, key_lease=None):
+            n, pos = load_rows(self, payload, pos, limit, on_row, progress, key_lease)
+            loaded[0] += n
+            return n, pos
 
         def counting_write(self, rev, payload, key_lease):
             n = load_write(self, rev, payload, key_lease)
