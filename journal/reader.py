@@ -19,38 +19,29 @@ def iter_frames(f: BinaryIO, start: int, end: int, record_bytes_max: int,
     Raises FrameError (with the absolute offset) at the first bad frame; a
     frame cut short by `end` raises FrameTruncated.
 
-    The checks of ``decode_frame`` are made inline (every journal frame is read
-    here at open and again at replay: 100k small frames cost ~0.1 s less a pass);
-    a frame that fails any of them goes through ``decode_frame`` for its error.
+    Each frame is read as its header, then its payload, straight from `f` (a
+    buffered file serves small frames from its buffer; a large payload is read
+    into its own bytes object, copied once): its ``payload`` is bytes.  The
+    checks of ``decode_frame`` are made inline; a frame that fails any of them
+    goes through ``decode_frame`` for its error.  (``chunk_bytes`` is unused: a
+    file's own buffer sizes the reads.)
     """
     f.seek(start)
-    unpack, crc32, hb = HEADER.unpack_from, zlib.crc32, HEADER_BYTES
-    buf, view, buf_start, file_pos, pos = b"", memoryview(b""), start, start, start
+    read, unpack, crc32, hb = f.read, HEADER.unpack_from, zlib.crc32, HEADER_BYTES
+    pos = start
     while pos < end:
-        i = pos - buf_start
-        avail = len(buf) - i
-        if avail >= hb:
-            magic, rtype, flags, length, rev, crc = unpack(buf, i)
-            stop = i + hb + length
-            if (magic == MAGIC and rtype and not flags and length <= record_bytes_max and avail >= hb + length
-                    and crc32(view[i + hb:stop], crc32(view[i + 2:i + 16])) == crc):
-                yield Frame(rtype, rev, view[i + hb:stop], pos)
-                pos += hb + length
-                continue
-        try:
-            frame = decode_frame(buf, i, record_bytes_max, base=buf_start)
-        except FrameTruncated as exc:
-            have = buf_start + len(buf) - pos
-            want = min(max(chunk_bytes, exc.needed - have), end - file_pos)
-            data = f.read(want) if want > 0 else b""
-            if not data:
-                raise
-            buf, buf_start = buf[i:] + data, pos
-            view = memoryview(buf)
-            file_pos += len(data)
-            continue
-        yield frame  # not reached: decode_frame accepts only what the inline checks accept
-        pos = frame.end
+        head = read(min(hb, end - pos))
+        if len(head) == hb:
+            magic, rtype, flags, length, rev, crc = unpack(head)
+            if magic == MAGIC and rtype and not flags and length <= record_bytes_max:
+                payload = read(min(length, end - pos - hb))
+                if len(payload) == length and crc32(payload, crc32(head[2:16])) == crc:
+                    yield Frame(rtype, rev, payload, pos)
+                    pos += hb + length
+                    continue
+                head += payload
+        decode_frame(head, 0, record_bytes_max, base=pos)  # raises this frame's error
+        raise AssertionError(f"decode_frame accepted a frame iter_frames did not, at offset {pos}")
 
 
 def checked_frames(f: BinaryIO, path: Path, start: int, end: int, record_bytes_max: int,
