@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import IngestExternalFileOptions, Options, Rdict, SstFileWriter, WriteBatch, WriteOptions
 from sortedcontainers import SortedList
 
 from journal import failpoints
@@ -53,6 +53,7 @@ from .revision import _ROW, entry, entry_bound, entry_main, row_key
 logger = logging.getLogger(__name__)
 
 ROW_BATCH_MAX = 4096
+BULK_SST = "bulk-load.sst"  # in the state dir while recovery writes it; RocksDB takes it whole at the end
 
 
 def open_rocks(path: Path) -> Rdict:
@@ -98,6 +99,8 @@ class ShardState:
         self.bytes_in_use = 0  # row keys + values held (history included)
         self.bytes_high = 0  # high-water mark of bytes_in_use since the last defragment
         self._bulk: WriteBatch | None = None  # set while recovery loads rows (see begin_bulk)
+        self._sst: SstFileWriter | None = None  # where bulk rows go while their keys ascend (see begin_bulk)
+        self._sst_rows = 0
         self._bulk_keys: list[bytes] = []
         # keys whose latest row loaded in bulk is a tombstone (None: liveness is read from the index at the end)
         self._bulk_dead: set[bytes] | None = None
@@ -106,15 +109,29 @@ class ShardState:
 
     def begin_bulk(self) -> None:
         """Recovery is about to load many rows, reading nothing until ``end_bulk``:
-        rows go to RocksDB in write batches, and the sorted key lists are built
-        once at the end instead of one insertion per key."""
+        the sorted key lists are built once at the end instead of one insertion
+        per key, and the rows of an empty state go into an SST file that RocksDB
+        takes whole at the end (``ingest_external_file``: no memtable insertion,
+        no flush and compaction of the memtables; ~0.5 µs a row less).  An SST
+        file needs ascending row keys, which recovery's rows have (checkpoint
+        rows in row-key order, then the journal's revisions above them); a row
+        that does not ascend ends the file early, and the rest goes to RocksDB
+        in write batches."""
         self._bulk = WriteBatch(raw_mode=True)
         self._bulk_keys = []
         self._bulk_dead = set() if not self.keys else None  # from empty: track the few tombstoned keys
+        if not self.index and self.bytes_in_use == 0:
+            try:
+                sst = SstFileWriter(options=Options(raw_mode=True))
+                sst.open(str(self.path / BULK_SST))
+            except Exception as exc:
+                raise self._failed(exc) from exc
+            self._sst, self._sst_rows = sst, 0
 
     def end_bulk(self) -> None:
         if self._bulk is None:
             return
+        self._end_sst()
         self._flush_bulk()
         self._bulk = None
         keys = sorted([*self.keys, *self._bulk_keys]) if self.keys else sorted(self._bulk_keys)
@@ -127,6 +144,48 @@ class ShardState:
         self.keys, self.live = SortedList(keys), SortedList(live)  # sorting what is sorted is one pass
         self._bulk_keys = []
         self._bulk_dead = None
+
+    def _bulk_put(self) -> Callable[[bytes, bytes], None]:
+        """Where the bulk loops put rows now: the SST file, or the write batch."""
+        return self._sst.__setitem__ if self._sst is not None else self._bulk.put
+
+    def _bulk_refused(self, rk: bytes, value: bytes, exc: Exception, uncounted: int) -> Callable[[bytes, bytes], None]:
+        """The SST file refused a row (its key does not ascend): end the file, put
+        the row in the write batch, and return where the next rows go; ``uncounted``:
+        rows the caller put in the file and has not counted yet."""
+        if self._sst is None:
+            raise self._failed(exc) from exc
+        self._sst_rows += uncounted
+        logger.info("bulk load: the SST file takes no more rows, the rest goes in write batches path=%s "
+                    "rows_in_sst=%d reason=%s", self.path, self._sst_rows, exc)
+        self._end_sst()
+        self._bulk.put(rk, value)
+        return self._bulk.put
+
+    def _end_sst(self) -> None:
+        """Hand the SST file's rows to RocksDB (the file is moved into it)."""
+        sst, self._sst = self._sst, None
+        if sst is None:
+            return
+        path = self.path / BULK_SST
+        try:
+            if self._sst_rows:
+                sst.finish()
+                opts = IngestExternalFileOptions()
+                opts.set_move_files(True)
+                self.db.ingest_external_file([str(path)], opts)
+            del sst
+            path.unlink(missing_ok=True)
+        except Exception as exc:
+            raise self._failed(exc) from exc
+        self._sst_rows = 0
+
+    def _bulk_written(self, rows: int) -> None:
+        """A bulk loop put ``rows`` rows: count them (SST file) or write the batch once it is full."""
+        if self._sst is not None:
+            self._sst_rows += rows
+        elif len(self._bulk) >= ROW_BATCH_MAX:
+            self._flush_bulk()
 
     def _flush_bulk(self) -> None:
         batch, self._bulk = self._bulk, WriteBatch(raw_mode=True)
@@ -155,6 +214,14 @@ class ShardState:
         if self.failure is not None:
             raise self._failed(self.failure)
         if self._bulk is not None:
+            if self._sst is not None:
+                try:
+                    self._sst[rk] = value
+                    self._sst_rows += 1
+                    return
+                except Exception as exc:  # noqa: BLE001 - a key that does not ascend, or a failure
+                    self._bulk_refused(rk, value, exc, 0)
+                    return
             self._bulk.put(rk, value)
             if len(self._bulk) >= ROW_BATCH_MAX:
                 self._flush_bulk()
@@ -438,7 +505,7 @@ class ShardState:
             raise RuntimeError("load_rows() is for bulk loading (begin_bulk)")
         index, new_keys, revs_log, keys_log = self.index, self._bulk_keys, self._log_revs, self._log_keys
         unpack, row_len, parse = _ROW.unpack_from, ROW_LEN.unpack_from, KeyValue.FromString
-        batch, held, count, main = self._bulk, 0, 0, self.last_main
+        put, held, count, main = self._bulk_put(), 0, 0, self.last_main
         dead = self._bulk_dead if self._bulk_dead is not None else set()
         end = len(payload)
         while pos < end and count < limit:
@@ -452,7 +519,10 @@ class ShardState:
             tomb = klen > 16
             kv = parse(value)
             key = kv.key
-            batch.put(rk, value)
+            try:
+                put(rk, value)
+            except Exception as exc:  # noqa: BLE001 - the SST file refused it (or RocksDB failed)
+                put = self._bulk_refused(rk, value, exc, count)
             count += 1
             revs = index.get(key)
             if revs is None:
@@ -475,8 +545,7 @@ class ShardState:
                 del key_lease[key]
         if pos > end:
             raise ValueError(f"checkpoint rows overrun their frame by {pos - end} bytes")
-        if len(batch) >= ROW_BATCH_MAX:
-            self._flush_bulk()
+        self._bulk_written(count)
         progress.add(count)
         self._grow(held)
         self.last_main = main
@@ -498,16 +567,20 @@ class ShardState:
         unpack, pack, parse = CHANGE.unpack_from, _ROW.pack, KeyValue.FromString
         dead = self._bulk_dead
         track = dead is not None
-        batch, held, base, head = self._bulk, 0, main << 33, CHANGE.size
-        for _ in range(count):
+        put, held, base, head = self._bulk_put(), 0, main << 33, CHANGE.size
+        for i in range(count):
             kind, sub, klen, vlen = unpack(payload, pos)
             pos += head
             key = payload[pos : pos + klen]
             pos += klen
             row = payload[pos : pos + vlen]
             pos += vlen
+            rk = pack(main, sub) + b"t" if kind == DELETE else pack(main, sub)
+            try:
+                put(rk, row)
+            except Exception as exc:  # noqa: BLE001 - the SST file refused it (or RocksDB failed)
+                put = self._bulk_refused(rk, row, exc, i)
             if kind == DELETE:
-                batch.put(pack(main, sub) + b"t", row)
                 index[key].append(base | (sub << 1) | 1)  # a KeyError for a key never put, as delete()
                 if track:
                     dead.add(key)
@@ -515,7 +588,6 @@ class ShardState:
                 if key in key_lease:
                     del key_lease[key]
             else:
-                batch.put(pack(main, sub), row)
                 revs = index.get(key)
                 if revs is None:
                     index[key] = [base | (sub << 1)]
@@ -531,11 +603,9 @@ class ShardState:
                     del key_lease[key]
             revs_log.append(main)
             keys_log.append(key)
-            if len(batch) >= ROW_BATCH_MAX:
-                self._flush_bulk()
-                batch = self._bulk
         if pos != len(payload):
             raise ValueError(f"write record has {len(payload) - pos} trailing bytes")
+        self._bulk_written(count)
         self._grow(held)
         if count:
             self.last_main = main

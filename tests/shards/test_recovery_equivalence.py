@@ -231,3 +231,32 @@ def test_a_checkpoint_whose_rows_do_not_add_up_stops_the_start(tmp_path, run, ta
             await open_store(tmp_path, checkpoint_journal_bytes=1 << 40)
 
     run(go())
+
+
+def test_a_recovery_that_fills_the_state_dir_is_a_state_store_error(tmp_path, run):
+    """Bulk rows go into an SST file in the state dir: when that dir fills up, the start
+    fails with the state store's error (no rows quietly missing), and a start with room
+    recovers everything."""
+    import os
+
+    from shards.errors import StateStoreError
+    from tests.shards.store_helpers import make_config
+    from shards.store import Store
+    from tests.tmpfs import mounted_tmpfs
+
+    async def go():
+        store = await open_store(tmp_path, checkpoint_journal_bytes=1 << 20)
+        for i in range(60):  # incompressible: ~3.6 MB of rows, partly in a checkpoint
+            await store.put(PutReq(b"/registry/pods/ns/p%02d" % i, os.urandom(60_000)))
+        before = visible(store)
+        await store.close()
+        with mounted_tmpfs(tmp_path / "small", "2m") as small:
+            config = make_config(tmp_path)
+            config = type(config)(**{**config.__dict__, "state_dir": small / "state"})
+            with pytest.raises(StateStoreError, match="No space left on device"):
+                await Store.open(config)
+        store = await open_store(tmp_path)
+        assert visible(store) == before
+        await store.close()
+
+    run(go())
