@@ -149,3 +149,25 @@ def test_an_empty_bulk_load_leaves_no_file(tmp_path):
     s.put(b"a", 2, 0, b"x")
     assert _rows(s) == [(b"\x00" * 7 + b"\x02" + b"\x00" * 8, b"x")]
     s.close()
+
+
+@pytest.mark.parametrize("n", [0, 1, 999, 1000, 1001, 2500, 5000])
+def test_sorted_list_of_sorted_values_is_the_sorted_list(n):
+    """end_bulk builds its key lists from sorted keys without sorting them again."""
+    from sortedcontainers import SortedList
+
+    from shards.state import sorted_list
+
+    rng = random.Random(n)
+    values = sorted({rng.randbytes(8) for _ in range(n)})
+    assert len(values) == n
+    got = sorted_list(values)
+    got._check()
+    assert list(got) == list(SortedList(values)) == values and len(got) == n
+    want = sorted(set(values) | {b"\x00" * 9})
+    got.add(b"\x00" * 9)
+    if values:
+        got.discard(values[n // 2])
+        want.remove(values[n // 2])
+    got._check()
+    assert list(got) == want
