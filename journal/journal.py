@@ -63,6 +63,8 @@ class Journal(Appender):
         self.config = config
         self._segments = segments
         self._replay = list(segments)
+        # records read by the open scan, by segment path, for the first replay (see open's keep_records)
+        self._kept: dict[Path, list[Record]] = {}
         self._queue: deque[PendingRecord] = deque()
         self._writer: SegmentWriter | None = None
         self._idle = False  # the writer thread is (about to be) asleep in _kick.get()
@@ -71,12 +73,20 @@ class Journal(Appender):
     # ----------------------------------------------------------------- open / replay
 
     @classmethod
-    def open(cls, directory: Path, config: JournalConfig = JournalConfig()) -> Journal:
-        """Scan `directory` (created if missing); repair a torn tail; raise JournalCorrupt on damage."""
+    def open(cls, directory: Path, config: JournalConfig = JournalConfig(), keep_records: bool = False) -> Journal:
+        """Scan `directory` (created if missing); repair a torn tail; raise JournalCorrupt on damage.
+
+        With `keep_records`, the records the scan read stay in memory for the first
+        `records()` over each segment (a start replays what it opened: the scan
+        checks and reads every frame anyway, so they are not read twice); they go
+        as that replay passes them, or at `truncate_after`/`start`."""
         directory = Path(directory)
         ensure_dir(directory)
-        segments = recover(directory, config)
+        kept: dict[Path, list[Record]] | None = {} if keep_records else None
+        segments = recover(directory, config, kept)
         journal = cls(directory, config, segments)
+        if kept:
+            journal._kept = kept
         logger.debug("journal opened dir=%s segments=%d records=%d bytes=%d last_rev=%d",
                     directory, len(segments), sum(s.count for s in segments),
                     journal.bytes_total, journal._last_rev)
@@ -95,6 +105,13 @@ class Journal(Appender):
         add = progress.add
         for info in todo:
             path = info.path
+            kept = self._kept.pop(path, None)
+            if kept is not None and len(kept) == info.count:  # read by the open scan: not again
+                for rec in kept:
+                    add(HEADER_BYTES + len(rec.payload))
+                    if rec.rev > after_rev:
+                        yield rec
+                continue
             with open(path, "rb") as f:  # iter_frames straight, not checked_frames: one generator less per record
                 try:
                     for frame in iter_frames(f, 0, info.size, cfg.record_bytes_max, cfg.read_chunk_bytes):
@@ -112,6 +129,7 @@ class Journal(Appender):
             raise RuntimeError("truncate_after() is only allowed before start()")
         self._segments, removed = truncate_segments(self._segments, rev, self.config)
         self._replay = list(self._segments)
+        self._kept = {}
         self._last_rev = _last_rev(self._segments)
         return removed
 
@@ -143,6 +161,7 @@ class Journal(Appender):
         """Start the writer thread; it owns the segment file from now on."""
         if self._task is not None or self._closing:
             raise RuntimeError("journal already started or closed")
+        self._kept = {}
         tail = self._segments[-1] if self._segments else None
         writer = SegmentWriter(self.directory, self.config, tail)
         await _in_thread(writer.open_tail)
@@ -309,7 +328,7 @@ class LocalLog:
     """Journals in local directories: ``<dir>/journal`` segments, checkpoints in ``<dir>``."""
 
     async def open_journal(self, name: str, directory: Path, config: JournalConfig = JournalConfig()) -> Journal:
-        return Journal.open(Path(directory) / "journal", config)
+        return Journal.open(Path(directory) / "journal", config, keep_records=True)  # a start replays it next
 
     async def close(self) -> None:
         pass
