@@ -170,8 +170,11 @@ def test_bulk_recovery_equals_the_plain_path(tmp_path, run, monkeypatch):
 
 def test_the_collector_is_paused_while_recovering_and_on_again_after(tmp_path, run, monkeypatch):
     """Recovery's objects all live on: the cyclic collector is off while they are made (it
-    would walk them over and over), and on again afterwards, also when recovery fails."""
+    would walk them over and over) and on again afterwards, also when recovery fails; what
+    a large recovery made is frozen out of its sight until the store closes."""
     import gc
+
+    import shards.recovery
 
     seen = []
     load_write = ShardState.load_write
@@ -186,9 +189,16 @@ def test_the_collector_is_paused_while_recovering_and_on_again_after(tmp_path, r
         await store.close()
         monkeypatch.setattr(ShardState, "load_write", watching)
         assert gc.isenabled()
-        store = await open_store(tmp_path)
-        assert seen == [False] and gc.isenabled()
+        frozen = gc.get_freeze_count()
+        store = await open_store(tmp_path)  # a small recovery: nothing frozen
+        assert seen == [False] and gc.isenabled() and gc.get_freeze_count() == frozen
         await store.close()
+
+        monkeypatch.setattr(shards.recovery, "FREEZE_AFTER", 0)  # as if it were large
+        store = await open_store(tmp_path)
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+        await store.close()
+        assert gc.get_freeze_count() == 0
 
         def failing(self, main, payload, key_lease):
             assert not gc.isenabled()
@@ -197,7 +207,7 @@ def test_the_collector_is_paused_while_recovering_and_on_again_after(tmp_path, r
         monkeypatch.setattr(ShardState, "load_write", failing)
         with pytest.raises(RuntimeError, match="state store broke"):
             await open_store(tmp_path)
-        assert gc.isenabled()
+        assert gc.isenabled() and gc.get_freeze_count() == 0
 
     run(go())
 
