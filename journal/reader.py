@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from journal.errors import JournalCorrupt
-from journal.record import HEADER_BYTES, MAGIC, Frame, FrameError, FrameTruncated, decode_frame
+from journal.record import HEADER, HEADER_BYTES, MAGIC, Frame, FrameError, FrameTruncated, decode_frame
 
 SEARCH_CHUNK_BYTES = 1024 * 1024
 
@@ -17,23 +18,30 @@ def iter_frames(f: BinaryIO, start: int, end: int, record_bytes_max: int,
 
     Raises FrameError (with the absolute offset) at the first bad frame; a
     frame cut short by `end` raises FrameTruncated.
+
+    Each frame is read as its header, then its payload, straight from `f` (a
+    buffered file serves small frames from its buffer; a large payload is read
+    into its own bytes object, copied once): its ``payload`` is bytes.  The
+    checks of ``decode_frame`` are made inline; a frame that fails any of them
+    goes through ``decode_frame`` for its error.  (``chunk_bytes`` is unused: a
+    file's own buffer sizes the reads.)
     """
     f.seek(start)
-    buf, buf_start, file_pos, pos = b"", start, start, start
+    read, unpack, crc32, hb = f.read, HEADER.unpack_from, zlib.crc32, HEADER_BYTES
+    pos = start
     while pos < end:
-        try:
-            frame = decode_frame(buf, pos - buf_start, record_bytes_max, base=buf_start)
-        except FrameTruncated as exc:
-            have = buf_start + len(buf) - pos
-            want = min(max(chunk_bytes, exc.needed - have), end - file_pos)
-            data = f.read(want) if want > 0 else b""
-            if not data:
-                raise
-            buf, buf_start = buf[pos - buf_start:] + data, pos
-            file_pos += len(data)
-            continue
-        yield frame
-        pos = frame.end
+        head = read(min(hb, end - pos))
+        if len(head) == hb:
+            magic, rtype, flags, length, rev, crc = unpack(head)
+            if magic == MAGIC and rtype and not flags and length <= record_bytes_max:
+                payload = read(min(length, end - pos - hb))
+                if len(payload) == length and crc32(payload, crc32(head[2:16])) == crc:
+                    yield Frame(rtype, rev, payload, pos)
+                    pos += hb + length
+                    continue
+                head += payload
+        decode_frame(head, 0, record_bytes_max, base=pos)  # raises this frame's error
+        raise AssertionError(f"decode_frame accepted a frame iter_frames did not, at offset {pos}")
 
 
 def checked_frames(f: BinaryIO, path: Path, start: int, end: int, record_bytes_max: int,

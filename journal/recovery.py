@@ -24,21 +24,25 @@ from journal.config import JournalConfig
 from journal.errors import JournalCorrupt
 from journal.fsutil import fdatasync, fsync_dir
 from journal.reader import checked_frames, find_valid_frame, iter_frames
-from journal.record import FrameError
+from journal.record import HEADER_BYTES, FrameError, Record
 from journal.segment import SegmentInfo, list_segments
 
 logger = logging.getLogger(__name__)
 
 
-def recover(directory: Path, config: JournalConfig) -> list[SegmentInfo]:
-    """Scan every segment in `directory`, repairing a torn tail; return their summaries."""
+def recover(directory: Path, config: JournalConfig,
+            kept: dict[Path, list[Record]] | None = None) -> list[SegmentInfo]:
+    """Scan every segment in `directory`, repairing a torn tail; return their summaries.
+    With `kept`, also the records of each segment's valid frames, by segment path (read
+    once here for a replay that follows: the scan reads every payload anyway)."""
     listed = list_segments(directory)
     _check_contiguous(listed)
     infos: list[SegmentInfo] = []
     prev_rev = 0
     for index, (seq, path) in enumerate(listed):
         is_last = index == len(listed) - 1
-        info = _recover_segment(path, seq, prev_rev, is_last, config)
+        keep = None if kept is None else kept.setdefault(path, [])
+        info = _recover_segment(path, seq, prev_rev, is_last, config, keep)
         infos.append(info)
         prev_rev = info.last_rev if info.last_rev is not None else prev_rev
     if config.sync_writes and infos:
@@ -65,10 +69,10 @@ def _check_contiguous(listed: list[tuple[int, Path]]) -> None:
 
 
 def _recover_segment(path: Path, seq: int, prev_rev: int, is_last: bool,
-                     config: JournalConfig) -> SegmentInfo:
+                     config: JournalConfig, keep: list[Record] | None = None) -> SegmentInfo:
     with open(path, "rb") as f:
         file_bytes = os.fstat(f.fileno()).st_size
-        info, bad = scan_segment(f, path, seq, file_bytes, prev_rev, config)
+        info, bad = scan_segment(f, path, seq, file_bytes, prev_rev, config, keep)
         if bad is None:
             return info
         if not is_last:
@@ -80,20 +84,29 @@ def _recover_segment(path: Path, seq: int, prev_rev: int, is_last: bool,
     return info
 
 
-def scan_segment(f, path: Path, seq: int, end: int, prev_rev: int,
-                 config: JournalConfig) -> tuple[SegmentInfo, FrameError | None]:
-    """Summarise the valid prefix of a segment; also return the first bad frame, if any."""
-    info = SegmentInfo(path=path, seq=seq)
+def scan_segment(f, path: Path, seq: int, end: int, prev_rev: int, config: JournalConfig,
+                 keep: list[Record] | None = None) -> tuple[SegmentInfo, FrameError | None]:
+    """Summarise the valid prefix of a segment; also return the first bad frame, if any.
+    With `keep`, the valid prefix's records are appended to it."""
+    size = count = 0
+    first_rev = last_rev = None
+    bad = None
+    append = keep.append if keep is not None else None
     try:
         for frame in iter_frames(f, 0, end, config.record_bytes_max, config.read_chunk_bytes):
-            if frame.rev < prev_rev:
-                raise JournalCorrupt(path, frame.offset,
-                                     f"revision tag goes backwards: {frame.rev} after {prev_rev}")
-            info = info.with_record(frame.rev, frame.size)
-            prev_rev = frame.rev
+            rev = frame.rev
+            if rev < prev_rev:
+                raise JournalCorrupt(path, frame.offset, f"revision tag goes backwards: {rev} after {prev_rev}")
+            if not count:
+                first_rev = rev
+            count += 1
+            size += HEADER_BYTES + len(frame.payload)
+            last_rev = prev_rev = rev
+            if append is not None:
+                append(Record(frame.rtype, rev, bytes(frame.payload), path, frame.offset))
     except FrameError as exc:
-        return info, exc
-    return info, None
+        bad = exc
+    return SegmentInfo(path, seq, size, count, first_rev, last_rev), bad
 
 
 BROKEN_COPIES_KEPT = 3

@@ -9,7 +9,7 @@ use the name only for ordering; revisions are always taken from the frames.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 SEGMENT_SUFFIX = ".wal"
@@ -28,9 +28,8 @@ class SegmentInfo:
     last_rev: int | None = None
 
     def with_record(self, rev: int, frame_bytes: int) -> SegmentInfo:
-        first = self.first_rev if self.count else rev
-        return replace(self, size=self.size + frame_bytes, count=self.count + 1,
-                       first_rev=first, last_rev=rev)
+        first = self.first_rev if self.count else rev  # not dataclasses.replace: ~4x its speed
+        return SegmentInfo(self.path, self.seq, self.size + frame_bytes, self.count + 1, first, rev)
 
     def covered_by(self, rev: int) -> bool:
         """True when every record in the segment has a revision tag <= rev."""

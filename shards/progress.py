@@ -27,6 +27,14 @@ class Progress:
                 self.next_at = now + self.interval_s
                 self._log(now, "progress")
 
+    def add(self, n: int) -> None:
+        """``n`` items at once (a batch of them): the clock is read every time."""
+        self.count += n
+        now = time.monotonic()
+        if now >= self.next_at:
+            self.next_at = now + self.interval_s
+            self._log(now, "progress")
+
     def done(self) -> None:
         now = time.monotonic()
         if now - self.started >= self.interval_s:  # only loops that said something already

@@ -105,6 +105,22 @@ def decode_write(payload: bytes) -> tuple[tuple[int, ...], list[Change]]:
     return participants, changes
 
 
+def write_participants(payload: bytes) -> tuple[int, ...]:
+    """The shard ids a WRITE payload names (its changes are not read: see ``write_changes_at``)."""
+    (n,) = _U16.unpack_from(payload, 0)
+    return struct.unpack_from(f"<{n}H", payload, 2)
+
+
+def write_changes_at(payload: bytes) -> tuple[int, int]:
+    """(number of changes, offset of the first) of a WRITE payload, for a caller that
+    reads the changes itself (``CHANGE`` headers, key, row), as recovery's bulk load does."""
+    pos = 2 + 2 * _U16.unpack_from(payload, 0)[0]
+    return _U32.unpack_from(payload, pos)[0], pos + 4
+
+
+CHANGE = _CHANGE  # a change's header: kind, sub revision, key length, row length
+
+
 def encode_compact(rev: int) -> bytes:
     return _U64.pack(rev)
 

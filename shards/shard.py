@@ -11,7 +11,6 @@ import asyncio
 import logging
 import struct
 from collections import deque
-from itertools import islice
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from journal.record import Record
 from proto.kv_pb2 import KeyValue
 
 from .errors import DataDirError, StateStoreError
-from .record import AUTH, COMPACT, DELETE, LEASE, TOKEN, WRITE, Change, decode_write, encode_compact, encode_write
+from .record import AUTH, COMPACT, DELETE, LEASE, TOKEN, WRITE, Change, encode_compact, encode_write, write_participants
 from .progress import Progress
 from .state import ShardState
 
@@ -46,7 +45,8 @@ class Recovered:
 
     checkpoint_rev: int
     compact_rev: int
-    writes: list[tuple[int, tuple[int, ...], list[Change], int]]  # (rev, participants, changes, epoch) above it
+    # (rev, participants, WRITE payload, epoch) above it; the changes are read when applied (``decode_write``)
+    writes: list[tuple[int, tuple[int, ...], bytes, int]]
     compacts: list[Record]
     leases: list[Record]
     extra_meta: bytes  # what the store saved beside this shard's last checkpoint
@@ -87,7 +87,7 @@ class Shard:
             if sid != self.sid:
                 raise DataDirError(f"checkpoint {ckpt.path} belongs to shard {sid}, not to {self.name} "
                                    f"(shard {self.sid}): the data dir was put together wrongly")
-            await self._load_checkpoint_rows(ckpt.rows())
+            await self._load_checkpoint_rows(ckpt)
         self.checkpoint_rev = ckpt_rev
         return ckpt_rev, compact_rev, extra
 
@@ -101,9 +101,8 @@ class Shard:
             budget -= 1
             if rec.rtype == WRITE:
                 if rec.rev > ckpt_rev:
-                    participants, changes = decode_write(rec.payload)
-                    writes.append((rec.rev, participants, changes, rec.epoch))
-                    budget -= len(changes)
+                    writes.append((rec.rev, write_participants(rec.payload), rec.payload, rec.epoch))
+                    budget -= len(rec.payload) >> 12  # read and checked, not yet decoded: yield every ~32 MB
             elif rec.rtype == COMPACT:
                 compacts.append(rec)
             elif rec.rtype == LEASE:
@@ -116,12 +115,21 @@ class Shard:
         progress.done()
         return Recovered(ckpt_rev, compact_rev, writes, compacts, leases, extra, auths)
 
-    async def _load_checkpoint_rows(self, rows) -> None:
+    async def _load_checkpoint_rows(self, ckpt) -> None:
         progress = Progress("checkpoint load", shard=self.name)
-        rows = iter(rows)
-        while chunk := list(islice(rows, YIELD_EVERY)):
-            self.state.load_rows(chunk, self.on_replay, progress, self.replay_key_lease)
-            await asyncio.sleep(0)
+        seen = 0
+        for frame in ckpt.row_frames():
+            payload, pos = frame.payload, 0
+            while pos < len(payload):
+                try:
+                    n, pos = self.state.load_rows(payload, pos, YIELD_EVERY, self.on_replay, progress,
+                                                  self.replay_key_lease)
+                except Exception:
+                    ckpt.check_frame_rows(frame)  # rows that do not add up to their frame: the checkpoint's error
+                    raise
+                seen += n
+                await asyncio.sleep(0)
+        ckpt.check_row_count(seen)
         progress.done()
 
     def apply_recovered(self, rev: int, changes: list[Change]) -> None:

@@ -43,6 +43,7 @@ from .lease import GRANT, MAX_TTL_S, REVOKE, LeaseTable, encode_lease_record
 from .layout import Layout, Router
 from .read import range_at, range_steps
 from .record import Change, encode_extra_meta
+from .recovery import thaw_collector
 from .shard import Shard
 from .types import DeleteReq, DeleteResult, PutReq, PutResult, RangeReq, RangeResult, TxnReq, TxnResult
 from .watch import WatchHub
@@ -230,6 +231,7 @@ class Store:
         if self.watermark is not None:
             self.watermark.close()
         self.datadir.close()
+        thaw_collector()
 
     @property
     def term(self) -> int:

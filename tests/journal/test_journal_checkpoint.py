@@ -123,3 +123,55 @@ def test_failure_writing_rows_removes_tmp(tmp_path):
 def test_row_too_large_is_rejected(tmp_path):
     with pytest.raises(ValueError):
         write_checkpoint(tmp_path, 1, b"", [b"x" * 100], config=CheckpointConfig(record_bytes_max=50))
+
+
+def rows_in_place(ckpt) -> list[bytes]:
+    """What a reader of row_frames reads: each frame's rows unpacked in place."""
+    from journal.checkpoint import ROW_LEN
+
+    out = []
+    for frame in ckpt.row_frames():
+        payload, pos = frame.payload, 0
+        assert isinstance(payload, bytes)
+        while pos < len(payload):
+            (n,) = ROW_LEN.unpack_from(payload, pos)
+            out.append(payload[pos + 4:pos + 4 + n])
+            pos += 4 + n
+        ckpt.check_frame_rows(frame)  # they add up: no error
+    ckpt.check_row_count(len(out))
+    return out
+
+
+def test_row_frames_hold_the_rows_in_place(tmp_path):
+    rows = random_rows(3000)
+    write_checkpoint(tmp_path, 4, b"", rows, config=SMALL_FRAMES)
+    ckpt = load_latest_checkpoint(tmp_path, config=SMALL_FRAMES)
+    assert rows_in_place(ckpt) == rows
+    with pytest.raises(JournalCorrupt, match="trailer says 3000 rows, body holds 2999"):
+        ckpt.check_row_count(2999)
+
+
+@pytest.mark.parametrize("tail, reason", [(b"\x09\x00\x00\x00ab", "row overruns its frame"),
+                                          (b"\x01\x00", "row length prefix cut short")])
+def test_rows_that_do_not_add_up_to_their_frame(tmp_path, tail, reason):
+    """A frame whose CRC holds but whose rows do not add up (a writer's bug): rows() and
+    check_frame_rows name the frame."""
+    from journal.checkpoint import RTYPE_ROWS
+    from journal.reader import iter_frames
+    from journal.record import encode_frame
+
+    path = write_checkpoint(tmp_path, 6, b"", random_rows(300), config=SMALL_FRAMES)
+    raw = path.read_bytes()
+    with open(path, "rb") as f:
+        frames = list(iter_frames(f, 0, len(raw), 1 << 20, 1 << 20))
+    victim = frames[3]
+    assert victim.rtype == RTYPE_ROWS
+    bad = encode_frame(RTYPE_ROWS, 6, bytes(victim.payload) + tail)
+    path.write_bytes(raw[:victim.offset] + bad + raw[victim.end:])
+    ckpt = load_latest_checkpoint(tmp_path, config=SMALL_FRAMES)
+    with pytest.raises(JournalCorrupt, match=reason) as info:
+        list(ckpt.rows())
+    assert info.value.offset == victim.offset
+    frame = list(ckpt.row_frames())[2]
+    with pytest.raises(JournalCorrupt, match=reason):
+        ckpt.check_frame_rows(frame)

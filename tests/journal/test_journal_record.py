@@ -111,3 +111,40 @@ def test_find_valid_frame_skips_fake_magic():
     assert find_valid_frame(io.BytesIO(raw), 0, len(raw), LIMIT) == start
     assert find_valid_frame(io.BytesIO(raw), start, len(raw), LIMIT) is None
     assert find_valid_frame(io.BytesIO(raw), 0, len(raw) - 5, LIMIT) is None
+
+
+def _reference_frames(raw: bytes, limit: int):
+    """Frames of raw as decode_frame reads them one by one, then the error that ends them (None: none)."""
+    out, pos = [], 0
+    while pos < len(raw):
+        try:
+            frame = decode_frame(raw, pos, limit)
+        except FrameError as exc:
+            return out, (type(exc), exc.reason, exc.offset)
+        out.append((frame.rtype, frame.rev, bytes(frame.payload), frame.offset))
+        pos = frame.end
+    return out, None
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames=st.lists(st.tuples(rtypes, revs, st.binary(max_size=80)), min_size=1, max_size=8),
+       damage=st.tuples(st.integers(min_value=0), st.integers(min_value=0, max_value=255)),
+       cut=st.integers(min_value=0, max_value=40), chunk=st.integers(min_value=1, max_value=64),
+       limit=st.sampled_from([LIMIT, 40]))
+def test_iter_frames_reads_damaged_streams_as_decode_frame_does(frames, damage, cut, chunk, limit):
+    """iter_frames checks frames inline (decode_frame only for the error): the same frames, then
+    the same error at the same offset, whatever byte is damaged or however short the stream is."""
+    raw = bytearray(b"".join(encode_frame(*f) for f in frames))
+    where, value = damage
+    raw[where % len(raw)] = value
+    raw = bytes(raw[:max(0, len(raw) - cut)])
+    want, error = _reference_frames(raw, limit)
+    got = []
+    try:
+        for f in iter_frames(io.BytesIO(raw), 0, len(raw), limit, chunk):
+            got.append((f.rtype, f.rev, bytes(f.payload), f.offset))
+    except FrameError as exc:
+        assert (type(exc), exc.reason, exc.offset) == error
+    else:
+        assert error is None
+    assert got == want

@@ -118,3 +118,28 @@ def test_unrelated_files_are_ignored(jdir, write_journal, make_items, reopen_rec
     (jdir / "checkpoint-0000000000000001.ckpt").write_bytes(b"not a segment")
     (jdir / "notes.txt").write_text("hello")
     assert reopen_records(jdir) == items
+
+
+def _as_tuples(records):
+    return [(r.rtype, r.rev, r.payload, r.segment, r.offset) for r in records]
+
+
+@pytest.mark.parametrize("after_rev", [0, 3, 6, 10])
+def test_records_kept_by_the_open_scan_are_the_records_read_again(jdir, write_journal, make_items, after_rev):
+    """keep_records: the first replay of each segment gets the records the open scan read
+    (a torn tail cut); later replays, and any after truncate_after, read the files."""
+    write_journal(jdir, make_items(10, payload_bytes=23), TINY)
+    last = sorted(jdir.glob("*.wal"))[-1]
+    last.write_bytes(last.read_bytes()[:-5])  # a torn tail: record 10 is cut off at open
+    kept = Journal.open(jdir, TINY, keep_records=True)
+    assert len(kept._kept) == 5
+    plain = Journal.open(jdir, TINY)
+    want = _as_tuples(plain.records(after_rev))
+    assert [r[1] for r in want] == list(range(after_rev + 1, 10))
+    assert _as_tuples(kept.records(after_rev)) == want
+    # what that replay passed is no longer held; segments wholly at or below after_rev were not passed
+    assert set(kept._kept) == {s.path for s in kept._replay if s.covered_by(after_rev)}
+    assert _as_tuples(kept.records(after_rev)) == want  # read from the files now
+    kept = Journal.open(jdir, TINY, keep_records=True)
+    assert kept.truncate_after(4) == 5 and not kept._kept
+    assert [r.rev for r in kept.records()] == [1, 2, 3, 4]

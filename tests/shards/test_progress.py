@@ -24,3 +24,18 @@ def test_long_loops_log_progress_and_short_ones_stay_quiet(caplog):
         q.tick()
     q.done()
     assert caplog.records == []
+
+
+def test_batches_of_items_log_progress_by_the_clock(caplog, monkeypatch):
+    """A loop that counts many items at a time (a checkpoint frame's rows) logs every interval."""
+    caplog.set_level(logging.INFO, logger="shardetcd.progress")
+    now = [100.0]
+    monkeypatch.setattr("shards.progress.time.monotonic", lambda: now[0])
+    p = Progress("checkpoint load", interval_s=5.0, shard="events")
+    for _ in range(12):
+        p.add(2900)
+        now[0] += 1.0
+    p.done()
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(" items=")[1].split()[0] for line in lines] == ["17400", "31900", "34800"]
+    assert lines[0].startswith("checkpoint load progress shard=events") and lines[-1].startswith("checkpoint load done")

@@ -3,6 +3,7 @@ import random
 
 import pytest
 
+from proto.kv_pb2 import KeyValue
 from shards.state import ShardState
 
 
@@ -66,3 +67,107 @@ def test_snapshot_rows_stop_at_revision(state):
     rows = list(state.snapshot_rows(2))
     state.put(b"c", 4, 0, b"z")
     assert len(rows) == 1
+
+
+def _rows(state):
+    return list(state.db.items())
+
+
+@pytest.mark.parametrize("order", [[10, 11, 12, 13], [10, 12, 11, 13], [12, 10, 11, 13]])
+def test_bulk_load_into_an_sst_file_and_on_in_write_batches_when_rows_do_not_ascend(tmp_path, order):
+    """Bulk rows of an empty state go into an SST file that RocksDB takes whole at the end;
+    a row whose key does not ascend ends the file, the rest goes in write batches: the same
+    rows, index and key lists as put/delete one at a time, whatever the order."""
+    from shards.record import DELETE, PUT, Change, encode_write
+    from shards.state import BULK_SST
+
+    def row(key, rev, lease=0):
+        return KeyValue(key=key, mod_revision=rev, value=b"v%d" % rev, lease=lease).SerializeToString()
+
+    def changes(rev):
+        out = [Change(PUT, 0, b"k%d" % rev, row(b"k%d" % rev, rev, lease=rev)),
+               Change(PUT, 1, b"shared", row(b"shared", rev))]
+        if rev == 13:
+            out.append(Change(DELETE, 2, b"k10", KeyValue(key=b"k10", mod_revision=13).SerializeToString()))
+        return out
+
+    plain = ShardState(tmp_path / "plain")
+    for rev in order:
+        for c in changes(rev):
+            if c.kind == DELETE:
+                plain.delete(c.key, rev, c.sub, c.row)
+            else:
+                plain.put(c.key, rev, c.sub, c.row)
+    bulk = ShardState(tmp_path / "bulk")
+    bulk.begin_bulk()
+    assert bulk._sst is not None
+    key_lease = {}
+    for rev in order:
+        assert bulk.load_write(rev, encode_write((0,), changes(rev)), key_lease) == len(changes(rev))
+    assert (bulk._sst is None) == (order != sorted(order))
+    bulk.end_bulk()
+    assert bulk._sst is None and not (tmp_path / "bulk" / BULK_SST).exists()
+    assert _rows(bulk) == _rows(plain) and len(_rows(bulk)) == 9
+    assert bulk.index == plain.index
+    assert key_lease == {b"k11": 11, b"k12": 12, b"k13": 13}
+    assert (list(bulk.keys), list(bulk.live)) == (list(plain.keys), list(plain.live))
+    assert (bulk._log_revs, bulk._log_keys) == (plain._log_revs, plain._log_keys)
+    bulk.put(b"after", 20, 0, b"x")  # writes after the bulk load go on as usual
+    assert bulk.get_row(bulk.latest_entry(b"after")) == b"x"
+    for s in (plain, bulk):
+        s.close()
+
+
+def test_rows_put_one_at_a_time_while_bulk_loading_also_go_to_the_sst_file(tmp_path):
+    """put/delete while bulk loading (a follower's replay): into the SST file while keys
+    ascend, then into write batches."""
+    from shards.state import BULK_SST
+
+    s = ShardState(tmp_path / "s")
+    s.begin_bulk()
+    s.put(b"a", 2, 0, b"a2")
+    s.put(b"b", 3, 0, b"b3")
+    assert s._sst is not None and s._sst_rows == 2
+    s.put(b"c", 1, 0, b"c1")  # does not ascend
+    assert s._sst is None
+    s.delete(b"a", 4, 0, b"t4")
+    s.end_bulk()
+    assert not (tmp_path / "s" / BULK_SST).exists()
+    assert [k for k, _ in _rows(s)] == [b"\x00" * 7 + b"\x01" + b"\x00" * 8, b"\x00" * 7 + b"\x02" + b"\x00" * 8,
+                                      b"\x00" * 7 + b"\x03" + b"\x00" * 8, b"\x00" * 7 + b"\x04" + b"\x00" * 8 + b"t"]
+    assert list(s.live) == [b"b", b"c"]
+    s.close()
+
+
+def test_an_empty_bulk_load_leaves_no_file(tmp_path):
+    from shards.state import BULK_SST
+
+    s = ShardState(tmp_path / "s")
+    s.begin_bulk()
+    s.end_bulk()
+    assert not (tmp_path / "s" / BULK_SST).exists() and _rows(s) == []
+    s.put(b"a", 2, 0, b"x")
+    assert _rows(s) == [(b"\x00" * 7 + b"\x02" + b"\x00" * 8, b"x")]
+    s.close()
+
+
+@pytest.mark.parametrize("n", [0, 1, 999, 1000, 1001, 2500, 5000])
+def test_sorted_list_of_sorted_values_is_the_sorted_list(n):
+    """end_bulk builds its key lists from sorted keys without sorting them again."""
+    from sortedcontainers import SortedList
+
+    from shards.state import sorted_list
+
+    rng = random.Random(n)
+    values = sorted({rng.randbytes(8) for _ in range(n)})
+    assert len(values) == n
+    got = sorted_list(values)
+    got._check()
+    assert list(got) == list(SortedList(values)) == values and len(got) == n
+    want = sorted(set(values) | {b"\x00" * 9})
+    got.add(b"\x00" * 9)
+    if values:
+        got.discard(values[n // 2])
+        want.remove(values[n // 2])
+    got._check()
+    assert list(got) == want

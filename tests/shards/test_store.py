@@ -499,7 +499,7 @@ def test_recovery_yields_to_the_event_loop_so_the_writer_lease_is_renewed(tmp_pa
     Measured in rows, not seconds: a task running beside the recovery sees it
     part-way (between 0 and all rows loaded) about once per YIELD_EVERY rows,
     in the checkpoint load and in the journal replay."""
-    from shards.shard import YIELD_EVERY, Shard
+    from shards.shard import YIELD_EVERY
     from shards.state import ShardState
     from shards.types import TxnReq
 
@@ -520,19 +520,20 @@ def test_recovery_yields_to_the_event_loop_so_the_writer_lease_is_renewed(tmp_pa
         await store.close()
 
         loaded = [0]
-        load_rows, apply = ShardState.load_rows, Shard.apply_recovered
+        load_rows, load_write = ShardState.load_rows, ShardState.load_write
 
-        def counting_load(self, blobs, on_row, progress, key_lease=None):
-            blobs = list(blobs)
-            load_rows(self, blobs, on_row, progress, key_lease)
-            loaded[0] += len(blobs)
+        def counting_load(self, payload, pos, limit, on_row, progress, key_lease=None):
+            n, pos = load_rows(self, payload, pos, limit, on_row, progress, key_lease)
+            loaded[0] += n
+            return n, pos
 
-        def counting_apply(self, rev, changes):
-            apply(self, rev, changes)
-            loaded[0] += len(changes)
+        def counting_write(self, rev, payload, key_lease):
+            n = load_write(self, rev, payload, key_lease)
+            loaded[0] += n
+            return n
 
         monkeypatch.setattr(ShardState, "load_rows", counting_load)
-        monkeypatch.setattr(Shard, "apply_recovered", counting_apply)
+        monkeypatch.setattr(ShardState, "load_write", counting_write)
         seen = set()
 
         async def watch():
