@@ -46,6 +46,15 @@ def on_loop(names: list[str]) -> list[bool]:
     return [n == "MainThread" for n in names]
 
 
+async def started(jdir, config: JournalConfig = JournalConfig()) -> tuple[Journal, list[int]]:
+    """A started journal and the list its acknowledged sequence numbers go to."""
+    journal = Journal.open(jdir, config)
+    durable: list[int] = []
+    journal.on_durable = durable.append
+    await journal.start()
+    return journal, durable
+
+
 async def lone(journal: Journal, revs, durable: list[int]) -> None:
     """One writer: append, wait until durable, next; each is acknowledged on its own fdatasync."""
     for rev in revs:
@@ -68,10 +77,7 @@ async def until_inline(journal: Journal, durable: list[int], syncs, first_rev: i
 
 def test_a_lone_writer_writes_on_the_loop_and_loses_nothing(jdir, syncs, reopen_records):
     async def go():
-        journal = Journal.open(jdir)
-        durable: list[int] = []
-        journal.on_durable = durable.append
-        await journal.start()
+        journal, durable = await started(jdir)
         await lone(journal, range(1, 41), durable)
         assert durable == list(range(1, 41))  # one acknowledgement per record, in order
         await journal.close()
@@ -87,10 +93,7 @@ def test_a_lone_writer_writes_on_the_loop_and_loses_nothing(jdir, syncs, reopen_
 
 def test_concurrent_writers_go_back_to_the_thread_and_acks_stay_in_order(jdir, syncs, reopen_records):
     async def go():
-        journal = Journal.open(jdir)
-        durable: list[int] = []
-        journal.on_durable = durable.append
-        await journal.start()
+        journal, durable = await started(jdir)
         await until_inline(journal, durable, syncs)
         n_lone = len(syncs.calls)
         base = journal.durable_seq
@@ -117,10 +120,7 @@ def test_concurrent_writers_go_back_to_the_thread_and_acks_stay_in_order(jdir, s
 
 def test_a_slow_fsync_hands_writing_back_to_the_thread(jdir, syncs):
     async def go():
-        journal = Journal.open(jdir)
-        durable: list[int] = []
-        journal.on_durable = durable.append
-        await journal.start()
+        journal, durable = await started(jdir)
         rev = await until_inline(journal, durable, syncs)
         syncs.slow_next[0] = QUICK_S * 2
         await lone(journal, [rev], durable)  # written on the loop, but slow
@@ -134,10 +134,7 @@ def test_a_slow_fsync_hands_writing_back_to_the_thread(jdir, syncs):
 
 def test_an_armed_sleep_failpoint_keeps_writes_in_the_thread(jdir, syncs):
     async def go():
-        journal = Journal.open(jdir)
-        durable: list[int] = []
-        journal.on_durable = durable.append
-        await journal.start()
+        journal, durable = await started(jdir)
         rev = await until_inline(journal, durable, syncs)
         failpoints.arm("journal.after_fsync_before_ack", "sleep:0.2")
         loop_ran = []
@@ -154,11 +151,8 @@ def test_a_write_failure_on_the_loop_is_fail_stop(jdir, monkeypatch, syncs, reop
     failures: list[BaseException] = []
 
     async def go():
-        journal = Journal.open(jdir)
-        durable: list[int] = []
-        journal.on_durable = durable.append
+        journal, durable = await started(jdir)
         journal.on_failure = failures.append
-        await journal.start()
         rev = await until_inline(journal, durable, syncs)
         last = rev - 1
 
@@ -184,10 +178,7 @@ def test_a_write_failure_on_the_loop_is_fail_stop(jdir, monkeypatch, syncs, reop
 
 def test_disabled_inline_writes_keep_every_batch_in_the_thread(jdir, syncs):
     async def go():
-        journal = Journal.open(jdir, JournalConfig(inline_lone_writes=False))
-        durable: list[int] = []
-        journal.on_durable = durable.append
-        await journal.start()
+        journal, durable = await started(jdir, JournalConfig(inline_lone_writes=False))
         await lone(journal, range(1, 11), durable)
         await journal.close()
 
@@ -198,10 +189,7 @@ def test_disabled_inline_writes_keep_every_batch_in_the_thread(jdir, syncs):
 def test_more_than_a_batch_queued_for_an_inline_write_is_all_written(jdir, syncs, reopen_records):
     """batch_bytes_max bounds what the loop writes; the rest goes to the thread, nothing waits forever."""
     async def go():
-        journal = Journal.open(jdir, JournalConfig(batch_bytes_max=50))  # two 21-byte frames per batch
-        durable: list[int] = []
-        journal.on_durable = durable.append
-        await journal.start()
+        journal, durable = await started(jdir, JournalConfig(batch_bytes_max=50))  # two 21-byte frames per batch
         first = await until_inline(journal, durable, syncs)
         for rev in range(first, first + 10):  # ten appends in one turn, for a lone writer's inline write
             journal.append(1, rev, b"x%d" % rev)
