@@ -181,3 +181,17 @@ def member_list_names_the_writer_and_its_followers(writer, followers) -> None:
     while members(writer.endpoint) != want:  # its entry lapses 10 s after its last announcement
         assert time.monotonic() < deadline, members(writer.endpoint)
         time.sleep(0.5)
+
+
+def watch_differential_through(etcd_endpoint: str, follower_endpoint: str, seed: int) -> None:
+    """The watch differential's seeded script with shardetcd's side on a follower: its
+    watches, control responses and header revisions must be etcd's."""
+    from tests.integration.test_watch_differential import Harness, Script, _check
+
+    h = Harness(etcd_endpoint, follower_endpoint)
+    try:
+        Script(h, seed).run(n_writes=200, n_watches=25)
+        _check(h)
+        assert sum(len(h.sides[0].events(w, 0)) for w in h.watches) > 200  # the script watched something
+    finally:
+        h.close()

@@ -21,6 +21,7 @@ from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
 from tests.integration.followkit import (cluster_followers_serve_their_partition,
                                          member_list_names_the_writer_and_its_followers, resync_line,
+                                         watch_differential_through,
                                          watches_see_every_write_once_in_order)
 from tests.integration.test_etcdctl import etcdctl_bin  # noqa: F401 - a fixture
 from tests.integration.test_linearizability import check_linearizable, client
@@ -53,6 +54,14 @@ def test_a_follower_answers_as_etcd(real_etcd, writer_and_followers, seed):
     with grpc.insecure_channel(writer.endpoint) as ch:
         writer_id = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10).header.member_id
     assert status.leader == writer_id != status.header.member_id  # the writer is the leader
+
+
+def test_watches_on_a_follower_answer_as_etcd(real_etcd, writer_and_followers):
+    """The seeded watch differential (live and historical watches, filters, prev_kv,
+    cancels, progress, a compaction) through a JetStream follower gives etcd 3.5.1's
+    watch responses; its writes are handed to the writer."""
+    writer, followers = writer_and_followers
+    watch_differential_through(real_etcd.endpoint, followers[0].endpoint, 14)
 
 
 def test_history_over_writer_and_followers_is_linearizable(writer_and_followers, tmp_path):

@@ -24,8 +24,8 @@ from tests.integration.diffkit import run_differential
 from tests.integration.followkit import (cluster_followers_serve_their_partition,
                                          falls_behind_then_resyncs_in_process,
                                          member_list_names_the_writer_and_its_followers, put,
-                                         serves_every_pod, watches_see_every_write_once_in_order,
-                                         write_past_checkpoints)
+                                         serves_every_pod, watch_differential_through,
+                                         watches_see_every_write_once_in_order, write_past_checkpoints)
 from tests.shardetcd_fixture import ShardetcdProcess
 from tests.watch_client import WatchClient
 
@@ -59,6 +59,15 @@ def test_a_local_follower_answers_as_etcd(real_etcd, writer_and_followers):
         mine = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
     assert status.leader == mine.header.member_id != status.header.member_id
     assert status.header.cluster_id == mine.header.cluster_id
+
+
+def test_watches_on_a_local_follower_answer_as_etcd(real_etcd, writer_and_followers):
+    """The seeded watch differential through a follower: live and historical watches,
+    filters, prev_kv, cancels, progress requests and a compaction, the writes handed to
+    the writer, give what etcd 3.5.1's watches report (events, response boundaries of
+    live watches, control responses and their header revisions)."""
+    writer, followers = writer_and_followers
+    watch_differential_through(real_etcd.endpoint, followers[1].endpoint, 13)
 
 
 def test_member_list_names_the_local_writer_and_its_followers(writer_and_followers):
