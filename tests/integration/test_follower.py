@@ -19,7 +19,8 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
-from tests.integration.followkit import (cluster_followers_serve_their_partition,
+from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart,
+                                         cluster_followers_serve_their_partition,
                                          member_list_names_the_writer_and_its_followers, resync_line,
                                          watch_differential_through,
                                          watches_see_every_write_once_in_order)
@@ -62,6 +63,13 @@ def test_watches_on_a_follower_answer_as_etcd(real_etcd, writer_and_followers):
     watch responses; its writes are handed to the writer."""
     writer, followers = writer_and_followers
     watch_differential_through(real_etcd.endpoint, followers[0].endpoint, 14)
+
+
+def test_a_watch_resumes_across_a_follower_restart(writer_and_followers):
+    """kill -9 of a JetStream follower under a running watch and writes; the watch created
+    again on the restarted follower from the next revision misses nothing, repeats nothing."""
+    writer, followers = writer_and_followers
+    a_watch_resumes_across_a_follower_restart(writer, followers[1])
 
 
 def test_history_over_writer_and_followers_is_linearizable(writer_and_followers, tmp_path):

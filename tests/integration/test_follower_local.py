@@ -21,7 +21,8 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
-from tests.integration.followkit import (cluster_followers_serve_their_partition,
+from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart,
+                                         cluster_followers_serve_their_partition,
                                          falls_behind_then_resyncs_in_process,
                                          member_list_names_the_writer_and_its_followers, put,
                                          serves_every_pod, watch_differential_through,
@@ -68,6 +69,13 @@ def test_watches_on_a_local_follower_answer_as_etcd(real_etcd, writer_and_follow
     live watches, control responses and their header revisions)."""
     writer, followers = writer_and_followers
     watch_differential_through(real_etcd.endpoint, followers[1].endpoint, 13)
+
+
+def test_a_watch_resumes_across_a_local_follower_restart(writer_and_followers):
+    """kill -9 of a follower under a running watch and writes; the watch created again on the
+    restarted follower from the next revision misses nothing and repeats nothing."""
+    writer, followers = writer_and_followers
+    a_watch_resumes_across_a_follower_restart(writer, followers[0])
 
 
 def test_member_list_names_the_local_writer_and_its_followers(writer_and_followers):
