@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--journal-fsync", choices=["always", "batch", "off"], default=d.journal_fsync,
                    help="always: fdatasync every group-commit batch before acknowledging; batch: the same, gathering writes for up to 2 ms per fsync; "
                         "off: acknowledge once written to the OS (survives a process crash, not a power loss) (default: %(default)s)")
+    p.add_argument("--journal-inline-writes", choices=["on", "off"], default="on" if d.journal_inline_writes else "off",
+                   help="local journal: on: a lone writer's batch (one write, quick fsyncs, no other call in flight) is written and synced on the "
+                        "event loop, saving a thread hand-off; off: every batch goes to the journal's writer thread, so a disk "
+                        "that stalls in fdatasync holds back writes only, never reads, watches or /health (default: %(default)s)")
     p.add_argument("--state-dir", type=Path, default=None, help="where the in-memory RocksDB state lives (default: a directory under /dev/shm); rebuilt on every start")
     p.add_argument("--cluster-layout", type=Path, default=None, help="with --partition: the `shardetcd cluster` layout this process is one partition of")
     p.add_argument("--partition", default=None, help="serve this partition of --cluster-layout: writes to other partitions' resources are refused")
@@ -178,6 +182,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         shard_layout=args.shard_layout,
         state_dir=args.state_dir,
         journal_fsync=args.journal_fsync,
+        journal_inline_writes=args.journal_inline_writes == "on",
         journal_segment_bytes=args.journal_segment_bytes,
         checkpoint_journal_bytes=args.checkpoint_journal_bytes,
         journal_urls=args.journal_urls,

@@ -25,6 +25,7 @@ class ServerConfig:
     shard_layout: Path | None = None
     state_dir: Path | None = None
     journal_fsync: str = "always"
+    journal_inline_writes: bool = True  # a lone writer's batches written on the event loop (JournalConfig.inline_lone_writes)
     journal_segment_bytes: int = 64 * 1024 * 1024
     checkpoint_journal_bytes: int = 256 * 1024 * 1024
     journal_urls: tuple[str, ...] = ()  # nats:// URLs: journals on NATS JetStream instead of local segments

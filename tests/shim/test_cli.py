@@ -32,8 +32,25 @@ def test_help_explains_every_flag():
     for flag in (
         "--listen-client-urls", "--advertise-client-urls", "--data-dir", "--name", "--max-request-bytes",
         "--max-txn-ops", "--quota-backend-bytes", "--log-level", "--shard-layout", "--journal-fsync",
+        "--journal-inline-writes",
     ):
         assert flag in out, flag
+
+
+@pytest.mark.parametrize("argv, inline", [((), True), (("--journal-inline-writes", "off"), False),
+                                           (("--journal-inline-writes", "on"), True)])
+def test_journal_inline_writes_flag_reaches_the_journal(tmp_path, argv, inline):
+    """On by default; off hands every batch to the writer thread (JournalConfig.inline_lone_writes)."""
+    from shim.cli import build_parser, config_from_args
+    from shim.server import store_config
+
+    config = config_from_args(build_parser().parse_args(["--data-dir", str(tmp_path / "d"), *argv]))
+    assert store_config(config).journal.inline_lone_writes is inline
+
+
+def test_journal_inline_writes_flag_takes_on_or_off():
+    p = run_cli("--journal-inline-writes", "sometimes")
+    assert p.returncode == 2 and "--journal-inline-writes: invalid choice: 'sometimes'" in p.stderr
 
 
 def start_raw(tmp_path: Path, *args: str, cwd: Path | None = None) -> subprocess.Popen:
