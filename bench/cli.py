@@ -26,12 +26,12 @@ import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 
-from . import etcdtool, k8s, machine, report, scenarios as sc
+from . import etcdtool, k8s, machine, report, runargs, scenarios as sc
 from .checkperf import check_datascale, check_perf
 from .loadgen import Pool
-from .servers import STARTERS, fsync_count, machine_busy, sample
+from .servers import STARTERS, fsync_count, sample
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = runargs.RESULTS
 LATEST = "latest-quick"
 
 
@@ -45,23 +45,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "its figures mean nothing")
     ap.add_argument("--only", default="", help="comma-separated scenario names: " + ",".join(s.name for s in sc.SCENARIOS))
     ap.add_argument("--servers", default="etcd,shardetcd,ceiling", help="comma-separated: etcd,shardetcd,ceiling")
-    ap.add_argument("--tool", default=None,
-                    help=f"etcd's benchmark binary (default: ${etcdtool.TOOL_ENV}, else {etcdtool.SHIPPED})")
+    runargs.add_tool(ap)
     ap.add_argument("--duration", type=float, help="override the measured seconds of the Python-driven runs")
     ap.add_argument("--total", type=int, help="override the requests per run of the tool-driven runs")
     ap.add_argument("--workers", type=int, default=sc.WORKERS, help="Python load-generator processes (default 2)")
     ap.add_argument("--check-perf", choices=("auto", "yes", "no"), default="auto",
                     help="run `etcdctl check perf` and `check datascale` (--load=s) per server (auto: full mode only)")
-    ap.add_argument("--quiet-wait", type=float, default=None,
-                    help="before each run, wait up to this many seconds for other CPU load on the machine to drop "
-                         "below --quiet-below (default 0 tiny, 10 s quick, 60 s full)")
-    ap.add_argument("--quiet-below", type=float, default=25.0, help="percent of one core (default 25)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="where JSON and PNGs go (default bench/results)")
+    runargs.add_quiet(ap)
+    runargs.add_out(ap, "JSON and PNGs")
     return ap.parse_args(argv)
 
 
-def mode_of(args) -> str:
-    return "tiny" if args.tiny else "quick" if args.quick else "full"
+mode_of = runargs.mode_of
 
 
 def plan(args) -> list[tuple[sc.Scenario, sc.Point]]:
@@ -167,15 +162,11 @@ def main(argv=None) -> int:
     t_begin = time.monotonic()
     done = 0
     pool = Pool(args.workers) if any(s.driver == "python" for s, _ in runs) else None
-    quiet_wait = args.quiet_wait if args.quiet_wait is not None else {"tiny": 0.0, "quick": 10.0, "full": 60.0}[mode]
+    quiet_wait = runargs.quiet_wait_s(args, mode)
 
     def wait_quiet() -> float:
         """Wait (bounded) until the machine is idle apart from the server; return the last busy %."""
-        deadline = time.monotonic() + quiet_wait
-        while True:
-            busy = machine_busy(0.5) if quiet_wait else 0.0
-            if busy < args.quiet_below or time.monotonic() > deadline:
-                return busy
+        return runargs.wait_quiet(quiet_wait, args.quiet_below)
     # Every server is started first and the scenarios' points are run in turn on each (etcd, shardetcd,
     # ceiling, then the next point): the ratios compare runs seconds apart, not minutes, so this VM's
     # drifting speed moves them less. Each server still sees the same scenarios in the same order.

@@ -40,13 +40,13 @@ from pathlib import Path
 
 import grpc
 
-from . import etcdtool, machine, report, scenarios as sc
+from . import etcdtool, machine, report, runargs, scenarios as sc
 from .cli import make_job, point_label, prepare
 from .loadgen import Pool
 from .replicated import DEPLOYMENTS, LEASE_TTL_S, Deployment, io_bytes
-from .servers import busy_seconds, cpu_seconds, machine_busy
+from .servers import busy_seconds, cpu_seconds
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = runargs.RESULTS
 LATEST = "latest-durability"
 SERVER_ORDER = tuple(DEPLOYMENTS)
 TINY_SERVERS = ("etcd", "etcd-3", "shardetcd-local", "shardetcd-js-r1", "shardetcd-js-r3")
@@ -74,18 +74,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                     f"{','.join(TINY_SERVERS)})")
     ap.add_argument("--takeovers", type=int, default=None, help="kill -9 repeats per replicated server (default 1 tiny, 3 quick, 5 full)")
     ap.add_argument("--workers", type=int, default=sc.WORKERS, help="Python load-generator processes (default 2)")
-    ap.add_argument("--tool", default=None,
-                    help=f"etcd's benchmark binary (default: ${etcdtool.TOOL_ENV}, else {etcdtool.SHIPPED})")
-    ap.add_argument("--quiet-wait", type=float, default=None,
-                    help="before each run, wait up to this many seconds for other CPU load to drop below "
-                         "--quiet-below (default 0 tiny, 10 s quick, 60 s full)")
-    ap.add_argument("--quiet-below", type=float, default=25.0, help="percent of one core (default 25)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and Markdown go (default bench/results)")
+    runargs.add_tool(ap)
+    runargs.add_quiet(ap)
+    runargs.add_out(ap)
     return ap.parse_args(argv)
-
-
-def mode_of(args) -> str:
-    return "tiny" if args.tiny else "quick" if args.quick else "full"
 
 
 def write_count(kind: str, rows: list[dict]) -> int:
@@ -256,7 +248,7 @@ def markdown(meta: dict, rows: list[dict], md: str, tk: str) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.quick = args.quick or args.tiny
-    mode = mode_of(args)
+    mode = runargs.mode_of(args)
     timing = sc.TINY if args.tiny else sc.QUICK if args.quick else sc.FULL
     servers = [s for s in (args.servers or ",".join(TINY_SERVERS if args.tiny else SERVER_ORDER)).split(",") if s]
     bad = [s for s in servers if s not in DEPLOYMENTS]
@@ -271,7 +263,7 @@ def main(argv=None) -> int:
         print(f"python -m bench.durability: {exc}", file=sys.stderr)
         return 2
     repeats = args.takeovers if args.takeovers is not None else {"tiny": 1, "quick": 3, "full": 5}[mode]
-    quiet_wait = args.quiet_wait if args.quiet_wait is not None else {"tiny": 0.0, "quick": 10.0, "full": 60.0}[mode]
+    quiet_wait = runargs.quiet_wait_s(args, mode)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     tmp = Path(tempfile.mkdtemp(prefix="shardetcd-bench-durability-"))
     total = len(servers) * len(points)
@@ -289,13 +281,10 @@ def main(argv=None) -> int:
     t_begin = time.monotonic()
     done = 0
 
-    def log(line: str) -> None:
-        print(f"  [{time.monotonic() - t_begin:5.0f}s] {line}", flush=True)
+    log = runargs.progress(t_begin)
 
     def wait_quiet() -> None:
-        deadline = time.monotonic() + quiet_wait
-        while machine_busy(0.5) >= args.quiet_below and time.monotonic() < deadline:
-            pass
+        runargs.wait_quiet(quiet_wait, args.quiet_below)
 
     try:
         for name in servers:

@@ -63,13 +63,13 @@ import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 
-from . import etcdtool, machine, report, scenarios as sc
+from . import etcdtool, machine, report, runargs, scenarios as sc
 from .replicated import nats_version
 from tests.etcd_fixture import free_ports
 
-from .servers import _DefaultShardetcd, cpu_seconds, machine_busy, start_real_etcd, start_shardetcd_default
+from .servers import _DefaultShardetcd, cpu_seconds, start_real_etcd, start_shardetcd_default
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = runargs.RESULTS
 LATEST = "latest-followers"
 CONFIGS = ("etcd", "shardetcd-1", "shardetcd-2", "shardetcd-4")
 ONE = "shardetcd-1"
@@ -95,18 +95,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="10,000 requests (1,000 puts for watch-fanout) per run")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke run: a few hundred requests per run; its figures mean nothing")
-    ap.add_argument("--tool", default=None,
-                    help=f"etcd's benchmark binary (default: ${etcdtool.TOOL_ENV}, else {etcdtool.SHIPPED})")
-    ap.add_argument("--quiet-wait", type=float, default=None,
-                    help="before each run, wait up to this many seconds for other CPU load to drop below "
-                         "--quiet-below (default 0 tiny, 10 s quick, 60 s full)")
-    ap.add_argument("--quiet-below", type=float, default=25.0, help="percent of one core (default 25)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and Markdown go (default bench/results)")
+    runargs.add_tool(ap)
+    runargs.add_quiet(ap)
+    runargs.add_out(ap)
     return ap.parse_args(argv)
-
-
-def mode_of(args) -> str:
-    return "tiny" if args.tiny else "quick" if args.quick else "full"
 
 
 # ------------------------------------------------------------------ deployments
@@ -371,14 +363,14 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.quick = args.quick or args.tiny
-    mode = mode_of(args)
+    mode = runargs.mode_of(args)
     try:
         tool = etcdtool.tool_path(args.tool)
     except etcdtool.ToolMissing as exc:
         print(f"python -m bench.followers: {exc}", file=sys.stderr)
         return 2
     points = POINTS
-    quiet_wait = args.quiet_wait if args.quiet_wait is not None else {"tiny": 0.0, "quick": 10.0, "full": 60.0}[mode]
+    quiet_wait = runargs.quiet_wait_s(args, mode)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     tmp = Path(tempfile.mkdtemp(prefix="shardetcd-bench-followers-"))
     total = len(CONFIGS) * len(points)
@@ -395,13 +387,10 @@ def main(argv=None) -> int:
     t_begin = time.monotonic()
     done = 0
 
-    def log(line: str) -> None:
-        print(f"  [{time.monotonic() - t_begin:5.0f}s] {line}", flush=True)
+    log = runargs.progress(t_begin)
 
     def wait_quiet() -> None:
-        deadline = time.monotonic() + quiet_wait
-        while machine_busy(0.5) >= args.quiet_below and time.monotonic() < deadline:
-            pass
+        runargs.wait_quiet(quiet_wait, args.quiet_below)
 
     def run_all(srv: Serving) -> None:
         nonlocal done

@@ -64,10 +64,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import machine, report
+from . import machine, report, runargs
 from .servers import busy_seconds, cpu_seconds, machine_busy, start_real_etcd, start_shardetcd_default
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = runargs.RESULTS
+QUIET_WAIT_S = {"tiny": 0.0, "quick": 30.0, "full": 60.0}  # before each backend
 LATEST = "latest-kube"
 now = time.monotonic
 
@@ -785,10 +786,7 @@ def run_backend(name: str, tmp: Path, mode: Mode, pool: Pool, log, gen_check: bo
                 quiet_below: float) -> dict:
     from tests.kube_fixture import start_kube_apiserver
 
-    deadline = now() + quiet_wait
-    idle = machine_busy(0.5)
-    while idle >= quiet_below and now() < deadline:
-        idle = machine_busy(0.5)
+    idle = runargs.wait_quiet(quiet_wait, quiet_below) if quiet_wait else machine_busy(0.5)  # logged either way
     be = start_backend(name, tmp / name)
     log(f"started {name}: {be.version} (pids {be.pids}); machine busy before start {idle:.0f} % of a core")
     res: dict = {"server": name, "version": be.version, "describe": be.describe, "busy_before_pct": idle}
@@ -1235,20 +1233,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--generator-check", choices=("auto", "yes", "no"), default="auto",
                     help="measure what the generator sustains (GET /healthz at rising rates) before the first "
                          "backend's load (auto: quick and full)")
-    ap.add_argument("--quiet-wait", type=float, default=None, help="before each backend, wait up to this many seconds "
-                                                                   "for the machine to be idle (default 0 tiny, 10 quick, 60 full)")
-    ap.add_argument("--quiet-below", type=float, default=25.0, help="percent of one core (default 25)")
+    runargs.add_quiet(ap, QUIET_WAIT_S, before="each backend")
     ap.add_argument("--max-other", type=float, default=50.0,
                     help="run a backend again (fresh backend and kube-apiserver) when the rest of the machine used more "
                          "than this percent of a core during its window (default 50)")
     ap.add_argument("--retries", type=int, default=None, help="how many times at most (default 0 tiny, 2 quick and full); "
                                                              "the attempt with the least other CPU is reported")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and Markdown go (default bench/results)")
+    runargs.add_out(ap)
     return ap.parse_args(argv)
 
 
 def mode_of(args) -> Mode:
-    base = MODES["tiny" if args.tiny else "quick" if args.quick else "full"]
+    base = MODES[runargs.mode_of(args)]
     m = base
     if args.duration:
         m = replace(m, duration=args.duration)
@@ -1280,14 +1276,13 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown server(s) {bad}; known: {list(SERVER_ORDER)}")
     servers = [s for s in SERVER_ORDER if s in servers]
     gen_check = args.generator_check == "yes" or (args.generator_check == "auto" and not args.tiny)
-    quiet_wait = args.quiet_wait if args.quiet_wait is not None else {"tiny": 0.0, "quick": 30.0, "full": 60.0}[mode.name]
+    quiet_wait = runargs.quiet_wait_s(args, mode.name, QUIET_WAIT_S)
     retries = args.retries if args.retries is not None else (0 if args.tiny else 2)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     tmp = Path(tempfile.mkdtemp(prefix="shardetcd-bench-kube-"))
     t_begin = now()
 
-    def log(line: str) -> None:
-        print(f"  [{now() - t_begin:5.0f}s] {line}", flush=True)
+    log = runargs.progress(t_begin)
 
     offered = {k: mode.rate(k) for k in KINDS if k != "list-page"}
     print(f"bench.kube: {mode.name} mode, backends {','.join(servers)}; offered "

@@ -47,12 +47,12 @@ import numpy as np
 
 from proto import rpc_pb2 as pb
 
-from . import report
+from . import report, runargs
 from .loadgen import BIG_REV, KV_PUT, KV_TXN, Pool, Window, my_share, now, open_channels, ready, value_bytes, wait_until
 from .servers import Server, start_real_etcd, start_shardetcd_default
 from tests.etcd_fixture import free_port
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = runargs.RESULTS
 RESOURCES = {  # resource → key prefix; each gets its own partition in the cluster
     "leases": b"/registry/leases/kube-node-lease/",
     "events": b"/registry/events/default/",
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
                          "5 shards; cluster-2: two partition processes; cluster: four; cluster-nice: four, the events "
                          "partition at nice 10 (default: %(default)s)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    runargs.add_out(ap)
     args = ap.parse_args(argv)
     timing = (0.2, 0.5) if args.tiny else (0.5, 2.5) if args.quick else (2.0, 15.0)
     spread_points = [2] if args.tiny else [2, 16] if args.quick else [1, 4, 16, 32]

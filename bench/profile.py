@@ -63,10 +63,10 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from . import etcdtool, machine, scenarios as sc
+from . import etcdtool, machine, runargs, scenarios as sc
 from .servers import STARTERS, busy_seconds
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = runargs.RESULTS
 CATEGORIES = ("gRPC", "protobuf", "event loop", "handler", "store", "journal", "other")
 LABELS = {"gRPC": "gRPC (grpcio's aio machinery, poller, C-core threads)",
           "protobuf": "protobuf (parse requests, encode responses)", "event loop": "event loop (asyncio)",
@@ -380,8 +380,8 @@ def main(argv=None) -> int:
     ap.add_argument("--servers", default="shardetcd,ceiling", help="comma-separated: shardetcd,ceiling,etcd "
                     "(etcd: totals only, py-spy does not read Go)")
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second (default 200)")
-    ap.add_argument("--tool", default=None, help=f"etcd's benchmark binary (default: ${etcdtool.TOOL_ENV})")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    runargs.add_tool(ap)
+    runargs.add_out(ap)
     ap.add_argument("--reread", type=Path, default=None,
                     help="recompute the tables of a saved <timestamp>-profile.json from its folded stacks (no run)")
     args = ap.parse_args(argv)

@@ -35,10 +35,10 @@ import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 
-from . import report
+from . import report, runargs
 from .servers import start_real_etcd, start_shardetcd_default
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = runargs.RESULTS
 LIST_PREFIX = b"/registry/events/ns-0/"  # holds LIST_KEYS keys
 LIST_KEYS = 100_000
 VALUE = b"v" * 300
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--leases", type=int, default=100_000)
     ap.add_argument("--servers", default="etcd,shardetcd")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    runargs.add_out(ap)
     args = ap.parse_args(argv)
     if args.keys < LIST_KEYS:
         ap.error(f"--keys must be at least {LIST_KEYS:,} (the listed prefix holds that many)")

@@ -1,0 +1,59 @@
+"""What every bench entry point shares: its mode flags, etcd's tool, waiting for a
+quiet machine before a run, where results go, and the elapsed-time progress line."""
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from . import etcdtool
+from .servers import machine_busy
+
+RESULTS = Path(__file__).resolve().parent / "results"
+QUIET_WAIT_S = {"tiny": 0.0, "quick": 10.0, "full": 60.0}  # the longest wait for a quiet machine, per mode
+
+
+def add_tool(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--tool", default=None,
+                    help=f"etcd's benchmark binary (default: ${etcdtool.TOOL_ENV}, else {etcdtool.SHIPPED})")
+
+
+def add_quiet(ap: argparse.ArgumentParser, waits: dict[str, float] = QUIET_WAIT_S, before: str = "each run") -> None:
+    defaults = ", ".join(f"{s:g} s {m}" if s else f"0 {m}" for m, s in waits.items())
+    ap.add_argument("--quiet-wait", type=float, default=None,
+                    help=f"before {before}, wait up to this many seconds for other CPU load on the machine to drop "
+                         f"below --quiet-below (default {defaults})")
+    ap.add_argument("--quiet-below", type=float, default=25.0, help="percent of one core (default 25)")
+
+
+def add_out(ap: argparse.ArgumentParser, what: str = "the JSON and Markdown") -> None:
+    ap.add_argument("--out", type=Path, default=RESULTS, help=f"where {what} go (default bench/results)")
+
+
+def mode_of(args: argparse.Namespace) -> str:
+    return "tiny" if args.tiny else "quick" if args.quick else "full"
+
+
+def quiet_wait_s(args: argparse.Namespace, mode: str, waits: dict[str, float] = QUIET_WAIT_S) -> float:
+    return args.quiet_wait if args.quiet_wait is not None else waits[mode]
+
+
+def wait_quiet(seconds: float, below: float) -> float:
+    """Wait up to ``seconds`` until the rest of the machine uses less than ``below`` % of a
+    core; return the last reading (0 without waiting when ``seconds`` is 0)."""
+    if not seconds:
+        return 0.0
+    deadline = time.monotonic() + seconds
+    while True:
+        busy = machine_busy(0.5)
+        if busy < below or time.monotonic() > deadline:
+            return busy
+
+
+def progress(t_begin: float) -> Callable[[str], None]:
+    """A printer of progress lines stamped with the seconds since ``t_begin``."""
+    def log(line: str) -> None:
+        print(f"  [{time.monotonic() - t_begin:5.0f}s] {line}", flush=True)
+
+    return log
