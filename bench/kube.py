@@ -46,7 +46,6 @@ import platform
 import queue
 import re
 import shutil
-import signal
 import ssl
 import statistics
 import subprocess
@@ -65,7 +64,7 @@ from pathlib import Path
 import numpy as np
 
 from . import machine, report, runargs
-from .servers import busy_seconds, cpu_seconds, machine_busy, start_real_etcd, start_shardetcd_default
+from .servers import busy_seconds, cpu_seconds, machine_busy, start_real_etcd, start_shardetcd_default, stop_by_pid
 
 RESULTS = runargs.RESULTS
 QUIET_WAIT_S = {"tiny": 0.0, "quick": 30.0, "full": 60.0}  # before each backend
@@ -646,13 +645,7 @@ def start_cluster(tmp: Path) -> Backend:
                             stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent)
 
     def stop() -> None:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_by_pid(proc)
         out.close()
 
     try:

@@ -33,7 +33,6 @@ import datetime as dt
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -49,7 +48,7 @@ from proto import rpc_pb2 as pb
 
 from . import report, runargs
 from .loadgen import BIG_REV, KV_PUT, KV_TXN, Pool, Window, my_share, now, open_channels, ready, value_bytes, wait_until
-from .servers import Server, start_real_etcd, start_shardetcd_default
+from .servers import Server, start_real_etcd, start_shardetcd_default, stop_by_pid
 from tests.etcd_fixture import free_port
 
 RESULTS = runargs.RESULTS
@@ -176,13 +175,7 @@ def start_cluster(tmp: Path, events_nice: int = 0, template: str = CLUSTER_LAYOU
     endpoints = {m[0]: m[1] for m in re.findall(r"^  (\w+)\s+http://(\S+)\s+pid", text, re.M)}
 
     def stop() -> None:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_by_pid(proc)
         out.close()
 
     return Server("cluster", endpoints["main"], proc.pid, f"shardetcd cluster ({len(endpoints)} processes)", stop), endpoints

@@ -137,6 +137,17 @@ def start_shardetcd_default(tmp: Path, extra_args: tuple[str, ...] = (), describ
                   metrics_url=f"http://127.0.0.1:{proc.metrics_port}", process=proc)
 
 
+def stop_by_pid(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM, up to ``grace`` seconds for a clean stop, then SIGKILL; always reaped."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
+
+
 def start_ceiling(tmp: Path) -> Server:
     port, metrics_port = free_port(), free_port()
     log = open(tmp / "ceiling.log", "wb")
@@ -154,13 +165,7 @@ def start_ceiling(tmp: Path) -> Server:
         time.sleep(0.05)
 
     def stop() -> None:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        stop_by_pid(proc, grace=10)
         log.close()
 
     return Server("ceiling", endpoint, proc.pid, f"do-nothing grpc.aio server, Put/Txn group-committed with fdatasync (grpcio {grpc.__version__})", stop,
