@@ -66,7 +66,7 @@ def cluster_followers_serve_their_partition(cluster) -> None:
     a port of its own; the kube-apiserver flags list the writer and its follower for every
     partition; a follower reads and writes its own partition, and hands a write to another
     partition's resource to its writer, which refuses it as a writer does."""
-    cluster.start()
+    cluster.start(timeout=120)  # six processes start on two cores, beside another test worker
     followers = {m[0]: (m[1], int(m[2])) for m in re.findall(r"^  (\w+)\.f1\s+follower at http://(\S+)\s+pid (\d+)",
                                                              cluster.output(), re.M)}
     try:
