@@ -35,6 +35,7 @@ import grpc
 from prometheus_client import Histogram, start_http_server
 
 from proto import kv_pb2, rpc_pb2 as pb
+from shim.loop import EVENT_LOOPS, default_event_loop, run as run_loop
 
 _HEADER = pb.ResponseHeader(cluster_id=1, member_id=1, revision=1, raft_term=2)
 PUT_RESPONSE = pb.PutResponse(header=_HEADER).SerializeToString()
@@ -257,8 +258,10 @@ def main() -> None:
     ap.add_argument("--fsync-dir", default=None, help="make Put and Txn durable: group-committed to a file here")
     ap.add_argument("--fsync-mode", default="hybrid", choices=["hybrid", "thread", "executor", "inline"])
     ap.add_argument("--metrics-port", type=int, default=None, help="serve /metrics (fdatasync count and time) here")
+    ap.add_argument("--event-loop", choices=EVENT_LOOPS, default=default_event_loop(),
+                    help="the same choice as shardetcd's --event-loop, whose default it shares (default: %(default)s)")
     args = ap.parse_args()
-    asyncio.run(serve(args.port, args.fsync_dir, args.fsync_mode, args.metrics_port))
+    run_loop(serve(args.port, args.fsync_dir, args.fsync_mode, args.metrics_port), args.event_loop)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from shards.tokens import TokenOptionsError, parse_auth_token
 
 from .autocompact import AutoCompaction
 from .config import ServerConfig
+from .loop import EVENT_LOOPS, default_event_loop, run as run_loop
 from .server import StartupError, StoreStopped, serve
 
 DESCRIPTION = """\
@@ -111,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--journal-fsync", choices=["always", "batch", "off"], default=d.journal_fsync,
                    help="always: fdatasync every group-commit batch before acknowledging; batch: the same, gathering writes for up to 2 ms per fsync; "
                         "off: acknowledge once written to the OS (survives a process crash, not a power loss) (default: %(default)s)")
+    p.add_argument("--event-loop", choices=EVENT_LOOPS, default=default_event_loop(),
+                   help="the event loop serving every request: uvloop (libuv; less CPU per request) or the standard "
+                        "library's asyncio (default: %(default)s)")
     p.add_argument("--journal-inline-writes", choices=["on", "off"], default="on" if d.journal_inline_writes else "off",
                    help="local journal: on: a lone writer's batch (one write, quick fsyncs, no other call in flight) is written and synced on the "
                         "event loop, saving a thread hand-off; off: every batch goes to the journal's writer thread, so a disk "
@@ -379,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardetcd serving the etcd v3 API on {urls} (data: {config.data_dir.absolute()})", flush=True)
 
     try:
-        return asyncio.run(serve(config, ready))
+        return run_loop(serve(config, ready), args.event_loop)
     except (StartupError, DataDirError, LayoutError) as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2

@@ -390,7 +390,9 @@ async def start(config: ServerConfig) -> Running:
         await store.close()
         await release_writer_lease(lease)
         raise
-    progress = asyncio.get_running_loop().create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
+    loop = asyncio.get_running_loop()
+    logger.info("serving event_loop=%s", type(loop).__module__.split(".")[0])  # uvloop or asyncio
+    progress = loop.create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
     running = Running(server, store, ports, failed, progress, lease=lease, link=link, following=following,
                       registry=registry)
     if link is None:  # a follower's journals are written by the writer, compactions included

@@ -53,6 +53,31 @@ def test_journal_inline_writes_flag_takes_on_or_off():
     assert p.returncode == 2 and "--journal-inline-writes: invalid choice: 'sometimes'" in p.stderr
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_serves_on_either_event_loop(tmp_path, loop):
+    """--event-loop: uvloop (the default) or asyncio; either serves puts, reads and watches."""
+    server = start_shardetcd(tmp_path, extra_args=("--event-loop", loop, "--log-level", "info"))
+    try:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            watch = pbg.WatchStub(ch).Watch(iter([pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"k"))]),
+                                            timeout=10)
+            assert next(watch).created
+            rev = kv.Put(pb.PutRequest(key=b"k", value=b"v"), timeout=10).header.revision
+            assert [e.kv.mod_revision for e in next(watch).events] == [rev]
+            assert kv.Range(pb.RangeRequest(key=b"k"), timeout=10).kvs[0].value == b"v"
+            watch.cancel()
+    finally:
+        server.stop()
+    assert f"serving event_loop={loop}" in server.log_path.read_text()
+
+
+def test_event_loop_defaults_to_uvloop():
+    from shim.cli import build_parser
+
+    assert build_parser().parse_args([]).event_loop == "uvloop"
+
+
 def start_raw(tmp_path: Path, *args: str, cwd: Path | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "shim", "--state-dir", str(tmp_path / "state"), *args],
