@@ -148,13 +148,13 @@ def stop_by_pid(proc: subprocess.Popen, grace: float = 30) -> None:
     proc.wait()
 
 
-def start_ceiling(tmp: Path) -> Server:
+def start_ceiling(tmp: Path, extra_args: tuple[str, ...] = ()) -> Server:
     port, metrics_port = free_port(), free_port()
     log = open(tmp / "ceiling.log", "wb")
     journal = tmp / "ceiling-journal"  # Put and Txn are made durable there, as shardetcd's (fsync=always)
     journal.mkdir(exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-m", "bench.ceiling", "--port", str(port), "--fsync-dir", str(journal),
-                             "--metrics-port", str(metrics_port)],
+                             "--metrics-port", str(metrics_port), *extra_args],
                             cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
