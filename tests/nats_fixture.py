@@ -125,6 +125,20 @@ class NatsCluster:
                     raise TimeoutError(f"nats-server {s.name} not ready:\n{s.log_tail()}")
                 time.sleep(0.1)
 
+    def wait_stream_leaders(self, which: list[int], timeout: float = 60.0) -> None:
+        """Until every JetStream stream has a leader among servers ``which`` (as one of them
+        reports on /jsz): after a server is killed, the streams it led elect new leaders in
+        their own time, after /healthz is already ok again."""
+        live = {self.servers[i].name for i in which}
+        deadline = time.monotonic() + timeout
+        while True:
+            leaders = _stream_leaders(self.servers[which[0]].monitor_port)
+            if leaders and all(leader in live for leader in leaders.values()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"streams without a live leader: {leaders}")
+            time.sleep(0.2)
+
     def kill(self, i: int) -> None:
         self.servers[i].kill()
 
@@ -137,6 +151,17 @@ class NatsCluster:
     def stop(self) -> None:
         for s in self.servers:
             s.kill()
+
+
+def _stream_leaders(monitor_port: int) -> dict[str, str | None]:
+    """Stream name -> its cluster leader's server name, from /jsz ({} if unreachable)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/jsz?accounts=true&streams=true", timeout=2) as r:
+            jsz = json.load(r)
+    except (OSError, ValueError):
+        return {}
+    return {st["name"]: (st.get("cluster") or {}).get("leader")
+            for acc in jsz.get("account_details", []) for st in acc.get("stream_detail", [])}
 
 
 def _healthy(monitor_port: int) -> bool:

@@ -261,7 +261,8 @@ def test_writes_time_out_without_a_quorum_and_resume_with_it(nats, tmp_path):
             kv = pbg.KVStub(ch)
             assert kv.Put(pb.PutRequest(key=b"k", value=b"v1"), timeout=10).header.revision == 2
             nats.kill(1)
-            nats.wait_ready([0, 2], timeout=60)  # the two left re-elect the streams' leaders (NATS's own time)
+            nats.wait_ready([0, 2], timeout=60)
+            nats.wait_stream_leaders([0, 2])  # the two left re-elect the streams' leaders (NATS's own time)
             assert kv.Put(pb.PutRequest(key=b"k", value=b"one down"), timeout=10).header.revision == 3
             nats.kill(2)
             with pytest.raises(grpc.RpcError) as err:
