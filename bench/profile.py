@@ -69,6 +69,10 @@ from . import etcdtool, machine, runargs, scenarios as sc
 from .servers import busy_seconds, start_ceiling, start_shardetcd_default
 
 ASYNCIO = ("--event-loop", "asyncio")  # see main()
+STARTERS = {  # on asyncio's own loop, see main()
+    "shardetcd": lambda where: start_shardetcd_default(where, ASYNCIO, "defaults, --event-loop asyncio"),
+    "ceiling": lambda where: start_ceiling(where, ASYNCIO),
+}
 
 RESULTS = runargs.RESULTS
 CATEGORIES = ("gRPC", "protobuf", "event loop", "handler", "store", "journal", "other")
@@ -403,6 +407,8 @@ def main(argv=None) -> int:
     names = [n for n in args.servers.split(",") if n]
     if "etcd" in names:
         raise SystemExit("python -m bench.profile: py-spy profiles Python servers only (shardetcd, ceiling)")
+    if unknown := [n for n in names if n not in STARTERS]:
+        raise SystemExit(f"python -m bench.profile: unknown server(s) {unknown}; known: shardetcd, ceiling")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     results: list[dict] = []
     t_begin = time.monotonic()
@@ -418,8 +424,7 @@ def main(argv=None) -> int:
             # on asyncio's own loop: a sample of grpc's C callbacks then has asyncio's Handle._run as its
             # innermost Python frame, which is how the split tells them apart; under uvloop (the servers'
             # default) they sit below the handler's frame and would be counted as the handler's
-            server = (start_shardetcd_default(where, ASYNCIO, "defaults, --event-loop asyncio") if name == "shardetcd"
-                      else start_ceiling(where, ASYNCIO))
+            server = STARTERS[name](where)
             print(f"  started {name}: {server.version} on {server.endpoint} (pid {server.pid})", flush=True)
             try:
                 etcdtool.seed_range_key(server.endpoint, sc.RANGE_KEY, sc.VAL_SIZE)
