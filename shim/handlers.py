@@ -62,20 +62,13 @@ async def _reject(context: grpc.aio.ServicerContext, bad: Malformed):
 
 
 def _unary(fn, gate=None):
-    if gate is not None:
-        async def gated(request, context):
-            if type(request) is Malformed:
-                await _reject(context, request)
-            await gate(context)
-            return await fn(request, context)
-
-        return gated
-
     async def handle(request, context):
         if type(request) is Malformed:
             await _reject(context, request)
         Traffic.calls += 1
         try:
+            if gate is not None:
+                await gate(context)
             return await fn(request, context)
         finally:
             Traffic.calls -= 1
