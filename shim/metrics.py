@@ -6,8 +6,11 @@ reports each batch's write + sync time, which is what etcd's
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+import bisect
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from .handlers import Traffic
 
@@ -22,6 +25,58 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+class LoopHistogram:
+    """A Prometheus histogram observed from the event loop's thread only.
+
+    prometheus_client's Histogram takes a lock for its sum and for the bucket
+    it counts (~1.9 µs an observation on this machine); three of them run per
+    journal batch, which is one per write for a lone client. Here an
+    observation is a bisect and two additions (~0.4 µs); the cumulative
+    buckets are built when scraped. The exposition is the same
+    (``_bucket{le=...}``, ``_count``, ``_sum``)."""
+
+    def __init__(self, name: str, doc: str, buckets: tuple[float, ...], labelnames: tuple[str, ...] = ()) -> None:
+        self.name, self.doc, self.labelnames = name, doc, tuple(labelnames)
+        self.bounds = tuple(sorted(buckets))
+        self._children: dict[tuple[str, ...], _LoopHistogramChild] = {}
+        if not self.labelnames:
+            self._unlabelled = self.labels()
+            self.observe = self._unlabelled.observe
+
+    def labels(self, *values: str) -> _LoopHistogramChild:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: labels {self.labelnames}, got {values}")
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = _LoopHistogramChild(self.bounds)
+        return child
+
+    def collect(self):
+        family = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
+        les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        for values, child in list(self._children.items()):
+            counts, total = list(child.counts), child.sum  # a consistent enough copy: observers run on the loop
+            cumulative, buckets = 0, []
+            for le, n in zip(les, counts):
+                cumulative += n
+                buckets.append((le, cumulative))
+            family.add_metric(list(values), buckets, total)
+        yield family
+
+
+class _LoopHistogramChild:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
 
 
 class _StateCollector:
@@ -98,20 +153,25 @@ class Metrics:
         # process_resident_memory_bytes, process_cpu_seconds_total, ... as etcd
         # exposes them (etcdctl check datascale reads the first)
         ProcessCollector(registry=self.registry)
-        self.fsync = Histogram("etcd_disk_wal_fsync_duration_seconds", "Journal batch write + fsync latency.",
-                               buckets=FSYNC_BUCKETS_S, registry=self.registry)
-        self.shard_batch = Histogram("shardetcd_shard_journal_batch_seconds", "Journal batch write + fsync latency.",
-                                     ["shard"], buckets=FSYNC_BUCKETS_S, registry=self.registry)
-        self.shard_batch_bytes = Histogram("shardetcd_shard_journal_batch_bytes",
-                                           "Bytes per journal batch (one fdatasync, or one JetStream message).",
-                                           ["shard"], buckets=BATCH_BYTES_BUCKETS, registry=self.registry)
+        self.fsync = self._histogram("etcd_disk_wal_fsync_duration_seconds", "Journal batch write + fsync latency.",
+                                     FSYNC_BUCKETS_S)
+        self.shard_batch = self._histogram("shardetcd_shard_journal_batch_seconds",
+                                           "Journal batch write + fsync latency.", FSYNC_BUCKETS_S, ("shard",))
+        self.shard_batch_bytes = self._histogram("shardetcd_shard_journal_batch_bytes",
+                                                 "Bytes per journal batch (one fdatasync, or one JetStream message).",
+                                                 BATCH_BYTES_BUCKETS, ("shard",))
         for shard in member.store.shards:
             shard.journal.on_batch = self._batch_observer(shard.name)
-        self.apply_lag = Histogram("shardetcd_follower_apply_lag_seconds",
-                                   "Per journal message a follower applied: from when the journal stored it to "
-                                   "when every revision in it was applied here.",
-                                   buckets=LAG_BUCKETS_S, registry=self.registry)
+        self.apply_lag = self._histogram("shardetcd_follower_apply_lag_seconds",
+                                         "Per journal message a follower applied: from when the journal stored it "
+                                         "to when every revision in it was applied here.", LAG_BUCKETS_S)
         member.store.follow_stats.on_lag = self.apply_lag.observe
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...],
+                   labelnames: tuple[str, ...] = ()) -> LoopHistogram:
+        histogram = LoopHistogram(name, doc, buckets, labelnames)
+        self.registry.register(histogram)
+        return histogram
 
     def _batch_observer(self, name: str):
         child, sizes = self.shard_batch.labels(name), self.shard_batch_bytes.labels(name)
