@@ -358,9 +358,10 @@ class Journal(Appender):
         if self._failure is not None:  # failed meanwhile: its queue (and count) are gone, nothing is acknowledged
             return
         self._lone = lone and seconds < INLINE_FSYNC_MAX_S
-        self._queued_bytes -= sum(len(r.payload) for r in batch)
+        payload = len(batch[0].payload) if len(batch) == 1 else sum(len(r.payload) for r in batch)
+        self._queued_bytes -= payload
         if self.on_batch is not None:
-            self.on_batch(sum(r.frame_bytes for r in batch), seconds)
+            self.on_batch(payload + HEADER_BYTES * len(batch), seconds)
         self._acknowledge(batch[-1].seq, touched)
 
     def _thread_exited(self) -> None:
@@ -389,7 +390,8 @@ class Journal(Appender):
 
     def _acknowledge(self, seq: int, touched: list[SegmentInfo]) -> None:
         for info in touched:
-            if self._segments and self._segments[-1].path == info.path:
+            # the same segment's summary carries the same Path object: `is` spares Path.__eq__ (~2 µs)
+            if self._segments and (self._segments[-1].path is info.path or self._segments[-1].path == info.path):
                 self._segments[-1] = info
             else:
                 self._segments.append(info)

@@ -76,9 +76,7 @@ class Change:
 
 
 def encode_write(participants: tuple[int, ...], changes: list[Change]) -> bytes:
-    out = [_U16.pack(len(participants))]
-    out.extend(_U16.pack(p) for p in participants)
-    out.append(_U32.pack(len(changes)))
+    out = [_U16.pack(len(participants)), *map(_U16.pack, participants), _U32.pack(len(changes))]
     for c in changes:
         out.append(_CHANGE.pack(c.kind, c.sub, len(c.key), len(c.row)))
         out.append(c.key)
