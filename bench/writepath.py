@@ -13,7 +13,8 @@ under /var/tmp), N coroutines each write in a closed loop:
   store-nosync   the same with journal fsync=off: the store's own cost, no disk.
 
 Per variant and number of writers: puts/s and CPU µs per put (the process's CPU,
-every thread, from the kernel), the median of --rounds interleaved rounds. The
+every thread, from the kernel), the median of --rounds interleaved rounds, on the
+server's default event loop (uvloop; --event-loop asyncio for the standard one). The
 difference store − group-commit is what shardetcd adds to a durable write beyond
 the disk; bench/README.md compares it with a whole put over gRPC.
 
@@ -37,6 +38,7 @@ from journal import JournalConfig
 from shards.layout import load_layout
 from shards.store import Store, StoreConfig
 from shards.types import PutReq
+from shim.loop import EVENT_LOOPS, default_event_loop, run as run_on_loop
 
 from .ceiling import GroupCommit
 
@@ -99,6 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--dir", type=Path, default=None, help="where the journals go (default: a temp dir under /var/tmp)")
     ap.add_argument("--json", type=Path, default=None, help="also write every run here")
+    ap.add_argument("--event-loop", choices=EVENT_LOOPS, default=default_event_loop(),
+                    help="the loop every run uses (default: the server's default, %(default)s)")
     args = ap.parse_args(argv)
     writers = [int(w) for w in args.writers.split(",")]
     variants = args.variants.split(",")
@@ -108,7 +112,7 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             for w in writers:
                 for v in variants:
-                    row = asyncio.run(run_variant(v, base / f"{r}-{w}-{v}", w, args.puts))
+                    row = run_on_loop(run_variant(v, base / f"{r}-{w}-{v}", w, args.puts), args.event_loop)
                     runs.append(row)
                     print(f"  round {r + 1}/{args.rounds} {v:<13} {w:>3} writers {row['puts_s']:8,.0f} puts/s "
                           f"{row['cpu_us']:6.0f} µs CPU/put", flush=True)
@@ -124,7 +128,8 @@ def main(argv=None) -> int:
         extra = (f"{med['store'][1] - med['group-commit'][1]:.0f}" if {"store", "group-commit"} <= set(med) else "")
         print(f"| {w} | " + " | ".join(f"{med[v][0]:,.0f} | {med[v][1]:.0f}" for v in variants) + f" | {extra} |")
     if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "cores": os.cpu_count()}, indent=1))
+        args.json.write_text(json.dumps({"runs": runs, "cores": os.cpu_count(), "event_loop": args.event_loop},
+                                        indent=1))
     return 0
 
 
