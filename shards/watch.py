@@ -81,7 +81,7 @@ class WatchSpec:
 
 class Watcher:
     __slots__ = ("id", "stream", "key", "end", "prev_kv", "progress_notify", "fragment",
-                 "no_put", "no_delete", "min_rev", "next_rev", "synced", "sids", "sent_since_tick")
+                 "no_put", "no_delete", "min_rev", "next_rev", "synced", "sids", "sent_since_tick", "ended")
 
     def __init__(self, wid: int, stream: WatchStream, spec: WatchSpec, key: bytes, next_rev: int, sids: list[int]) -> None:
         self.id = wid
@@ -98,6 +98,10 @@ class Watcher:
         self.synced = False
         self.sids = sids
         self.sent_since_tick = False
+        # cancelled by the server (compacted history, or cut on a follower's resync): it gets
+        # nothing more, but, as in etcd, keeps its id on the stream until the client cancels it
+        # (a create reusing the id is a duplicate; the client's cancel is answered)
+        self.ended = False
 
     def matches(self, key: bytes) -> bool:
         if self.end is None:
@@ -400,7 +404,7 @@ class WatchHub:
         store = self.store
         stream = w.stream
         if w.next_rev < store.compact_rev:
-            stream.watchers.pop(w.id, None)
+            w.ended = True
             stream.unsynced.discard(w)
             # etcd leaves this response's header revision unset
             stream.put(Message(w.id, 0, canceled=True, compact_revision=store.compact_rev))
@@ -469,13 +473,15 @@ class WatchHub:
         behind = 0
         for stream in list(self.streams):
             for w in list(stream.watchers.values()):
+                if w.ended:
+                    continue
                 if w.synced:
                     self.remove(w)
                     w.next_rev = max(applied_before + 1, w.min_rev)
                 sent_top = w.next_rev - 1
                 if w.min_rev <= sent_top and sent_top > committed:  # saw revisions that are not in the log
                     behind += 1
-                    stream.watchers.pop(w.id, None)
+                    w.ended = True
                     stream.unsynced.discard(w)
                     stream.put(Message(w.id, 0, canceled=True, compact_revision=max(compact_rev, committed),
                                        cancel_reason="mvcc: required revision has been compacted"))
