@@ -1,16 +1,27 @@
 """Key permissions of one user, merged across their roles, and etcd's checks on them.
 
-etcd puts every permission of every role a user has into two interval sets,
-one for reading and one for writing, and asks two questions:
+etcd puts every permission of every role a user has into two interval trees,
+one for reading and one for writing (in the user's role order, sorted by
+name, and each role's permission order, sorted by key), and asks two
+questions:
 
-- one key (a request without range_end): does any interval hold the key?
-- a range [key, range_end): do the intervals that overlap it, taken in
-  order of their start, cover it without a gap from key to range_end?
+- one key (a request without range_end): does the tree find an interval
+  that holds the key?
+- a range [key, range_end): do the intervals the tree visits as overlapping
+  it, in order of their start, cover it without a gap from key to range_end?
 
-Ends follow etcd's "affine" byte strings: a range_end of "\\0" means "to the
-end of the keyspace" (``None`` here), and a permission without range_end
-is the one key [key, key + "\\0").  A permission with an empty key, or whose
-range is empty or inverted, grants nothing.
+Ends follow etcd's "affine" byte strings: the empty string sorts after every
+other, so a range_end of "\\0" ("to the end of the keyspace") is stored as
+the empty string, and a permission without range_end is the one key
+[key, key + "\\0").
+
+The answers are etcd 3.5.1's because the tree is etcd's: a red-black tree
+ordered by interval start whose nodes carry the largest end below them, with
+etcd's overlap test and its pruned walk. For well-formed permissions and
+requests that is plain interval logic; for degenerate ones (a permission
+[c, c) that grants nothing, a request range that is empty or inverted) etcd's
+answer depends on the tree's shape, and so it does here. (etcd 3.5.1 accepts
+such permissions; later releases refuse them.)
 
 Worked example: a user whose roles grant READ on [a/, a0), on x, on [m, n)
 and on [n, p)::
@@ -24,66 +35,200 @@ and on [n, p)::
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 READ, WRITE, READWRITE = 0, 1, 2  # authpb.Permission.Type
 
-Interval = tuple[bytes, "bytes | None"]  # [begin, end); end None: to the end of the keyspace
+
+def _cmp(a: bytes, b: bytes) -> int:
+    """Three-way comparison of affine byte strings (the empty one is the largest)."""
+    if not a:
+        return 0 if not b else 1
+    if not b:
+        return -1
+    return (a > b) - (a < b)
 
 
-def _end(range_end: bytes) -> bytes | None:
-    return None if range_end == b"\x00" else range_end
+def _relation(ab: bytes, ae: bytes, bb: bytes, be: bytes) -> int:
+    """etcd's interval comparison of [ab, ae) with [bb, be): -1 when the first lies
+    left of the second, 1 when it starts at or after the second's end, 0 otherwise
+    (they overlap)."""
+    if _cmp(ab, bb) < 0 and _cmp(ae, bb) <= 0:
+        return -1
+    if _cmp(ab, be) >= 0:
+        return 1
+    return 0
 
 
-def _before(a: bytes | None, b: bytes | None) -> bool:
-    """a < b, where None is +infinity."""
-    return a is not None and (b is None or a < b)
+class _Node:
+    __slots__ = ("begin", "end", "max", "left", "right", "parent", "red")
+
+    def __init__(self, begin: bytes, end: bytes, nil: _Node | None) -> None:
+        self.begin, self.end, self.max = begin, end, end
+        self.left = self.right = self.parent = nil if nil is not None else self
+        self.red = nil is not None
 
 
-def granted_interval(key: bytes, range_end: bytes) -> Interval | None:
-    """What a permission on [key, range_end) grants, or None if it grants nothing."""
-    if not key:
-        return None  # affine bytes: an empty begin is +infinity
+class IntervalTree:
+    """An insert-only red-black interval tree, etcd's (pkg/adt) in behaviour: the
+    same insertion, rotations, upkeep of each node's max end, and walks."""
+
+    __slots__ = ("nil", "root")
+
+    def __init__(self, intervals: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        self.nil = _Node(b"", b"", None)  # the shared leaf: black, its own children
+        self.root = self.nil
+        for begin, end in intervals:
+            self.insert(begin, end)
+
+    # -- building ---------------------------------------------------------
+
+    def insert(self, begin: bytes, end: bytes) -> None:
+        nil = self.nil
+        z = _Node(begin, end, nil)
+        parent, x = nil, self.root
+        while x is not nil:  # equal starts go right
+            parent = x
+            x = x.left if _cmp(begin, x.begin) < 0 else x.right
+        z.parent = parent
+        if parent is nil:
+            self.root = z
+        else:
+            if _cmp(begin, parent.begin) < 0:
+                parent.left = z
+            else:
+                parent.right = z
+            self._update_max(parent)
+        self._fix_after_insert(z)
+
+    def _update_max(self, x: _Node) -> None:
+        """Recompute max ends upwards from x, stopping at the first node whose max holds."""
+        nil = self.nil
+        while x is not nil:
+            m = x.end
+            if x.left is not nil and _cmp(x.left.max, m) > 0:
+                m = x.left.max
+            if x.right is not nil and _cmp(x.right.max, m) > 0:
+                m = x.right.max
+            if _cmp(x.max, m) == 0:
+                return
+            x.max = m
+            x = x.parent
+
+    def _fix_after_insert(self, z: _Node) -> None:
+        while z.parent.red:
+            grand = z.parent.parent
+            if z.parent is grand.left:
+                uncle = grand.right
+                if uncle.red:
+                    uncle.red = z.parent.red = False
+                    grand.red = True
+                    z = grand
+                    continue
+                if z is z.parent.right:
+                    z = z.parent
+                    self._rotate(z, left=True)
+                z.parent.red = False
+                z.parent.parent.red = True
+                self._rotate(z.parent.parent, left=False)
+            else:
+                uncle = grand.left
+                if uncle.red:
+                    uncle.red = z.parent.red = False
+                    grand.red = True
+                    z = grand
+                    continue
+                if z is z.parent.left:
+                    z = z.parent
+                    self._rotate(z, left=False)
+                z.parent.red = False
+                z.parent.parent.red = True
+                self._rotate(z.parent.parent, left=True)
+        self.root.red = False
+
+    def _rotate(self, x: _Node, left: bool) -> None:
+        """Move x down to the left (or right) of its right (or left) child, keeping max
+        ends as etcd does: x first, then x's old parent, then the child now above x."""
+        nil = self.nil
+        y = x.right if left else x.left
+        if y is nil:
+            return
+        if left:
+            x.right = y.left
+            y.left.parent = x
+        else:
+            x.left = y.right
+            y.right.parent = x
+        self._update_max(x)
+        y.parent = x.parent
+        if x.parent is nil:
+            self.root = y
+        else:
+            if x is x.parent.left:
+                x.parent.left = y
+            else:
+                x.parent.right = y
+            self._update_max(x.parent)
+        x.parent = y
+        if left:
+            y.left = x
+        else:
+            y.right = x
+        self._update_max(y)
+
+    # -- questions ----------------------------------------------------------
+
+    def _visit(self, x: _Node, begin: bytes, end: bytes, fn: Callable[[_Node], bool]) -> bool:
+        """Call fn on the nodes the walk finds overlapping [begin, end), in start order;
+        False once fn asked to stop. The walk prunes as etcd's does."""
+        if x is self.nil:
+            return True
+        r = _relation(begin, end, x.begin, x.end)
+        if r < 0:
+            return self._visit(x.left, begin, end, fn)
+        if r > 0:
+            if _relation(x.begin, x.max, begin, end) == 0:
+                return self._visit(x.left, begin, end, fn) and self._visit(x.right, begin, end, fn)
+            return True
+        return self._visit(x.left, begin, end, fn) and fn(x) and self._visit(x.right, begin, end, fn)
+
+    def intersects(self, begin: bytes, end: bytes) -> bool:
+        """etcd's Intersects: a descent that follows the left subtree while its max end
+        lies past begin."""
+        nil, x = self.nil, self.root
+        while x is not nil and _relation(begin, end, x.begin, x.end) != 0:
+            x = x.left if x.left is not nil and _cmp(x.left.max, begin) > 0 else x.right
+        return x is not nil
+
+    def contains(self, begin: bytes, end: bytes) -> bool:
+        """etcd's Contains: the visited intervals start at or before begin, leave no gap
+        and reach end."""
+        first: list[bytes] = []
+        reach = [b""]
+        gap = [False]
+
+        def step(n: _Node) -> bool:
+            if not first:
+                first.append(n.begin)
+                reach[0] = n.end
+                return True
+            if _cmp(reach[0], n.begin) < 0:
+                gap[0] = True
+                return False
+            if _cmp(n.end, reach[0]) > 0:
+                reach[0] = n.end
+            return True
+
+        self._visit(self.root, begin, end, step)
+        return (not gap[0] and bool(first) and _cmp(reach[0], end) >= 0
+                and _cmp(first[0], begin) <= 0)
+
+
+def permission_interval(key: bytes, range_end: bytes) -> tuple[bytes, bytes]:
+    """The interval etcd stores for a permission (or asks about for a request)."""
     if not range_end:
         return key, key + b"\x00"
-    end = _end(range_end)
-    if end is not None and end <= key:
-        return None
-    return key, end
-
-
-class Intervals:
-    """A set of granted intervals, sorted by their start."""
-
-    __slots__ = ("ivs",)
-
-    def __init__(self, ivs: Iterable[Interval]) -> None:
-        self.ivs = sorted(ivs, key=lambda iv: iv[0])
-
-    def holds(self, key: bytes) -> bool:
-        return any(b <= key and _before(key, e) for b, e in self.ivs)
-
-    def covers(self, key: bytes, range_end: bytes) -> bool:
-        """etcd's interval-tree Contains: the overlapping intervals reach from key to range_end without a gap."""
-        q_end = _end(range_end)
-        reach: bytes | None = b""
-        started = False
-        for b, e in self.ivs:
-            # etcd's overlap test for a query [key, q_end) against [b, e)
-            if (key < b and not _before(b, q_end)) or not _before(key, e):
-                continue
-            if not started:
-                if b > key:
-                    return False
-                started, reach = True, e
-            elif _before(reach, b):
-                return False
-            elif _before(reach, e):
-                reach = e
-        return started and not _before(reach, q_end)
-
-    def allows(self, key: bytes, range_end: bytes) -> bool:
-        return self.covers(key, range_end) if range_end else self.holds(key)
+    return key, b"" if range_end == b"\x00" else range_end
 
 
 class UserPermissions:
@@ -92,18 +237,16 @@ class UserPermissions:
     __slots__ = ("read", "write")
 
     def __init__(self, perms: Iterable[tuple[int, bytes, bytes]]) -> None:
-        read: list[Interval] = []
-        write: list[Interval] = []
-        for kind, key, range_end in perms:
-            iv = granted_interval(key, range_end)
-            if iv is None:
-                continue
+        self.read = IntervalTree()
+        self.write = IntervalTree()
+        for kind, key, range_end in perms:  # etcd's order: roles by name, each role's by key
+            begin, end = permission_interval(key, range_end)
             if kind in (READ, READWRITE):
-                read.append(iv)
+                self.read.insert(begin, end)
             if kind in (WRITE, READWRITE):
-                write.append(iv)
-        self.read = Intervals(read)
-        self.write = Intervals(write)
+                self.write.insert(begin, end)
 
     def allows(self, key: bytes, range_end: bytes, write: bool) -> bool:
-        return (self.write if write else self.read).allows(key, range_end)
+        tree = self.write if write else self.read
+        begin, end = permission_interval(key, range_end)
+        return tree.contains(begin, end) if range_end else tree.intersects(begin, end)

@@ -34,6 +34,36 @@ def test_permissions_that_grant_nothing(kind, key, end):
         assert not p.allows(k, e_, False) and not p.allows(k, e_, True)
 
 
+def test_an_inverted_request_range_follows_the_shape_of_etcds_tree():
+    """etcd 3.5.1's answers (test_random_roles_and_permissions_match_etcd found them): a read
+    of the inverted range [c, b0) is allowed to a user with READ on the key c, and denied
+    once the role also holds the empty permission [c, c) (stored before c: same key, sorted
+    stably), because etcd's tree walk then prunes the node holding c."""
+    point = UserPermissions([(READ, b"c", b"")])
+    both = UserPermissions([(READ, b"c", b"c"), (READ, b"c", b"")])
+    assert point.allows(b"c", b"b0", False) and point.allows(b"c", b"a0", False)
+    assert not both.allows(b"c", b"b0", False) and not both.allows(b"c", b"c", False)
+    assert both.allows(b"c", b"", False)  # the key itself still reads
+    # well-formed ranges are plain interval logic whatever the order of insertion
+    for perms in ([(READ, b"a", b"b"), (READ, b"b", b"c")], [(READ, b"b", b"c"), (READ, b"a", b"b")]):
+        p = UserPermissions(perms)
+        assert p.allows(b"a", b"c", False) and not p.allows(b"a", b"c0", False)
+
+
+def test_many_permissions_keep_a_balanced_tree():
+    """Insertion keeps red-black order: a user with many permissions gets its answers from
+    a tree of logarithmic height (etcd's), not a list."""
+    perms = [(READ, b"k%04d" % i, b"k%04d" % (i + 1)) for i in range(0, 2000, 2)]
+    p = UserPermissions(perms)
+
+    def height(n):
+        return 0 if n is p.read.nil else 1 + max(height(n.left), height(n.right))
+
+    assert height(p.read.root) <= 2 * 11  # 2 log2(1000 + 1)
+    assert p.allows(b"k0000", b"k0001", False) and not p.allows(b"k0000", b"k0002", False)
+    assert p.allows(b"k1998x", b"", False) and not p.allows(b"k1999x", b"", False)
+
+
 def test_readwrite_and_to_the_end_of_the_keyspace():
     p = UserPermissions([(READWRITE, b"z", b"\x00"), (WRITE, b"w", b"")])
     assert p.allows(b"zz", b"\x00", False) and p.allows(b"z", b"\x00", True) and not p.allows(b"y", b"\x00", False)
