@@ -116,34 +116,23 @@ class IntervalTree:
             x = x.parent
 
     def _fix_after_insert(self, z: _Node) -> None:
+        """Red-black repair after inserting z; `left` names the side z's parent hangs on
+        (the two cases mirror each other)."""
         while z.parent.red:
             grand = z.parent.parent
-            if z.parent is grand.left:
-                uncle = grand.right
-                if uncle.red:
-                    uncle.red = z.parent.red = False
-                    grand.red = True
-                    z = grand
-                    continue
-                if z is z.parent.right:
-                    z = z.parent
-                    self._rotate(z, left=True)
-                z.parent.red = False
-                z.parent.parent.red = True
-                self._rotate(z.parent.parent, left=False)
-            else:
-                uncle = grand.left
-                if uncle.red:
-                    uncle.red = z.parent.red = False
-                    grand.red = True
-                    z = grand
-                    continue
-                if z is z.parent.left:
-                    z = z.parent
-                    self._rotate(z, left=False)
-                z.parent.red = False
-                z.parent.parent.red = True
-                self._rotate(z.parent.parent, left=True)
+            left = z.parent is grand.left
+            uncle = grand.right if left else grand.left
+            if uncle.red:
+                uncle.red = z.parent.red = False
+                grand.red = True
+                z = grand
+                continue
+            if z is (z.parent.right if left else z.parent.left):
+                z = z.parent
+                self._rotate(z, left=left)
+            z.parent.red = False
+            z.parent.parent.red = True
+            self._rotate(z.parent.parent, left=not left)
         self.root.red = False
 
     def _rotate(self, x: _Node, left: bool) -> None:
