@@ -75,11 +75,9 @@ class IntervalTree:
 
     __slots__ = ("nil", "root")
 
-    def __init__(self, intervals: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    def __init__(self) -> None:
         self.nil = _Node(b"", b"", None)  # the shared leaf: black, its own children
         self.root = self.nil
-        for begin, end in intervals:
-            self.insert(begin, end)
 
     # -- building ---------------------------------------------------------
 
@@ -192,25 +190,17 @@ class IntervalTree:
     def contains(self, begin: bytes, end: bytes) -> bool:
         """etcd's Contains: the visited intervals start at or before begin, leave no gap
         and reach end."""
-        first: list[bytes] = []
-        reach = [b""]
-        gap = [False]
-
-        def step(n: _Node) -> bool:
-            if not first:
-                first.append(n.begin)
-                reach[0] = n.end
-                return True
-            if _cmp(reach[0], n.begin) < 0:
-                gap[0] = True
+        nodes: list[_Node] = []
+        self._visit(self.root, begin, end, lambda n: nodes.append(n) or True)
+        if not nodes or _cmp(nodes[0].begin, begin) > 0:
+            return False
+        reach = nodes[0].end
+        for n in nodes[1:]:
+            if _cmp(reach, n.begin) < 0:
                 return False
-            if _cmp(n.end, reach[0]) > 0:
-                reach[0] = n.end
-            return True
-
-        self._visit(self.root, begin, end, step)
-        return (not gap[0] and bool(first) and _cmp(reach[0], end) >= 0
-                and _cmp(first[0], begin) <= 0)
+            if _cmp(n.end, reach) > 0:
+                reach = n.end
+        return _cmp(reach, end) >= 0
 
 
 def permission_interval(key: bytes, range_end: bytes) -> tuple[bytes, bytes]:
