@@ -247,7 +247,9 @@ def test_jetstream_storage_full_then_freed(tmp_path):
                                  server_log.read_text(errors="replace"))
         refused = [line for line in log.splitlines() if "journal publish refused: JetStream storage is full" in line]
         assert refused and "err_code=10023" in refused[0] and "stream=shardetcd_" in refused[0], refused[:3]
-        assert "journal publish acknowledged after retrying" in log and "causes=storage-full" in log
+        retried = [line for line in log.splitlines() if "journal publish acknowledged after retrying" in line]
+        # a loaded machine can add timeouts to the causes (causes=timeout,storage-full)
+        assert any("storage-full" in line.split("causes=", 1)[1].split()[0].split(",") for line in retried), retried[:3]
         assert getattr(filled[0], "err_code", None) == 10023, filled
     finally:
         nats.stop()
