@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from proto.kv_pb2 import KeyValue
 
 from .errors import CompactedError, FutureRevisionError
+from .gosort import go_sort
 from .revision import entry_main
 from .steps import Steps, drain
 from .types import (
@@ -150,13 +151,14 @@ def _sorted(req: RangeReq, rows: list[bytes]) -> list[bytes]:
     if order == SORT_NONE or (order == SORT_ASCEND and req.sort_target == TARGET_KEY):
         return rows
     keyf = _SORT_KEYS.get(req.sort_target, _SORT_KEYS[TARGET_KEY])
-    decoded = [(keyf(KeyValue.FromString(r)), i, r) for i, r in enumerate(rows)]
-    if order == SORT_DESCEND:
-        # etcd sorts with sort.Reverse over an unstable sort; ties keep key order reversed
-        decoded.sort(key=lambda t: (t[0], t[1]), reverse=True)
-    else:
-        decoded.sort(key=lambda t: (t[0], t[1]))
-    return [r for _, _, r in decoded]
+    decoded = [(keyf(KeyValue.FromString(r)), r) for r in rows]
+    descend = order == SORT_DESCEND
+    fast = sorted(decoded, key=lambda t: t[0], reverse=descend)
+    if all(a[0] != b[0] for a, b in zip(fast, fast[1:])):
+        return [r for _, r in fast]  # no ties: any sort gives etcd's order
+    # ties: the order etcd's unstable sort.Sort (sort.Reverse for DESCEND) leaves them in
+    go_sort(decoded, (lambda x, y: y[0] < x[0]) if descend else (lambda x, y: x[0] < y[0]))
+    return [r for _, r in decoded]
 
 
 def _strip_value(row: bytes) -> bytes:

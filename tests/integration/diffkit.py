@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf import text_format
 
-from proto import kv_pb2, rpc_pb2 as pb, rpc_pb2_grpc
+from proto import rpc_pb2 as pb, rpc_pb2_grpc
 
 # -- key pool ------------------------------------------------------------------
 # Spread over every shard of the default layout (leases, events, pods, nodes =
@@ -133,47 +133,10 @@ def describe(req) -> str:
 
 # -- normalisation -----------------------------------------------------------------
 
-_SORT_FIELD = {1: "version", 2: "create_revision", 3: "mod_revision", 4: "value"}
-
-
 def _clear_header(h: pb.ResponseHeader) -> None:
     h.cluster_id = 0
     h.member_id = 0
     h.raft_term = 0
-
-
-def _normalise_range(req: pb.RangeRequest, resp: pb.RangeResponse) -> None:
-    """Make a RangeResponse comparable when etcd's order is unspecified.
-
-    etcd sorts with Go's (unstable) sort.Sort, and only by the sort target: when
-    sorting by VERSION/CREATE/MOD/VALUE, keys with equal targets ("ties") may come
-    in any order, and when a limit cuts a run of ties, which of the tied keys make
-    it in is unspecified too.  So within each run of equal targets the kvs are put
-    in key order, and a run that the limit may have cut (the last one, when
-    `more` is set) is reduced to its target values.  Sorting by KEY has no ties
-    (keys are unique) and is compared exactly.
-    """
-    target_field = _SORT_FIELD.get(req.sort_target)
-    if target_field is None or len(resp.kvs) < 2 and not resp.more:
-        return
-    kvs = list(resp.kvs)
-    groups: list[list[kv_pb2.KeyValue]] = []
-    for kv in kvs:
-        if groups and getattr(groups[-1][0], target_field) == getattr(kv, target_field):
-            groups[-1].append(kv)
-        else:
-            groups.append([kv])
-    out: list[kv_pb2.KeyValue] = []
-    for i, g in enumerate(groups):
-        if resp.more and i == len(groups) - 1:
-            for kv in g:
-                stub = kv_pb2.KeyValue()
-                setattr(stub, target_field, getattr(kv, target_field))
-                out.append(stub)
-        else:
-            out.extend(sorted(g, key=lambda kv: kv.key))
-    del resp.kvs[:]
-    resp.kvs.extend(out)
 
 
 def _normalise_txn(req: pb.TxnRequest, resp: pb.TxnResponse) -> None:
@@ -183,8 +146,6 @@ def _normalise_txn(req: pb.TxnRequest, resp: pb.TxnResponse) -> None:
         which = r.WhichOneof("response")
         if which == "response_range":
             _clear_header(r.response_range.header)
-            if op.WhichOneof("request") == "request_range":
-                _normalise_range(op.request_range, r.response_range)
         elif which == "response_put":
             _clear_header(r.response_put.header)
         elif which == "response_delete_range":
@@ -197,15 +158,14 @@ def _normalise_txn(req: pb.TxnRequest, resp: pb.TxnResponse) -> None:
 
 
 def normalise(req, outcome: Outcome) -> Outcome:
-    """A copy of `outcome` with member identity cleared and unspecified order fixed."""
+    """A copy of `outcome` with member identity cleared (everything else, the order of keys that
+    tie in a sorted range included, must be etcd's own)."""
     if outcome.response is None:
         return outcome
     resp = type(outcome.response)()
     resp.CopyFrom(outcome.response)
     _clear_header(resp.header)
-    if isinstance(req, pb.RangeRequest):
-        _normalise_range(req, resp)
-    elif isinstance(req, pb.TxnRequest):
+    if isinstance(req, pb.TxnRequest):
         _normalise_txn(req, resp)
     return Outcome(response=resp)
 

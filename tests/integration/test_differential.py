@@ -4,9 +4,8 @@ order, to a real etcd 3.5.1 and to shardetcd; every answer must be the same.
 Compared: the whole response message, field by field, with header.cluster_id,
 header.member_id and header.raft_term cleared (also in the headers nested in
 txn responses) — the revision is compared; errors as (status code, details).
-Sorting by a non-key target can tie; etcd's order among ties is unspecified
-(Go's unstable sort.Sort), so ties are compared order-insensitively — see
-diffkit._normalise_range.
+Sorting by a non-key target can tie; the order of ties is compared too (etcd's
+unstable sort.Sort, reproduced by shards/gosort.py).
 
 Failures name the seed and op index; re-run one with
 ``pytest tests/integration/test_differential.py -k 'seeded and 3'``.
