@@ -13,8 +13,9 @@ against etcd 3.5.1 (tests/integration/test_auth.py):
   cannot be deleted, and root cannot lose the root role;
 - RoleGrantPermission does not validate the range; it replaces the type of
   the first permission with the same key when that one also has the same
-  range_end, and otherwise appends and re-sorts by key (stably), so the same
-  range can appear twice, as in etcd.
+  range_end, and otherwise appends and re-sorts by key (with Go's unstable
+  sort.Sort, shards/gosort.py: permissions on the same key keep etcd's order), so
+  the same range can appear twice, as in etcd.
 
 ``apply(op, fields)`` is the one entry point for changes: the store journals
 ``(op, fields)`` and replays it through the same call after a restart.
@@ -28,6 +29,7 @@ import binascii
 from dataclasses import dataclass, replace
 
 from . import errors as e
+from .gosort import go_sort
 from .permissions import UserPermissions
 
 ROOT = "root"
@@ -253,7 +255,7 @@ class AuthState:
             perms[i] = replace(perms[i], kind=perm.kind)
         else:
             perms.append(perm)
-            perms.sort(key=lambda p: p.key)  # stable, like Go's sort.Sort on etcd's short lists
+            go_sort(perms, lambda a, b: a.key < b.key)  # Go's sort.Sort: equal keys may change places
         self.roles[name] = Role(name, tuple(perms))
         return self._changed()
 
