@@ -28,6 +28,12 @@ NO_SPACE = (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database spac
 STOPPED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped")
 TIMED_OUT = (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
 MEMBER_NOT_SUPPORTED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: not capable")
+MEMBER_NOT_FOUND = (grpc.StatusCode.NOT_FOUND, "etcdserver: member not found")
+MEMBER_BAD_URLS = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: given member URLs are invalid")
+PEER_URL_EXISTS = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: Peer URLs already exists")
+MEMBER_NOT_LEARNER = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: can only promote a learner member")
+# etcd 3.5.1 does not map this one to a gRPC code on MemberRemove: it reaches clients as UNKNOWN
+NOT_ENOUGH_STARTED = (grpc.StatusCode.UNKNOWN, "etcdserver: re-configuration failed due to not enough started members")
 BAD_LEADER_TRANSFEREE = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: bad leader transferee")
 DOWNGRADE_VERSION_FORMAT = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: wrong downgrade target version format")
 DOWNGRADE_TARGET = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: invalid downgrade target version")

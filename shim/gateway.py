@@ -3,14 +3,18 @@
 Each route calls the same service method as gRPC does, so validation,
 errors and results are identical; messages map to JSON as etcd's gateway
 maps them (original field names, 64-bit integers as strings, bytes as
-base64).  /v3/watch streams newline-delimited {"result": WatchResponse}, and
-/v3/election/observe {"result": LeaderResponse}.
+base64), and request bodies are read as etcd reads them, Go's errors
+included (``shim/gojson.py``).  /v3/watch streams newline-delimited
+{"result": WatchResponse}, /v3/lease/keepalive one {"result": ...} line per
+request in the body, /v3/election/observe {"result": LeaderResponse} and
+/v3/maintenance/snapshot {"result": SnapshotResponse}.  /v3beta/ is the same
+gateway, as in etcd 3.5.
 The HTTP "Authorization" header carries an auth token, as etcd's gateway
 forwards it (gRPC metadata "authorization").
 """
 from __future__ import annotations
 
-import json
+import asyncio
 
 import grpc
 from google.protobuf import json_format
@@ -19,27 +23,57 @@ from google.protobuf.message import Message
 from proto import rpc_pb2 as pb
 from proto import v3election_pb2 as epb, v3lock_pb2 as lpb
 
+from . import gojson
+
 # grpc code -> HTTP status, as grpc-gateway maps them
 HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.FAILED_PRECONDITION: 400, grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.INTERNAL: 500, grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.OK: 200, grpc.StatusCode.CANCELLED: 408, grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.DEADLINE_EXCEEDED: 504, grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409, grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.FAILED_PRECONDITION: 400, grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400, grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.DATA_LOSS: 500,
 }
 
 
 def compact_json(doc) -> bytes:
-    """JSON as etcd's gateway (Go) writes it: no spaces; clients and scripts compare bytes."""
-    return json.dumps(doc, separators=(",", ":")).encode()
+    """JSON as etcd's gateway (Go) writes it: no spaces, Go's escaping; clients and scripts compare bytes."""
+    return gojson.dumps(doc)
 
 
 class GatewayError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, http_status: int | None = None) -> None:
         super().__init__(message)
         self.code, self.message = code, message
+        self.http_status = HTTP_STATUS.get(code, 500) if http_status is None else http_status
 
     def body(self) -> bytes:
         return compact_json({"error": self.message, "code": self.code.value[0], "message": self.message})
+
+    def chunk(self) -> bytes:
+        """The error as a streaming route sends it, in place of a result line."""
+        return compact_json({"error": {"grpc_code": self.code.value[0], "http_code": self.http_status,
+                                       "message": self.message, "http_status": REASONS.get(self.http_status, "")}})
+
+
+REASONS = {200: "OK", 301: "Moved Permanently", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+           404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict",
+           429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+class NoRoute(Exception):
+    """No gateway route has this path: grpc-gateway's plain-text 404."""
+
+
+def _bad_body(exc: gojson.GoJSONError) -> GatewayError:
+    """A request body etcd cannot read: INVALID_ARGUMENT with Go's words."""
+    return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
+def _bad_stream_body(exc: gojson.GoJSONError) -> GatewayError:
+    """The same on a client-streaming route, where etcd's gateway reports it as UNKNOWN (HTTP 500)."""
+    return GatewayError(grpc.StatusCode.UNKNOWN, str(exc), 500)
 
 
 class _Context:
@@ -77,8 +111,14 @@ ROUTES = {
     "/v3/maintenance/status": ("Maintenance", "Status"),
     "/v3/maintenance/alarm": ("Maintenance", "Alarm"),
     "/v3/maintenance/defragment": ("Maintenance", "Defragment"),
-    "/v3/maintenance/hash": ("Maintenance", "HashKV"),
+    "/v3/maintenance/hash": ("Maintenance", "Hash"),  # etcd routes HashKV here too, but Hash wins
+    "/v3/maintenance/transfer-leadership": ("Maintenance", "MoveLeader"),
+    "/v3/maintenance/downgrade": ("Maintenance", "Downgrade"),
+    "/v3/cluster/member/add": ("Cluster", "MemberAdd"),
+    "/v3/cluster/member/remove": ("Cluster", "MemberRemove"),
+    "/v3/cluster/member/update": ("Cluster", "MemberUpdate"),
     "/v3/cluster/member/list": ("Cluster", "MemberList"),
+    "/v3/cluster/member/promote": ("Cluster", "MemberPromote"),
     "/v3/auth/status": ("Auth", "AuthStatus"),
     "/v3/auth/enable": ("Auth", "AuthEnable"),
     "/v3/auth/disable": ("Auth", "AuthDisable"),
@@ -103,6 +143,8 @@ ROUTES = {
     "/v3/election/leader": ("Election", "Leader"),
     "/v3/election/resign": ("Election", "Resign"),
 }
+STREAMS = ("/v3/watch", "/v3/lease/keepalive", "/v3/election/observe", "/v3/maintenance/snapshot")
+PATHS = frozenset(ROUTES) | frozenset(STREAMS)  # every path the gateway answers (POST only)
 MODULES = {"Lock": lpb, "Election": epb}  # every other service is declared in rpc.proto
 
 
@@ -118,46 +160,75 @@ class Gateway:
         self.routes = {path: _route(services[svc], svc, method) for path, (svc, method) in ROUTES.items()}
         self.watch = services["Watch"]
         self.observe = services["Election"].Observe
+        self.snapshot = services["Maintenance"].Snapshot
         lease = services["Lease"]
         self.renew = lease.store.lease_renew
         self.member = lease.m
 
-    def parse(self, body: bytes, cls):
+    @staticmethod
+    def parse(body: bytes, cls):
         try:
-            return json_format.Parse(body or b"{}", cls(), ignore_unknown_fields=True)
-        except json_format.ParseError as exc:
-            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            return gojson.decode_request(body, cls)
+        except gojson.GoJSONError as exc:
+            raise _bad_body(exc) from None
 
     async def call(self, path: str, body: bytes, authorization: str | None = None) -> bytes:
-        """Answer one unary route; raises GatewayError."""
-        if path == "/v3/lease/keepalive":
-            req = self.parse(body, pb.LeaseKeepAliveRequest)
-            resp = pb.LeaseKeepAliveResponse(header=self.member.header(), ID=req.ID, TTL=self.renew(req.ID))
-            return compact_json({"result": to_json(resp)})
+        """Answer one unary route; raises GatewayError, or NoRoute for a path the gateway does not serve."""
         route = self.routes.get(path)
         if route is None:
-            raise GatewayError(grpc.StatusCode.NOT_FOUND, "Not Found")
+            raise NoRoute(path)
         method, req_cls, resp_cls = route
         resp = await method(self.parse(body, req_cls), _Context(authorization))
         if isinstance(resp, bytes):
             resp = resp_cls.FromString(resp)
         return compact_json(to_json(resp))
 
-    async def observe_stream(self, body: bytes, authorization: str | None = None):
-        """Yield JSON lines {"result": LeaderResponse} for /v3/election/observe."""
-        req = self.parse(body, epb.LeaderRequest)
-        async for resp in self.observe(req, _Context(authorization)):
+    @staticmethod
+    def _stream_requests(body: bytes, cls) -> list:
+        """A client stream's requests: an undecodable first one is the call's error; one
+        further on ends the stream after the ones before it, as in etcd."""
+        requests = []
+        try:
+            for req in gojson.decode_stream(body, cls):
+                requests.append(req)
+        except gojson.GoJSONError as exc:
+            if not requests:
+                raise _bad_stream_body(exc) from None
+        return requests
+
+    async def stream(self, path: str, body: bytes, authorization: str | None = None):
+        """The chunks of a streaming route (JSON lines); raises GatewayError before the first
+        one when the request cannot be read."""
+        if path == "/v3/lease/keepalive":
+            return self._keepalive(self._stream_requests(body, pb.LeaseKeepAliveRequest))
+        if path == "/v3/watch":
+            return self._watch(self._stream_requests(body, pb.WatchRequest), authorization)
+        if path == "/v3/election/observe":
+            return self._lines(self.observe(self.parse(body, epb.LeaderRequest), _Context(authorization)))
+        return self._lines(self.snapshot(self.parse(body, pb.SnapshotRequest), _Context(authorization)))
+
+    async def _keepalive(self, requests):
+        for req in requests:
+            resp = pb.LeaseKeepAliveResponse(header=self.member.header(), ID=req.ID, TTL=self.renew(req.ID))
             yield compact_json({"result": to_json(resp)}) + b"\n"
 
-    async def watch_stream(self, body: bytes, authorization: str | None = None):
-        """Yield JSON lines for a watch opened with one WatchRequest."""
-        req = self.parse(body, pb.WatchRequest)
+    @staticmethod
+    async def _lines(responses):
+        async for resp in responses:
+            yield compact_json({"result": to_json(resp)}) + b"\n"
+
+    async def _watch(self, requests, authorization: str | None):
+        """JSON lines of a watch stream fed the body's WatchRequests, as the gRPC Watch applies them."""
+        async def feed():
+            for req in requests:
+                yield req
+
         stream = self.watch.hub.open_stream()
+        reader = asyncio.ensure_future(self.watch._read(feed(), stream, _Context(authorization)))
         try:
-            if req.WhichOneof("request_union") == "create_request":
-                self.watch.create(stream, req.create_request, _Context(authorization))
             while (msg := await stream.get()) is not None:
                 for raw in self.watch.encode(msg):
                     yield compact_json({"result": to_json(pb.WatchResponse.FromString(raw))}) + b"\n"
         finally:
+            reader.cancel()
             stream.close()

@@ -8,20 +8,35 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import grpc
+
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shards.alarms import NAMES
 
 from .config import ETCD_API_VERSION
-from .gateway import HTTP_STATUS, Gateway, GatewayError, compact_json
+from .gateway import PATHS, REASONS, STREAMS, Gateway, GatewayError, NoRoute, compact_json
 
 logger = logging.getLogger(__name__)
 
 REQUEST_BYTES_MAX = 8192
 
 
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 429: "Too Many Requests",
-           500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
+TEXT = "text/plain; charset=utf-8"
+# etcd's client port answers every request with these (its --cors default, "*")
+CORS = (("Access-Control-Allow-Headers", "accept, content-type, authorization"),
+        ("Access-Control-Allow-Methods", "POST, GET, OPTIONS, PUT, DELETE"),
+        ("Access-Control-Allow-Origin", "*"))
+GRPC_METADATA = (("Grpc-Metadata-Content-Type", "application/grpc"),)  # a gateway call that reached gRPC
+GATEWAY_PREFIXES = ("/v3/", "/v3beta/")  # etcd 3.5 serves its gateway under both
+
+
+def _go_error(status: int, text: str, *extra) -> tuple[int, tuple, bytes]:
+    """Go's http.Error: plain text ending in a newline."""
+    return status, (("Content-Type", TEXT), ("X-Content-Type-Options", "nosniff"), *extra), text.encode() + b"\n"
+
+
+NOT_FOUND = _go_error(404, "404 page not found")
 
 
 class HttpEndpoint:
@@ -39,22 +54,27 @@ class HttpEndpoint:
             return False, "ALARM " + ",".join(NAMES[a] for _, a in alarms)
         return True, ""
 
-    def route(self, path: str) -> tuple[int, str, bytes]:
-        path = path.split("?", 1)[0]
-        if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
+    def route(self, method: str, path: str) -> tuple[int, tuple, bytes]:
+        """A request outside the gateway, answered as etcd's client port answers it."""
+        if path == "/metrics":  # any method, as Prometheus' handler
+            return 200, (("Content-Type", CONTENT_TYPE_LATEST),), generate_latest(self.metrics.registry)
+        if path in ("/health", "/version", "/readyz", "/livez") and method != "GET":
+            return _go_error(405, "Method Not Allowed", ("Allow", "GET"))
         if path == "/health":
             ok, reason = self.health()
             body = compact_json({"health": "true" if ok else "false", "reason": reason})
             # etcd sends an unhealthy answer through Go's http.Error, which ends it with a newline
-            return (200, "application/json", body) if ok else (503, "application/json", body + b"\n")
+            return (200, (("Content-Type", "application/json"),), body) if ok else \
+                (503, (("Content-Type", "application/json"),), body + b"\n")
         if path in ("/readyz", "/livez"):
             ok, reason = self.health()
-            return (200, "text/plain", b"ok") if ok else (503, "text/plain", f"failed: {reason}".encode())
+            return (200, (("Content-Type", "text/plain"),), b"ok") if ok else \
+                (503, (("Content-Type", "text/plain"),), f"failed: {reason}".encode())
         if path == "/version":
             cluster = ETCD_API_VERSION.rsplit(".", 1)[0] + ".0"  # etcd reports the cluster version as major.minor.0
-            return 200, "application/json", compact_json({"etcdserver": ETCD_API_VERSION, "etcdcluster": cluster})
-        return 404, "text/plain", b"404 page not found\n"
+            body = compact_json({"etcdserver": ETCD_API_VERSION, "etcdcluster": cluster})
+            return 200, (("Content-Type", "application/json"),), body
+        return NOT_FOUND
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Serve requests on one connection until the client closes it."""
@@ -79,36 +99,83 @@ class HttpEndpoint:
             raise ValueError("request body too large")
         body = await reader.readexactly(length) if length else b""
         path = path.split("?", 1)[0]
-        if method == "POST" and path == "/v3/watch" and self.gateway is not None:
-            await self._stream(writer, self.gateway.watch_stream(body, headers.get("authorization")))
-            return False
-        if method == "POST" and path == "/v3/election/observe" and self.gateway is not None:
-            await self._stream(writer, self.gateway.observe_stream(body, headers.get("authorization")))
-            return False
-        if method == "POST" and path.startswith("/v3/") and self.gateway is not None:
-            try:
-                payload = await self.gateway.call(path, body, headers.get("authorization"))
-                status, ctype = 200, "application/json"
-            except GatewayError as err:
-                status, ctype, payload = HTTP_STATUS.get(err.code, 500), "application/json", err.body()
-        elif method in ("GET", "HEAD"):
-            status, ctype, payload = self.route(path)
+        authorization = headers.get("authorization")
+        if self.gateway is not None and path in ("/v3", "/v3beta"):  # Go's ServeMux: the subtree's slash
+            status, extra, payload = 301, (("Location", path + "/"),), b""
+            if method in ("GET", "HEAD"):
+                extra += (("Content-Type", "text/html; charset=utf-8"),)
+                payload = f'<a href="{path}/">Moved Permanently</a>.\n\n'.encode()
+        elif self.gateway is not None and path.startswith(GATEWAY_PREFIXES):
+            route = "/v3/" + path.split("/", 2)[2]
+            if route not in PATHS:
+                status, extra, payload = _go_error(404, "Not Found")
+            elif method != "POST":
+                status, extra, payload = _go_error(405, "Method Not Allowed")
+            elif route in STREAMS:
+                return await self._stream(writer, route, body, authorization)
+            else:
+                status, extra, payload = await self._call(route, body, authorization)
         else:
-            status, ctype, payload = 405, "text/plain", b""
-        writer.write(
-            f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n".encode() + (payload if method != "HEAD" else b"")
-        )
+            status, extra, payload = self.route(method, path)
+        head = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}"]
+        head += [f"{k}: {v}" for k, v in (*CORS, *extra)]
+        head.append(f"Content-Length: {len(payload)}")
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + (payload if method != "HEAD" else b""))
         await writer.drain()
         return headers.get("connection", "").lower() != "close"
 
-    async def _stream(self, writer: asyncio.StreamWriter, chunks) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
-        async for chunk in chunks:
-            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    async def _call(self, route: str, body: bytes, authorization: str | None) -> tuple[int, tuple, bytes]:
+        json_type = ("Content-Type", "application/json")
+        try:
+            payload = await self.gateway.call(route, body, authorization)
+            return 200, (json_type, *GRPC_METADATA), payload
+        except GatewayError as err:
+            return err.http_status, (json_type,), err.body()
+        except NoRoute:
+            return _go_error(404, "Not Found")
+        except Exception as exc:  # a bug of ours: answered as gRPC would (UNKNOWN), and logged
+            logger.exception("gateway call failed path=%s", route)
+            err = GatewayError(grpc.StatusCode.UNKNOWN, str(exc))
+            return err.http_status, (json_type,), err.body()
+
+    async def _stream(self, writer: asyncio.StreamWriter, route: str, body: bytes, authorization: str | None) -> bool:
+        """A streaming route: JSON lines, chunked. An error before the first line is the
+        answer's status; one after it is a last {"error": ...} line, as grpc-gateway sends them.
+        Whether the connection can take another request (not after a stream)."""
+        json_type = "Content-Type: application/json\r\n"
+        cors = "".join(f"{k}: {v}\r\n" for k, v in CORS)
+        try:
+            chunks = await self.gateway.stream(route, body, authorization)
+        except GatewayError as err:  # the request could not be read
+            payload = err.body()
+            writer.write(f"HTTP/1.1 {err.http_status} {REASONS.get(err.http_status, 'Error')}\r\n{cors}{json_type}"
+                         f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
             await writer.drain()
+            return True
+        started = False
+
+        def start(status: int) -> None:
+            nonlocal started
+            started = True
+            writer.write(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\n{cors}{json_type}Grpc-Metadata-Content-Type: "
+                         f"application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+
+        try:
+            async for chunk in chunks:
+                if not started:
+                    start(200)
+                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                await writer.drain()
+        except GatewayError as err:
+            if not started:
+                start(err.http_status)
+            chunk = err.chunk()
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        if not started:
+            start(200)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
+        return False
 
 
 async def start_http(urls: tuple[str, ...], endpoint: HttpEndpoint, parse_url) -> list[asyncio.base_events.Server]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from urllib.parse import urlsplit
 
 import grpc
 
@@ -11,10 +12,12 @@ from proto import rpc_pb2 as pb
 from .config import ETCD_API_VERSION
 from shards.alarms import NAMES, NONE
 from shards.errors import AuthError
+from shards.etcd_snapshot import HASH_BYTES
 from shards.snapshot import SnapshotStream, freeze
 
 from .context import Member, abort_with
-from .errors import (BAD_LEADER_TRANSFEREE, DOWNGRADE_TARGET, DOWNGRADE_VERSION_FORMAT, MEMBER_NOT_SUPPORTED,
+from .errors import (BAD_LEADER_TRANSFEREE, DOWNGRADE_TARGET, DOWNGRADE_VERSION_FORMAT, MEMBER_BAD_URLS, MEMBER_NOT_FOUND,
+                     MEMBER_NOT_LEARNER, MEMBER_NOT_SUPPORTED, NOT_ENOUGH_STARTED, PEER_URL_EXISTS,
                      NO_INFLIGHT_DOWNGRADE, UNKNOWN_METHOD, unconverted_auth_status)
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
@@ -75,13 +78,13 @@ class MaintenanceService:
         the shards' RocksDB snapshots (``shards/snapshot.py``)."""
         await _require_root(self.m, context)
         stream = SnapshotStream(freeze(self.store))
-        header = self.m.header(stream.content.revision)
-        size = await asyncio.to_thread(stream.measure)
+        db_bytes = await asyncio.to_thread(stream.measure) - HASH_BYTES
         chunks = stream.chunks(SNAPSHOT_CHUNK_BYTES)
         sent = 0
+        # as etcd 3.5: no header, remaining_bytes counts the database only, the SHA-256 comes last with 0
         while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
-            sent += len(chunk)
-            yield pb.SnapshotResponse(header=header, remaining_bytes=size - sent, blob=chunk)
+            sent = min(sent + len(chunk), db_bytes)
+            yield pb.SnapshotResponse(remaining_bytes=db_bytes - sent, blob=chunk)
 
     async def Hash(self, request: pb.HashRequest, context: grpc.aio.ServicerContext) -> pb.HashResponse:
         await _require_root(self.m, context)
@@ -147,17 +150,69 @@ class ClusterService:
     async def MemberList(self, request: pb.MemberListRequest, context: grpc.aio.ServicerContext) -> pb.MemberListResponse:
         # etcd's Cluster service header carries no revision
         header = pb.ResponseHeader(cluster_id=self.m.cluster_id, member_id=self.m.member_id, raft_term=self.m.raft_term)
-        registry = getattr(self.m, "registry", None)  # a replicated journal: the writer and its followers
-        members = await registry.members() if registry is not None else [self._me()]
-        return pb.MemberListResponse(header=header, members=members)
+        return pb.MemberListResponse(header=header, members=await self._members())
 
-    async def _unsupported(self, request, context: grpc.aio.ServicerContext):
-        """Membership changes need the root role while auth is enabled (checked first, as etcd), then are refused."""
+    async def _members(self) -> list[pb.Member]:
+        registry = getattr(self.m, "registry", None)  # a replicated journal: the writer and its followers
+        return await registry.members() if registry is not None else [self._me()]
+
+    async def _admin(self, context: grpc.aio.ServicerContext) -> None:
+        """Membership changes need the root role while auth is enabled."""
         if self.m.auth.enabled:
             try:
                 self.m.access.admin(context)
             except Exception as exc:
                 await abort_with(context, exc)
+
+    async def MemberAdd(self, request: pb.MemberAddRequest, context: grpc.aio.ServicerContext):
+        """etcd's checks (peer URLs first, then permission, then URLs in use), then refused: members
+        are not added to this server."""
+        if not valid_peer_urls(request.peerURLs):
+            await context.abort(*MEMBER_BAD_URLS)
+        await self._admin(context)
+        taken = {u for m in await self._members() for u in m.peerURLs}
+        if taken.intersection(request.peerURLs):
+            await context.abort(*PEER_URL_EXISTS)
         await context.abort(*MEMBER_NOT_SUPPORTED)
 
-    MemberAdd = MemberRemove = MemberUpdate = MemberPromote = _unsupported
+    async def MemberRemove(self, request: pb.MemberRemoveRequest, context: grpc.aio.ServicerContext):
+        await self._admin(context)
+        members = await self._members()
+        if request.ID not in {m.ID for m in members}:
+            await context.abort(*MEMBER_NOT_FOUND)
+        if len(members) == 1:  # etcd's strict reconfiguration check: the last voting member stays
+            await context.abort(*NOT_ENOUGH_STARTED)
+        await context.abort(*MEMBER_NOT_SUPPORTED)
+
+    async def MemberUpdate(self, request: pb.MemberUpdateRequest, context: grpc.aio.ServicerContext):
+        await self._admin(context)
+        if request.ID not in {m.ID for m in await self._members()}:
+            await context.abort(*MEMBER_NOT_FOUND)
+        await context.abort(*MEMBER_NOT_SUPPORTED)
+
+    async def MemberPromote(self, request: pb.MemberPromoteRequest, context: grpc.aio.ServicerContext):
+        await self._admin(context)
+        member = next((m for m in await self._members() if m.ID == request.ID), None)
+        if member is None:
+            await context.abort(*MEMBER_NOT_FOUND)
+        if not member.isLearner:
+            await context.abort(*MEMBER_NOT_LEARNER)
+        await context.abort(*MEMBER_NOT_SUPPORTED)
+
+
+def valid_peer_urls(urls) -> bool:
+    """etcd's types.NewURLs: at least one, each http(s)/unix(s)://host:port with no path."""
+    if not urls:
+        return False
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            return False
+        if parts.scheme not in ("http", "https", "unix", "unixs") or parts.path:
+            return False
+        host, sep, port = parts.netloc.rpartition(":")
+        if not sep or (host.startswith("[") != host.endswith("]")):
+            return False
+    return True

@@ -305,10 +305,10 @@ class StandbyStatus(HttpEndpoint):
     def health(self) -> tuple[bool, str]:
         return False, "standby"
 
-    def route(self, path: str) -> tuple[int, str, bytes]:
-        if path.split("?", 1)[0] == "/livez":
-            return 200, "text/plain", b"ok"
-        return super().route(path)
+    def route(self, method: str, path: str) -> tuple[int, tuple, bytes]:
+        if path == "/livez" and method == "GET":
+            return 200, (("Content-Type", "text/plain"),), b"ok"
+        return super().route(method, path)
 
 
 async def start(config: ServerConfig) -> Running:
