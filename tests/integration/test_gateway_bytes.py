@@ -289,3 +289,58 @@ def test_random_gateway_requests_answer_as_etcd(both, seed):
     for i in range(300):
         path, body = gen.request()
         same(both, path, body, note=f"seed {seed} request {i}:")
+
+
+def _lines(hostport: str, path: str, body: bytes, n: int, headers: dict | None = None) -> list:
+    """The status and the first ``n`` lines of a streaming answer (fewer if it ends or stalls)."""
+    host, port = hostport.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        conn.request("POST", path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        out = [r.status]
+        try:
+            for _ in range(n):
+                out.append(IDENTITY.sub(rb'"\1":"N"', r.readline()))
+        except TimeoutError:
+            out.append("stalled")
+        return out
+    finally:
+        conn.close()
+
+
+def test_gateway_watch_stream_and_auth_errors_as_etcd(both):
+    """One /v3/watch body with several requests (creates, a progress request), its event lines;
+    then with auth on: a missing or bogus token on a unary call, a watch, a snapshot."""
+    import threading
+    import time
+
+    seen = []
+    for hp in both:
+        exchange(hp, "/v3/kv/put", b'{"key":"YQ==","value":"MQ=="}')
+        got: list = []
+        body = (b'{"create_request":{"key":"YQ==","prev_kv":true}}{"create_request":{"key":"Yg==","start_revision":"1"}}'
+                b'{"progress_request":{}}')
+        reader = threading.Thread(target=lambda: got.extend(_lines(hp, "/v3/watch", body, 6)))
+        reader.start()
+        time.sleep(0.5)
+        for path, req in (("/v3/kv/put", b'{"key":"YQ==","value":"Mg=="}'), ("/v3/kv/deleterange", b'{"key":"YQ=="}'),
+                          ("/v3/kv/put", b'{"key":"Yg==","value":"Mg=="}')):
+            exchange(hp, path, req)
+        reader.join()
+        for path, req in (("/v3/auth/user/add", b'{"name":"root","password":"r"}'),
+                          ("/v3/auth/user/grant", b'{"user":"root","role":"root"}'), ("/v3/auth/enable", b"{}")):
+            exchange(hp, path, req)
+        got.append(exchange(hp, "/v3/kv/range", b'{"key":"YQ=="}'))
+        host, port = hp.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("POST", "/v3/kv/range", body=b'{"key":"YQ=="}', headers={"Authorization": "bogus"})
+        r = conn.getresponse()
+        got.append((r.status, r.read()))
+        conn.close()
+        got.append(_lines(hp, "/v3/watch", b'{"create_request":{"key":"YQ=="}}', 1))
+        got.append(_lines(hp, "/v3/maintenance/snapshot", b"{}", 1))
+        seen.append(got)
+    assert seen[0] == seen[1]
+    assert seen[0][0] == 200 and "stalled" not in seen[0][1:7] and b'"type":"DELETE"' in seen[0][5]
+    assert b"invalid auth token" in seen[0][8][1]
