@@ -54,5 +54,6 @@ class LeaseService:
         )
 
     async def LeaseLeases(self, request: pb.LeaseLeasesRequest, context: grpc.aio.ServicerContext) -> pb.LeaseLeasesResponse:
-        ids = sorted(self.store.leases.leases)
-        return pb.LeaseLeasesResponse(header=self.m.header(), leases=[pb.LeaseStatus(ID=i) for i in ids])
+        # as etcd: the lease that expires first first (its lessor sorts by remaining time)
+        leases = sorted(self.store.leases.leases.values(), key=lambda lease: (lease.expiry, lease.id))
+        return pb.LeaseLeasesResponse(header=self.m.header(), leases=[pb.LeaseStatus(ID=lease.id) for lease in leases])

@@ -38,8 +38,6 @@ def normalise(resp) -> dict:
         d["TTL"] = int(d["TTL"]) > 0
     if isinstance(resp, (pb.HashResponse, pb.HashKVResponse)):
         d.pop("hash", None)
-    if isinstance(resp, pb.LeaseLeasesResponse):
-        d["leases"] = sorted(d.get("leases", []), key=lambda l: int(l["ID"]))  # etcd lists by expiry
     return d
 
 

@@ -6,7 +6,8 @@ Compared field by field with cluster_id, member_id and raft_term cleared
 the servers choose differ: each server's ID is mapped to the name the script
 gave the lease before comparing (in grant, time-to-live, keep-alive and leases
 responses, and in kv.lease / prev_kv.lease of KV answers). Orders etcd leaves
-unspecified (its leases list and a lease's keys come from Go maps) are sorted.
+unspecified (a lease's keys come from a Go map) are sorted; the leases list is
+etcd's own order (soonest expiry first) and compared as is.
 A remaining TTL may differ by one second.
 """
 
@@ -85,10 +86,6 @@ def _normalise(side: Side, resp):
                 setattr(msg, fd.name, side.canonical(value))
 
     walk(out)
-    if isinstance(out, pb.LeaseLeasesResponse):
-        leases = sorted(out.leases, key=lambda s: s.ID)
-        del out.leases[:]
-        out.leases.extend(leases)
     if isinstance(out, pb.LeaseTimeToLiveResponse):
         keys = sorted(out.keys)
         del out.keys[:]
