@@ -94,10 +94,9 @@ class HttpEndpoint:
         lines = head.decode("latin-1").split("\r\n")
         method, path, _ = lines[0].split(" ", 2)
         headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:] if l)}
-        length = int(headers.get("content-length", "0"))
-        if length > self.body_bytes_max:
-            raise ValueError("request body too large")
-        body = await reader.readexactly(length) if length else b""
+        if headers.get("expect", "").lower() == "100-continue":  # curl asks before sending a larger body
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        body = await self._body(reader, headers)
         path = path.split("?", 1)[0]
         authorization = headers.get("authorization")
         if self.gateway is not None and path in ("/v3", "/v3beta"):  # Go's ServeMux: the subtree's slash
@@ -123,6 +122,28 @@ class HttpEndpoint:
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + (payload if method != "HEAD" else b""))
         await writer.drain()
         return headers.get("connection", "").lower() != "close"
+
+    async def _body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+        """The request body: Content-Length bytes, or chunked (``Transfer-Encoding: chunked``,
+        as clients that stream a body send it); at most body_bytes_max either way."""
+        if "chunked" not in headers.get("transfer-encoding", "").lower():
+            length = int(headers.get("content-length", "0"))
+            if length > self.body_bytes_max:
+                raise ValueError("request body too large")
+            return await reader.readexactly(length) if length else b""
+        parts, size = [], 0
+        while True:
+            line = await asyncio.wait_for(reader.readuntil(b"\r\n"), timeout=60)
+            n = int(line.split(b";", 1)[0].strip(), 16)
+            if n == 0:
+                while (await asyncio.wait_for(reader.readuntil(b"\r\n"), timeout=60)) != b"\r\n":
+                    pass  # trailers
+                return b"".join(parts)
+            size += n
+            if size > self.body_bytes_max:
+                raise ValueError("request body too large")
+            parts.append(await reader.readexactly(n))
+            await reader.readexactly(2)
 
     async def _call(self, route: str, body: bytes, authorization: str | None) -> tuple[int, tuple, bytes]:
         json_type = ("Content-Type", "application/json")

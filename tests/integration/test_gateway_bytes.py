@@ -344,3 +344,49 @@ def test_gateway_watch_stream_and_auth_errors_as_etcd(both):
     assert seen[0] == seen[1]
     assert seen[0][0] == 200 and "stalled" not in seen[0][1:7] and b'"type":"DELETE"' in seen[0][5]
     assert b"invalid auth token" in seen[0][8][1]
+
+
+def _raw(hostport: str, head: bytes, body_parts: list[bytes], wait_continue: bool = False) -> bytes:
+    """Send a request by hand (chunked bodies, Expect: 100-continue); the whole answer, identity masked."""
+    import socket
+
+    host, port = hostport.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head)
+        interim = b""
+        if wait_continue:  # the server must invite the body before the client sends it
+            sock.settimeout(2)
+            while not interim.endswith(b"\r\n\r\n"):
+                interim += sock.recv(1)
+            sock.settimeout(10)
+        for part in body_parts:
+            sock.sendall(part)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    status_line = answer.split(b"\r\n", 1)[0]
+    return interim.split(b"\r\n", 1)[0] + b"|" + status_line + b"|" + IDENTITY.sub(rb'"\1":"N"', answer.split(b"\r\n\r\n", 1)[1])
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.split(b"\r\n\r\n", 1)[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
+
+
+def test_chunked_bodies_and_expect_continue_as_etcd(both):
+    """A body sent chunked (as clients that stream a request send it) is the request's body, and a
+    client that asks before sending its body (curl does for larger ones) is invited to."""
+    body = b'{"key":"aw==","value":"dg=="}'
+    chunked = (b"POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+               [b"5\r\n" + body[:5] + b"\r\n", b"%x\r\n" % (len(body) - 5) + body[5:] + b"\r\n", b"0\r\n\r\n"])
+    expect = (b"POST /v3/kv/range HTTP/1.1\r\nHost: x\r\nContent-Length: 14\r\nExpect: 100-continue\r\n"
+              b"Connection: close\r\n\r\n", [b'{"key":"aw=="}'])
+    answers = [(_raw(hp, *chunked), _raw(hp, *expect, wait_continue=True)) for hp in both]
+    assert answers[0] == answers[1]
+    assert answers[0][0].startswith(b"|HTTP/1.1 200") and answers[0][1].startswith(b"HTTP/1.1 100 Continue|HTTP/1.1 200")
+    assert b'"value":"dg=="' in answers[0][1]
