@@ -181,38 +181,35 @@ class _Scanner:
                 return i + len(word)
         raise self._bad(c, "looking for beginning of value")
 
-    def _object(self, i: int) -> int:
+    def _container(self, i: int, close: int, member, after: str) -> int:
+        """An object's or array's members from just after its opening byte; its end."""
         i = self.skip_ws(i)
-        if self._at(i) == 0x7D:
+        if self._at(i) == close:
             return i + 1
         while True:
+            i = self.skip_ws(member(i))
             c = self._at(i)
-            if c != 0x22:
-                raise self._bad(c, "looking for beginning of object key string")
-            i = self.skip_ws(self._string(i + 1))
-            c = self._at(i)
-            if c != 0x3A:
-                raise self._bad(c, "after object key")
-            i = self.skip_ws(self.value(self.skip_ws(i + 1)))
-            c = self._at(i)
-            if c == 0x7D:
+            if c == close:
                 return i + 1
             if c != 0x2C:
-                raise self._bad(c, "after object key:value pair")
+                raise self._bad(c, after)
             i = self.skip_ws(i + 1)
 
+    def _object(self, i: int) -> int:
+        return self._container(i, 0x7D, self._pair, "after object key:value pair")
+
+    def _pair(self, i: int) -> int:
+        c = self._at(i)
+        if c != 0x22:
+            raise self._bad(c, "looking for beginning of object key string")
+        i = self.skip_ws(self._string(i + 1))
+        c = self._at(i)
+        if c != 0x3A:
+            raise self._bad(c, "after object key")
+        return self.value(self.skip_ws(i + 1))
+
     def _array(self, i: int) -> int:
-        i = self.skip_ws(i)
-        if self._at(i) == 0x5D:
-            return i + 1
-        while True:
-            i = self.skip_ws(self.value(i))
-            c = self._at(i)
-            if c == 0x5D:
-                return i + 1
-            if c != 0x2C:
-                raise self._bad(c, "after array element")
-            i = self.skip_ws(i + 1)
+        return self._container(i, 0x5D, self.value, "after array element")
 
     def _string(self, i: int) -> int:
         while True:
@@ -236,35 +233,29 @@ class _Scanner:
                 raise self._bad(c, "in string literal")
             i += 1
 
+    def _digits(self, i: int, where: str) -> int:
+        """One digit or more from ``i`` (``where`` names the place of a missing one); their end."""
+        c = self._at(i)
+        if c not in _DIGITS:
+            raise self._bad(c, where)
+        data = self.data
+        i += 1
+        while i < len(data) and data[i] in _DIGITS:
+            i += 1
+        return i
+
     def _number(self, i: int) -> int:
         data = self.data
-        if data[i] == 0x2D:
+        if data[i] == 0x2D:  # '-'
             i += 1
-            c = self._at(i)
-            if c not in _DIGITS:
-                raise self._bad(c, "in numeric literal")
-        if data[i] == 0x30:
-            i += 1
-        else:
-            while i < len(data) and data[i] in _DIGITS:
-                i += 1
+        i = i + 1 if self._at(i) == 0x30 else self._digits(i, "in numeric literal")
         if i < len(data) and data[i] == 0x2E:
-            i += 1
-            c = self._at(i)
-            if c not in _DIGITS:
-                raise self._bad(c, "after decimal point in numeric literal")
-            while i < len(data) and data[i] in _DIGITS:
-                i += 1
+            i = self._digits(i + 1, "after decimal point in numeric literal")
         if i < len(data) and data[i] in b"eE":
             i += 1
-            c = self._at(i)
-            if c in b"+-":
+            if self._at(i) in b"+-":
                 i += 1
-                c = self._at(i)
-            if c not in _DIGITS:
-                raise self._bad(c, "in exponent of numeric literal")
-            while i < len(data) and data[i] in _DIGITS:
-                i += 1
+            i = self._digits(i, "in exponent of numeric literal")
         return i
 
 
@@ -489,25 +480,25 @@ def _bytes(raw: bytes) -> bytes | None:
     raise _type_error(kind, "[]uint8")
 
 
+def _literal(raw: bytes, kind: str, value):
+    """A Go bool or string from ``raw``: None for null, ``value()`` when ``raw`` is of that kind."""
+    got = _kind(raw)
+    if got == "null":
+        return None
+    if got != kind:
+        raise _type_error(got, kind)
+    return value()
+
+
 def _scalar(raw: bytes, fd: FieldDescriptor):
     """One value of a scalar field, or None to leave it unset."""
     t = fd.type
     if t in _INT_TYPES:
         return _integer(_trim_quote(raw), *_INT_TYPES[t])
     if t == FieldDescriptor.TYPE_BOOL:
-        kind = _kind(raw)
-        if kind == "null":
-            return None
-        if kind != "bool":
-            raise _type_error(kind, "bool")
-        return raw == b"true"
+        return _literal(raw, "bool", lambda: raw == b"true")
     if t == FieldDescriptor.TYPE_STRING:
-        kind = _kind(raw)
-        if kind == "null":
-            return None
-        if kind != "string":
-            raise _type_error(kind, "string")
-        return _unquote(raw).decode()
+        return _literal(raw, "string", lambda: _unquote(raw).decode())
     if t == FieldDescriptor.TYPE_BYTES:
         return _bytes(raw)
     if t == FieldDescriptor.TYPE_ENUM:
