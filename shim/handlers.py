@@ -32,21 +32,26 @@ def alone() -> bool:
 
 
 class Malformed:
-    __slots__ = ("error",)
+    """A request the handler must refuse before looking at it, with the status etcd's Go server gives."""
 
-    def __init__(self, error: str) -> None:
-        self.error = error
+    __slots__ = ("code", "message")
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code, self.message = code, message
 
 
-def _deserializer(cls):
+def _deserializer(cls, max_message: int | None):
     parse = cls.FromString
 
     def deserialize(data: bytes):
         Traffic.received += len(data)
+        if max_message is not None and len(data) > max_message:  # grpc-go's check and words
+            return Malformed(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"grpc: received message larger than max ({len(data)} vs. {max_message})")
         try:
             return parse(data)
         except DecodeError as exc:
-            return Malformed(str(exc))
+            return Malformed(grpc.StatusCode.INTERNAL, f"grpc: error unmarshalling request: {exc}")
 
     return deserialize
 
@@ -58,7 +63,7 @@ def _serialize(msg) -> bytes:
 
 
 async def _reject(context: grpc.aio.ServicerContext, bad: Malformed):
-    await context.abort(grpc.StatusCode.INTERNAL, f"grpc: error unmarshalling request: {bad.error}")
+    await context.abort(bad.code, bad.message)
 
 
 def _unary(fn, gate=None):
@@ -105,17 +110,19 @@ def _stream_stream(fn, gate=None):
     return handle
 
 
-def service_handler(service: str, servicer, module=rpc_pb2, gate=None) -> grpc.GenericRpcHandler:
+def service_handler(service: str, servicer, module=rpc_pb2, gate=None, max_message: int | None = None
+                    ) -> grpc.GenericRpcHandler:
     """Handlers for ``servicer``'s methods of ``service`` as declared in ``module`` (a *_pb2).
     ``gate(context)``, if given, is awaited before each call (a follower's wait
-    for a token it has not learned yet)."""
+    for a token it has not learned yet). A request message over ``max_message`` bytes
+    is refused as etcd's gRPC server refuses it (the server's own limit is set above it)."""
     desc = module.DESCRIPTOR.services_by_name[service]
     handlers = {}
     for method in desc.methods:
         fn = getattr(servicer, method.name, None)
         if fn is None:
             continue
-        des = _deserializer(getattr(module, method.input_type.name))
+        des = _deserializer(getattr(module, method.input_type.name), max_message)
         if method.client_streaming and method.server_streaming:
             h = grpc.stream_stream_rpc_method_handler(_stream_stream(fn, gate), des, _serialize)
         elif method.server_streaming:

@@ -99,10 +99,16 @@ def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=config.client_cert_auth)
 
 
+def max_message(config: ServerConfig) -> int:
+    """etcd's gRPC receive limit: the largest request plus its gRPC overhead allowance."""
+    return config.max_request_bytes + GRPC_OVERHEAD_BYTES
+
+
 def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
     return [
         ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", config.max_request_bytes + GRPC_OVERHEAD_BYTES),
+        # above etcd's limit, which the handlers check (shim/handlers.py) to answer in grpc-go's words
+        ("grpc.max_receive_message_length", max(4 * max_message(config), 16 << 20)),
         ("grpc.max_send_message_length", 2**31 - 1),
         # etcd's keepalive policy: clients may ping every 5 s, with or without calls
         ("grpc.http2.min_ping_interval_without_data_ms", int(config.grpc_keepalive_min_time_s * 1000)),
@@ -353,10 +359,12 @@ async def start(config: ServerConfig) -> Running:
         "Cluster": ClusterService(member),
         "Auth": AuthService(member),
     }
-    server.add_generic_rpc_handlers([service_handler(name, svc, gate=gate) for name, svc in services.items()])
+    limit = max_message(config)
+    server.add_generic_rpc_handlers([service_handler(name, svc, gate=gate, max_message=limit)
+                                     for name, svc in services.items()])
     recipes = {"Lock": LockService(member), "Election": ElectionService(member)}
-    server.add_generic_rpc_handlers([service_handler("Lock", recipes["Lock"], v3lock_pb2, gate),
-                                     service_handler("Election", recipes["Election"], v3election_pb2, gate)])
+    server.add_generic_rpc_handlers([service_handler("Lock", recipes["Lock"], v3lock_pb2, gate, limit),
+                                     service_handler("Election", recipes["Election"], v3election_pb2, gate, limit)])
     registry = None
     try:  # before serving: followers find the writer here (after a takeover too); MemberList lists who serves
         if lease is not None:

@@ -84,6 +84,9 @@ def cmp(key=b"k", **kw):
 
 
 BIG = b"B" * (MAX_REQUEST_BYTES + 64 * 1024)  # over etcd's 1.5 MiB, under gRPC's 2 MiB
+HUGE = put(value=b"H" * (3 * 1024 * 1024))  # over gRPC's 2 MiB (--max-request-bytes + 512 KiB): grpc-go's refusal
+TOO_LARGE_FOR_GRPC = (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"grpc: received message larger than max ({HUGE.ByteSize()} vs. {MAX_REQUEST_BYTES + 512 * 1024})")
 
 # name -> (bad request, expected (code, details)); a callable builds the request
 # from the current revision `rev` and the compaction point `crev`.
@@ -131,6 +134,7 @@ CASES = {
     # requests over --max-request-bytes (1.5 MiB)
     "put_too_large": (put(value=BIG), TOO_LARGE),
     "txn_too_large": (pb.TxnRequest(success=[op(put(value=BIG))]), TOO_LARGE),
+    "put_over_grpc_limit": (HUGE, TOO_LARGE_FOR_GRPC),
 }
 
 
