@@ -132,3 +132,25 @@ def service_handler(service: str, servicer, module=rpc_pb2, gate=None, max_messa
             h = grpc.unary_unary_rpc_method_handler(_unary(fn, gate), des, _serialize)
         handlers[method.name] = h
     return grpc.method_handlers_generic_handler(desc.full_name, handlers)
+
+
+class _Unknown(grpc.GenericRpcHandler):
+    def __init__(self, services) -> None:
+        self.served = frozenset(services)
+
+    def service(self, handler_call_details):
+        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
+        message = (f"unknown method {method} for service {service}" if service in self.served
+                   else f"unknown service {service}")
+
+        async def refuse(requests, context):
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+            yield  # a stream handler answers a call of any kind
+
+        return grpc.stream_stream_rpc_method_handler(refuse)
+
+
+def unknown_methods(services) -> grpc.GenericRpcHandler:
+    """The last handler: a method or service the server lacks, answered in grpc-go's words
+    (grpcio's own answer is "Method not found!"). ``services``: the full names served."""
+    return _Unknown(services)

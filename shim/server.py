@@ -31,7 +31,7 @@ from .auth import AuthService
 from .config import GRPC_OVERHEAD_BYTES, ServerConfig
 from .context import Member
 from . import handlers
-from .handlers import service_handler
+from .handlers import service_handler, unknown_methods
 from .gateway import Gateway
 from .http import HttpEndpoint, start_http
 from .kv import KVService
@@ -385,6 +385,9 @@ async def start(config: ServerConfig) -> Running:
     health_servicer = health.aio.HealthServicer()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    served = [f"etcdserverpb.{name}" for name in services] + ["v3lockpb.Lock", "v3electionpb.Election",
+                                                               "grpc.health.v1.Health"]
+    server.add_generic_rpc_handlers([unknown_methods(served)])  # last: only what nothing else serves
     ports = []
     try:
         creds = tls_credentials(config) if any(tls for _, tls in addresses) else None

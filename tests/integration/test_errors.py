@@ -267,3 +267,24 @@ def test_valid_raw_bytes_still_work(servers):
         assert err is None
         parsed = pb.RangeResponse.FromString(resp)
         assert parsed.kvs and isinstance(parsed.kvs[0], kv_pb2.KeyValue)
+
+
+@pytest.mark.parametrize("method", ["/etcdserverpb.KV/Nope", "/etcdserverpb.Nope/Range", "/v3electionpb.Election/Nope",
+                                    "/grpc.health.v1.Health/Nope", "/grpc.reflection.v1alpha.ServerReflection/Info"])
+def test_unknown_methods_and_services_answer_as_grpc_go(servers, method):
+    """UNIMPLEMENTED in grpc-go's words ("unknown method M for service S", "unknown service S"),
+    for unary and streaming calls; the health service keeps answering."""
+    _, _, ref, sut = servers
+    answers = []
+    for client in (ref, sut):
+        got = []
+        for call in (client.channel.unary_unary(method), client.channel.stream_stream(method)):
+            try:
+                reply = call(b"") if call.__class__.__name__.startswith("_Unary") else list(call(iter([b""])))
+                got.append(("ok", reply))
+            except grpc.RpcError as exc:
+                got.append((exc.code(), exc.details()))
+        health = client.channel.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
+        answers.append((got, health))
+    assert answers[0] == answers[1]
+    assert answers[0][0][0][0] == grpc.StatusCode.UNIMPLEMENTED
