@@ -99,7 +99,9 @@ class HttpEndpoint:
         body = await self._body(reader, headers)
         path = path.split("?", 1)[0]
         authorization = headers.get("authorization")
-        if self.gateway is not None and path in ("/v3", "/v3beta"):  # Go's ServeMux: the subtree's slash
+        if method == "OPTIONS":  # etcd's CORS handler answers any preflight itself
+            status, extra, payload = 200, (), b""
+        elif self.gateway is not None and path == "/v3":  # Go's ServeMux: the subtree's slash
             status, extra, payload = 301, (("Location", path + "/"),), b""
             if method in ("GET", "HEAD"):
                 extra += (("Content-Type", "text/html; charset=utf-8"),)

@@ -88,7 +88,9 @@ FIXED = [
     ("/nope", b"{}"), ("/v3/kv/range?x=1", b'{"key":"YQ=="}'),
 ]
 OTHER_METHODS = [("GET", "/v3/kv/range"), ("DELETE", "/v3/kv/range"), ("GET", "/v3/nope"), ("GET", "/v3"),
-                 ("GET", "/nope"), ("POST", "/health"), ("POST", "/version"), ("PUT", "/health")]
+                 ("GET", "/v3beta"), ("GET", "/nope"), ("POST", "/health"), ("POST", "/version"), ("PUT", "/health"),
+                 ("HEAD", "/health"), ("PATCH", "/v3/kv/put"), ("OPTIONS", "/v3/kv/range"), ("OPTIONS", "/health"),
+                 ("OPTIONS", "/nope")]
 
 
 def test_gateway_answers_bad_and_odd_requests_as_etcd(both):
