@@ -9,6 +9,7 @@ answer UNIMPLEMENTED, as a Go server does for a method it lacks.
 """
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 import grpc
@@ -66,46 +67,102 @@ async def _reject(context: grpc.aio.ServicerContext, bad: Malformed):
     await context.abort(bad.code, bad.message)
 
 
-def _unary(fn, gate=None):
+# go-grpc-prometheus's names for the codes (grpc_code label), in code order
+GO_CODE_NAMES = ("OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
+                 "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange",
+                 "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated")
+
+
+class RpcStats:
+    """One method's counters as etcd's gRPC metrics keep them (go-grpc-prometheus:
+    started, messages received and sent, calls handled by status code); plain
+    integers on the request path, read when /metrics is scraped."""
+
+    __slots__ = ("service", "method", "kind", "started", "received", "sent", "handled")
+
+    def __init__(self, service: str, method: str, kind: str) -> None:
+        self.service, self.method, self.kind = service, method, kind
+        self.started = self.received = self.sent = 0
+        self.handled = [0] * len(GO_CODE_NAMES)
+
+    def ended(self, context: grpc.aio.ServicerContext, exc: BaseException | None) -> None:
+        if exc is None:
+            code = 0
+        elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):  # the client went away
+            code = grpc.StatusCode.CANCELLED.value[0]
+        else:  # an abort set the code; anything else reaches the client as UNKNOWN
+            status = context.code()
+            code = status.value[0] if isinstance(status, grpc.StatusCode) else grpc.StatusCode.UNKNOWN.value[0]
+        self.handled[code] += 1
+
+
+RPC_STATS: list[RpcStats] = []  # every method registered through service_handler, in order
+
+
+def _unary(fn, gate, stats: RpcStats):
     async def handle(request, context):
-        if type(request) is Malformed:
+        if type(request) is Malformed:  # grpc-go refuses it before its metrics see the call
             await _reject(context, request)
+        stats.started += 1
+        stats.received += 1
         Traffic.calls += 1
         try:
             if gate is not None:
                 await gate(context)
-            return await fn(request, context)
+            result = await fn(request, context)
+        except BaseException as exc:
+            stats.ended(context, exc)
+            raise
         finally:
             Traffic.calls -= 1
+        stats.handled[0] += 1
+        stats.sent += 1
+        return result
 
     return handle
 
 
-def _unary_stream(fn, gate=None):
+def _unary_stream(fn, gate, stats: RpcStats):
     async def handle(request, context):
-        if type(request) is Malformed:
-            await _reject(context, request)
-        if gate is not None:
-            await gate(context)
-        async for response in fn(request, context):
-            yield response
+        stats.started += 1
+        try:
+            if type(request) is Malformed:
+                await _reject(context, request)
+            stats.received += 1
+            if gate is not None:
+                await gate(context)
+            async for response in fn(request, context):
+                stats.sent += 1
+                yield response
+        except BaseException as exc:
+            stats.ended(context, exc)
+            raise
+        stats.handled[0] += 1
 
     return handle
 
 
-async def _checked(requests, context):
+async def _checked(requests, context, stats: RpcStats):
     async for request in requests:
         if type(request) is Malformed:
             await _reject(context, request)
+        stats.received += 1
         yield request
 
 
-def _stream_stream(fn, gate=None):
+def _stream_stream(fn, gate, stats: RpcStats):
     async def handle(requests, context):
-        if gate is not None:
-            await gate(context)
-        async for response in fn(_checked(requests, context), context):
-            yield response
+        stats.started += 1
+        try:
+            if gate is not None:
+                await gate(context)
+            async for response in fn(_checked(requests, context, stats), context):
+                stats.sent += 1
+                yield response
+        except BaseException as exc:
+            stats.ended(context, exc)
+            raise
+        stats.handled[0] += 1
 
     return handle
 
@@ -123,13 +180,17 @@ def service_handler(service: str, servicer, module=rpc_pb2, gate=None, max_messa
         if fn is None:
             continue
         des = _deserializer(getattr(module, method.input_type.name), max_message)
+        kind = ("bidi_stream" if method.client_streaming and method.server_streaming else "server_stream"
+                if method.server_streaming else "client_stream" if method.client_streaming else "unary")
+        stats = RpcStats(desc.full_name, method.name, kind)
+        RPC_STATS.append(stats)
         if method.client_streaming and method.server_streaming:
-            h = grpc.stream_stream_rpc_method_handler(_stream_stream(fn, gate), des, _serialize)
+            h = grpc.stream_stream_rpc_method_handler(_stream_stream(fn, gate, stats), des, _serialize)
         elif method.server_streaming:
             assert inspect.isasyncgenfunction(fn), method.full_name
-            h = grpc.unary_stream_rpc_method_handler(_unary_stream(fn, gate), des, _serialize)
+            h = grpc.unary_stream_rpc_method_handler(_unary_stream(fn, gate, stats), des, _serialize)
         else:
-            h = grpc.unary_unary_rpc_method_handler(_unary(fn, gate), des, _serialize)
+            h = grpc.unary_unary_rpc_method_handler(_unary(fn, gate, stats), des, _serialize)
         handlers[method.name] = h
     return grpc.method_handlers_generic_handler(desc.full_name, handlers)
 

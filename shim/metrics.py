@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from .handlers import Traffic
+from .handlers import GO_CODE_NAMES, RPC_STATS, Traffic
 
 FSYNC_BUCKETS_S = tuple(0.001 * 2**i for i in range(14))  # etcd's WAL fsync buckets
 BATCH_BYTES_BUCKETS = tuple(256 * 4**i for i in range(9))  # 256 B .. 16 MiB
@@ -77,6 +77,35 @@ class _LoopHistogramChild:
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.sum += value
+
+
+class _GrpcCollector:
+    """etcd's gRPC server metrics (go-grpc-prometheus), every method from the start."""
+
+    def collect(self):
+        labels = ["grpc_method", "grpc_service", "grpc_type"]
+        started = CounterMetricFamily("grpc_server_started", "Total number of RPCs started on the server.",
+                                      labels=labels)
+        received = CounterMetricFamily("grpc_server_msg_received", "Total number of RPC stream messages received "
+                                       "on the server.", labels=labels)
+        sent = CounterMetricFamily("grpc_server_msg_sent", "Total number of gRPC stream messages sent by the server.",
+                                   labels=labels)
+        handled = CounterMetricFamily("grpc_server_handled", "Total number of RPCs completed on the server, "
+                                      "regardless of success or failure.", labels=["grpc_code", *labels])
+        totals: dict[tuple[str, str, str], list] = {}
+        for st in RPC_STATS:  # a server set up twice in one process (a takeover) adds its counts up
+            t = totals.setdefault((st.method, st.service, st.kind), [0, 0, 0, [0] * len(GO_CODE_NAMES)])
+            t[0] += st.started
+            t[1] += st.received
+            t[2] += st.sent
+            t[3] = [a + b for a, b in zip(t[3], st.handled)]
+        for key, (n_started, n_received, n_sent, by_code) in totals.items():
+            started.add_metric(list(key), n_started)
+            received.add_metric(list(key), n_received)
+            sent.add_metric(list(key), n_sent)
+            for name, n in zip(GO_CODE_NAMES, by_code):
+                handled.add_metric([name, *key], n)
+        yield from (handled, received, sent, started)
 
 
 class _StateCollector:
@@ -150,6 +179,7 @@ class Metrics:
     def __init__(self, member) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_StateCollector(member))
+        self.registry.register(_GrpcCollector())
         # process_resident_memory_bytes, process_cpu_seconds_total, ... as etcd
         # exposes them (etcdctl check datascale reads the first)
         ProcessCollector(registry=self.registry)

@@ -110,3 +110,44 @@ def test_disconnected_watch_streams_free_their_watchers(server):
         c.close()
     for ch in channels:
         ch.close()
+
+
+def test_grpc_server_metrics_count_as_etcds(server, real_etcd):
+    """etcd's gRPC server metrics (grpc_server_started/handled/msg_received/msg_sent, go-grpc-prometheus):
+    the same calls -- a put, a txn refused, a watch stream the client cancels, a malformed request --
+    give the same counts, by method, type and status code, as on etcd (its client URL serves
+    /metrics). Every method is listed from the start, at 0, as etcd lists them."""
+    s, base = server
+    fresh = scrape(base)
+    assert fresh[("grpc_server_handled_total", (("grpc_code", "Unauthenticated"), ("grpc_method", "Txn"),
+                                                ("grpc_service", "etcdserverpb.KV"), ("grpc_type", "unary")))] == 0
+
+    def drive(endpoint: str) -> None:
+        with grpc.insecure_channel(endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            kv.Put(pb.PutRequest(key=b"a", value=b"1"))
+            with pytest.raises(grpc.RpcError):
+                kv.Txn(pb.TxnRequest(success=[pb.RequestOp(request_put=pb.PutRequest(key=b""))]))
+            with pytest.raises(grpc.RpcError):
+                ch.unary_unary("/etcdserverpb.KV/DeleteRange")(b"\xff\xff", timeout=10)
+            stream = pbg.WatchStub(ch).Watch(iter([pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"a"))]))
+            next(stream)
+            stream.cancel()
+        time.sleep(0.5)
+
+    def grpc_counts(url: str) -> dict:
+        counts = {}
+        for (name, labels), v in scrape(url).items():
+            d = dict(labels)
+            if name.startswith("grpc_server_") and d["grpc_method"] in ("Put", "Txn", "DeleteRange", "Watch") \
+                    and d["grpc_service"] in ("etcdserverpb.KV", "etcdserverpb.Watch"):
+                counts[(name, labels)] = v
+        return counts
+
+    before = [grpc_counts(base), grpc_counts(real_etcd.client_url)]
+    drive(s.endpoint)
+    drive(real_etcd.endpoint)
+    after = [grpc_counts(base), grpc_counts(real_etcd.client_url)]
+    deltas = [{k: a[k] - b.get(k, 0) for k in a if a[k] - b.get(k, 0)} for a, b in zip(after, before)]
+    assert deltas[0] == deltas[1]
+    assert sum(v for (name, _), v in deltas[0].items() if name == "grpc_server_handled_total") == 3  # not the malformed one
