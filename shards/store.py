@@ -87,6 +87,7 @@ class Store:
         self._deadlines: deque[tuple[float, asyncio.Future]] = deque()  # (loop time, waiter), in arrival order
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._waiter_seq = 0
+        self.proposals_failed = 0  # writes that timed out waiting for their commit (etcd_server_proposals_failed_total)
         self._compaction: asyncio.Task | None = None
         self._gate: asyncio.Future | None = None  # set while a sliced write holds other writes back
         self._reads: Counter[int] = Counter()  # revisions of sliced reads in flight
@@ -465,6 +466,7 @@ class Store:
             if not fut.done():
                 fut.set_exception(RequestTimeoutError())
                 fut.exception()  # retrieved: the caller may be gone
+                self.proposals_failed += 1
         if deadlines:
             self._deadline_timer = loop.call_at(deadlines[0][0], self._time_out_waiters)
 

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from .config import ETCD_API_VERSION
 from .handlers import GO_CODE_NAMES, RPC_STATS, Traffic
 
 FSYNC_BUCKETS_S = tuple(0.001 * 2**i for i in range(14))  # etcd's WAL fsync buckets
@@ -25,6 +26,13 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+def _labelled(name: str, doc: str, label: str, value: str) -> GaugeMetricFamily:
+    """etcd's info gauges: 1, the information in a label."""
+    family = GaugeMetricFamily(name, doc, labels=[label])
+    family.add_metric([value], 1)
+    return family
 
 
 class LoopHistogram:
@@ -115,7 +123,16 @@ class _StateCollector:
     def collect(self):
         m, store = self.m, self.m.store
         following = store.follower is not None
+        yield _labelled("etcd_server_id", "Server or member ID in hexadecimal format.", "server_id", f"{m.member_id:x}")
+        yield _labelled("etcd_server_version", "Which version is running.", "server_version", ETCD_API_VERSION)
+        yield _labelled("etcd_cluster_version", "Which cluster version is running.", "cluster_version",
+                        ETCD_API_VERSION.rsplit(".", 1)[0])
         yield _gauge("etcd_server_has_leader", "Whether a leader exists (always: no Raft).", 1)
+        yield _counter("etcd_server_leader_changes_seen", "Leader changes seen (the writer this process started "
+                       "with: 1, as etcd counts its first election).", 1)
+        yield _gauge("etcd_server_proposals_pending", "Writes journaled but not yet committed.", len(store._pending))
+        yield _counter("etcd_server_proposals_failed", "Writes that failed: timed out waiting for the journal.",
+                       store.proposals_failed)
         yield _gauge("etcd_server_is_leader", "Whether this member is the leader (the writer).", 0 if following else 1)
         yield _gauge("shardetcd_standby", "1 while this process stands by for the writer lease.", 0)
         yield _gauge("etcd_server_quota_backend_bytes", "Backend quota in bytes.", m.quota.limit or 0)

@@ -151,3 +151,23 @@ def test_grpc_server_metrics_count_as_etcds(server, real_etcd):
     deltas = [{k: a[k] - b.get(k, 0) for k in a if a[k] - b.get(k, 0)} for a, b in zip(after, before)]
     assert deltas[0] == deltas[1]
     assert sum(v for (name, _), v in deltas[0].items() if name == "grpc_server_handled_total") == 3  # not the malformed one
+
+
+def test_etcd_info_and_proposal_metrics_as_etcd(server, real_etcd):
+    """The info gauges and proposal counters etcd's dashboards read, with etcd's names, types and labels."""
+    s, base = server
+    def names(url):
+        status, text = get(url + "/metrics")
+        return {(f.name, f.type, tuple(sorted({k for smp in f.samples for k in smp.labels})))
+                for f in text_string_to_metric_families(text)}
+    wanted = {"etcd_server_id", "etcd_server_version", "etcd_cluster_version", "etcd_server_leader_changes_seen",
+              "etcd_server_proposals_pending", "etcd_server_proposals_failed", "etcd_server_has_leader",
+              "etcd_server_is_leader", "etcd_server_proposals_committed_total", "etcd_server_proposals_applied_total"}
+    ours, theirs = ({n for n in names(u) if n[0] in wanted} for u in (base, real_etcd.client_url))
+    assert ours == theirs and len(ours) == len(wanted)
+    with grpc.insecure_channel(s.endpoint) as ch:
+        member_id = pbg.MaintenanceStub(ch).Status(pb.StatusRequest()).header.member_id
+    m = scrape(base)
+    assert m[("etcd_server_id", (("server_id", f"{member_id:x}"),))] == 1
+    assert m[("etcd_cluster_version", (("cluster_version", "3.5"),))] == 1
+    assert m[("etcd_server_leader_changes_seen_total", ())] == 1 and m[("etcd_server_proposals_failed_total", ())] == 0
