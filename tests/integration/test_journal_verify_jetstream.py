@@ -82,7 +82,9 @@ def test_verify_a_jetstream_journal(nats, tmp_path):
 
             healthy = journal("verify", "--journal-url", nats.urls)  # while the server runs
             out = healthy.stdout
-            assert healthy.returncode == 0 and healthy.stderr == "", (healthy.stdout, healthy.stderr)
+            # quiet, but for JetStream's own retries when a loaded machine keeps it from answering in time
+            noise = [l for l in healthy.stderr.splitlines() if "msg=jetstream unavailable, retrying" not in l]
+            assert healthy.returncode == 0 and noise == [], (healthy.stdout, healthy.stderr)
             first, last, messages = before["shardetcd_pods"]
             pods = line_of(out, "pods: stream shardetcd_pods: ")
             assert pods.startswith("pods: stream shardetcd_pods: ok, ")
