@@ -252,17 +252,19 @@ class Gen:
             ("range_end", "rangeEnd", self.b64(self.pick(b"", b"", b"\0"))),
         ])
 
-    def op(self) -> str:
-        kind = self.r.choice(("request_range", "request_put", "request_delete_range"))
-        body = {"request_range": self.range_req, "request_put": self.put_req,
-                "request_delete_range": self.delete_req}[kind]()
+    def op(self, depth: int = 0) -> str:
+        kinds = ("request_range", "request_put", "request_delete_range") + (("request_txn",) if depth < 2 else ())
+        kind = self.r.choice(kinds)
+        body = {"request_range": self.range_req, "request_put": self.put_req, "request_delete_range": self.delete_req,
+                "request_txn": lambda: self.txn_req(depth + 1)}[kind]()
         return "{" + f'"{kind}":{body}' + "}"
 
-    def txn_req(self) -> str:
+    def txn_req(self, depth: int = 0) -> str:
         def lst(f, n):
             return "[" + ",".join(f() for _ in range(self.r.randrange(n + 1))) + "]"
-        return self.obj([("compare", "compare", lst(self.compare, 2)), ("success", "success", lst(self.op, 2)),
-                         ("failure", "failure", lst(self.op, 2))])
+        return self.obj([("compare", "compare", lst(self.compare, 2)),
+                         ("success", "success", lst(lambda: self.op(depth), 2)),
+                         ("failure", "failure", lst(lambda: self.op(depth), 2))])
 
     def request(self) -> tuple[str, bytes]:
         path, make = self.r.choice((
