@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quota-backend-bytes", type=int, default=d.quota_backend_bytes, help="state size that raises the NOSPACE alarm; 0 = etcd's default of 2 GiB (default: %(default)s)")
     p.add_argument("--experimental-watch-progress-notify-interval", type=_duration, default="10m",
                    help="how often idle watchers that asked for progress notifications get one, e.g. 10m, 5s, 100ms (default: %(default)s)")
+    p.add_argument("--experimental-warning-apply-duration", type=_duration, default="100ms",
+                   help="a request taking longer is logged as too long and counted in etcd_server_slow_apply_total "
+                        "(default: %(default)s, as etcd)")
     p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams, help="most concurrent gRPC streams per client connection (default: %(default)s, as etcd)")
     p.add_argument("--grpc-keepalive-min-time", type=_duration, default=f"{d.grpc_keepalive_min_time_s:g}s", help="shortest interval a client may ping at (default: %(default)s)")
     p.add_argument("--grpc-keepalive-interval", type=_duration, default=f"{d.grpc_keepalive_interval_s / 3600:g}h", help="how often the server pings an idle connection (default: %(default)s)")
@@ -197,6 +200,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         follow=args.follow,
         follow_data_dir=args.follow_data_dir,
         watch_progress_notify_interval_s=args.experimental_watch_progress_notify_interval,
+        warning_apply_duration_s=args.experimental_warning_apply_duration,
         cert_file=args.cert_file,
         key_file=args.key_file,
         trusted_ca_file=args.trusted_ca_file,

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+from time import perf_counter
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from proto import rpc_pb2
+
+logger = logging.getLogger(__name__)
 
 
 class Traffic:
@@ -99,6 +103,21 @@ class RpcStats:
 RPC_STATS: list[RpcStats] = []  # every method registered through service_handler, in order
 
 
+class Slow:
+    """Unary calls that took longer than --experimental-warning-apply-duration (etcd's 100 ms): each is
+    logged and counted (etcd_server_slow_apply_total), as etcd warns "apply request took too long"."""
+
+    threshold_s = 0.1
+    count = 0
+
+    @classmethod
+    def noted(cls, stats: RpcStats, took: float, request) -> None:
+        cls.count += 1
+        key = getattr(request, "key", None)
+        logger.warning("request took too long method=%s.%s took_s=%.3f expected_s=%.3f%s", stats.service,
+                       stats.method, took, cls.threshold_s, "" if key is None else f" key={key[:64]!r}")
+
+
 def _unary(fn, gate, stats: RpcStats):
     async def handle(request, context):
         if type(request) is Malformed:  # grpc-go refuses it before its metrics see the call
@@ -106,6 +125,7 @@ def _unary(fn, gate, stats: RpcStats):
         stats.started += 1
         stats.received += 1
         Traffic.calls += 1
+        start = perf_counter()
         try:
             if gate is not None:
                 await gate(context)
@@ -115,6 +135,8 @@ def _unary(fn, gate, stats: RpcStats):
             raise
         finally:
             Traffic.calls -= 1
+            if (took := perf_counter() - start) > Slow.threshold_s:
+                Slow.noted(stats, took, request)
         stats.handled[0] += 1
         stats.sent += 1
         return result

@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from .config import ETCD_API_VERSION
-from .handlers import GO_CODE_NAMES, RPC_STATS, Traffic
+from .handlers import GO_CODE_NAMES, RPC_STATS, Slow, Traffic
 
 FSYNC_BUCKETS_S = tuple(0.001 * 2**i for i in range(14))  # etcd's WAL fsync buckets
 BATCH_BYTES_BUCKETS = tuple(256 * 4**i for i in range(9))  # 256 B .. 16 MiB
@@ -133,6 +133,8 @@ class _StateCollector:
         yield _gauge("etcd_server_proposals_pending", "Writes journaled but not yet committed.", len(store._pending))
         yield _counter("etcd_server_proposals_failed", "Writes that failed: timed out waiting for the journal.",
                        store.proposals_failed)
+        yield _counter("etcd_server_slow_apply", "Requests that took longer than "
+                       "--experimental-warning-apply-duration (each logged).", Slow.count)
         yield _gauge("etcd_server_is_leader", "Whether this member is the leader (the writer).", 0 if following else 1)
         yield _gauge("shardetcd_standby", "1 while this process stands by for the writer lease.", 0)
         yield _gauge("etcd_server_quota_backend_bytes", "Backend quota in bytes.", m.quota.limit or 0)

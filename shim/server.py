@@ -31,7 +31,7 @@ from .auth import AuthService
 from .config import GRPC_OVERHEAD_BYTES, ServerConfig
 from .context import Member
 from . import handlers
-from .handlers import service_handler, unknown_methods
+from .handlers import Slow, service_handler, unknown_methods
 from .gateway import Gateway
 from .http import HttpEndpoint, start_http
 from .kv import KVService
@@ -360,6 +360,7 @@ async def start(config: ServerConfig) -> Running:
         "Auth": AuthService(member),
     }
     limit = max_message(config)
+    Slow.threshold_s = config.warning_apply_duration_s
     server.add_generic_rpc_handlers([service_handler(name, svc, gate=gate, max_message=limit)
                                      for name, svc in services.items()])
     recipes = {"Lock": LockService(member), "Election": ElectionService(member)}

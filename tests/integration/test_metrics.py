@@ -171,3 +171,28 @@ def test_etcd_info_and_proposal_metrics_as_etcd(server, real_etcd):
     assert m[("etcd_server_id", (("server_id", f"{member_id:x}"),))] == 1
     assert m[("etcd_cluster_version", (("cluster_version", "3.5"),))] == 1
     assert m[("etcd_server_leader_changes_seen_total", ())] == 1 and m[("etcd_server_proposals_failed_total", ())] == 0
+
+
+def test_slow_requests_are_logged_and_counted(tmp_path):
+    """A unary call slower than --experimental-warning-apply-duration is logged (method, time, key)
+    and counted in etcd_server_slow_apply_total, as etcd warns of applies that took too long; at the
+    default of 100 ms quick calls are not."""
+    port = free_port()
+    s = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}",
+                                              "--experimental-warning-apply-duration", "1ms"))
+    try:
+        with grpc.insecure_channel(s.endpoint) as ch:
+            for _ in range(20):  # 100 KB written and fsynced each: well over a millisecond
+                pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/slow", value=b"v" * 100_000))
+        assert scrape(f"http://127.0.0.1:{port}")[("etcd_server_slow_apply_total", ())] >= 1
+        assert re.search(r"level=WARNING .*request took too long method=etcdserverpb\.KV\.Put took_s=[\d.]+ "
+                         r"expected_s=0\.001 key=b'/registry/pods/slow'", s.log_path.read_text())
+    finally:
+        s.stop()
+    quiet = start_shardetcd(tmp_path / "default")
+    try:
+        with grpc.insecure_channel(quiet.endpoint) as ch:
+            pbg.KVStub(ch).Range(pb.RangeRequest(key=b"a"))
+        assert "took too long" not in quiet.log_path.read_text()
+    finally:
+        quiet.stop()
