@@ -104,18 +104,28 @@ RPC_STATS: list[RpcStats] = []  # every method registered through service_handle
 
 
 class Slow:
-    """Unary calls that took longer than --experimental-warning-apply-duration (etcd's 100 ms): each is
-    logged and counted (etcd_server_slow_apply_total), as etcd warns "apply request took too long"."""
+    """Unary calls that took longer than --experimental-warning-apply-duration (etcd's 100 ms): counted
+    (etcd_server_slow_apply_total) and logged, as etcd warns "apply request took too long" -- at most
+    one line a second, naming how many more there were, so an overloaded server does not also flood
+    its log."""
 
     threshold_s = 0.1
     count = 0
+    _logged_at = float("-inf")
+    _unlogged = 0
 
     @classmethod
     def noted(cls, stats: RpcStats, took: float, request) -> None:
         cls.count += 1
+        now = perf_counter()
+        if now - cls._logged_at < 1.0:
+            cls._unlogged += 1
+            return
         key = getattr(request, "key", None)
-        logger.warning("request took too long method=%s.%s took_s=%.3f expected_s=%.3f%s", stats.service,
-                       stats.method, took, cls.threshold_s, "" if key is None else f" key={key[:64]!r}")
+        logger.warning("request took too long method=%s.%s took_s=%.3f expected_s=%.3f%s more_since_last=%d",
+                       stats.service, stats.method, took, cls.threshold_s,
+                       "" if key is None else f" key={key[:64]!r}", cls._unlogged)
+        cls._logged_at, cls._unlogged = now, 0
 
 
 def _unary(fn, gate, stats: RpcStats):
