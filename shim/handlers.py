@@ -154,26 +154,6 @@ def _unary(fn, gate, stats: RpcStats):
     return handle
 
 
-def _unary_stream(fn, gate, stats: RpcStats):
-    async def handle(request, context):
-        stats.started += 1
-        try:
-            if type(request) is Malformed:
-                await _reject(context, request)
-            stats.received += 1
-            if gate is not None:
-                await gate(context)
-            async for response in fn(request, context):
-                stats.sent += 1
-                yield response
-        except BaseException as exc:
-            stats.ended(context, exc)
-            raise
-        stats.handled[0] += 1
-
-    return handle
-
-
 async def _checked(requests, context, stats: RpcStats):
     async for request in requests:
         if type(request) is Malformed:
@@ -182,13 +162,20 @@ async def _checked(requests, context, stats: RpcStats):
         yield request
 
 
-def _stream_stream(fn, gate, stats: RpcStats):
-    async def handle(requests, context):
+def _streaming(fn, gate, stats: RpcStats, client_streams: bool):
+    """A server-streaming or bidi handler, counted: started, received, sent, and handled with its status."""
+    async def handle(request, context):
         stats.started += 1
         try:
+            if client_streams:
+                request = _checked(request, context, stats)
+            else:
+                if type(request) is Malformed:
+                    await _reject(context, request)
+                stats.received += 1
             if gate is not None:
                 await gate(context)
-            async for response in fn(_checked(requests, context, stats), context):
+            async for response in fn(request, context):
                 stats.sent += 1
                 yield response
         except BaseException as exc:
@@ -217,10 +204,10 @@ def service_handler(service: str, servicer, module=rpc_pb2, gate=None, max_messa
         stats = RpcStats(desc.full_name, method.name, kind)
         RPC_STATS.append(stats)
         if method.client_streaming and method.server_streaming:
-            h = grpc.stream_stream_rpc_method_handler(_stream_stream(fn, gate, stats), des, _serialize)
+            h = grpc.stream_stream_rpc_method_handler(_streaming(fn, gate, stats, True), des, _serialize)
         elif method.server_streaming:
             assert inspect.isasyncgenfunction(fn), method.full_name
-            h = grpc.unary_stream_rpc_method_handler(_unary_stream(fn, gate, stats), des, _serialize)
+            h = grpc.unary_stream_rpc_method_handler(_streaming(fn, gate, stats, False), des, _serialize)
         else:
             h = grpc.unary_unary_rpc_method_handler(_unary(fn, gate, stats), des, _serialize)
         handlers[method.name] = h
