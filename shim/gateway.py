@@ -62,10 +62,6 @@ REASONS = {200: "OK", 301: "Moved Permanently", 400: "Bad Request", 401: "Unauth
            503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
-class NoRoute(Exception):
-    """No gateway route has this path: grpc-gateway's plain-text 404."""
-
-
 def _bad_body(exc: gojson.GoJSONError) -> GatewayError:
     """A request body etcd cannot read: INVALID_ARGUMENT with Go's words."""
     return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -173,11 +169,8 @@ class Gateway:
             raise _bad_body(exc) from None
 
     async def call(self, path: str, body: bytes, authorization: str | None = None) -> bytes:
-        """Answer one unary route; raises GatewayError, or NoRoute for a path the gateway does not serve."""
-        route = self.routes.get(path)
-        if route is None:
-            raise NoRoute(path)
-        method, req_cls, resp_cls = route
+        """Answer one unary route (a path of ROUTES); raises GatewayError."""
+        method, req_cls, resp_cls = self.routes[path]
         resp = await method(self.parse(body, req_cls), _Context(authorization))
         if isinstance(resp, bytes):
             resp = resp_cls.FromString(resp)

@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from shards.alarms import NAMES
 
 from .config import ETCD_API_VERSION
-from .gateway import PATHS, REASONS, STREAMS, Gateway, GatewayError, NoRoute, compact_json
+from .gateway import PATHS, REASONS, STREAMS, Gateway, GatewayError, compact_json
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,7 @@ CORS = (("Access-Control-Allow-Headers", "accept, content-type, authorization"),
         ("Access-Control-Allow-Methods", "POST, GET, OPTIONS, PUT, DELETE"),
         ("Access-Control-Allow-Origin", "*"))
 GRPC_METADATA = (("Grpc-Metadata-Content-Type", "application/grpc"),)  # a gateway call that reached gRPC
+JSON = ("Content-Type", "application/json")
 GATEWAY_PREFIXES = ("/v3/", "/v3beta/")  # etcd 3.5 serves its gateway under both
 
 
@@ -64,8 +65,7 @@ class HttpEndpoint:
             ok, reason = self.health()
             body = compact_json({"health": "true" if ok else "false", "reason": reason})
             # etcd sends an unhealthy answer through Go's http.Error, which ends it with a newline
-            return (200, (("Content-Type", "application/json"),), body) if ok else \
-                (503, (("Content-Type", "application/json"),), body + b"\n")
+            return (200, (JSON,), body) if ok else (503, (JSON,), body + b"\n")
         if path in ("/readyz", "/livez"):
             ok, reason = self.health()
             return (200, (("Content-Type", "text/plain"),), b"ok") if ok else \
@@ -73,7 +73,7 @@ class HttpEndpoint:
         if path == "/version":
             cluster = ETCD_API_VERSION.rsplit(".", 1)[0] + ".0"  # etcd reports the cluster version as major.minor.0
             body = compact_json({"etcdserver": ETCD_API_VERSION, "etcdcluster": cluster})
-            return 200, (("Content-Type", "application/json"),), body
+            return 200, (JSON,), body
         return NOT_FOUND
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -148,18 +148,15 @@ class HttpEndpoint:
             await reader.readexactly(2)
 
     async def _call(self, route: str, body: bytes, authorization: str | None) -> tuple[int, tuple, bytes]:
-        json_type = ("Content-Type", "application/json")
         try:
             payload = await self.gateway.call(route, body, authorization)
-            return 200, (json_type, *GRPC_METADATA), payload
+            return 200, (JSON, *GRPC_METADATA), payload
         except GatewayError as err:
-            return err.http_status, (json_type,), err.body()
-        except NoRoute:
-            return _go_error(404, "Not Found")
+            return err.http_status, (JSON,), err.body()
         except Exception as exc:  # a bug of ours: answered as gRPC would (UNKNOWN), and logged
             logger.exception("gateway call failed path=%s", route)
             err = GatewayError(grpc.StatusCode.UNKNOWN, str(exc))
-            return err.http_status, (json_type,), err.body()
+            return err.http_status, (JSON,), err.body()
 
     async def _stream(self, writer: asyncio.StreamWriter, route: str, body: bytes, authorization: str | None) -> bool:
         """A streaming route: JSON lines, chunked. An error before the first line is the
