@@ -24,6 +24,7 @@ from proto import rpc_pb2 as pb
 from proto import v3election_pb2 as epb, v3lock_pb2 as lpb
 
 from . import gojson
+from .handlers import too_large
 
 # grpc code -> HTTP status, as grpc-gateway maps them
 HTTP_STATUS = {
@@ -151,8 +152,10 @@ def _route(servicer, service: str, method: str):
 
 
 class Gateway:
-    def __init__(self, services: dict) -> None:
-        """``services``: the servicer of each service by its name in the protos ("KV", ..., "Election")."""
+    def __init__(self, services: dict, max_message: int | None = None) -> None:
+        """``services``: the servicer of each service by its name in the protos ("KV", ..., "Election");
+        ``max_message``: the gRPC receive limit a decoded request is held to, as etcd's gateway meets it."""
+        self.max_message = max_message
         self.routes = {path: _route(services[svc], svc, method) for path, (svc, method) in ROUTES.items()}
         self.watch = services["Watch"]
         self.observe = services["Election"].Observe
@@ -161,12 +164,14 @@ class Gateway:
         self.renew = lease.store.lease_renew
         self.member = lease.m
 
-    @staticmethod
-    def parse(body: bytes, cls):
+    def parse(self, body: bytes, cls):
         try:
-            return gojson.decode_request(body, cls)
+            req = gojson.decode_request(body, cls)
         except gojson.GoJSONError as exc:
             raise _bad_body(exc) from None
+        if self.max_message is not None and (size := req.ByteSize()) > self.max_message:
+            raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED, too_large(size, self.max_message))
+        return req
 
     async def call(self, path: str, body: bytes, authorization: str | None = None) -> bytes:
         """Answer one unary route (a path of ROUTES); raises GatewayError."""

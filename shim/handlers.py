@@ -45,14 +45,18 @@ class Malformed:
         self.code, self.message = code, message
 
 
+def too_large(size: int, limit: int) -> str:
+    """grpc-go's refusal of a request message over the server's receive limit (RESOURCE_EXHAUSTED)."""
+    return f"grpc: received message larger than max ({size} vs. {limit})"
+
+
 def _deserializer(cls, max_message: int | None):
     parse = cls.FromString
 
     def deserialize(data: bytes):
         Traffic.received += len(data)
-        if max_message is not None and len(data) > max_message:  # grpc-go's check and words
-            return Malformed(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"grpc: received message larger than max ({len(data)} vs. {max_message})")
+        if max_message is not None and len(data) > max_message:
+            return Malformed(grpc.StatusCode.RESOURCE_EXHAUSTED, too_large(len(data), max_message))
         try:
             return parse(data)
         except DecodeError as exc:

@@ -411,7 +411,7 @@ async def start(config: ServerConfig) -> Running:
         running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
 
     try:
-        endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes))
+        endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes, max_message(config)))
         running.http = await start_http(config.listen_metrics_urls, endpoint, parse_listen_url)
     except (OSError, ValueError) as exc:
         await stop(running)

@@ -394,3 +394,10 @@ def test_chunked_bodies_and_expect_continue_as_etcd(both):
     assert answers[0] == answers[1]
     assert answers[0][0].startswith(b"|HTTP/1.1 200") and answers[0][1].startswith(b"HTTP/1.1 100 Continue|HTTP/1.1 200")
     assert b'"value":"dg=="' in answers[0][1]
+
+
+def test_oversized_requests_answer_as_etcd(both):
+    """Over --max-request-bytes: etcd's 'request is too large'; over the gRPC limit behind the gateway
+    (+512 KiB): grpc-go's 'received message larger than max', 429 -- not a dropped connection."""
+    for size in (1_600_000, 2_200_000, 3_500_000):
+        same(both, "/v3/kv/put", json.dumps({"key": "YQ==", "value": base64.b64encode(b"v" * size).decode()}).encode())
