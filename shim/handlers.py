@@ -93,10 +93,9 @@ class RpcStats:
         self.started = self.received = self.sent = 0
         self.handled = [0] * len(GO_CODE_NAMES)
 
-    def ended(self, context: grpc.aio.ServicerContext, exc: BaseException | None) -> None:
-        if exc is None:
-            code = 0
-        elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):  # the client went away
+    def ended(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+        """A call that ended in ``exc`` (one that succeeded counts itself as OK)."""
+        if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):  # the client went away
             code = grpc.StatusCode.CANCELLED.value[0]
         else:  # an abort set the code; anything else reaches the client as UNKNOWN
             status = context.code()
