@@ -153,11 +153,10 @@ def _sorted(req: RangeReq, rows: list[bytes]) -> list[bytes]:
     keyf = _SORT_KEYS.get(req.sort_target, _SORT_KEYS[TARGET_KEY])
     decoded = [(keyf(KeyValue.FromString(r)), r) for r in rows]
     descend = order == SORT_DESCEND
-    fast = sorted(decoded, key=lambda t: t[0], reverse=descend)
-    if all(a[0] != b[0] for a, b in zip(fast, fast[1:])):
-        return [r for _, r in fast]  # no ties: any sort gives etcd's order
-    # ties: the order etcd's unstable sort.Sort (sort.Reverse for DESCEND) leaves them in
-    go_sort(decoded, (lambda x, y: y[0] < x[0]) if descend else (lambda x, y: x[0] < y[0]))
+    if len({k for k, _ in decoded}) == len(decoded):  # no ties: any sort gives etcd's order
+        decoded.sort(key=lambda t: t[0], reverse=descend)
+    else:  # ties: the order etcd's unstable sort.Sort (sort.Reverse for DESCEND) leaves them in
+        go_sort(decoded, (lambda x, y: y[0] < x[0]) if descend else (lambda x, y: x[0] < y[0]))
     return [r for _, r in decoded]
 
 
