@@ -57,3 +57,14 @@ class ServerConfig:
     @property
     def client_urls(self) -> tuple[str, ...]:
         return self.advertise_client_urls or self.listen_client_urls
+
+    @property
+    def max_message_bytes(self) -> int:
+        """etcd's gRPC receive limit: the largest request plus its gRPC overhead allowance."""
+        return self.max_request_bytes + GRPC_OVERHEAD_BYTES
+
+    @property
+    def receive_cap_bytes(self) -> int:
+        """The most one request message may make the server hold before it is refused: grpc's own
+        receive limit, set above etcd's so the handlers can refuse in grpc-go's words."""
+        return max(4 * self.max_message_bytes, 16 << 20)

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shards.alarms import NAMES
 
-from .config import ETCD_API_VERSION, GRPC_OVERHEAD_BYTES
+from .config import ETCD_API_VERSION
 from .gateway import PATHS, REASONS, STREAMS, Gateway, GatewayError, compact_json
 
 logger = logging.getLogger(__name__)
@@ -45,8 +45,8 @@ class HttpEndpoint:
         self.m = member
         self.metrics = metrics
         self.gateway = gateway
-        # room for a request base64 makes a third larger, up to what gRPC takes before refusing (shim/server.py)
-        self.body_bytes_max = 2 * max(4 * (member.config.max_request_bytes + GRPC_OVERHEAD_BYTES), 16 << 20)
+        # room for a request base64 makes a third larger, up to what gRPC takes before refusing
+        self.body_bytes_max = 2 * member.config.receive_cap_bytes
 
     def health(self) -> tuple[bool, str]:
         if (source := self.m.store.failure_source) is not None:

@@ -28,7 +28,7 @@ from proto import v3election_pb2, v3lock_pb2
 from . import autocompact
 from .concurrency import ElectionService, LockService
 from .auth import AuthService
-from .config import GRPC_OVERHEAD_BYTES, ServerConfig
+from .config import ServerConfig
 from .context import Member
 from . import handlers
 from .handlers import Slow, service_handler, unknown_methods
@@ -99,16 +99,11 @@ def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=config.client_cert_auth)
 
 
-def max_message(config: ServerConfig) -> int:
-    """etcd's gRPC receive limit: the largest request plus its gRPC overhead allowance."""
-    return config.max_request_bytes + GRPC_OVERHEAD_BYTES
-
-
 def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
     return [
         ("grpc.so_reuseport", 0),
         # above etcd's limit, which the handlers check (shim/handlers.py) to answer in grpc-go's words
-        ("grpc.max_receive_message_length", max(4 * max_message(config), 16 << 20)),
+        ("grpc.max_receive_message_length", config.receive_cap_bytes),
         ("grpc.max_send_message_length", 2**31 - 1),
         # etcd's keepalive policy: clients may ping every 5 s, with or without calls
         ("grpc.http2.min_ping_interval_without_data_ms", int(config.grpc_keepalive_min_time_s * 1000)),
@@ -359,7 +354,7 @@ async def start(config: ServerConfig) -> Running:
         "Cluster": ClusterService(member),
         "Auth": AuthService(member),
     }
-    limit = max_message(config)
+    limit = config.max_message_bytes
     Slow.threshold_s = config.warning_apply_duration_s
     server.add_generic_rpc_handlers([service_handler(name, svc, gate=gate, max_message=limit)
                                      for name, svc in services.items()])
@@ -411,7 +406,7 @@ async def start(config: ServerConfig) -> Running:
         running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
 
     try:
-        endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes, max_message(config)))
+        endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes, config.max_message_bytes))
         running.http = await start_http(config.listen_metrics_urls, endpoint, parse_listen_url)
     except (OSError, ValueError) as exc:
         await stop(running)

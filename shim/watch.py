@@ -11,7 +11,6 @@ from proto import rpc_pb2 as pb
 from shards.watch import Message, WatchSpec, WatchStream
 
 from . import wire
-from .config import GRPC_OVERHEAD_BYTES
 from .context import Member
 from .errors import WATCH_PERMISSION_DENIED
 
@@ -88,7 +87,7 @@ class WatchService:
         flags = dict(created=msg.created, canceled=msg.canceled, compact_revision=msg.compact_revision,
                      cancel_reason=msg.cancel_reason)
         whole = wire.watch_response(header, msg.watch_id, events, **flags)
-        limit = self.m.config.max_request_bytes + GRPC_OVERHEAD_BYTES  # as etcd
+        limit = self.m.config.max_message_bytes  # as etcd
         if not msg.fragment or len(whole) < limit or len(events) < 2:
             return [whole]
         base = len(wire.watch_response(header, msg.watch_id, [], fragment=True, **flags))
