@@ -222,7 +222,7 @@ class Gateway:
                 yield req
 
         stream = self.watch.hub.open_stream()
-        reader = asyncio.ensure_future(self.watch._read(feed(), stream, _Context(authorization)))
+        reader = asyncio.ensure_future(self.watch.apply_requests(feed(), stream, _Context(authorization)))
         try:
             while (msg := await stream.get()) is not None:
                 for raw in self.watch.encode(msg):

@@ -37,7 +37,7 @@ class WatchService:
 
     async def Watch(self, requests: AsyncIterator[pb.WatchRequest], context: grpc.aio.ServicerContext):
         stream = self.hub.open_stream()
-        reader = asyncio.ensure_future(self._read(requests, stream, context))
+        reader = asyncio.ensure_future(self.apply_requests(requests, stream, context))
         try:
             while (msg := await stream.get()) is not None:
                 for response in self.encode(msg):
@@ -46,7 +46,7 @@ class WatchService:
             reader.cancel()
             stream.close()
 
-    async def _read(self, requests: AsyncIterator[pb.WatchRequest], stream: WatchStream, context) -> None:
+    async def apply_requests(self, requests: AsyncIterator[pb.WatchRequest], stream: WatchStream, context) -> None:
         """Apply requests as they arrive. The client closing its side keeps the
         stream open for sending, as in etcd; an error ends it."""
         try:
