@@ -40,6 +40,12 @@ def _go_error(status: int, text: str, *extra) -> tuple[int, tuple, bytes]:
 NOT_FOUND = _go_error(404, "404 page not found")
 
 
+def _head(status: int, headers) -> bytes:
+    """An answer's status line and headers (etcd's CORS headers first), up to the body."""
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", *(f"{k}: {v}" for k, v in (*CORS, *headers))]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
 class HttpEndpoint:
     def __init__(self, member, metrics, gateway: Gateway | None = None) -> None:
         self.m = member
@@ -119,10 +125,7 @@ class HttpEndpoint:
                 status, extra, payload = await self._call(route, body, authorization)
         else:
             status, extra, payload = self.route(method, path)
-        head = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}"]
-        head += [f"{k}: {v}" for k, v in (*CORS, *extra)]
-        head.append(f"Content-Length: {len(payload)}")
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + (payload if method != "HEAD" else b""))
+        writer.write(_head(status, (*extra, ("Content-Length", len(payload)))) + (payload if method != "HEAD" else b""))
         await writer.drain()
         return headers.get("connection", "").lower() != "close"
 
@@ -163,14 +166,11 @@ class HttpEndpoint:
         """A streaming route: JSON lines, chunked. An error before the first line is the
         answer's status; one after it is a last {"error": ...} line, as grpc-gateway sends them.
         Whether the connection can take another request (not after a stream)."""
-        json_type = "Content-Type: application/json\r\n"
-        cors = "".join(f"{k}: {v}\r\n" for k, v in CORS)
         try:
             chunks = await self.gateway.stream(route, body, authorization)
         except GatewayError as err:  # the request could not be read
             payload = err.body()
-            writer.write(f"HTTP/1.1 {err.http_status} {REASONS.get(err.http_status, 'Error')}\r\n{cors}{json_type}"
-                         f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            writer.write(_head(err.http_status, (JSON, ("Content-Length", len(payload)))) + payload)
             await writer.drain()
             return True
         started = False
@@ -178,8 +178,7 @@ class HttpEndpoint:
         def start(status: int) -> None:
             nonlocal started
             started = True
-            writer.write(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\n{cors}{json_type}Grpc-Metadata-Content-Type: "
-                         f"application/grpc\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+            writer.write(_head(status, (JSON, *GRPC_METADATA, ("Transfer-Encoding", "chunked"))))
 
         try:
             async for chunk in chunks:
