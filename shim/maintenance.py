@@ -175,26 +175,28 @@ class ClusterService:
             await context.abort(*PEER_URL_EXISTS)
         await context.abort(*MEMBER_NOT_SUPPORTED)
 
-    async def MemberRemove(self, request: pb.MemberRemoveRequest, context: grpc.aio.ServicerContext):
+    async def _named(self, member_id: int, context: grpc.aio.ServicerContext) -> tuple[pb.Member, int]:
+        """A change to one member, as etcd checks it first: the root role, then that the member
+        exists. The member and how many there are."""
         await self._admin(context)
         members = await self._members()
-        if request.ID not in {m.ID for m in members}:
+        member = next((m for m in members if m.ID == member_id), None)
+        if member is None:
             await context.abort(*MEMBER_NOT_FOUND)
-        if len(members) == 1:  # etcd's strict reconfiguration check: the last voting member stays
+        return member, len(members)
+
+    async def MemberRemove(self, request: pb.MemberRemoveRequest, context: grpc.aio.ServicerContext):
+        _, count = await self._named(request.ID, context)
+        if count == 1:  # etcd's strict reconfiguration check: the last voting member stays
             await context.abort(*NOT_ENOUGH_STARTED)
         await context.abort(*MEMBER_NOT_SUPPORTED)
 
     async def MemberUpdate(self, request: pb.MemberUpdateRequest, context: grpc.aio.ServicerContext):
-        await self._admin(context)
-        if request.ID not in {m.ID for m in await self._members()}:
-            await context.abort(*MEMBER_NOT_FOUND)
+        await self._named(request.ID, context)
         await context.abort(*MEMBER_NOT_SUPPORTED)
 
     async def MemberPromote(self, request: pb.MemberPromoteRequest, context: grpc.aio.ServicerContext):
-        await self._admin(context)
-        member = next((m for m in await self._members() if m.ID == request.ID), None)
-        if member is None:
-            await context.abort(*MEMBER_NOT_FOUND)
+        member, _ = await self._named(request.ID, context)
         if not member.isLearner:
             await context.abort(*MEMBER_NOT_LEARNER)
         await context.abort(*MEMBER_NOT_SUPPORTED)
