@@ -415,6 +415,11 @@ class Store:
             await asyncio.shield(task)
         return header
 
+    @property
+    def pending_writes(self) -> int:
+        """Revisions journaled but not yet committed on every shard they touch."""
+        return len(self._pending)
+
     def _check_alive(self) -> None:
         if self.failure is not None:
             raise StoreFailedError(str(self.failure))

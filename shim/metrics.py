@@ -130,7 +130,7 @@ class _StateCollector:
         yield _gauge("etcd_server_has_leader", "Whether a leader exists (always: no Raft).", 1)
         yield _counter("etcd_server_leader_changes_seen", "Leader changes seen (the writer this process started "
                        "with: 1, as etcd counts its first election).", 1)
-        yield _gauge("etcd_server_proposals_pending", "Writes journaled but not yet committed.", len(store._pending))
+        yield _gauge("etcd_server_proposals_pending", "Writes journaled but not yet committed.", store.pending_writes)
         yield _counter("etcd_server_proposals_failed", "Writes that failed: timed out waiting for the journal.",
                        store.proposals_failed)
         yield _counter("etcd_server_slow_apply", "Requests that took longer than "
