@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from journal import Journal, JournalConfig
 from journal.errors import JournalFailed, JournalGap, JournalUnreachable
@@ -32,6 +32,7 @@ from .config import ServerConfig
 from .context import Member
 from . import handlers
 from .handlers import Slow, service_handler, unknown_methods
+from .health import HealthService
 from .gateway import Gateway
 from .http import HttpEndpoint, start_http
 from .kv import KVService
@@ -378,9 +379,7 @@ async def start(config: ServerConfig) -> Running:
         await store.close()
         await release_writer_lease(lease)
         raise
-    health_servicer = health.aio.HealthServicer()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    server.add_generic_rpc_handlers([service_handler("Health", HealthService(), health_pb2, max_message=limit)])
     served = [f"etcdserverpb.{name}" for name in services] + ["v3lockpb.Lock", "v3electionpb.Election",
                                                                "grpc.health.v1.Health"]
     server.add_generic_rpc_handlers([unknown_methods(served)])  # last: only what nothing else serves

@@ -109,10 +109,27 @@ def test_hashkv_equals_etcd_and_is_stable_across_restart(shardetcd, real_etcd):
     assert (again.hash, again.compact_revision) == hashes["etcd"][0]
 
 
-def test_grpc_health_service_serves(shardetcd):
-    with grpc.insecure_channel(shardetcd.endpoint) as ch:
-        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
-    assert r.status == health_pb2.HealthCheckResponse.SERVING
+def test_grpc_health_service_answers_as_etcds(shardetcd, real_etcd):
+    """grpc.health.v1.Health as etcd serves it (grpc-go's health server): the overall status is
+    SERVING; a service name it does not know is NOT_FOUND "unknown service" on Check and
+    SERVICE_UNKNOWN on a Watch, which stays open."""
+    answers = []
+    for endpoint in (shardetcd.endpoint, real_etcd.endpoint):
+        got = []
+        with grpc.insecure_channel(endpoint) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            for service in ("", "etcdserverpb.KV", "nope"):
+                try:
+                    got.append(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status)
+                except grpc.RpcError as exc:
+                    got.append((exc.code(), exc.details()))
+                watch = stub.Watch(health_pb2.HealthCheckRequest(service=service), timeout=10)
+                got.append(next(watch).status)
+                watch.cancel()
+        answers.append(got)
+    assert answers[0] == answers[1]
+    assert answers[0][:3] == [health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.SERVING,
+                              (grpc.StatusCode.NOT_FOUND, "unknown service")]
 
 
 def leader_and_downgrade_answers(endpoint: str) -> list:

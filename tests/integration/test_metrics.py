@@ -11,6 +11,8 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.shardetcd_fixture import start_shardetcd
@@ -116,7 +118,7 @@ def test_grpc_server_metrics_count_as_etcds(server, real_etcd):
     """etcd's gRPC server metrics (grpc_server_started/handled/msg_received/msg_sent, go-grpc-prometheus):
     the same calls -- a put, a txn refused, a watch stream the client cancels, a malformed request --
     give the same counts, by method, type and status code, as on etcd (its client URL serves
-    /metrics). Every method is listed from the start, at 0, as etcd lists them."""
+    /metrics); the gRPC health service's calls are counted too. Every method is listed from the start, at 0, as etcd lists them."""
     s, base = server
     fresh = scrape(base)
     assert fresh[("grpc_server_handled_total", (("grpc_code", "Unauthenticated"), ("grpc_method", "Txn"),
@@ -133,14 +135,18 @@ def test_grpc_server_metrics_count_as_etcds(server, real_etcd):
             stream = pbg.WatchStub(ch).Watch(iter([pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"a"))]))
             next(stream)
             stream.cancel()
+            health = health_pb2_grpc.HealthStub(ch)
+            health.Check(health_pb2.HealthCheckRequest())
+            with pytest.raises(grpc.RpcError):
+                health.Check(health_pb2.HealthCheckRequest(service="nope"))
         time.sleep(0.5)
 
     def grpc_counts(url: str) -> dict:
         counts = {}
         for (name, labels), v in scrape(url).items():
             d = dict(labels)
-            if name.startswith("grpc_server_") and d["grpc_method"] in ("Put", "Txn", "DeleteRange", "Watch") \
-                    and d["grpc_service"] in ("etcdserverpb.KV", "etcdserverpb.Watch"):
+            if name.startswith("grpc_server_") and d["grpc_method"] in ("Put", "Txn", "DeleteRange", "Watch", "Check") \
+                    and d["grpc_service"] in ("etcdserverpb.KV", "etcdserverpb.Watch", "grpc.health.v1.Health"):
                 counts[(name, labels)] = v
         return counts
 
@@ -150,7 +156,7 @@ def test_grpc_server_metrics_count_as_etcds(server, real_etcd):
     after = [grpc_counts(base), grpc_counts(real_etcd.client_url)]
     deltas = [{k: a[k] - b.get(k, 0) for k in a if a[k] - b.get(k, 0)} for a, b in zip(after, before)]
     assert deltas[0] == deltas[1]
-    assert sum(v for (name, _), v in deltas[0].items() if name == "grpc_server_handled_total") == 3  # not the malformed one
+    assert sum(v for (name, _), v in deltas[0].items() if name == "grpc_server_handled_total") == 5  # not the malformed one
 
 
 def test_etcd_info_and_proposal_metrics_as_etcd(server, real_etcd):
