@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import etcdtool, scenarios as sc
+from bench import etcdtool, scenarios as sc, stages as bench_stages
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -282,3 +282,72 @@ def test_bench_writepath_compares_the_store_with_a_bare_group_commit():
     for ln in rows:  # every variant answered puts (figures mean nothing in so short a run)
         cells = [c.strip() for c in ln.strip("|").split("|")]
         assert all(float(c.replace(",", "")) > 0 for c in cells[1:7]), ln
+
+
+def test_stage_timers_count_each_stage_once_without_its_nested_stages_or_waits():
+    """bench.stages_server's timers: a stage's self time excludes the stages it calls, a timed
+    coroutine counts the CPU of its steps (not the time it waits) and one call per run."""
+    import asyncio
+    import time
+    import types
+
+    from bench import stages_server as st
+
+    def burn(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    ns = types.SimpleNamespace(inner=lambda: burn(0.02), outer=None, coro=None)
+
+    def outer():
+        burn(0.01)
+        ns.inner()
+
+    async def coro():
+        ns.inner()
+        await asyncio.sleep(0.1)  # waits: not counted
+        burn(0.01)
+        return 7
+
+    ns.outer, ns.coro = outer, coro
+    st.timed(ns, "inner", "inner")
+    st.timed(ns, "outer", "outer")
+    st.timed_async(ns, "coro", "coro")
+    st.STAGES.clear()
+    ns.outer()
+    assert asyncio.run(ns.coro()) == 7
+    inner_ns, inner_calls = st.STAGES["inner"]
+    outer_ns, outer_calls = st.STAGES["outer"]
+    coro_ns, coro_calls = st.STAGES["coro"]
+    assert (inner_calls, outer_calls, coro_calls) == (2, 1, 1)
+    assert 0.04e9 <= inner_ns < 0.06e9, inner_ns
+    assert 0.01e9 <= outer_ns < 0.018e9, outer_ns  # its own 10 ms, not the inner 20
+    assert 0.01e9 <= coro_ns < 0.018e9, coro_ns  # its own 10 ms: neither the inner call nor the 100 ms wait
+    st.STAGES.clear()
+
+
+def test_bench_stages_tiny_splits_shardetcd_per_stage_beside_the_ceiling(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "bench.stages", "--tiny", "--out", str(tmp_path)], cwd=REPO,
+                       env=_env(**{etcdtool.TOOL_ENV: str(etcdtool.tool_path())}), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (path,) = tmp_path.glob("*-stages.json")
+    data = json.loads(path.read_text())
+    rows = {(r["load"], r["server"]): r for r in data["results"]}
+    loads = {r["load"] for r in data["results"]}
+    assert {"put 1/1", "txn-put 64/8", "range-l 64/8"} <= loads
+    assert {s for _, s in rows} == {"shardetcd", "shardetcd-staged", "ceiling"}
+    for load in loads:
+        staged = rows[(load, "shardetcd-staged")]
+        stages = staged["stages_us"]
+        handler = {"put 1/1": "handler: Put", "txn-put 64/8": "handler: Txn"}.get(load)
+        if handler:  # every write passed through its handler, the store and the journal's acknowledgement
+            assert staged["stage_calls"][handler] >= 0.99, staged["stage_calls"]
+            for stage in (handler, "store: MVCC row + key index (WriteTxn.put)",
+                          "journal: batch acknowledged (commit, release waiters)"):
+                assert stages[stage] > 0, (load, stage, stages)
+        timed = sum(v for k, v in stages.items() if k != bench_stages.OUTSIDE)
+        assert 0 < timed <= staged["loop_us"] * 1.05, (load, timed, staged["loop_us"])
+        assert rows[(load, "ceiling")]["total_us"] > 0 and "stages_us" not in rows[(load, "ceiling")]
+    assert "| handler: Txn |" in data["table_md"] and "shardetcd − ceiling" in data["table_md"]
