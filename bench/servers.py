@@ -93,9 +93,10 @@ class _DefaultShardetcd(ShardetcdProcess):
     port (for `etcdctl check datascale`) are given."""
 
     metrics_port = 0
+    module = "shim"  # what `python -m` serves with (bench.stages runs its instrumented server)
 
     def args(self) -> list[str]:
-        return [sys.executable, "-m", "shim", "--data-dir", str(self.data_dir),
+        return [sys.executable, "-m", self.module, "--data-dir", str(self.data_dir),
                 "--listen-client-urls", self.client_url,
                 "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}", *self.extra_args]
 
@@ -105,11 +106,12 @@ class _DefaultShardetcd(ShardetcdProcess):
         return Path("/dev/shm") / f"shardetcd-{os.getuid()}-{tag}"
 
 
-def start_shardetcd_default(tmp: Path, extra_args: tuple[str, ...] = (), describe: str = "defaults") -> Server:
+def start_shardetcd_default(tmp: Path, extra_args: tuple[str, ...] = (), describe: str = "defaults",
+                            process: type[_DefaultShardetcd] = _DefaultShardetcd) -> Server:
     base = tmp / "shardetcd"
     last: Exception | None = None
     for _ in range(3):
-        proc = _DefaultShardetcd(data_dir=base / "data", state_dir=base / "unused", port=free_port(),
+        proc = process(data_dir=base / "data", state_dir=base / "unused", port=free_port(),
                                  log_path=base / "shardetcd.log", extra_args=extra_args, timeout=60)
         proc.metrics_port = free_port()
         try:

@@ -31,7 +31,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -40,8 +39,6 @@ from pathlib import Path
 
 from . import etcdtool, machine, runargs, scenarios as sc
 from .profile import thread_cpu
-from tests.etcd_fixture import free_port
-
 from .servers import Server, _DefaultShardetcd, start_ceiling, start_shardetcd_default
 from .stages_server import stage_names
 
@@ -64,23 +61,14 @@ def loads() -> list[tuple[str, sc.Scenario, sc.Point]]:
 class _StagedShardetcd(_DefaultShardetcd):
     """shardetcd's defaults, served by bench.stages_server (its stages timed)."""
 
-    def args(self) -> list[str]:
-        return [sys.executable, "-m", "bench.stages_server", *super().args()[3:]]
+    module = "bench.stages_server"
 
 
 def start_staged(tmp: Path, out: Path) -> Server:
     os.environ["SHARDETCD_STAGES_OUT"] = str(out)  # inherited by the server process
-    proc = _StagedShardetcd(data_dir=tmp / "data", state_dir=tmp / "unused", port=free_port(),
-                            log_path=tmp / "shardetcd.log", timeout=60)
-    proc.metrics_port = free_port()
-    proc.start()
-
-    def stop() -> None:
-        proc.stop(grace=15)
-        shutil.rmtree(proc.default_state_dir(), ignore_errors=True)
-
-    return Server("shardetcd-staged", proc.endpoint, proc.pid, "shardetcd (defaults), stages timed", stop,
-                  data_dir=proc.data_dir, process=proc)
+    server = start_shardetcd_default(tmp, describe="defaults, stages timed", process=_StagedShardetcd)
+    server.name = "shardetcd-staged"
+    return server
 
 
 def read_stages(pid: int, out: Path, timeout_s: float = 10.0) -> dict[str, list[int]]:

@@ -138,6 +138,8 @@ SPECS: tuple[tuple[str, str, str, bool], ...] = (
     ("journal.journal", "Journal._write_inline", "journal: lone batch written + fdatasync on the loop", False),
     ("journal.journal", "Journal._batch_written", "journal: batch acknowledged (commit, release waiters)", False),
 )
+
+
 def stage_names() -> list[str]:
     """Every stage, in the order a request meets them (the tables' row order)."""
     return list(dict.fromkeys([spec[2] for spec in SPECS] + [GC_STAGE]))
