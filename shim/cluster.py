@@ -29,6 +29,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +47,8 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 10.0
 HEALTHY_AFTER_S = 30.0  # a process up this long has its restart backoff reset
 STOP_GRACE_S = 15.0
 POLL_S = 0.1
+FOLLOWER_PORT_MOVES = 5  # a follower whose port another process took while it started moves on this often
+LISTEN_FAILED = b"cannot listen on "
 # server flags the supervisor sets for each partition, which a user may not pass to all
 PER_PARTITION_FLAGS = frozenset({
     "--name", "--listen-client-urls", "--advertise-client-urls", "--listen-metrics-urls",
@@ -89,6 +92,11 @@ class Child:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          start_new_session=True, preexec_fn=lambda: _child_setup(self.partition.nice))
         self.started_at, self.ready, self.restart_at = time.monotonic(), False, None
+
+    def move_to(self, url: str) -> None:
+        """Listen on ``url`` from the next spawn on."""
+        i = self.argv.index("--listen-client-urls")
+        self.argv[i + 1] = self.url = url
 
     def new_log(self) -> bytes:
         try:
@@ -151,10 +159,11 @@ class Supervisor:
                     argv += ["--quota-backend-bytes", str(quota)]
                 self.children.append(Child(p, url, data_dir / label, data_dir / f"{label}.log", argv + server_args,
                                            replica=replica))
-        next_port = max(ports.values()) + 1
+        self.host = host
+        self.next_port = max(ports.values()) + 1
         for p in layout.partitions:
             for n in range(1, followers + 1):
-                url, next_port = f"http://{host}:{next_port}", next_port + 1
+                url = f"http://{host}:{self._next_free_port()}"
                 label = f"{p.name}.f{n}"
                 argv = [sys.executable, "-m", "shim", "--name", label, "--data-dir", str(data_dir / label),
                         "--listen-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
@@ -165,6 +174,20 @@ class Supervisor:
                     argv += ["--state-dir", str(state_dir / label)]
                 self.children.append(Child(p, url, data_dir / label, data_dir / f"{label}.log", argv + server_args,
                                            follower=n))
+
+    def _next_free_port(self) -> int:
+        """The first port after the last one handed out that nothing listens on or is bound to now."""
+        while True:
+            port, self.next_port = self.next_port, self.next_port + 1
+            if port > 65535:
+                raise LayoutError("no free port left after the partitions' for the followers")
+            with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((self.host, port))
+                except OSError:
+                    logger.info("port taken, follower moves on port=%d", port)
+                    continue
+            return port
 
     def serving(self) -> dict[str, Child]:
         """Per partition, the process that writes it (its first while none does)."""
@@ -189,10 +212,20 @@ class Supervisor:
         for c in self.children:
             c.spawn()
         deadline = time.monotonic() + START_TIMEOUT_S
+        moves = 0
         while not all(c.ready for c in self.serving().values()) or \
                 not all(c.check_ready() for c in self.children if c.follower):
             for c in self.children:
                 if c.proc.poll() is not None and not c.check_ready():
+                    # a follower's port is ours to choose: if another process bound it between our check and
+                    # the follower's listen, the follower takes the next free one (the flags are printed later)
+                    if c.follower and LISTEN_FAILED in c.new_log() and moves < FOLLOWER_PORT_MOVES:
+                        moves += 1
+                        old = c.url
+                        c.move_to(f"http://{self.host}:{self._next_free_port()}")
+                        logger.warning("follower's port taken, moving partition=%s from=%s to=%s", c.label, old, c.url)
+                        c.spawn()
+                        continue
                     return f"partition {c.label} {exit_reason(c.proc.returncode)}: {c.last_log_line()}"
             if self.stopping:
                 return "stopped while starting"
@@ -255,8 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --journal-url: two processes per partition on the same client URL; one serves, the "
                         "other follows its journals and takes over when it dies")
     p.add_argument("--followers", type=int, default=0, metavar="N",
-                   help="N followers per partition, each on a client URL of its own (the ports after the "
-                        "partitions'), serving reads and watches; all are in the kube-apiserver flags. They follow "
+                   help="N followers per partition, each on a client URL of its own (the free ports after "
+                        "the partitions'), serving reads and watches; all are in the kube-apiserver flags. They follow "
                         "the JetStream journals of --journal-url, or else the writer's local journal in DIR/<name>")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
     return p
@@ -276,12 +309,12 @@ def cluster_main(argv: list[str]) -> int:
     setup_logging(args.log_level)
     try:
         layout = load_cluster_layout(args.layout)
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+        sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir,
+                         args.quota_backend_bytes, args.standbys, args.followers, local_journal=not jetstream)
     except LayoutError as exc:
         print(f"shardetcd cluster: {exc}", file=sys.stderr)
         return 2
-    args.data_dir.mkdir(parents=True, exist_ok=True)
-    sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir,
-                     args.quota_backend_bytes, args.standbys, args.followers, local_journal=not jetstream)
 
     def on_signal(signum, frame) -> None:
         sup.stopping = True

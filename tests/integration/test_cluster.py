@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests.etcd_fixture import free_port
+from tests.etcd_fixture import free_port, free_ports
 from tests.integration.test_etcdctl import ctl, etcdctl_bin
 from tests.shards.test_partition import kube_apiserver_overrides
 
@@ -28,8 +28,17 @@ EVENTS_QUOTA_BYTES = 400_000
 
 class Cluster:
     def __init__(self, tmp_path: Path) -> None:
-        self.ports = {"leases": free_port(), "events": free_port(), "main": free_port()}
         self.layout = tmp_path / "cluster.toml"
+        self.choose_ports()
+        self.data_dir = tmp_path / "cluster"
+        self.out_path = tmp_path / "supervisor.out"
+        self.argv = [sys.executable, "-m", "shim", "cluster", "--layout", str(self.layout), "--data-dir", str(self.data_dir),
+                     "--state-dir", str(tmp_path / "state"), "--journal-fsync", "always"]
+        self.proc: subprocess.Popen | None = None
+        self.child_pids: dict[str, int] = {}
+
+    def choose_ports(self) -> None:
+        self.ports = dict(zip(("leases", "events", "main"), free_ports(3)))
         self.layout.write_text(f"""
 [[partition]]
 name = "leases"
@@ -48,22 +57,26 @@ name = "main"
 default = true
 port = {self.ports["main"]}
 """)
-        self.data_dir = tmp_path / "cluster"
-        self.out_path = tmp_path / "supervisor.out"
-        self.argv = [sys.executable, "-m", "shim", "cluster", "--layout", str(self.layout), "--data-dir", str(self.data_dir),
-                     "--state-dir", str(tmp_path / "state"), "--journal-fsync", "always"]
-        self.proc: subprocess.Popen | None = None
-        self.child_pids: dict[str, int] = {}
 
-    def start(self, timeout: float = 60.0) -> Cluster:
-        self.out = self.out_path.open("ab")
-        self.proc = subprocess.Popen(self.argv, stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while "--etcd-servers=" not in self.output():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"cluster did not start:\n{self.output()}")
-            time.sleep(0.1)
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> Cluster:
+        """Start the supervisor and wait for its flags. The layout's ports were free when chosen; when
+        another test's process binds one before its partition listens, start again on new ones."""
+        for attempt in range(attempts):
+            self.out = self.out_path.open("ab")
+            offset = self.out.tell()
+            self.proc = subprocess.Popen(self.argv, stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            deadline = time.monotonic() + timeout
+            while "--etcd-servers=" not in self.output():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    said = self.output()[offset:]
+                    if self.proc.returncode == 2 and "cannot listen on" in said and attempt + 1 < attempts:
+                        self.choose_ports()
+                        break
+                    raise AssertionError(f"cluster did not start:\n{self.output()}")
+                time.sleep(0.1)
+            else:
+                break
         self.child_pids = {m[0]: int(m[1]) for m in re.findall(r"^  (\w+)\s+http://\S+\s+pid (\d+)", self.output(), re.M)}
         return self
 
@@ -273,3 +286,33 @@ def test_a_partition_that_cannot_start_stops_the_cluster_with_a_reason(tmp_path)
     assert last.startswith("shardetcd cluster: partition events exited with code 2: shardetcd: cannot listen on"), proc.stderr
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert leftovers == [], "the partitions that did start were left running"
+
+
+def test_a_follower_whose_port_is_taken_while_it_starts_moves_to_a_free_one(tmp_path):
+    """The supervisor chooses followers' ports; another process may bind one between that choice
+    and the follower's listen (this failed a CI run). The follower then starts on the next free
+    port, and the flags name the port it serves on."""
+    import socket
+
+    from shards.partition import load_cluster_layout
+    from shim.cluster import Supervisor
+
+    layout = tmp_path / "cluster.toml"
+    layout.write_text(f'[[partition]]\nname = "main"\ndefault = true\nport = {free_port()}\n')
+    sup = Supervisor(load_cluster_layout(layout), layout, tmp_path / "data", "127.0.0.1", 2379,
+                     ["--journal-fsync", "always"], tmp_path / "state", followers=1)
+    follower = next(c for c in sup.children if c.follower)
+    taken = int(follower.url.rsplit(":", 1)[1])
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", taken))
+        blocker.listen()
+        try:
+            assert sup.start_all() is None
+            port = int(follower.url.rsplit(":", 1)[1])
+            assert port != taken and follower.proc.poll() is None
+            assert any(f"http://127.0.0.1:{port}" in f for f in sup.flags), sup.flags
+            assert all(f"127.0.0.1:{taken}" not in f for f in sup.flags), sup.flags
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                assert pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/a"), timeout=10).header.revision >= 1
+        finally:
+            sup.stop_all()
