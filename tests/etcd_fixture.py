@@ -12,7 +12,6 @@ specification), else /usr/bin/etcd (Debian's 3.4). Its log goes to
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -40,19 +39,56 @@ def etcd_binary() -> str | None:
     return candidate if os.access(candidate, os.X_OK) else None
 
 
-def free_ports(count: int = 1, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct TCP ports that are free on `host` right now.
+# Ports handed out come from below the kernel's ephemeral range (ip_local_port_range, where
+# connect() picks its local ports), each test worker from a slice of its own, in turn: a port
+# chosen here is neither taken by some process's outgoing connection nor chosen by the other
+# worker before the server it is for binds it (both happened when ports came from bind(0)).
+PORT_LOW = 15000
 
-    All sockets stay bound until every port is picked, so the ports differ;
-    another process may still grab one before the caller binds it.
-    """
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(sock.getsockname()[1])
-        return ports
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _worker_slice() -> range:
+    high = max(_ephemeral_low(), PORT_LOW + 2000)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under pytest-xdist
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), index + 1)
+    size = (high - PORT_LOW) // count
+    return range(PORT_LOW + index * size, PORT_LOW + (index + 1) * size)
+
+
+_slice = _worker_slice()
+_next = _slice.start + os.getpid() % len(_slice)  # another run on the machine starts elsewhere in the slice
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int = 1, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct TCP ports that are free on `host` right now, taken in turn from this
+    process's slice below the ephemeral range and never handed out twice by this process
+    while the slice lasts."""
+    global _next
+    ports: list[int] = []
+    for _ in range(len(_slice)):
+        port = _next
+        _next = _slice.start + (_next + 1 - _slice.start) % len(_slice)
+        if _bindable(host, port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError(f"no {count} free ports in {_slice.start}-{_slice.stop - 1} on {host}")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
