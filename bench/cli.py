@@ -17,7 +17,6 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -135,11 +134,7 @@ def main(argv=None) -> int:
     runs = plan(args)
     tool = None
     if any(s.driver == "tool" for s, _ in runs):
-        try:
-            tool = etcdtool.tool_path(args.tool)
-        except etcdtool.ToolMissing as exc:
-            print(f"python -m bench: {exc}", file=sys.stderr)
-            return 2
+        tool = runargs.tool_or_exit(args, "python -m bench")
     do_check_perf = args.check_perf == "yes" or (args.check_perf == "auto" and not args.quick)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     tmp = Path(tempfile.mkdtemp(prefix="shardetcd-bench-"))

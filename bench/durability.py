@@ -257,11 +257,7 @@ def main(argv=None) -> int:
     servers = [s for s in SERVER_ORDER if s in servers]
     table_of = sc.by_name()
     points = [(table_of[name], p) for name, p in (TINY_POINTS if args.tiny else POINTS)]
-    try:
-        tool = etcdtool.tool_path(args.tool)
-    except etcdtool.ToolMissing as exc:
-        print(f"python -m bench.durability: {exc}", file=sys.stderr)
-        return 2
+    tool = runargs.tool_or_exit(args, "python -m bench.durability")
     repeats = args.takeovers if args.takeovers is not None else {"tiny": 1, "quick": 3, "full": 5}[mode]
     quiet_wait = runargs.quiet_wait_s(args, mode)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

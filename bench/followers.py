@@ -364,11 +364,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     args.quick = args.quick or args.tiny
     mode = runargs.mode_of(args)
-    try:
-        tool = etcdtool.tool_path(args.tool)
-    except etcdtool.ToolMissing as exc:
-        print(f"python -m bench.followers: {exc}", file=sys.stderr)
-        return 2
+    tool = runargs.tool_or_exit(args, "python -m bench.followers")
     points = POINTS
     quiet_wait = runargs.quiet_wait_s(args, mode)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

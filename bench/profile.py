@@ -399,11 +399,7 @@ def main(argv=None) -> int:
         print(doc["table_md"] + "\n\n" + doc["threads_md"])
         return 0
     mode = "tiny" if args.tiny else "full" if args.full else "quick"
-    try:
-        tool = etcdtool.tool_path(args.tool)
-    except etcdtool.ToolMissing as exc:
-        print(f"python -m bench.profile: {exc}", file=sys.stderr)
-        return 2
+    tool = runargs.tool_or_exit(args, "python -m bench.profile")
     names = [n for n in args.servers.split(",") if n]
     if "etcd" in names:
         raise SystemExit("python -m bench.profile: py-spy profiles Python servers only (shardetcd, ceiling)")

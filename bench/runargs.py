@@ -3,6 +3,7 @@ quiet machine before a run, where results go, and the elapsed-time progress line
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,15 @@ QUIET_WAIT_S = {"tiny": 0.0, "quick": 10.0, "full": 60.0}  # the longest wait fo
 def add_tool(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tool", default=None,
                     help=f"etcd's benchmark binary (default: ${etcdtool.TOOL_ENV}, else {etcdtool.SHIPPED})")
+
+
+def tool_or_exit(args: argparse.Namespace, prog: str) -> str:
+    """etcd's tool from --tool, the environment or beside the checkout; else say how to get it, exit 2."""
+    try:
+        return etcdtool.tool_path(args.tool)
+    except etcdtool.ToolMissing as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def add_quiet(ap: argparse.ArgumentParser, waits: dict[str, float] = QUIET_WAIT_S, before: str = "each run") -> None:

@@ -161,11 +161,7 @@ def main(argv=None) -> int:
     runargs.add_out(ap)
     args = ap.parse_args(argv)
     mode = "tiny" if args.tiny else "full" if args.full else "quick"
-    try:
-        tool = etcdtool.tool_path(args.tool)
-    except etcdtool.ToolMissing as exc:
-        print(f"python -m bench.stages: {exc}", file=sys.stderr)
-        return 2
+    tool = runargs.tool_or_exit(args, "python -m bench.stages")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log = runargs.progress(time.monotonic())
     rows: list[dict] = []
