@@ -158,8 +158,7 @@ class HttpEndpoint:
         except GatewayError as err:
             return err.http_status, (JSON,), err.body()
         except Exception as exc:  # a bug of ours: answered as gRPC would (UNKNOWN), and logged
-            logger.exception("gateway call failed path=%s", route)
-            err = GatewayError(grpc.StatusCode.UNKNOWN, str(exc))
+            err = _internal(route, exc)
             return err.http_status, (JSON,), err.body()
 
     async def _stream(self, writer: asyncio.StreamWriter, route: str, body: bytes, authorization: str | None) -> bool:
@@ -168,7 +167,8 @@ class HttpEndpoint:
         Whether the connection can take another request (not after a stream)."""
         try:
             chunks = await self.gateway.stream(route, body, authorization)
-        except GatewayError as err:  # the request could not be read
+        except Exception as exc:  # the request could not be read, or a bug of ours (UNKNOWN, logged)
+            err = exc if isinstance(exc, GatewayError) else _internal(route, exc)
             payload = err.body()
             writer.write(_head(err.http_status, (JSON, ("Content-Length", len(payload)))) + payload)
             await writer.drain()
@@ -186,7 +186,10 @@ class HttpEndpoint:
                     start(200)
                 writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 await writer.drain()
-        except GatewayError as err:
+        except ConnectionError:  # the client went away: nobody to tell
+            raise
+        except Exception as exc:  # the stream's error (a bug of ours: UNKNOWN, logged) as its last line
+            err = exc if isinstance(exc, GatewayError) else _internal(route, exc)
             if not started:
                 start(err.http_status)
             chunk = err.chunk()
@@ -196,6 +199,13 @@ class HttpEndpoint:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return False
+
+
+def _internal(route: str, exc: Exception) -> GatewayError:
+    """A gateway route's unexpected failure: logged, and answered as gRPC answers an
+    exception in a handler (UNKNOWN with its text)."""
+    logger.error("gateway call failed path=%s", route, exc_info=exc)
+    return GatewayError(grpc.StatusCode.UNKNOWN, str(exc))
 
 
 async def start_http(urls: tuple[str, ...], endpoint: HttpEndpoint, parse_url) -> list[asyncio.base_events.Server]:
