@@ -147,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--standby", action="store_true",
                    help="with --journal-url: do not serve clients; keep a state that follows the writer's journals, "
                         "and when the writer's lease lapses (it stopped or died) take the journals over and serve "
-                        "the same revision sequence (/health on --listen-metrics-urls says standby meanwhile)")
+                        "the same revision sequence (/health on --listen-metrics-urls says standby meanwhile). With "
+                        "--follow: serve as a follower until then (reads and watches here, the rest handed to the "
+                        "writer), so clients given this URL are already connected to it when it takes over")
     p.add_argument("--follow", action="store_true",
                    help="a follower: serve reads and watches from a state that follows the writer's journals "
                         "(linearizable reads ask the writer's committed revision first), and hand writes, leases "

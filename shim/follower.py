@@ -101,6 +101,7 @@ class WriterLink:
         self._index: asyncio.Future | None = None  # the read index request in flight
         self._next_index: asyncio.Future | None = None  # the one asked for after it
         self.tokens: TokenCatchUp | None = None  # set by the server: learns tokens Authenticate returns
+        self.active = True  # False once this process took over as the writer (--follow --standby)
 
     async def channel(self) -> grpc.aio.Channel:
         if self._channel is None:
@@ -252,8 +253,22 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
         return grpc.stream_stream_rpc_method_handler(handle)
 
     kinds = {"unary": unary, "unary_stream": unary_stream, "stream_stream": stream_stream}
-    return [grpc.method_handlers_generic_handler(service, {m: kinds[kind](service, m) for m, kind in methods.items()})
+    return [WhileFollowing(link, grpc.method_handlers_generic_handler(
+                service, {m: kinds[kind](service, m) for m, kind in methods.items()}))
             for service, methods in calls.items()]
+
+
+class WhileFollowing(grpc.GenericRpcHandler):
+    """``handler`` while this process follows a writer; nothing once it took over
+    (grpc asks the handlers in turn for every call: the server's own services,
+    registered after, answer then)."""
+
+    def __init__(self, link: WriterLink, handler: grpc.GenericRpcHandler) -> None:
+        self.link = link
+        self.handler = handler
+
+    def service(self, handler_call_details):
+        return self.handler.service(handler_call_details) if self.link.active else None
 
 
 class TokenCatchUp:
@@ -274,7 +289,7 @@ class TokenCatchUp:
         self.timeout_s = link.timeout_s
 
     async def __call__(self, context: grpc.aio.ServicerContext) -> None:
-        if self.member.auth.enabled:
+        if self.link.active and self.member.auth.enabled:
             token = token_of(context.invocation_metadata())
             if token is not None:
                 await self.learned(token)
@@ -388,7 +403,7 @@ def keepalive_handler(link: WriterLink, member) -> grpc.GenericRpcHandler:
     off; with auth on, each client's stream goes to the writer with its token."""
     keepalives = KeepAlives(link)
     forward = forwarding_handlers(link, {"etcdserverpb.Lease": {"LeaseKeepAlive": "stream_stream"}})[0]
-    forwarded = forward.service(_Details("/etcdserverpb.Lease/LeaseKeepAlive"))
+    forwarded = forward.handler.service(_Details("/etcdserverpb.Lease/LeaseKeepAlive"))
 
     async def handle(requests, context):
         if member.auth.enabled:
@@ -404,8 +419,8 @@ def keepalive_handler(link: WriterLink, member) -> grpc.GenericRpcHandler:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
             yield wire.keepalive_response(headers.framed(store.committed), lease_id, ttl)
 
-    return grpc.method_handlers_generic_handler("etcdserverpb.Lease", {
-        "LeaseKeepAlive": grpc.stream_stream_rpc_method_handler(handle)})
+    return WhileFollowing(link, grpc.method_handlers_generic_handler("etcdserverpb.Lease", {
+        "LeaseKeepAlive": grpc.stream_stream_rpc_method_handler(handle)}))
 
 
 class _Details:
@@ -419,7 +434,7 @@ def follower_kv(member, link: WriterLink):
 
     class FollowerKV(KVService):
         async def Range(self, request: pb.RangeRequest, context: grpc.aio.ServicerContext) -> bytes:
-            if request.serializable:
+            if request.serializable or not link.active:  # not active: this process took over as the writer
                 return await super().Range(request, context)
             try:
                 index = await link.read_index()

@@ -68,6 +68,7 @@ class Running:
     link: WriterLink | None = None  # a follower's way to the writer
     following: asyncio.Task | None = None
     registry: Registry | None = None  # with a replicated journal: who serves it
+    promotion: asyncio.Task | None = None  # --follow --standby: takes over when the writer lease is free
 
 
 def parse_listen_url(url: str) -> tuple[str, bool]:
@@ -147,11 +148,14 @@ def jetstream_config(config: ServerConfig) -> JetStreamConfig | None:
     return JetStreamConfig(urls=config.journal_urls, prefix=config.journal_prefix, replicas=config.journal_replicas)
 
 
-async def start_following(config: ServerConfig) -> tuple[Store, WriterLink, asyncio.Task]:
+async def start_following(config: ServerConfig, log=None) -> tuple[Store, WriterLink, asyncio.Task]:
     """--follow: a state that follows the writer's journals (a follower that falls
     behind the journal's checkpoints, or finds its state diverged, rebuilds its
-    state from the newest checkpoint in-process and goes on: shards/resync.py)."""
-    log = await _followed_log(config)
+    state from the newest checkpoint in-process and goes on: shards/resync.py).
+    ``log``: the journals' connection a --standby's writer lease already uses."""
+    owned = log is None
+    if owned:
+        log = await _followed_log(config)
     try:
         for attempt in range(1, 4):
             try:
@@ -162,7 +166,8 @@ async def start_following(config: ServerConfig) -> tuple[Store, WriterLink, asyn
                     raise StartupError(f"the writer's checkpoints keep moving while this follower loads: {exc}")
                 logger.warning("journal released past the checkpoint loaded, loading again error=%s", exc)
     except BaseException:
-        await log.close()
+        if owned:
+            await log.close()
         raise
     link = WriterLink(log, config.partition or "writer", store)
     following = asyncio.ensure_future(keep_following(store))
@@ -179,8 +184,6 @@ async def start_following(config: ServerConfig) -> tuple[Store, WriterLink, asyn
 async def _followed_log(config: ServerConfig):
     """The journals a follower reads: JetStream's, or the local ones of a writer on this machine."""
     js = jetstream_config(config)
-    if config.standby:
-        raise StartupError("--follow and --standby exclude each other")
     if config.follow_data_dir is not None:
         if js is not None:
             raise StartupError("--follow takes --journal-url (JetStream) or --follow-data-dir (a local journal), not both")
@@ -319,7 +322,17 @@ async def start(config: ServerConfig) -> Running:
     link = following = None
     if config.follow_data_dir is not None and not config.follow:
         raise StartupError("--follow-data-dir goes with --follow")
-    if config.follow:
+    if config.follow and config.standby:  # a follower now, the writer once the writer lease is free
+        if config.follow_data_dir is not None:
+            raise StartupError("--follow --standby takes over a replicated journal: give --journal-url, "
+                               "not --follow-data-dir")
+        lease = await take_writer_lease(config)
+        try:
+            store, link, following = await start_following(config, lease.log)
+        except BaseException:
+            await release_writer_lease(lease)
+            raise
+    elif config.follow:
         lease = None
         store, link, following = await start_following(config)
     else:
@@ -364,9 +377,8 @@ async def start(config: ServerConfig) -> Running:
                                      service_handler("Election", recipes["Election"], v3election_pb2, gate, limit)])
     registry = None
     try:  # before serving: followers find the writer here (after a takeover too); MemberList lists who serves
-        if lease is not None:
-            await lease.log.put_meta(writer_key(lease.key),
-                                     writer_record(config.client_urls, member.member_id, config.name))
+        if lease is not None and link is None:
+            await announce_writer(lease, member, config)
         elif store.watermark is not None:  # a local journal: its followers on this machine look here
             write_writer_file(store.datadir.path, writer_record(config.client_urls, member.member_id, config.name))
         journal_log = lease.log if lease is not None else link.log if link is not None else None
@@ -403,6 +415,8 @@ async def start(config: ServerConfig) -> Running:
                       registry=registry)
     if link is None:  # a follower's journals are written by the writer, compactions included
         running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
+    elif lease is not None:
+        running.promotion = loop.create_task(promote_when_free(running, member, config))
 
     try:
         endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes, config.max_message_bytes))
@@ -411,6 +425,43 @@ async def start(config: ServerConfig) -> Running:
         await stop(running)
         raise StartupError(f"cannot serve metrics on {', '.join(config.listen_metrics_urls)}: {exc}") from None
     return running
+
+
+async def announce_writer(lease: WriterLease, member: Member, config: ServerConfig) -> None:
+    """Say in the journal's meta bucket where the writer serves: followers hand their writes there."""
+    await lease.log.put_meta(writer_key(lease.key), writer_record(config.client_urls, member.member_id, config.name))
+
+
+async def promote_when_free(running: Running, member: Member, config: ServerConfig) -> None:
+    """--follow --standby: serve as a follower until the writer lease is free, then
+    take the journals over (as a --standby does) and serve everything here, on
+    the connections clients already have: nothing to reconnect to."""
+    lease, store, link = running.lease, running.store, running.link
+    while True:
+        try:
+            await lease.wait()
+            break
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - NATS unreachable: the writer cannot renew either; ask again
+            logger.warning("writer lease not readable, standing by error=%r", exc)
+            await asyncio.sleep(lease.ttl_s / 3)
+    try:
+        running.following.cancel()
+        await asyncio.gather(running.following, return_exceptions=True)
+        lease.log.epoch = lease.revision
+        lease.start_renewing()
+        logger.warning("taking over as the writer epoch=%d", lease.revision)
+        await store.take_over()
+        link.active = False  # from here on every call is served here; calls in flight to the old writer find us
+        member.link = None
+        await announce_writer(lease, member, config)
+        running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a takeover that failed half-way: stop, as a writer whose journal failed
+        logger.error("takeover failed error=%r", exc)
+        store._fail(exc)
 
 
 async def _progress_ticks(store: Store, interval_s: float) -> None:
@@ -423,9 +474,11 @@ async def _progress_ticks(store: Store, interval_s: float) -> None:
 async def stop(running: Running, grace_s: float = 1.0) -> None:
     for http in running.http:
         http.close()
-    for task in (running.progress, running.autocompact):
+    for task in (running.progress, running.autocompact, running.promotion):
         if task is not None:
             task.cancel()
+    if running.promotion is not None:
+        await asyncio.gather(running.promotion, return_exceptions=True)
     running.store.hub.close()
     await running.server.stop(grace_s)
     if running.registry is not None:
@@ -437,7 +490,8 @@ async def stop(running: Running, grace_s: float = 1.0) -> None:
     await release_writer_lease(running.lease)
     if running.link is not None:
         await running.link.close()
-        await running.link.log.close()
+        if running.lease is None or running.link.log is not running.lease.log:  # the lease's log: closed above
+            await running.link.log.close()
 
 
 async def serve(config: ServerConfig, ready=None) -> int:

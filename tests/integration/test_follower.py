@@ -339,16 +339,78 @@ def _metric_bucket(url: str, name: str, le: str) -> float:
     return _metric(url, f'{name}_bucket{{le="{le}"}}')
 
 
-def test_history_over_followers_is_linearizable_across_a_writer_takeover(nats, tmp_path):
+def test_a_following_standby_serves_then_takes_over_on_the_same_connections(nats, tmp_path):
+    """`--follow --standby`: a follower until the writer lease is free, then the writer.
+    Before the kill it serves reads and a watch and hands writes to the writer (Status names
+    the writer as leader); after kill -9 of the writer it takes over, and the same client
+    channel, never reconnected, writes again with the next revisions, its watch delivers every
+    acknowledged write once, in order, across the takeover, and Status names it the leader.
+    A plain follower finds it as the new writer."""
+    writer = server_on(nats, tmp_path / "w").start()
+    standby = server_on(nats, tmp_path / "s", "--follow", "--standby").start()
+    follower = server_on(nats, tmp_path / "f", "--follow").start()
+    try:
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            writer_id = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10).header.member_id
+        with grpc.insecure_channel(standby.endpoint) as ch:
+            kv, maintenance = pbg.KVStub(ch), pbg.MaintenanceStub(ch)
+            status = maintenance.Status(pb.StatusRequest(), timeout=10)
+            assert status.leader == writer_id != status.header.member_id
+            watch = WatchClient(ch)
+            watch.create(b"/registry/pods/t/", b"/registry/pods/t0")
+            watch.wait_for(lambda rs: any(r.created for r in rs))
+            acked = [kv.Put(pb.PutRequest(key=b"/registry/pods/t/k%d" % (i % 5), value=b"%d" % i), timeout=10).header.revision
+                     for i in range(30)]
+            r = kv.Range(pb.RangeRequest(key=b"/registry/pods/t/k4"), timeout=10)  # linearizable: the read index
+            assert r.kvs[0].mod_revision == acked[-1] and r.kvs[0].value == b"29"
+            assert "took over as the writer" not in standby.log_tail(200)
+            writer.kill()
+            deadline = time.monotonic() + 60
+            while True:  # the same channel, until this process takes the writes itself
+                try:
+                    acked.append(kv.Put(pb.PutRequest(key=b"/registry/pods/t/after", value=b"x"), timeout=5).header.revision)
+                    break
+                except grpc.RpcError as exc:
+                    assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), exc
+                    assert time.monotonic() < deadline, standby.log_tail()
+                    time.sleep(0.2)
+            acked += [kv.Put(pb.PutRequest(key=b"/registry/pods/t/k%d" % i, value=b"after"), timeout=10).header.revision
+                      for i in range(10)]
+            assert acked == sorted(acked) and len(set(acked)) == len(acked)
+            assert "took over as the writer" in standby.log_tail(200)
+            status = maintenance.Status(pb.StatusRequest(), timeout=10)
+            assert status.leader == status.header.member_id != writer_id
+            watch.wait_for(lambda rs: len([e for r in rs for e in r.events]) >= len(acked), timeout=30)
+            time.sleep(0.5)  # a bound for anything extra to arrive, not a claim about speed
+            assert [e.kv.mod_revision for e in watch.events()] == acked
+            assert watch.error is None
+            watch.close()
+            r = kv.Range(pb.RangeRequest(key=b"/registry/pods/t/", range_end=b"/registry/pods/t0"), timeout=10)
+            assert r.header.revision == acked[-1] and len(r.kvs) == 11  # k0..k9 and "after"
+        with grpc.insecure_channel(follower.endpoint) as ch:  # the follower hands its writes to the new writer
+            rev = pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/t/via-follower", value=b"y"), timeout=30).header.revision
+            assert rev == acked[-1] + 1
+            assert pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10).leader == status.header.member_id
+    finally:
+        for s in (follower, standby, writer):
+            s.kill()
+
+
+@pytest.mark.parametrize("following", [False, True], ids=["standby", "following-standby"])
+def test_history_over_followers_is_linearizable_across_a_writer_takeover(nats, tmp_path, following):
     """Clients on two followers (and two on the writer until it dies); kill -9 of
     the writer mid-run, a standby takes over, the followers find it: every key's
-    history is linearizable, writes whose answers were lost included."""
+    history is linearizable, writes whose answers were lost included. With
+    --follow --standby, two more clients on the standby itself, which serves as a
+    follower, then as the writer, on the same connections."""
     writer = server_on(nats, tmp_path / "w").start()
     followers = [server_on(nats, tmp_path / f"f{i}", "--follow").start() for i in range(2)]
-    standby = server_on(nats, tmp_path / "s", "--standby").start(wait=False)
+    standby = server_on(nats, tmp_path / "s", *(("--follow",) if following else ()), "--standby").start(wait=following)
     try:
-        wait_standing_by(standby)
-        endpoints = [writer.endpoint] * 2 + [followers[0].endpoint] * 2 + [followers[1].endpoint] * 2
+        if not following:
+            wait_standing_by(standby)
+        endpoints = [writer.endpoint] * 2 + [followers[0].endpoint] * 2 + [followers[1].endpoint] * 2 + \
+            [standby.endpoint] * (2 if following else 0)
         history: list = []
         stop = threading.Event()
         threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10)) for c, ep in enumerate(endpoints)]

@@ -14,6 +14,11 @@ stale one is 409), and each watch delivers exactly the writes made, in order,
 before and after the kill (an open stream that ends is resumed from the last
 resourceVersion seen, which must not be 410 Gone). Nothing in kube-apiserver's
 log says the endpoint answered differently from etcd.
+
+Run twice: with a plain --standby (its client port closed until it takes over, so
+kube-apiserver must reconnect to it) and with --follow --standby (a follower until
+then: kube-apiserver is connected to it all along and its writes go through it as
+soon as it has taken over).
 """
 
 from __future__ import annotations
@@ -87,7 +92,8 @@ class Follower:
 
 
 @pytest.mark.timeout(900)  # the bounds on waiting below, not an expected duration (~25 s)
-def test_kube_apiserver_keeps_serving_through_a_takeover(tmp_path):
+@pytest.mark.parametrize("standby_flags", [("--standby",), ("--follow", "--standby")], ids=["standby", "following-standby"])
+def test_kube_apiserver_keeps_serving_through_a_takeover(tmp_path, standby_flags):
     require_kube_apiserver()
     nats = start_nats_cluster(tmp_path / "nats", size=3)
     servers: list[ShardetcdProcess] = []
@@ -96,13 +102,15 @@ def test_kube_apiserver_keeps_serving_through_a_takeover(tmp_path):
     try:
         writer = server_on(nats, tmp_path / "writer").start()
         servers.append(writer)
-        standby = server_on(nats, tmp_path / "standby", "--standby").start(wait=False)
+        following = "--follow" in standby_flags  # serves as a follower until it takes over
+        standby = server_on(nats, tmp_path / "standby", *standby_flags).start(wait=following)
         servers.append(standby)
         # configmaps bypass the watch cache: their watch is an etcd watch that kube-apiserver's
         # etcd client must resume on the other endpoint; pods go through the cache
         api = start_kube_apiserver(tmp_path, [writer.client_url, standby.client_url],
                                    extra_args=["--watch-cache-sizes=configmaps#0"])
-        assert standby.running() and not standby.answers_range(timeout=0.5), "a standby must not serve"
+        assert standby.running() and standby.answers_range(timeout=5 if following else 0.5) == following, \
+            "a standby serves only as a follower"
         c = api.client
 
         c.call("POST", "/api/v1/namespaces", {"metadata": {"name": NS}}, expect=201)
@@ -155,7 +163,7 @@ def test_kube_apiserver_keeps_serving_through_a_takeover(tmp_path):
         writer.kill()
         killed = time.monotonic()
         deadline = killed + TAKEOVER_BOUND
-        while not standby.answers_range(timeout=1.0):
+        while not standby.answers_range(timeout=1.0) or (following and "took over as the writer" not in standby.log_tail(200)):
             assert standby.running(), f"the standby exited ({standby.returncode}):\n{standby.log_tail()}"
             assert time.monotonic() < deadline, f"the standby did not serve within {TAKEOVER_BOUND}s:\n{standby.log_tail()}"
             time.sleep(0.2)
