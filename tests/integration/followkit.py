@@ -20,6 +20,39 @@ def put(kv, key: bytes, value: bytes) -> int:
     return kv.Put(pb.PutRequest(key=key, value=value), timeout=10).header.revision
 
 
+def writes_and_a_watch_across_a_takeover(ch, kill, logs, before_kill=lambda kv, acked: None) -> list[int]:
+    """On one client channel: a watch, 30 writes, ``before_kill(kv, acked)``, ``kill()``
+    of the writer, a write retried until the new writer takes it, 10 more. The writes
+    get increasing revisions, the watch delivers every acknowledged one once, in order,
+    across the takeover, and a read shows them all. The acknowledged revisions."""
+    kv = pbg.KVStub(ch)
+    watch = WatchClient(ch)
+    watch.create(b"/registry/pods/t/", b"/registry/pods/t0")
+    watch.wait_for(lambda rs: any(r.created for r in rs))
+    acked = [put(kv, b"/registry/pods/t/k%d" % (i % 5), b"%d" % i) for i in range(30)]
+    before_kill(kv, acked)
+    kill()
+    deadline = time.monotonic() + 60
+    while True:  # the same channel, until the new writer takes the write
+        try:
+            acked.append(kv.Put(pb.PutRequest(key=b"/registry/pods/t/after", value=b"x"), timeout=5).header.revision)
+            break
+        except grpc.RpcError as exc:
+            assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), exc
+            assert time.monotonic() < deadline, [log() for log in logs]
+            time.sleep(0.2)
+    acked += [put(kv, b"/registry/pods/t/k%d" % i, b"after") for i in range(10)]
+    assert acked == sorted(acked) and len(set(acked)) == len(acked)
+    watch.wait_for(lambda rs: len([e for r in rs for e in r.events]) >= len(acked), timeout=30)
+    time.sleep(0.5)  # a bound for anything extra to arrive, not a claim about speed
+    assert [e.kv.mod_revision for e in watch.events()] == acked
+    assert watch.error is None
+    watch.close()
+    r = kv.Range(pb.RangeRequest(key=b"/registry/pods/t/", range_end=b"/registry/pods/t0"), timeout=10)
+    assert r.header.revision == acked[-1] and len(r.kvs) == 11  # k0..k9 and "after"
+    return acked
+
+
 def watches_see_every_write_once_in_order(followers, targets: list[str], watchers: int, streams: int,
                                           writers: int) -> None:
     """``watchers`` watches over ``streams`` streams on the followers, each on one of ``writers``

@@ -23,7 +23,7 @@ from tests.integration.followkit import (a_watch_resumes_across_a_follower_resta
                                          cluster_followers_serve_their_partition,
                                          member_list_names_the_writer_and_its_followers, resync_line,
                                          watch_differential_through,
-                                         watches_see_every_write_once_in_order)
+                                         watches_see_every_write_once_in_order, writes_and_a_watch_across_a_takeover)
 from tests.integration.test_etcdctl import etcdctl_bin  # noqa: F401 - a fixture
 from tests.integration.test_linearizability import check_linearizable, client
 from tests.lincheck import Op
@@ -116,32 +116,7 @@ def test_a_follower_serves_through_a_writer_takeover(nats, tmp_path):
     try:
         wait_standing_by(standby)
         with grpc.insecure_channel(follower.endpoint) as ch:
-            kv = pbg.KVStub(ch)
-            watch = WatchClient(ch)
-            watch.create(b"/registry/pods/t/", b"/registry/pods/t0")
-            watch.wait_for(lambda rs: any(r.created for r in rs))
-            acked = [kv.Put(pb.PutRequest(key=b"/registry/pods/t/k%d" % (i % 5), value=b"%d" % i), timeout=10).header.revision
-                     for i in range(30)]
-            writer.kill()
-            deadline = time.monotonic() + 60
-            while True:  # writes through the follower, until the new writer takes them
-                try:
-                    acked.append(kv.Put(pb.PutRequest(key=b"/registry/pods/t/after", value=b"x"), timeout=5).header.revision)
-                    break
-                except grpc.RpcError as exc:
-                    assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), exc
-                    assert time.monotonic() < deadline, (follower.log_tail(), standby.log_tail())
-                    time.sleep(0.2)
-            acked += [kv.Put(pb.PutRequest(key=b"/registry/pods/t/k%d" % i, value=b"after"), timeout=10).header.revision
-                      for i in range(10)]
-            assert acked == sorted(acked) and len(set(acked)) == len(acked)
-            watch.wait_for(lambda rs: len([e for r in rs for e in r.events]) >= len(acked), timeout=30)
-            time.sleep(0.5)  # a bound for anything extra to arrive, not a claim about speed
-            assert [e.kv.mod_revision for e in watch.events()] == acked
-            assert watch.error is None
-            watch.close()
-            r = kv.Range(pb.RangeRequest(key=b"/registry/pods/t/", range_end=b"/registry/pods/t0"), timeout=10)
-            assert r.header.revision == acked[-1] and len(r.kvs) == 11  # k0..k9 and "after"
+            writes_and_a_watch_across_a_takeover(ch, writer.kill, (follower.log_tail, standby.log_tail))
         assert "took over as the writer" in standby.log_tail(200)
     finally:
         for s in (follower, standby, writer):
@@ -353,40 +328,19 @@ def test_a_following_standby_serves_then_takes_over_on_the_same_connections(nats
         with grpc.insecure_channel(writer.endpoint) as ch:
             writer_id = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10).header.member_id
         with grpc.insecure_channel(standby.endpoint) as ch:
-            kv, maintenance = pbg.KVStub(ch), pbg.MaintenanceStub(ch)
+            maintenance = pbg.MaintenanceStub(ch)
             status = maintenance.Status(pb.StatusRequest(), timeout=10)
             assert status.leader == writer_id != status.header.member_id
-            watch = WatchClient(ch)
-            watch.create(b"/registry/pods/t/", b"/registry/pods/t0")
-            watch.wait_for(lambda rs: any(r.created for r in rs))
-            acked = [kv.Put(pb.PutRequest(key=b"/registry/pods/t/k%d" % (i % 5), value=b"%d" % i), timeout=10).header.revision
-                     for i in range(30)]
-            r = kv.Range(pb.RangeRequest(key=b"/registry/pods/t/k4"), timeout=10)  # linearizable: the read index
-            assert r.kvs[0].mod_revision == acked[-1] and r.kvs[0].value == b"29"
-            assert "took over as the writer" not in standby.log_tail(200)
-            writer.kill()
-            deadline = time.monotonic() + 60
-            while True:  # the same channel, until this process takes the writes itself
-                try:
-                    acked.append(kv.Put(pb.PutRequest(key=b"/registry/pods/t/after", value=b"x"), timeout=5).header.revision)
-                    break
-                except grpc.RpcError as exc:
-                    assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), exc
-                    assert time.monotonic() < deadline, standby.log_tail()
-                    time.sleep(0.2)
-            acked += [kv.Put(pb.PutRequest(key=b"/registry/pods/t/k%d" % i, value=b"after"), timeout=10).header.revision
-                      for i in range(10)]
-            assert acked == sorted(acked) and len(set(acked)) == len(acked)
+
+            def before_kill(kv, acked) -> None:
+                r = kv.Range(pb.RangeRequest(key=b"/registry/pods/t/k4"), timeout=10)  # linearizable: the read index
+                assert r.kvs[0].mod_revision == acked[-1] and r.kvs[0].value == b"29"
+                assert "took over as the writer" not in standby.log_tail(200)
+
+            acked = writes_and_a_watch_across_a_takeover(ch, writer.kill, (standby.log_tail,), before_kill)
             assert "took over as the writer" in standby.log_tail(200)
             status = maintenance.Status(pb.StatusRequest(), timeout=10)
             assert status.leader == status.header.member_id != writer_id
-            watch.wait_for(lambda rs: len([e for r in rs for e in r.events]) >= len(acked), timeout=30)
-            time.sleep(0.5)  # a bound for anything extra to arrive, not a claim about speed
-            assert [e.kv.mod_revision for e in watch.events()] == acked
-            assert watch.error is None
-            watch.close()
-            r = kv.Range(pb.RangeRequest(key=b"/registry/pods/t/", range_end=b"/registry/pods/t0"), timeout=10)
-            assert r.header.revision == acked[-1] and len(r.kvs) == 11  # k0..k9 and "after"
         with grpc.insecure_channel(follower.endpoint) as ch:  # the follower hands its writes to the new writer
             rev = pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/t/via-follower", value=b"y"), timeout=30).header.revision
             assert rev == acked[-1] + 1
