@@ -35,6 +35,14 @@ class Member:
         self.auth = self.store.auth  # auth.enabled is the one thing a request checks while auth is off
         self.access = Access(self.store.auth, self.store.leases, cert_users=self.config.client_cert_auth)
 
+    def took_over(self) -> None:
+        """This member became the writer (--follow --standby): the leader from now on, in
+        the new term of the writer lease it holds."""
+        self.link = None
+        self.standing_by = False
+        self.raft_term = self.store.term
+        self.headers.set_term(self.raft_term)
+
     def leader_id(self) -> int:
         """etcd's leader: this member, or the writer a follower hands writes to."""
         link = getattr(self, "link", None)

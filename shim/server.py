@@ -355,6 +355,7 @@ async def start(config: ServerConfig) -> Running:
             raise StartupError(f"{lease.lost} while recovering: another shardetcd writes these journals now")
     member = Member(store, config, guard)
     member.link = link
+    member.standing_by = link is not None and lease is not None  # --follow --standby: until it takes over
     server = grpc.aio.server(options=grpc_options(config))
     gate = None
     if link is not None:  # a follower: these go to the writer (registered first, so they win)
@@ -454,7 +455,7 @@ async def promote_when_free(running: Running, member: Member, config: ServerConf
         logger.warning("taking over as the writer epoch=%d", lease.revision)
         await store.take_over()
         link.active = False  # from here on every call is served here; calls in flight to the old writer find us
-        member.link = None
+        member.took_over()
         await announce_writer(lease, member, config)
         running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
     except asyncio.CancelledError:

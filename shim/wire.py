@@ -43,6 +43,11 @@ class Headers:
         self._last_rev = -1
         self._last = b""
 
+    def set_term(self, raft_term: int) -> None:
+        """A new term from here on (a standby that took over as the writer)."""
+        self._suffix = _field_varint(0x20, raft_term)
+        self._last_rev = -1
+
     def framed(self, revision: int) -> bytes:
         """Field 1 (header) of a response, tag and length included."""
         if revision != self._last_rev:

@@ -319,18 +319,22 @@ def test_a_following_standby_serves_then_takes_over_on_the_same_connections(nats
     Before the kill it serves reads and a watch and hands writes to the writer (Status names
     the writer as leader); after kill -9 of the writer it takes over, and the same client
     channel, never reconnected, writes again with the next revisions, its watch delivers every
-    acknowledged write once, in order, across the takeover, and Status names it the leader.
-    A plain follower finds it as the new writer."""
+    acknowledged write once, in order, across the takeover, and Status names it the leader
+    in a higher term, which every answer's header carries; /metrics says standby, then
+    leader. A plain follower finds it as the new writer."""
+    metrics = f"http://127.0.0.1:{free_port()}"
     writer = server_on(nats, tmp_path / "w").start()
-    standby = server_on(nats, tmp_path / "s", "--follow", "--standby").start()
+    standby = server_on(nats, tmp_path / "s", "--follow", "--standby", "--listen-metrics-urls", metrics).start()
     follower = server_on(nats, tmp_path / "f", "--follow").start()
     try:
         with grpc.insecure_channel(writer.endpoint) as ch:
-            writer_id = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10).header.member_id
+            writer_status = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
+            writer_id = writer_status.header.member_id
         with grpc.insecure_channel(standby.endpoint) as ch:
             maintenance = pbg.MaintenanceStub(ch)
             status = maintenance.Status(pb.StatusRequest(), timeout=10)
             assert status.leader == writer_id != status.header.member_id
+            assert (_metric(metrics, "shardetcd_standby"), _metric(metrics, "etcd_server_is_leader")) == (1, 0)
 
             def before_kill(kv, acked) -> None:
                 r = kv.Range(pb.RangeRequest(key=b"/registry/pods/t/k4"), timeout=10)  # linearizable: the read index
@@ -341,6 +345,11 @@ def test_a_following_standby_serves_then_takes_over_on_the_same_connections(nats
             assert "took over as the writer" in standby.log_tail(200)
             status = maintenance.Status(pb.StatusRequest(), timeout=10)
             assert status.leader == status.header.member_id != writer_id
+            assert status.raftTerm > writer_status.raftTerm
+            put = pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/t/term", value=b"z"), timeout=10)
+            assert put.header.raft_term == status.header.raft_term == status.raftTerm
+            acked.append(put.header.revision)
+            assert (_metric(metrics, "shardetcd_standby"), _metric(metrics, "etcd_server_is_leader")) == (0, 1)
         with grpc.insecure_channel(follower.endpoint) as ch:  # the follower hands its writes to the new writer
             rev = pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/t/via-follower", value=b"y"), timeout=30).header.revision
             assert rev == acked[-1] + 1
