@@ -359,6 +359,52 @@ def test_a_following_standby_serves_then_takes_over_on_the_same_connections(nats
             s.kill()
 
 
+def test_three_members_as_etcd_a_writer_and_two_following_standbys_survive_two_kills(nats, tmp_path):
+    """A writer and two `--follow --standby` processes, as a three-member etcd: every one
+    serves. Kill -9 the writer: one standby takes over, the other goes on following and
+    hands its writes to it; kill -9 that one too: the last takes over. A client on the
+    last one's channel wrote through all three writers; every acknowledged write is there."""
+    writer = server_on(nats, tmp_path / "w").start()
+    standbys = [server_on(nats, tmp_path / f"s{i}", "--follow", "--standby").start() for i in range(2)]
+    members = [writer, *standbys]
+    try:
+        channels = {m.endpoint: grpc.insecure_channel(m.endpoint) for m in members}
+        acked: dict[bytes, int] = {}
+
+        def write_everywhere(label: bytes, alive) -> None:
+            for m in alive:
+                kv = pbg.KVStub(channels[m.endpoint])
+                deadline = time.monotonic() + 60
+                key = b"/registry/pods/three/%s-%d" % (label, members.index(m))
+                while True:  # until a writer takes it (one may be taking over)
+                    try:
+                        acked[key] = kv.Put(pb.PutRequest(key=key, value=label), timeout=5).header.revision
+                        break
+                    except grpc.RpcError as exc:
+                        assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), exc
+                        assert time.monotonic() < deadline, [x.log_tail() for x in alive]
+                        time.sleep(0.2)
+
+        write_everywhere(b"first", members)
+        writer.kill()
+        write_everywhere(b"second", standbys)
+        took = [s for s in standbys if "took over as the writer" in s.log_tail(200)]
+        assert len(took) == 1, [s.log_tail() for s in standbys]
+        took[0].kill()
+        last = next(s for s in standbys if s is not took[0])
+        write_everywhere(b"third", [last])
+        assert "took over as the writer" in last.log_tail(200)
+        r = pbg.KVStub(channels[last.endpoint]).Range(
+            pb.RangeRequest(key=b"/registry/pods/three/", range_end=b"/registry/pods/three0"), timeout=10)
+        assert {kv.key: kv.mod_revision for kv in r.kvs} == acked
+        assert sorted(acked.values()) == [acked[k] for k in acked]  # written in this order, revisions in order
+        for ch in channels.values():
+            ch.close()
+    finally:
+        for m in members:
+            m.kill()
+
+
 @pytest.mark.parametrize("following", [False, True], ids=["standby", "following-standby"])
 def test_history_over_followers_is_linearizable_across_a_writer_takeover(nats, tmp_path, following):
     """Clients on two followers (and two on the writer until it dies); kill -9 of
