@@ -79,6 +79,8 @@ class Follower:
     # -- input ------------------------------------------------------------
 
     def on_message(self, sid: int, msg: Message) -> None:
+        if msg.epoch > self.store.writer_epoch:  # a new writer: its term is every member's
+            self.store.saw_writer_epoch(msg.epoch)
         if msg.cut is not None:
             self.cut(msg.epoch, msg.cut)
         for rec in msg.records:

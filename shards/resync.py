@@ -141,6 +141,7 @@ def _swap(store: Store, shadow: Store) -> list:
     store.rev = store.committed = shadow.committed
     store.follower = shadow.follower
     store.follower.store = store
+    store.saw_writer_epoch(shadow.writer_epoch)  # the writers the shadow read records of
     if store.compact_rev > store._compacted_through:
         store._start_compaction()
     return old_states

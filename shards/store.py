@@ -103,6 +103,8 @@ class Store:
         self.log = None  # where the journals live (set by open)
         self._owns_log = True
         self.follower = None  # set while this store follows another writer's journals
+        self.writer_epoch = 0  # following: the newest writer epoch seen in the journals
+        self.on_term: Callable[[int], None] | None = None  # told the new term when a follower sees a new writer
         self.follow_stats = FollowStats()
         self.watermark: WatermarkWriter | None = None  # a local journal's durable position, for local followers
         self.lease_renewals = 0  # keep-alive requests handled (etcd_debugging_lease_renewed_total)
@@ -237,9 +239,18 @@ class Store:
     @property
     def term(self) -> int:
         """etcd's raft term: with a replicated journal, from the writer's epoch (it
-        grows with every takeover); else the data dir's (+1 per restart)."""
-        epoch = getattr(self.log, "epoch", 0)
+        grows with every takeover; a follower's from the newest writer it has seen, so
+        every member reports the writer's term, as etcd's members report one term);
+        else the data dir's (+1 per restart)."""
+        epoch = getattr(self.log, "epoch", 0) or self.writer_epoch
         return epoch + 1 if epoch else self.datadir.term
+
+    def saw_writer_epoch(self, epoch: int) -> None:
+        """Following: the journals carry records of writer ``epoch``."""
+        if epoch > self.writer_epoch:
+            self.writer_epoch = epoch
+            if self.on_term is not None:
+                self.on_term(self.term)
 
     def db_size(self) -> int:
         """Like etcd's backend file size: the most row bytes held since the last

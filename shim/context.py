@@ -34,14 +34,18 @@ class Member:
         self.quota = Quota(self.store, self.alarms, self.member_id, self.config.quota_backend_bytes)
         self.auth = self.store.auth  # auth.enabled is the one thing a request checks while auth is off
         self.access = Access(self.store.auth, self.store.leases, cert_users=self.config.client_cert_auth)
+        self.store.on_term = self.new_term  # a follower that sees a new writer reports its term
+
+    def new_term(self, term: int) -> None:
+        self.raft_term = term
+        self.headers.set_term(term)
 
     def took_over(self) -> None:
         """This member became the writer (--follow --standby): the leader from now on, in
         the new term of the writer lease it holds."""
         self.link = None
         self.standing_by = False
-        self.raft_term = self.store.term
-        self.headers.set_term(self.raft_term)
+        self.new_term(self.store.term)
 
     def leader_id(self) -> int:
         """etcd's leader: this member, or the writer a follower hands writes to."""

@@ -109,15 +109,29 @@ def test_a_follower_serves_through_a_writer_takeover(nats, tmp_path):
     """Writer, standby and a follower; a watch on the follower and writes through
     it. kill -9 of the writer: the standby takes over, the follower finds the new
     writer (writes through it succeed again, with the next revisions), and its
-    watch delivers every acknowledged write once, in order, across the takeover."""
+    watch delivers every acknowledged write once, in order, across the takeover. The
+    follower reports the writer's raft term, before and after (etcd's members report
+    one term)."""
     writer = server_on(nats, tmp_path / "w").start()
     follower = server_on(nats, tmp_path / "f", "--follow").start()
     standby = server_on(nats, tmp_path / "s", "--standby").start(wait=False)
+
+    def term(endpoint: str) -> tuple[int, int]:
+        with grpc.insecure_channel(endpoint) as ch:
+            status = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10)
+            header = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"t", serializable=True), timeout=10).header
+        return status.raftTerm, header.raft_term
+
     try:
         wait_standing_by(standby)
         with grpc.insecure_channel(follower.endpoint) as ch:
-            writes_and_a_watch_across_a_takeover(ch, writer.kill, (follower.log_tail, standby.log_tail))
+            def before_kill(kv, acked) -> None:
+                assert term(follower.endpoint) == term(writer.endpoint)
+
+            writes_and_a_watch_across_a_takeover(ch, writer.kill, (follower.log_tail, standby.log_tail), before_kill)
         assert "took over as the writer" in standby.log_tail(200)
+        new_term = term(standby.endpoint)
+        assert term(follower.endpoint) == new_term and new_term[0] > 1
     finally:
         for s in (follower, standby, writer):
             s.kill()

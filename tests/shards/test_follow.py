@@ -48,6 +48,11 @@ class FakeStore:
         self.compact_rev = -1
         self.released = 1  # reads waiting for a revision are let go once it is applied
         self.follow_stats = FollowStats()
+        self.writer_epoch = 0  # the newest writer epoch the follower reported (its term is every member's)
+
+    def saw_writer_epoch(self, epoch: int) -> None:
+        assert epoch > self.writer_epoch  # told once per newer writer, never of an older one
+        self.writer_epoch = epoch
 
     def _release_waiters(self, rev: int) -> None:
         assert rev == self.committed >= self.released
@@ -154,6 +159,7 @@ def test_an_older_writers_part_read_after_a_newer_cut_is_void():
     follower.on_message(0, e_cut_a)
     follower.on_message(0, e_part)
     assert follower.applied == 10 and store.shards[0].applied[10][0].row == b"e7"
+    assert store.writer_epoch == 7  # E's term, though F's part came later
 
 
 def test_a_cut_below_what_was_applied_from_an_older_writer_is_a_divergence():
