@@ -602,9 +602,22 @@ class JetStreamJournal(Appender):
         info = await retrying("stream info", lambda: self.log.js.stream_info(self.stream), deadline_s=5.0)
         return info.state.last_seq
 
-    async def take_over(self, on_message: Callable[[Message], None]) -> None:
+    async def unread_gap(self) -> tuple[int, int] | None:
+        """(the next message to read, the first one stored) when messages after those
+        read so far were released before this process read them; None if not."""
+        info = await retrying("stream info", lambda: self.log.js.stream_info(self.stream))
+        return self._gap(info.state.first_seq, info.state.last_seq)
+
+    def _gap(self, first: int, last: int) -> tuple[int, int] | None:
+        return (self._tail + 1, first) if last > self._tail and first > self._tail + 1 else None
+
+    async def take_over(self, on_message: Callable[[Message], None],
+                        on_gap: Callable[[int, int], Awaitable[bool]]) -> None:
         """A followed journal becomes this process's: fence it after the last
-        message read; messages stored meanwhile go to ``on_message`` first."""
+        message read; messages stored meanwhile go to ``on_message`` first. Messages
+        released before they were read (``on_gap(expected, got)`` false: the state
+        loaded does not hold them) raise JournalGap before anything is fenced here:
+        a takeover from a state with holes would cut acknowledged writes."""
         js = self.log.js
         for _ in range(50):
             try:
@@ -614,6 +627,9 @@ class JetStreamJournal(Appender):
             except JournalFenced:
                 info = await retrying("stream info", lambda: js.stream_info(self.stream))
                 last = info.state.last_seq
+                gap = self._gap(info.state.first_seq, last)
+                if gap is not None and not await on_gap(*gap):
+                    raise JournalGap(self.stream, *gap)
 
                 def take(seq: int, data: bytes, headers: dict) -> None:
                     self._tail = seq

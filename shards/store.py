@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from journal import JournalConfig, failpoints
+from journal.errors import JournalGap
 from journal.jetstream import JetStreamConfig
 from journal.journal import LocalLog
 from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter
@@ -178,10 +179,7 @@ class Store:
         follower = self.follower
 
         async def follow(sid: int, shard: Shard) -> None:
-            async def covered(expected: int, got: int) -> bool:  # purged messages the loaded checkpoint holds?
-                return await shard.journal.newest_checkpoint_rev() <= shard.checkpoint_rev
-
-            await shard.journal.follow(lambda msg: follower.on_message(sid, msg), covered)
+            await shard.journal.follow(lambda msg: follower.on_message(sid, msg), self._covered_by_checkpoint(shard))
 
         tasks = [asyncio.create_task(follow(sid, shard)) for sid, shard in enumerate(self.shards)]
         try:
@@ -193,6 +191,35 @@ class Store:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    @staticmethod
+    def _covered_by_checkpoint(shard: Shard) -> Callable[[int, int], Awaitable[bool]]:
+        """Whether messages released before this store read them are in the checkpoint it loaded
+        (no newer checkpoint released them)."""
+        async def covered(expected: int, got: int) -> bool:
+            return await shard.journal.newest_checkpoint_rev() <= shard.checkpoint_rev
+
+        return covered
+
+    async def _catch_up_with_checkpoints(self) -> None:
+        """Before a takeover: a follower that fell behind the journals' checkpoints (messages it
+        had not read were released, a newer checkpoint holds them) rebuilds its state from the
+        newest checkpoints first, as a follower does when it finds the gap itself; taking over
+        from the state it has would cut every revision in the gap, acknowledged writes included."""
+        from .resync import resync
+
+        for attempt in range(1, 4):
+            gap = None
+            for shard in self.shards:
+                found = await shard.journal.unread_gap() if hasattr(shard.journal, "unread_gap") else None
+                if found is not None and not await self._covered_by_checkpoint(shard)(*found):
+                    gap = JournalGap(shard.journal.stream, *found)
+                    break
+            if gap is None:
+                return
+            logger.warning("behind the journals' checkpoints at takeover, rebuilding the state first error=%s", gap)
+            await resync(self, gap)
+        raise gap
+
     async def take_over(self) -> int:
         """Become the writer of the journals this store follows (the caller holds
         the writer lease): fence each journal after what was read, apply what
@@ -201,9 +228,11 @@ class Store:
         from .recovery import settle_leases
 
         started = time.monotonic()
+        await self._catch_up_with_checkpoints()
         follower = self.follower
         for sid, shard in enumerate(self.shards):
-            await shard.journal.take_over(lambda msg, sid=sid: follower.on_message(sid, msg))
+            await shard.journal.take_over(lambda msg, sid=sid: follower.on_message(sid, msg),
+                                          self._covered_by_checkpoint(shard))
         rev = follower.applied
         dropped = follower.pending()
         for shard in self.shards:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import threading
 import time
 
@@ -19,7 +20,8 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
-from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart,
+from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart, put, serves_every_pod,
+                                         write_past_checkpoints,
                                          cluster_followers_serve_their_partition,
                                          member_list_names_the_writer_and_its_followers, resync_line,
                                          watch_differential_through,
@@ -370,6 +372,45 @@ def test_a_following_standby_serves_then_takes_over_on_the_same_connections(nats
             assert pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=10).leader == status.header.member_id
     finally:
         for s in (follower, standby, writer):
+            s.kill()
+
+
+@pytest.mark.parametrize("flags", [("--standby",), ("--follow", "--standby")], ids=["standby", "following-standby"])
+def test_a_standby_behind_the_checkpoints_takes_over_from_a_rebuilt_state(nats, tmp_path, flags):
+    """A standby paused (SIGSTOP) while the writer writes past several checkpoints that release
+    what it was to read next, then the writer killed: when the standby runs again the lease is
+    already free, and the state it follows has a gap. It rebuilds its state from the newest
+    checkpoint before it takes over, and serves every acknowledged write; taking over from the
+    state it had would have cut the 300 writes of the gap (found by this test: it did)."""
+    writer = server_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "65536").start()
+    standby = server_on(nats, tmp_path / "s", *flags).start(wait="--follow" in flags)
+    try:
+        if "--follow" not in flags:
+            wait_standing_by(standby)
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            put(pbg.KVStub(ch), b"/registry/pods/ns/before", b"v")
+        time.sleep(0.2)
+        os.kill(standby.pid, signal.SIGSTOP)
+        rev = write_past_checkpoints(writer.endpoint)
+        writer.kill()
+        time.sleep(4.0)  # the writer lease (TTL 3 s) lapses while the standby is stopped
+        os.kill(standby.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while "took over as the writer" not in standby.log_tail(300):
+            assert standby.running(), standby.log_tail()
+            assert time.monotonic() < deadline, standby.log_tail()
+            time.sleep(0.2)
+        tail = standby.log_tail(300)
+        assert "rebuilding the state first" in tail or "standby rebuilds its state" in tail, tail
+        assert "discarded records" not in tail, tail  # the writer was idle when killed: nothing was half-written
+        serves_every_pod(standby.endpoint, rev, 42)
+        with grpc.insecure_channel(standby.endpoint) as ch:
+            assert put(pbg.KVStub(ch), b"/registry/pods/ns/after", b"v") == rev + 1
+        assert standby.running()
+    finally:
+        for s in (standby, writer):
+            if s.running():
+                os.kill(s.pid, signal.SIGCONT)
             s.kill()
 
 
