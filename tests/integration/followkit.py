@@ -177,10 +177,15 @@ def falls_behind_then_resyncs_in_process(writer, follower) -> None:
         serves_every_pod(follower.endpoint, rev, 42)
         assert follower.running()
     finally:
-        for s in (follower, writer):
-            if s.running():
-                os.kill(s.pid, signal.SIGCONT)
-            s.stop()
+        resume_and_stop(follower, writer)
+
+
+def resume_and_stop(*servers, kill: bool = False) -> None:
+    """Stop each server (by PID; ``kill``: SIGKILL), resuming it first if a test paused it."""
+    for s in servers:
+        if s.running():
+            os.kill(s.pid, signal.SIGCONT)
+        s.kill() if kill else s.stop()
 
 
 def member_list_names_the_writer_and_its_followers(writer, followers) -> None:

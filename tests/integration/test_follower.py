@@ -20,7 +20,8 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
-from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart, put, serves_every_pod,
+from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart, put, resume_and_stop,
+                                         serves_every_pod,
                                          write_past_checkpoints,
                                          cluster_followers_serve_their_partition,
                                          member_list_names_the_writer_and_its_followers, resync_line,
@@ -270,10 +271,7 @@ def test_a_follower_that_falls_behind_the_checkpoints_resyncs_in_process(nats, t
             watch.close()
             again.close()
     finally:
-        for s in (follower, writer):
-            if s.running():
-                os.kill(s.pid, signal.SIGCONT)
-            s.stop()
+        resume_and_stop(follower, writer)
 
 
 def test_a_followers_metrics_show_how_far_behind_it_applies(nats, tmp_path):
@@ -408,10 +406,7 @@ def test_a_standby_behind_the_checkpoints_takes_over_from_a_rebuilt_state(nats, 
             assert put(pbg.KVStub(ch), b"/registry/pods/ns/after", b"v") == rev + 1
         assert standby.running()
     finally:
-        for s in (standby, writer):
-            if s.running():
-                os.kill(s.pid, signal.SIGCONT)
-            s.kill()
+        resume_and_stop(standby, writer, kill=True)
 
 
 def test_three_members_as_etcd_a_writer_and_two_following_standbys_survive_two_kills(nats, tmp_path):
