@@ -76,12 +76,16 @@ async def resync(store: Store, reason: BaseException) -> int:
         except BaseException:
             _close_states(shadow)
             raise
-    if store._compaction is not None:  # it walks the old states
-        store._compaction.cancel()
-        await asyncio.gather(store._compaction, return_exceptions=True)
-    while store._reads:  # sliced reads in flight hold rows of the old states
-        store._reads_done.clear()
-        await store._reads_done.wait()
+    try:  # cancelled while waiting here (a standby taking over): the shadow's state files go too (tmpfs)
+        if store._compaction is not None:  # it walks the old states
+            store._compaction.cancel()
+            await asyncio.gather(store._compaction, return_exceptions=True)
+        while store._reads:  # sliced reads in flight hold rows of the old states
+            store._reads_done.clear()
+            await store._reads_done.wait()
+    except BaseException:
+        _close_states(shadow)
+        raise
     old_states = _swap(store, shadow)  # no await from here to the end of the swap
     behind = store.hub.resynced(before)
     store._release_waiters(store.committed)
