@@ -280,12 +280,7 @@ async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
                 await store.close()
                 raise
             if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
-                following.cancel()
-                await asyncio.gather(following, return_exceptions=True)
-                lease.log.epoch = lease.revision
-                lease.start_renewing()
-                logger.warning("taking over as the writer epoch=%d", lease.revision)
-                await store.take_over()
+                await take_over_as_writer(lease, store, following)
                 return store
             acquiring.cancel()
             await asyncio.gather(acquiring, return_exceptions=True)
@@ -295,6 +290,17 @@ async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
     finally:
         for server in http:
             server.close()
+
+
+async def take_over_as_writer(lease: WriterLease, store: Store, following: asyncio.Future) -> None:
+    """The writer lease is ours: stop following, stamp our epoch on what we publish, keep
+    the lease renewed, and take the journals over (shards.store.Store.take_over)."""
+    following.cancel()
+    await asyncio.gather(following, return_exceptions=True)
+    lease.log.epoch = lease.revision
+    lease.start_renewing()
+    logger.warning("taking over as the writer epoch=%d", lease.revision)
+    await store.take_over()
 
 
 class StandbyStatus(HttpEndpoint):
@@ -448,12 +454,7 @@ async def promote_when_free(running: Running, member: Member, config: ServerConf
             logger.warning("writer lease not readable, standing by error=%r", exc)
             await asyncio.sleep(lease.ttl_s / 3)
     try:
-        running.following.cancel()
-        await asyncio.gather(running.following, return_exceptions=True)
-        lease.log.epoch = lease.revision
-        lease.start_renewing()
-        logger.warning("taking over as the writer epoch=%d", lease.revision)
-        await store.take_over()
+        await take_over_as_writer(lease, store, running.following)
         link.active = False  # from here on every call is served here; calls in flight to the old writer find us
         member.took_over()
         await announce_writer(lease, member, config)
