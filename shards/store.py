@@ -210,7 +210,7 @@ class Store:
         for attempt in range(1, 4):
             gap = None
             for shard in self.shards:
-                found = await shard.journal.unread_gap() if hasattr(shard.journal, "unread_gap") else None
+                found = await shard.journal.unread_gap()  # a replicated journal: only those are taken over
                 if found is not None and not await self._covered_by_checkpoint(shard)(*found):
                     gap = JournalGap(shard.journal.stream, *found)
                     break
