@@ -155,10 +155,8 @@ class HttpEndpoint:
         try:
             payload = await self.gateway.call(route, body, authorization)
             return 200, (JSON, *GRPC_METADATA), payload
-        except GatewayError as err:
-            return err.http_status, (JSON,), err.body()
-        except Exception as exc:  # a bug of ours: answered as gRPC would (UNKNOWN), and logged
-            err = _internal(route, exc)
+        except Exception as exc:
+            err = _gateway_error(route, exc)
             return err.http_status, (JSON,), err.body()
 
     async def _stream(self, writer: asyncio.StreamWriter, route: str, body: bytes, authorization: str | None) -> bool:
@@ -167,8 +165,8 @@ class HttpEndpoint:
         Whether the connection can take another request (not after a stream)."""
         try:
             chunks = await self.gateway.stream(route, body, authorization)
-        except Exception as exc:  # the request could not be read, or a bug of ours (UNKNOWN, logged)
-            err = exc if isinstance(exc, GatewayError) else _internal(route, exc)
+        except Exception as exc:  # the request could not be read, or a bug of ours
+            err = _gateway_error(route, exc)
             payload = err.body()
             writer.write(_head(err.http_status, (JSON, ("Content-Length", len(payload)))) + payload)
             await writer.drain()
@@ -188,8 +186,8 @@ class HttpEndpoint:
                 await writer.drain()
         except ConnectionError:  # the client went away: nobody to tell
             raise
-        except Exception as exc:  # the stream's error (a bug of ours: UNKNOWN, logged) as its last line
-            err = exc if isinstance(exc, GatewayError) else _internal(route, exc)
+        except Exception as exc:  # the stream's error as its last line
+            err = _gateway_error(route, exc)
             if not started:
                 start(err.http_status)
             chunk = err.chunk()
@@ -201,9 +199,12 @@ class HttpEndpoint:
         return False
 
 
-def _internal(route: str, exc: Exception) -> GatewayError:
-    """A gateway route's unexpected failure: logged, and answered as gRPC answers an
-    exception in a handler (UNKNOWN with its text)."""
+def _gateway_error(route: str, exc: Exception) -> GatewayError:
+    """What a gateway route answers for ``exc``: a GatewayError as it is; anything else is a
+    bug of ours, logged and answered as gRPC answers an exception in a handler (UNKNOWN
+    with its text)."""
+    if isinstance(exc, GatewayError):
+        return exc
     logger.error("gateway call failed path=%s", route, exc_info=exc)
     return GatewayError(grpc.StatusCode.UNKNOWN, str(exc))
 
