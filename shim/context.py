@@ -35,6 +35,7 @@ class Member:
         self.auth = self.store.auth  # auth.enabled is the one thing a request checks while auth is off
         self.access = Access(self.store.auth, self.store.leases, cert_users=self.config.client_cert_auth)
         self.store.on_term = self.new_term  # a follower that sees a new writer reports its term
+        self.standing_by = False  # --follow --standby: True until it takes over (set by the server)
 
     def new_term(self, term: int) -> None:
         self.raft_term = term

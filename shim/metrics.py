@@ -137,7 +137,7 @@ class _StateCollector:
                        "--experimental-warning-apply-duration (each logged).", Slow.count)
         yield _gauge("etcd_server_is_leader", "Whether this member is the leader (the writer).", 0 if following else 1)
         yield _gauge("shardetcd_standby", "1 while this process stands by for the writer lease.",
-                     1 if getattr(m, "standing_by", False) else 0)
+                     1 if m.standing_by else 0)
         yield _gauge("etcd_server_quota_backend_bytes", "Backend quota in bytes.", m.quota.limit or 0)
         yield _gauge("etcd_mvcc_db_total_size_in_bytes", "State size, as etcd's backend file size.", store.db_size())
         yield _gauge("etcd_mvcc_db_total_size_in_use_in_bytes", "State bytes in use.", store.db_size_in_use())
