@@ -426,6 +426,7 @@ class JetStreamJournal(Appender):
         self._batches = 0
         self._cut: int | None = None
         self._queue: deque[tuple[int, bytes, int]] = deque()  # (seq, frame bytes, tag)
+        self._fences: list[asyncio.Future] = []  # fence_again() callers, served by the writer task in turn
         self._wakeup = asyncio.Event()
         self._bucket = None
         self._instance = secrets.token_hex(8)  # message ids are unique to this open journal
@@ -677,14 +678,39 @@ class JetStreamJournal(Appender):
         self._wakeup.set()
         return seq
 
+    async def fence_again(self) -> None:
+        """Publish a fence after the last message this writer stored, between two of its
+        batches: from then on, appends by any process that opened the journal earlier are
+        refused.  JournalFenced (and the journal fails) if anyone else appended since."""
+        if self._task is None or self._task.done():
+            raise JournalFailed(f"journal {self.stream} is not being written")
+        done = asyncio.get_running_loop().create_future()
+        self._fences.append(done)
+        self._wakeup.set()
+        await done
+
+    async def _publish_fences(self) -> None:
+        fences, self._fences = self._fences, []
+        try:
+            await self._fence()
+        except BaseException as exc:
+            for f in fences:
+                f.set_exception(exc)
+            raise
+        for f in fences:
+            f.set_result(None)
+
     async def _run(self) -> None:
         try:
             while True:
-                while not self._queue:
+                while not self._queue and not self._fences:
                     if self._closing or self._failure is not None:
                         return
                     self._wakeup.clear()
                     await self._wakeup.wait()
+                if self._fences:
+                    await self._publish_fences()
+                    continue
                 seq, body, top = self._take_batch()
                 started = time.monotonic()
                 await self._publish(body, {}, top)
@@ -765,6 +791,10 @@ class JetStreamJournal(Appender):
     def _drop_queue(self) -> int:
         dropped = len(self._queue)
         self._queue.clear()
+        fences, self._fences = self._fences, []
+        for f in fences:
+            if not f.done():
+                f.set_exception(self._failed_error())
         return dropped
 
     # -- release and checkpoints ---------------------------------------------

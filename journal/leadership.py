@@ -8,26 +8,47 @@ with a compare-and-set on its last revision.  A standby waits until the key
 is gone (deleted, or expired because its holder stopped renewing) and
 creates it.
 
-The lease only decides who *tries* to write.  What makes a second writer
-harmless is the journals' fence (expected last sequence, and the fence
-message every journal publishes when it is opened): a process that lost the
-lease but still appends is refused by JetStream.  A holder that finds the
-lease held by someone else stops at once; a holder that cannot reach NATS
-keeps trying (without a quorum nobody can take the lease from it, and its
-writes time out meanwhile).
+For writes, the lease only decides who *tries* to write.  What makes a
+second writer harmless is the journals' fence (expected last sequence, and
+the fence message every journal publishes when it is opened): a process that
+lost the lease but still appends is refused by JetStream.  A holder that
+finds the lease held by someone else stops at once; a holder that cannot
+reach NATS keeps trying (without a quorum nobody can take the lease from it,
+and its writes time out meanwhile).
+
+Reads are another matter: a writer cut off from NATS (or paused past its
+TTL) still has its state, and nothing JetStream refuses stops it from
+answering a linearizable read from it while a standby has taken over and
+acknowledges newer writes.  So a linearizable read on the writer is answered
+only while the lease is *sure* (etcd's lease-based read): within
+``SURE_FOR`` of the TTL after the moment a renewal that succeeded was sent.
+The entry was stored after that moment and lives a whole TTL, so nobody can
+take the lease before the sure time is over, with a third of the TTL to spare
+for the clocks of NATS and this host; and every writer fences the journals
+after taking the lease, so what an earlier holder acknowledged was read
+before.  Past that time, ``confirm`` renews at once and the read waits for it.
+A lease found lapsed and taken again is sure only after ``refence`` (the
+journals fenced again after the last message this writer stored): another
+process may have held it meanwhile.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 from journal.errors import JournalFailed, JournalUnreachable
 
 logger = logging.getLogger(__name__)
 
 KEY = "writer"  # the key of a server that is not a partition
+_clock = time.monotonic  # (tests replace it with a fake clock)
+SURE_FOR = 2 / 3  # of the TTL: how long after a renewal was sent the lease is surely still ours
+
+
+class LeaseLost(JournalFailed):
+    """Another process holds the writer lease now."""
 
 
 class WriterLease:
@@ -40,7 +61,13 @@ class WriterLease:
         self.revision = 0
         self.on_lost: Callable[[BaseException], None] | None = None
         self.lost: BaseException | None = None  # set once the lease was found held by another
+        # after taking a lapsed lease again: fence the journals after what this writer stored
+        self.refence: Callable[[], Awaitable[None]] | None = None
         self._task: asyncio.Task | None = None
+        self._sure_until = 0.0  # _clock() up to which nobody else can hold the lease
+        self._renewing: asyncio.Future | None = None  # the renewal in flight, shared by its callers
+        self._fence_owed = False  # taken again after a lapse before ``refence`` was given: not sure until
+        self._owed_until = 0.0  # ... then sure up to this time, once fenced
 
     async def _bucket(self):
         if self.kv is None:
@@ -76,6 +103,7 @@ class WriterLease:
         from journal.jetstream import retrying
 
         kv = await self._bucket()
+        sent = _clock()
         try:
             self.revision = await retrying("writer lease create", lambda: kv.create(self.key, self.me.encode()))
         except KeyNotFoundError:
@@ -89,16 +117,16 @@ class WriterLease:
                 self.revision = (await kv.get(self.key)).revision  # a retried create found its own first try
             except KeyNotFoundError:
                 return False
-
+        self._sure_until = sent + self.ttl_s * SURE_FOR  # whichever try stored it, it was sent after this
         logger.warning("writer lease acquired holder=%s ttl_s=%.1f", self.me, self.ttl_s)
         return True
 
     async def acquire(self, poll_s: float = 0.2) -> None:
         """Take the lease, waiting at most one TTL (a holder that died lets it
         lapse by then: a restart after a crash gets it); else say who holds it."""
-        deadline = time.monotonic() + self.ttl_s + 1.0
+        deadline = _clock() + self.ttl_s + 1.0
         while not await self.try_acquire():
-            if time.monotonic() > deadline:
+            if _clock() > deadline:
                 raise JournalUnreachable(
                     f"another shardetcd ({await self.holder()}) holds the writer lease {self.key} of "
                     f"{self.log.config.prefix}; start this one with --standby to take over when it stops")
@@ -106,7 +134,7 @@ class WriterLease:
 
     async def wait(self, poll_s: float = 0.2) -> float:
         """A standby: wait until the lease is free and take it; returns seconds waited."""
-        started = time.monotonic()
+        started = _clock()
         holder = None
         while not await self.try_acquire():
             now = await self.holder()
@@ -114,58 +142,113 @@ class WriterLease:
                 holder = now
                 logger.warning("standing by writer=%s", holder)
             await asyncio.sleep(poll_s)
-        return time.monotonic() - started
+        return _clock() - started
 
     def start_renewing(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._renew())
 
-    async def _renew(self) -> None:
+    def sure(self) -> bool:
+        """Nobody else can hold the lease now (see the module's note on reads)."""
+        return _clock() < self._sure_until
+
+    async def confirm(self, timeout_s: float) -> None:
+        """Return once the lease is sure, renewing it now if it is not; JournalUnreachable
+        if NATS does not let that happen within ``timeout_s``, LeaseLost if another holds it."""
+        deadline = _clock() + timeout_s
+        while not self.sure():
+            if self.lost is not None:
+                raise LeaseLost(str(self.lost))
+            left = deadline - _clock()
+            if left <= 0:
+                raise JournalUnreachable(f"writer lease {self.key} not confirmed within {timeout_s:.1f} s")
+            try:
+                await asyncio.wait_for(asyncio.shield(self.renew_now()), left)
+            except (LeaseLost, asyncio.CancelledError):
+                raise
+            except Exception:  # noqa: BLE001 - NATS not answering (yet): try again until the deadline
+                await asyncio.sleep(min(0.1, max(deadline - _clock(), 0)))
+
+    def renew_now(self) -> asyncio.Future:
+        """One renewal, shared by everyone who asks while it is in flight."""
+        if self._renewing is None or self._renewing.done():
+            self._renewing = asyncio.ensure_future(self._renew_once())
+            self._renewing.add_done_callback(lambda f: f.cancelled() or f.exception())  # read by whoever waits
+        return self._renewing
+
+    async def _renew_once(self) -> None:
+        """Rewrite the entry with a compare-and-set on our last revision: the lease is sure
+        again from the moment this was sent.  Raises LeaseLost (after ``on_lost``) if another
+        process holds it; any other exception: NATS did not answer, nothing is known."""
         from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-        from journal.jetstream import transient_errors
-
         kv = await self._bucket()
+        sent = _clock()
+        try:
+            self.revision = await kv.update(self.key, self.me.encode(), last=self.revision)
+            if self._fence_owed:
+                self._owed_until = sent + self.ttl_s * SURE_FOR
+            else:
+                self._sure_until = sent + self.ttl_s * SURE_FOR
+            return
+        except KeyWrongLastSequenceError:
+            pass
+        try:
+            entry = await kv.get(self.key)
+            holder = entry.value.decode()
+        except KeyNotFoundError:
+            entry, holder = None, None
+        if holder == self.me:  # our last renewal was stored although its answer was lost: sure after the next
+            self.revision = entry.revision
+            return
+        if holder is None:  # it lapsed while NATS could not be reached
+            if not await self.try_acquire():  # no holder to be read, yet not free: NATS is not consistent yet
+                raise JournalFailed("lease entry neither readable nor free")
+            await self._fence_again()
+            return
+        self._lost(LeaseLost(f"lost the writer lease to {holder}"))
+        raise self.lost
+
+    async def _fence_again(self) -> None:
+        """Taken again after a lapse: another process may have held the lease meanwhile and
+        written; the lease is sure only once the journals are fenced again after the last
+        message this writer stored (which fails if anyone else appended since)."""
+        sure_until, self._sure_until = self._sure_until, 0.0
+        logger.warning("writer lease taken again after it lapsed holder=%s", self.me)
+        if self.refence is None:  # the journals are not being written yet: fenced once they are
+            self._fence_owed, self._owed_until = True, sure_until
+            return
+        try:
+            await self.refence()
+        except JournalFailed as exc:
+            self._lost(LeaseLost(f"lost the writer lease while it had lapsed: {exc}"))
+            raise self.lost from None
+        self._sure_until = sure_until
+
+    async def fence_with(self, refence: Callable[[], Awaitable[None]]) -> None:
+        """The journals are being written: ``refence`` fences them after what this writer
+        stored, after any later lapse, and now if the lease lapsed and was taken again
+        before (LeaseLost if another process appended meanwhile)."""
+        self.refence = refence
+        if self._fence_owed:
+            self._fence_owed, self._sure_until = False, self._owed_until
+            await self._fence_again()
+
+    async def _renew(self) -> None:
         failures = 0
-
-        def not_renewed(exc: BaseException) -> None:
-            nonlocal failures
-            failures += 1
-            if failures == 1 or failures % 10 == 0:
-                logger.warning("writer lease not renewed, retrying failures=%d error=%r", failures, exc)
-
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             try:
-                self.revision = await kv.update(self.key, self.me.encode(), last=self.revision)
-                if failures:
-                    logger.warning("writer lease renewed again failures=%d", failures)
-                    failures = 0
-                continue
-            except KeyWrongLastSequenceError:
-                pass
+                await self.renew_now()
+            except LeaseLost:
+                return
             except Exception as exc:  # noqa: BLE001 - NATS unreachable: if the lease lapses meanwhile, the fence still holds
-                not_renewed(exc)
+                failures += 1
+                if failures == 1 or failures % 10 == 0:
+                    logger.warning("writer lease not renewed, retrying failures=%d error=%r", failures, exc)
                 continue
-            try:
-                try:
-                    entry = await kv.get(self.key)
-                    holder = entry.value.decode()
-                except KeyNotFoundError:
-                    entry, holder = None, None
-                if holder == self.me:  # our last renewal was stored although its answer was lost
-                    self.revision, failures = entry.revision, 0
-                    continue
-                if holder is None:
-                    if await self.try_acquire():  # it lapsed while NATS could not be reached
-                        failures = 0
-                    else:  # no holder to be read, yet not free: NATS is not answering consistently yet
-                        not_renewed(JournalFailed("lease entry neither readable nor free"))
-                    continue
-            except (JournalFailed, *transient_errors()) as exc:  # NATS still unreachable: try again next round
-                not_renewed(exc)
-                continue
-            self._lost(JournalFailed(f"lost the writer lease to {holder or 'another process'}"))
-            return
+            if failures:
+                logger.warning("writer lease renewed again failures=%d", failures)
+                failures = 0
 
     def _lost(self, exc: BaseException) -> None:
         self.lost = exc

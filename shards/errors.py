@@ -43,6 +43,11 @@ class RequestTimeoutError(StoreError):
     journal is slow or, replicated, has no quorum); it may still commit later."""
 
 
+class LeaderChangedError(StoreError):
+    """This process is no longer the writer (another took the writer lease): a
+    linearizable read here could miss what the new writer acknowledged."""
+
+
 class StateStoreError(StoreFailedError):
     """The in-memory state (RocksDB) failed a read or write: fail-stop, nothing more is served."""
 

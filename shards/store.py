@@ -246,6 +246,11 @@ class Store:
         logger.warning("took over as the writer rev=%d seconds=%.3f", rev, time.monotonic() - started)
         return rev
 
+    async def fence_journals(self) -> None:
+        """A writer that took its lapsed writer lease again: fence every journal again after
+        what it stored (JournalFenced, and fail-stop, if another process appended meanwhile)."""
+        await asyncio.gather(*(shard.journal.fence_again() for shard in self.shards))
+
     async def close(self) -> None:
         self.hub.close()
         if self._deadline_timer is not None:

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Awaitable
 
 import grpc
 
+from journal.errors import JournalUnreachable
+from journal.leadership import LeaseLost, WriterLease
 from proto import rpc_pb2 as pb
 from shards.alarms import AlarmStore
+from shards.errors import LeaderChangedError, RequestTimeoutError
 from shards.partition import PartitionGuard
 from shards.store import Store
 
@@ -18,6 +22,10 @@ from .quota import Quota
 from .wire import Headers
 
 logger = logging.getLogger(__name__)
+
+# sent by a follower with the Status call that is its read index: the writer answers it only
+# while it surely is the writer, as it answers a linearizable read (Member.unsure_writer)
+READ_INDEX_METADATA = ("shardetcd-read-index", "1")
 
 
 @dataclass
@@ -36,17 +44,38 @@ class Member:
         self.access = Access(self.store.auth, self.store.leases, cert_users=self.config.client_cert_auth)
         self.store.on_term = self.new_term  # a follower that sees a new writer reports its term
         self.standing_by = False  # --follow --standby: True until it takes over (set by the server)
+        self.lease: WriterLease | None = None  # the writer lease this process writes under (JetStream)
 
     def new_term(self, term: int) -> None:
         self.raft_term = term
         self.headers.set_term(term)
 
-    def took_over(self) -> None:
+    def took_over(self, lease: WriterLease) -> None:
         """This member became the writer (--follow --standby): the leader from now on, in
         the new term of the writer lease it holds."""
         self.link = None
         self.standing_by = False
+        self.lease = lease
         self.new_term(self.store.term)
+
+    def unsure_writer(self) -> Awaitable[None] | None:
+        """Before a linearizable answer from this process's own state: None while it surely
+        is the writer (or writes under no lease: a local journal), else what to await first
+        (journal/leadership.py: a writer cut off from NATS must not answer from a state a new
+        writer has moved past).  Raises LeaderChangedError once another process holds the
+        lease, RequestTimeoutError while NATS cannot confirm it (etcd's answers)."""
+        lease = self.lease
+        if lease is None or lease.sure():
+            return None
+        return self._confirm(lease)
+
+    async def _confirm(self, lease: WriterLease) -> None:
+        try:
+            await lease.confirm(self.store.config.request_timeout_s)
+        except LeaseLost:
+            raise LeaderChangedError() from None
+        except JournalUnreachable:
+            raise RequestTimeoutError() from None
 
     def leader_id(self) -> int:
         """etcd's leader: this member, or the writer a follower hands writes to."""

@@ -27,6 +27,7 @@ LEASE_TTL_TOO_LARGE = (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: too large leas
 NO_SPACE = (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded")
 STOPPED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped")
 TIMED_OUT = (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+LEADER_CHANGED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: leader changed")
 MEMBER_NOT_SUPPORTED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: not capable")
 MEMBER_NOT_FOUND = (grpc.StatusCode.NOT_FOUND, "etcdserver: member not found")
 MEMBER_BAD_URLS = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: given member URLs are invalid")
@@ -89,6 +90,7 @@ _STORE_ERRORS: dict[type, tuple[grpc.StatusCode, str]] = {
     se.LeaseTTLTooLargeError: LEASE_TTL_TOO_LARGE,
     se.StoreFailedError: STOPPED,
     se.RequestTimeoutError: TIMED_OUT,
+    se.LeaderChangedError: LEADER_CHANGED,
     se.StateStoreError: STOPPED,
     se.RootUserNotExistError: ROOT_USER_NOT_EXIST,
     se.RootRoleNotExistError: ROOT_ROLE_NOT_EXIST,

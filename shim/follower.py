@@ -39,6 +39,7 @@ from shards.errors import RequestTimeoutError
 from shards.tokens import SimpleTokens, looks_simple
 
 from . import wire
+from .context import READ_INDEX_METADATA
 from .access import token_of
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class WriterLink:
     async def _ask_index(self) -> int:
         try:
             # Status: its header carries the committed revision, and it needs no permission
-            raw = await self.unary("etcdserverpb.Maintenance", "Status", b"", ())
+            raw = await self.unary("etcdserverpb.Maintenance", "Status", b"", (READ_INDEX_METADATA,))
             rev = header_revision(raw)
             self.store.follow_stats.learned(rev)
             return rev

@@ -26,6 +26,8 @@ class KVService:
             validate.check_range(request)
             if self.auth.enabled:
                 self.access.range(self.access.caller(context), request)
+            if not request.serializable and (unsure := self.m.unsure_writer()) is not None:
+                await unsure
             r = await self.store.range_async(convert.range_req(request), current)
         except Exception as exc:
             await abort_with(context, exc)
@@ -74,6 +76,8 @@ class KVService:
                 self.access.txn(user, request)
             self.m.quota.check(checked.cost, capped=checked.cost > 0)
             r = await self.store.txn(checked.req)
+            if (unsure := self.m.unsure_writer()) is not None:  # it may have only read (a compare failed)
+                await unsure
         except Exception as exc:
             await abort_with(context, exc)
         return wire.txn_response(self.m.headers.framed(r.revision), r)

@@ -34,13 +34,19 @@ class LeaseService:
 
     async def LeaseKeepAlive(self, requests: AsyncIterator[pb.LeaseKeepAliveRequest], context: grpc.aio.ServicerContext):
         """Each request renews one lease; an unknown or expired lease answers TTL 0."""
-        renew, store, headers = self.store.lease_renew, self.store, self.m.headers
+        renew, store, headers, unsure_writer = self.store.lease_renew, self.store, self.m.headers, self.m.unsure_writer
         async for req in requests:
+            if (unsure := unsure_writer()) is not None:  # a deposed writer must not keep a lease alive
+                try:
+                    await unsure
+                except Exception as exc:
+                    await abort_with(context, exc)
             yield wire.keepalive_response(headers.framed(store.committed), req.ID, renew(req.ID))
 
     async def LeaseTimeToLive(
         self, request: pb.LeaseTimeToLiveRequest, context: grpc.aio.ServicerContext
     ) -> pb.LeaseTimeToLiveResponse:
+        await self._surely_the_writer(context)
         lease = self.store.leases.leases.get(request.ID)
         if lease is None:
             return pb.LeaseTimeToLiveResponse(header=self.m.header(), ID=request.ID, TTL=-1)
@@ -54,6 +60,15 @@ class LeaseService:
         )
 
     async def LeaseLeases(self, request: pb.LeaseLeasesRequest, context: grpc.aio.ServicerContext) -> pb.LeaseLeasesResponse:
+        await self._surely_the_writer(context)
         # as etcd: the lease that expires first first (its lessor sorts by remaining time)
         leases = sorted(self.store.leases.leases.values(), key=lambda lease: (lease.expiry, lease.id))
         return pb.LeaseLeasesResponse(header=self.m.header(), leases=[pb.LeaseStatus(ID=lease.id) for lease in leases])
+
+    async def _surely_the_writer(self, context: grpc.aio.ServicerContext) -> None:
+        """The writer's lessor is etcd's leader's: answer from it only while surely the writer."""
+        if (unsure := self.m.unsure_writer()) is not None:
+            try:
+                await unsure
+            except Exception as exc:
+                await abort_with(context, exc)

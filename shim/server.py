@@ -355,6 +355,11 @@ async def start(config: ServerConfig) -> Running:
     store.on_failure = lambda exc: failed.set()
     if lease is not None:
         lease.on_lost = store._fail
+        if link is None:  # writing: a lease taken again after a lapse is trusted once the journals are fenced again
+            try:
+                await lease.fence_with(store.fence_journals)
+            except JournalFailed:
+                pass  # lease.lost, below
         if lease.lost is not None:  # while recovering: another process writes now
             await store.close()
             await release_writer_lease(lease)
@@ -362,6 +367,7 @@ async def start(config: ServerConfig) -> Running:
     member = Member(store, config, guard)
     member.link = link
     member.standing_by = link is not None and lease is not None  # --follow --standby: until it takes over
+    member.lease = lease if link is None else None  # a writer's linearizable answers need it surely held
     server = grpc.aio.server(options=grpc_options(config))
     gate = None
     if link is not None:  # a follower: these go to the writer (registered first, so they win)
@@ -456,7 +462,8 @@ async def promote_when_free(running: Running, member: Member, config: ServerConf
     try:
         await take_over_as_writer(lease, store, running.following)
         link.active = False  # from here on every call is served here; calls in flight to the old writer find us
-        member.took_over()
+        await lease.fence_with(store.fence_journals)
+        member.took_over(lease)
         await announce_writer(lease, member, config)
         running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
     except asyncio.CancelledError:

@@ -7,7 +7,9 @@ Each recoverable fault must end the same way: no acknowledged write lost (also
 on a fresh data dir, from NATS alone), no record stored twice (read back from
 the streams: every message id and every WRITE revision once), writes either
 acknowledged or answered etcd's "request timed out", reads served during the
-fault, writes going on afterwards, and a log line naming the cause.
+fault (serializable ones all along; linearizable ones while the writer lease can be
+confirmed, else etcd's "request timed out"), writes going on afterwards, and a log line
+naming the cause.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from journal.jetstream import CUT_HEADER, FENCE_HEADER, retrying
 from journal.record import decode_frame
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shards.record import WRITE
-from tests.integration.test_jetstream import Writers, check_everything_acknowledged, everything
+from tests.integration.test_jetstream import TIMED_OUT, Writers, check_everything_acknowledged, everything
 from tests.nats_fixture import shardetcd_on as server_on, start_nats_cluster
 from tests.tcp_proxy import TcpProxy
 
@@ -131,11 +133,16 @@ def run_under_fault(nats, tmp_path: Path, begin, end, *, urls: str | None = None
                 wait_for("the fault to bite", begun, timeout=120, server=server)
             deadline = time.monotonic() + fault_s
             reads = 0
-            while time.monotonic() < deadline:  # reads are served all along
-                rows, rev = everything(ch)
+            while time.monotonic() < deadline:  # serializable reads are served all along
+                rows, rev = everything(ch, serializable=True)
                 assert rev >= before and (b"/registry/pods/before", b"v") in {(r[0], r[1]) for r in rows}
                 reads += 1
                 time.sleep(0.5)
+            try:  # a linearizable one only while the writer lease is sure (NATS must confirm it)
+                rows, rev = everything(ch)
+                assert rev >= before and (b"/registry/pods/before", b"v") in {(r[0], r[1]) for r in rows}
+            except grpc.RpcError as exc:
+                assert (exc.code(), exc.details()) == TIMED_OUT
             acks_in_fault = writers.acks
             end()
             wait_for("writes acknowledged again after the fault", lambda: writers.acks > acks_in_fault + 100,
@@ -183,6 +190,8 @@ def test_nats_connections_cut_and_restored(tmp_path):
         assert "nats disconnected; publishes wait for the reconnect" in log
         assert "nats reconnected" in log
         assert "journal publish acknowledged after retrying" in log
+        # the cut outlasted the writer lease: taken again, and trusted after fencing the journals again
+        assert "writer lease taken again after it lapsed" in log
     finally:
         for p in proxies:
             p.close()
@@ -218,7 +227,7 @@ FILLER = "filler"
 def test_jetstream_storage_full_then_freed(tmp_path):
     """The NATS servers' JetStream store (max_file_store) filled by another stream while
     shardetcd writes: its publishes are refused, logged as storage full, retried under the
-    same message id; writes time out, reads go on; the filler deleted, the queued writes
+    same message id; writes time out, serializable reads go on; the filler deleted, the queued writes
     land once."""
     nats = start_nats_cluster(tmp_path / "nats", size=3, max_store_bytes=24 * 1024 * 1024)
     filled = []

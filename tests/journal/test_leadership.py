@@ -1,0 +1,184 @@
+"""The writer lease's read guard (journal/leadership.py), on a fake KV bucket and a fake clock:
+when the lease is sure, how a read confirms it, and what a lapse costs before it is trusted."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+from journal import leadership
+from journal.errors import JournalFenced, JournalUnreachable
+from journal.leadership import SURE_FOR, LeaseLost, WriterLease
+
+TTL = 3.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Entry:
+    def __init__(self, value: bytes, revision: int) -> None:
+        self.value, self.revision = value, revision
+
+
+class KV:
+    """A bucket with one key: ``holder`` (None: gone, lapsed), at ``revision``."""
+
+    def __init__(self, clock: Clock, holder: str | None = "me") -> None:
+        self.clock, self.holder, self.revision = clock, holder, 1
+        self.updates = 0
+        self.unreachable = False
+        self.delay = 0.0  # seconds of the fake clock an update takes
+
+    async def update(self, key, value, last):
+        self.updates += 1
+        if self.unreachable:
+            raise asyncio.TimeoutError()
+        await asyncio.sleep(0)
+        self.clock.now += self.delay
+        if self.holder != value.decode() or last != self.revision:
+            raise KeyWrongLastSequenceError()
+        self.revision += 1
+        return self.revision
+
+    async def get(self, key):
+        if self.holder is None:
+            raise KeyNotFoundError()
+        return Entry(self.holder.encode(), self.revision)
+
+    async def create(self, key, value):
+        if self.holder is not None:
+            raise KeyWrongLastSequenceError()
+        self.holder, self.revision = value.decode(), self.revision + 1
+        return self.revision
+
+
+class Log:
+    writer_id = "me"
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(leadership, "_clock", c)
+    return c
+
+
+def lease_on(kv: KV) -> WriterLease:
+    lease = WriterLease(Log(), ttl_s=TTL)
+    lease.kv = kv
+    lease.revision = kv.revision
+    return lease
+
+
+def test_a_lease_is_sure_for_two_thirds_of_the_ttl_from_when_its_renewal_was_sent(clock):
+    kv = KV(clock)
+    kv.delay = 0.5  # the answer comes late: the time counts from the sending
+    lease = lease_on(kv)
+    assert not lease.sure()  # never renewed: nothing is known
+    sent = clock.now
+    asyncio.run(lease.confirm(timeout_s=7))
+    assert kv.updates == 1
+    clock.now = sent + TTL * SURE_FOR - 0.01
+    assert lease.sure()
+    clock.now = sent + TTL * SURE_FOR
+    assert not lease.sure()
+
+
+def test_reads_that_find_the_lease_unsure_share_one_renewal(clock):
+    kv = KV(clock)
+    lease = lease_on(kv)
+
+    async def reads():
+        await asyncio.gather(*(lease.confirm(timeout_s=7) for _ in range(20)))
+
+    asyncio.run(reads())
+    assert kv.updates == 1 and lease.sure()
+
+
+def test_a_lease_another_process_holds_is_lost_and_reads_are_refused(clock):
+    kv = KV(clock, holder="standby")
+    lease = lease_on(kv)
+    lost = []
+    lease.on_lost = lost.append
+    with pytest.raises(LeaseLost):
+        asyncio.run(lease.confirm(timeout_s=7))
+    assert lost and "standby" in str(lost[0])
+    with pytest.raises(LeaseLost):  # and from then on, at once
+        asyncio.run(lease.confirm(timeout_s=7))
+    assert kv.updates == 1
+
+
+def test_a_lease_nats_cannot_confirm_times_out(clock):
+    kv = KV(clock)
+    kv.unreachable = True
+    lease = lease_on(kv)
+
+    async def read():
+        async def tick():  # the fake clock moves while confirm retries
+            while True:
+                await asyncio.sleep(0.01)
+                clock.now += 0.5
+
+        ticking = asyncio.ensure_future(tick())
+        try:
+            await lease.confirm(timeout_s=7)
+        finally:
+            ticking.cancel()
+
+    with pytest.raises(JournalUnreachable):
+        asyncio.run(read())
+    assert kv.updates > 1 and not lease.sure()
+
+
+def test_a_lapsed_lease_taken_again_is_sure_only_once_the_journals_are_fenced_again(clock):
+    kv = KV(clock, holder=None)  # lapsed while NATS could not be reached; nobody took it
+    lease = lease_on(kv)
+    fenced = []
+
+    async def refence():
+        assert not lease.sure(), "trusted before the fence"
+        fenced.append(clock.now)
+
+    lease.refence = refence
+    asyncio.run(lease.confirm(timeout_s=7))
+    assert fenced and lease.sure() and kv.holder == "me"
+
+
+def test_a_lapsed_lease_taken_again_after_another_process_wrote_is_lost(clock):
+    kv = KV(clock, holder=None)
+    lease = lease_on(kv)
+
+    async def refence():
+        raise JournalFenced("journal x: another writer appended to the stream")
+
+    lease.refence = refence
+    with pytest.raises(LeaseLost, match="while it had lapsed"):
+        asyncio.run(lease.confirm(timeout_s=7))
+    assert not lease.sure() and lease.lost is not None
+
+
+def test_a_lapse_before_the_journals_are_written_is_fenced_once_they_are(clock):
+    kv = KV(clock, holder=None)  # lapsed during recovery: no refence given yet
+    lease = lease_on(kv)
+
+    async def go():
+        await lease.renew_now()
+        assert not lease.sure()
+        await lease.renew_now()  # renewing again does not make it sure: the fence is owed
+        assert not lease.sure()
+        fenced = []
+
+        async def refence():
+            fenced.append(True)
+
+        await lease.fence_with(refence)
+        assert fenced and lease.sure()
+
+    asyncio.run(go())
