@@ -1,9 +1,10 @@
 """What every service shares: the store, the config, this member's identity."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Awaitable
+from typing import Awaitable, Callable
 
 import grpc
 
@@ -26,6 +27,9 @@ logger = logging.getLogger(__name__)
 # sent by a follower with the Status call that is its read index: the writer answers it only
 # while it surely is the writer, as it answers a linearizable read (Member.unsure_writer)
 READ_INDEX_METADATA = ("shardetcd-read-index", "1")
+# clientv3's WithRequireLeader (kube-apiserver's watches): end the stream if the member has no leader
+REQUIRE_LEADER_METADATA = ("hasleader", "true")
+NO_LEADER_CHECKS = 3  # etcd's maxNoLeaderCnt: checks in a row without a leader before such streams end
 
 
 @dataclass
@@ -45,6 +49,8 @@ class Member:
         self.store.on_term = self.new_term  # a follower that sees a new writer reports its term
         self.standing_by = False  # --follow --standby: True until it takes over (set by the server)
         self.lease: WriterLease | None = None  # the writer lease this process writes under (JetStream)
+        self.leader_streams: set[Callable[[], None]] = set()  # ends each open stream that requires a leader
+        self.leaderless = False  # the lease has not been sure for NO_LEADER_CHECKS checks in a row
 
     def new_term(self, term: int) -> None:
         self.raft_term = term
@@ -68,6 +74,30 @@ class Member:
         if lease is None or lease.sure():
             return None
         return self._confirm(lease)
+
+    def requires_leader(self, context: grpc.aio.ServicerContext) -> bool:
+        """A stream opened with WithRequireLeader on a writer under a lease (only such a process
+        can lose its leadership while it runs)."""
+        return self.lease is not None and REQUIRE_LEADER_METADATA in (context.invocation_metadata() or ())
+
+    async def end_streams_without_a_leader(self, interval_s: float) -> None:
+        """etcd's monitorLeader: when this writer's lease has not been sure for NO_LEADER_CHECKS
+        checks in a row (it cannot reach NATS, or lost the lease), streams that require a leader
+        end with "etcdserver: no leader", so that their clients open them elsewhere."""
+        unsure = 0
+        while True:
+            await asyncio.sleep(interval_s)
+            lease = self.lease
+            if lease is None or lease.sure():
+                unsure, self.leaderless = 0, False
+                continue
+            unsure += 1
+            self.leaderless = unsure >= NO_LEADER_CHECKS
+            if self.leaderless and self.leader_streams:
+                ended, self.leader_streams = self.leader_streams, set()
+                logger.warning("writer lease not sure, ending streams that require a leader streams=%d", len(ended))
+                for end in ended:
+                    end()
 
     async def _confirm(self, lease: WriterLease) -> None:
         try:

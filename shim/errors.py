@@ -28,6 +28,7 @@ NO_SPACE = (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database spac
 STOPPED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped")
 TIMED_OUT = (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
 LEADER_CHANGED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: leader changed")
+NO_LEADER = (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader")
 MEMBER_NOT_SUPPORTED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: not capable")
 MEMBER_NOT_FOUND = (grpc.StatusCode.NOT_FOUND, "etcdserver: member not found")
 MEMBER_BAD_URLS = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: given member URLs are invalid")

@@ -69,6 +69,7 @@ class Running:
     following: asyncio.Task | None = None
     registry: Registry | None = None  # with a replicated journal: who serves it
     promotion: asyncio.Task | None = None  # --follow --standby: takes over when the writer lease is free
+    leaderless: asyncio.Task | None = None  # ends streams that require a leader when the lease is not sure
 
 
 def parse_listen_url(url: str) -> tuple[str, bool]:
@@ -426,6 +427,8 @@ async def start(config: ServerConfig) -> Running:
     progress = loop.create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
     running = Running(server, store, ports, failed, progress, lease=lease, link=link, following=following,
                       registry=registry)
+    if lease is not None:  # a writer under a lease, now or after a takeover, can lose its leadership
+        running.leaderless = loop.create_task(member.end_streams_without_a_leader(lease.ttl_s / 3))
     if link is None:  # a follower's journals are written by the writer, compactions included
         running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
     elif lease is not None:
@@ -483,7 +486,7 @@ async def _progress_ticks(store: Store, interval_s: float) -> None:
 async def stop(running: Running, grace_s: float = 1.0) -> None:
     for http in running.http:
         http.close()
-    for task in (running.progress, running.autocompact, running.promotion):
+    for task in (running.progress, running.autocompact, running.promotion, running.leaderless):
         if task is not None:
             task.cancel()
     if running.promotion is not None:

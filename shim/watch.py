@@ -12,7 +12,7 @@ from shards.watch import Message, WatchSpec, WatchStream
 
 from . import wire
 from .context import Member
-from .errors import WATCH_PERMISSION_DENIED
+from .errors import NO_LEADER, WATCH_PERMISSION_DENIED
 
 logger = logging.getLogger(__name__)
 
@@ -36,13 +36,32 @@ class WatchService:
         self.hub = member.store.hub
 
     async def Watch(self, requests: AsyncIterator[pb.WatchRequest], context: grpc.aio.ServicerContext):
+        require_leader = self.m.requires_leader(context)
+        if require_leader and self.m.leaderless:  # as etcd: refused at once without a leader
+            await context.abort(*NO_LEADER)
+        if require_leader and (unsure := self.m.unsure_writer()) is not None:
+            try:
+                await unsure
+            except Exception:  # noqa: BLE001 - not confirmed, or another process writes now
+                await context.abort(*NO_LEADER)
         stream = self.hub.open_stream()
+        leaderless = []  # set when the stream was ended for want of a leader
+
+        def end_without_leader() -> None:
+            leaderless.append(True)
+            stream.close()
+
+        if require_leader:
+            self.m.leader_streams.add(end_without_leader)
         reader = asyncio.ensure_future(self.apply_requests(requests, stream, context))
         try:
             while (msg := await stream.get()) is not None:
                 for response in self.encode(msg):
                     yield response
+            if leaderless:
+                await context.abort(*NO_LEADER)
         finally:
+            self.m.leader_streams.discard(end_without_leader)
             reader.cancel()
             stream.close()
 

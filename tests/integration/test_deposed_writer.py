@@ -26,10 +26,13 @@ from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shim.context import READ_INDEX_METADATA
 from tests.nats_fixture import shardetcd_on as server_on, start_nats_cluster, wait_standing_by
 from tests.tcp_proxy import TcpProxy
+from tests.watch_client import WatchClient
 
 KEY = b"/registry/configmaps/default/owner"
 TIMED_OUT = (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
 LEADER_CHANGED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: leader changed")
+NO_LEADER = (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader")
+REQUIRE_LEADER = ("hasleader", "true")  # clientv3.WithRequireLeader's metadata
 TTL_S = 3.0  # --journal-lease-ttl's default
 
 
@@ -52,7 +55,8 @@ def test_a_writer_cut_off_from_nats_answers_no_stale_linearizable_read(tmp_path)
     standby takes over and acknowledges a newer value. On the cut-off writer a serializable
     read may show the old value (as on an etcd member cut off from its quorum), but a
     linearizable Range, a read-only Txn, a lease keep-alive and a read index answer etcd's
-    "request timed out". The new writer dies as well and its lease lapses; once NATS is
+    "request timed out", and a watch that requires a leader (kube-apiserver's) ends with "no
+    leader". The new writer dies as well and its lease lapses; once NATS is
     reachable again, the old writer finds the lease free and takes it, but fencing the
     journals again shows another process wrote meanwhile: it stops (exit 1) without having
     answered a stale read."""
@@ -67,6 +71,10 @@ def test_a_writer_cut_off_from_nats_answers_no_stale_linearizable_read(tmp_path)
             kv, leases = pbg.KVStub(ch), pbg.LeaseStub(ch)
             kv.Put(pb.PutRequest(key=KEY, value=b"old"), timeout=10)
             lease_id = leases.LeaseGrant(pb.LeaseGrantRequest(TTL=60), timeout=10).ID
+            led, free = WatchClient(ch, metadata=(REQUIRE_LEADER,)), WatchClient(ch)  # kube-apiserver's: led
+            for w in (led, free):
+                w.create(KEY)
+                w.wait_for(lambda rs: any(r.created for r in rs))
             for p in proxies:
                 p.cut()
             standby.wait_ready(timeout=60)
@@ -86,6 +94,15 @@ def test_a_writer_cut_off_from_nats_answers_no_stale_linearizable_read(tmp_path)
             assert maintenance.Status(pb.StatusRequest(), timeout=10).raftIndex < new_rev
             assert refused(lambda: maintenance.Status(pb.StatusRequest(), timeout=30,
                                                       metadata=(READ_INDEX_METADATA,))) == TIMED_OUT
+            # etcd ends a stream opened WithRequireLeader once its member has had no leader for a
+            # while, and refuses new ones, so that kube-apiserver watches elsewhere; others stay open
+            wait_until("the require-leader watch to end", lambda: led.error is not None, timeout=30)
+            assert (led.error.code(), led.error.details()) == NO_LEADER
+            assert free.error is None and free._thread.is_alive()
+            again = WatchClient(ch, metadata=(REQUIRE_LEADER,))
+            wait_until("a new require-leader watch to be refused", lambda: again.error is not None, timeout=10)
+            assert (again.error.code(), again.error.details()) == NO_LEADER
+            free.close()
             # the new writer dies too, and its lease lapses: when NATS is reachable again the old
             # writer finds the lease free and takes it again, but must not trust it, since another
             # process wrote meanwhile: fencing the journals again after its own last message fails
