@@ -106,6 +106,9 @@ class Store:
         self.follower = None  # set while this store follows another writer's journals
         self.writer_epoch = 0  # following: the newest writer epoch seen in the journals
         self.on_term: Callable[[int], None] | None = None  # told the new term when a follower sees a new writer
+        # before answering a write that only read: None, or what to await first (a writer under a lease
+        # that is not sure must confirm it; shim.context.Member.unsure_writer)
+        self.read_guard: Callable[[], Awaitable[None] | None] | None = None
         self.follow_stats = FollowStats()
         self.watermark: WatermarkWriter | None = None  # a local journal's durable position, for local followers
         self.lease_renewals = 0  # keep-alive requests handled (etcd_debugging_lease_renewed_total)
@@ -439,6 +442,8 @@ class Store:
         if cancelled:
             raise asyncio.CancelledError
         await self.wait_committed(rev)
+        if not w.sub and self.read_guard is not None and (unsure := self.read_guard()) is not None:
+            await unsure  # it only read (a compare failed, nothing to delete): a linearizable read
         return result
 
     async def compact(self, rev: int, physical: bool = False) -> int:

@@ -47,6 +47,7 @@ class Member:
         self.auth = self.store.auth  # auth.enabled is the one thing a request checks while auth is off
         self.access = Access(self.store.auth, self.store.leases, cert_users=self.config.client_cert_auth)
         self.store.on_term = self.new_term  # a follower that sees a new writer reports its term
+        self.store.read_guard = self.unsure_writer  # a Txn or DeleteRange that only read is a linearizable read
         self.standing_by = False  # --follow --standby: True until it takes over (set by the server)
         self.lease: WriterLease | None = None  # the writer lease this process writes under (JetStream)
         self.leader_streams: set[Callable[[], None]] = set()  # ends each open stream that requires a leader

@@ -76,8 +76,6 @@ class KVService:
                 self.access.txn(user, request)
             self.m.quota.check(checked.cost, capped=checked.cost > 0)
             r = await self.store.txn(checked.req)
-            if (unsure := self.m.unsure_writer()) is not None:  # it may have only read (a compare failed)
-                await unsure
         except Exception as exc:
             await abort_with(context, exc)
         return wire.txn_response(self.m.headers.framed(r.revision), r)
