@@ -34,6 +34,7 @@ process may have held it meanwhile.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Awaitable, Callable
@@ -43,7 +44,9 @@ from journal.errors import JournalFailed, JournalUnreachable
 logger = logging.getLogger(__name__)
 
 KEY = "writer"  # the key of a server that is not a partition
-_clock = time.monotonic  # (tests replace it with a fake clock)
+# the lease's clock: one that also counts time the host spent suspended (CLOCK_MONOTONIC does not),
+# so a writer suspended past its TTL does not think its lease is still sure (tests replace it)
+_clock = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
 SURE_FOR = 2 / 3  # of the TTL: how long after a renewal was sent the lease is surely still ours
 
 
