@@ -51,7 +51,10 @@ class Member:
         self.standing_by = False  # --follow --standby: True until it takes over (set by the server)
         self.lease: WriterLease | None = None  # the writer lease this process writes under (JetStream)
         self.leader_streams: set[Callable[[], None]] = set()  # ends each open stream that requires a leader
-        self.leaderless = False  # the lease has not been sure for NO_LEADER_CHECKS checks in a row
+        self.leaderless = False  # the leader probe failed NO_LEADER_CHECKS times in a row
+        # whether this member knows a leader (set by the server with a replicated journal): a writer,
+        # while its lease is sure; a follower, while NATS says a writer holds the lease
+        self.leader_probe: Callable[[], Awaitable[bool]] | None = None
 
     def new_term(self, term: int) -> None:
         self.raft_term = term
@@ -63,7 +66,12 @@ class Member:
         self.link = None
         self.standing_by = False
         self.lease = lease
+        self.leader_probe = self.lease_sure
         self.new_term(self.store.term)
+
+    async def lease_sure(self) -> bool:
+        """The writer's leader probe: it is its own leader while its lease is sure."""
+        return self.lease is not None and self.lease.sure()
 
     def unsure_writer(self) -> Awaitable[None] | None:
         """Before a linearizable answer from this process's own state: None while it surely
@@ -77,26 +85,30 @@ class Member:
         return self._confirm(lease)
 
     def requires_leader(self, context: grpc.aio.ServicerContext) -> bool:
-        """A stream opened with WithRequireLeader on a writer under a lease (only such a process
-        can lose its leadership while it runs)."""
-        return self.lease is not None and REQUIRE_LEADER_METADATA in (context.invocation_metadata() or ())
+        """A stream opened with WithRequireLeader on a member that can lose its leader while it
+        runs (one with a replicated journal)."""
+        return self.leader_probe is not None and REQUIRE_LEADER_METADATA in (context.invocation_metadata() or ())
 
     async def end_streams_without_a_leader(self, interval_s: float) -> None:
-        """etcd's monitorLeader: when this writer's lease has not been sure for NO_LEADER_CHECKS
-        checks in a row (it cannot reach NATS, or lost the lease), streams that require a leader
-        end with "etcdserver: no leader", so that their clients open them elsewhere."""
+        """etcd's monitorLeader: when the leader probe fails NO_LEADER_CHECKS times in a row (a
+        writer whose lease is not sure: it cannot reach NATS, or lost the lease; a follower that
+        cannot read from NATS that a writer holds it), streams that require a leader end with
+        "etcdserver: no leader", so that their clients open them elsewhere."""
         unsure = 0
         while True:
             await asyncio.sleep(interval_s)
-            lease = self.lease
-            if lease is None or lease.sure():
+            if self.leader_probe is None or await self.leader_probe():
+                if self.leaderless:
+                    logger.warning("leader known again")
                 unsure, self.leaderless = 0, False
                 continue
             unsure += 1
+            if unsure >= NO_LEADER_CHECKS and not self.leaderless:
+                logger.warning("no leader known, ending streams that require one streams=%d checks=%d",
+                               len(self.leader_streams), unsure)
             self.leaderless = unsure >= NO_LEADER_CHECKS
             if self.leaderless and self.leader_streams:
                 ended, self.leader_streams = self.leader_streams, set()
-                logger.warning("writer lease not sure, ending streams that require a leader streams=%d", len(ended))
                 for end in ended:
                     end()
 

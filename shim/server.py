@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -369,6 +370,11 @@ async def start(config: ServerConfig) -> Running:
     member.link = link
     member.standing_by = link is not None and lease is not None  # --follow --standby: until it takes over
     member.lease = lease if link is None else None  # a writer's linearizable answers need it surely held
+    if member.lease is not None:
+        member.leader_probe = member.lease_sure
+    elif link is not None and isinstance(link.log, JetStreamLog):  # a follower knows a leader while NATS names one
+        holder = lease or WriterLease(link.log, key=config.partition or "writer")
+        member.leader_probe = functools.partial(holder.held, config.journal_lease_ttl_s / 3)
     server = grpc.aio.server(options=grpc_options(config))
     gate = None
     if link is not None:  # a follower: these go to the writer (registered first, so they win)
@@ -427,8 +433,8 @@ async def start(config: ServerConfig) -> Running:
     progress = loop.create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
     running = Running(server, store, ports, failed, progress, lease=lease, link=link, following=following,
                       registry=registry)
-    if lease is not None:  # a writer under a lease, now or after a takeover, can lose its leadership
-        running.leaderless = loop.create_task(member.end_streams_without_a_leader(lease.ttl_s / 3))
+    if member.leader_probe is not None:  # a replicated journal's writer or follower can lose its leader
+        running.leaderless = loop.create_task(member.end_streams_without_a_leader(config.journal_lease_ttl_s / 3))
     if link is None:  # a follower's journals are written by the writer, compactions included
         running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
     elif lease is not None:

@@ -173,3 +173,54 @@ def test_a_writer_paused_past_its_lease_answers_no_stale_read_when_it_resumes(na
         pool.shutdown(wait=False, cancel_futures=True)
         writer.kill()
         standby.kill()
+
+
+def test_a_follower_cut_off_from_nats_ends_the_watches_that_require_a_leader(tmp_path):
+    """A follower reaches NATS through proxies that are cut: it can no longer learn what the
+    writer commits, so, as an etcd member that lost its leader, it ends the watches opened
+    WithRequireLeader with "no leader" and refuses new ones, while other watches stay open.
+    Once NATS is reachable again it accepts them, and they see new writes."""
+    nats = start_nats_cluster(tmp_path / "nats", size=3, extra=("--no_advertise",))
+    proxies = [TcpProxy(s.client_port).start() for s in nats.servers]
+    writer = server_on(nats, tmp_path / "w").start()
+    follower = server_on(SimpleNamespace(urls=",".join(f"nats://127.0.0.1:{p.port}" for p in proxies)),
+                         tmp_path / "f", "--follow").start()
+    try:
+        with grpc.insecure_channel(follower.endpoint) as ch:
+            led, free = WatchClient(ch, metadata=(REQUIRE_LEADER,)), WatchClient(ch)
+            for w in (led, free):
+                w.create(KEY)
+                w.wait_for(lambda rs: any(r.created for r in rs))
+            for p in proxies:
+                p.cut()
+            wait_until("the require-leader watch to end", lambda: led.error is not None, timeout=30)
+            assert (led.error.code(), led.error.details()) == NO_LEADER
+            refused_watch = WatchClient(ch, metadata=(REQUIRE_LEADER,))
+            wait_until("a new require-leader watch to be refused", lambda: refused_watch.error is not None, timeout=10)
+            assert (refused_watch.error.code(), refused_watch.error.details()) == NO_LEADER
+            assert free.error is None and free._thread.is_alive()
+            for p in proxies:
+                p.restore()
+            deadline = time.monotonic() + 30
+            while True:  # until the follower knows a leader again
+                again = WatchClient(ch, metadata=(REQUIRE_LEADER,))
+                again.create(KEY)
+                try:
+                    again.wait_for(lambda rs: any(r.created for r in rs), timeout=2)
+                    break
+                except AssertionError:
+                    assert again.error is not None and (again.error.code(), again.error.details()) == NO_LEADER
+                    assert time.monotonic() < deadline, "the follower did not accept a require-leader watch again"
+                    time.sleep(0.5)
+            with grpc.insecure_channel(writer.endpoint) as wch:
+                rev = pbg.KVStub(wch).Put(pb.PutRequest(key=KEY, value=b"after"), timeout=10).header.revision
+            for w in (again, free):
+                w.wait_for(lambda rs: any(e.kv.mod_revision == rev for r in rs for e in r.events), timeout=30)
+            again.close()
+            free.close()
+    finally:
+        follower.kill()
+        writer.kill()
+        for p in proxies:
+            p.close()
+        nats.stop()
