@@ -181,10 +181,14 @@ class WriterLease:
                 raise JournalUnreachable(f"writer lease {self.key} not confirmed within {timeout_s:.1f} s")
             try:
                 await asyncio.wait_for(asyncio.shield(self.renew_now()), left)
+                if self.sure():
+                    return
             except (LeaseLost, asyncio.CancelledError):
                 raise
             except Exception:  # noqa: BLE001 - NATS not answering (yet): try again until the deadline
-                await asyncio.sleep(min(0.1, max(deadline - _clock(), 0)))
+                pass
+            # not sure yet (a renewal found its own earlier one stored, or NATS did not answer)
+            await asyncio.sleep(min(0.1, max(deadline - _clock(), 0)))
 
     def renew_now(self) -> asyncio.Future:
         """One renewal, shared by everyone who asks while it is in flight."""

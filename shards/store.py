@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from journal import JournalConfig, failpoints
-from journal.errors import JournalGap
+from journal.errors import JournalFailed, JournalGap
 from journal.jetstream import JetStreamConfig
 from journal.journal import LocalLog
 from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter
@@ -700,7 +700,10 @@ class Store:
         await self._meta_durable(tag)
 
     async def _meta_durable(self, tag: int) -> None:
-        await self.lease_shard.journal.sync()
+        try:
+            await self.lease_shard.journal.sync()
+        except JournalFailed as exc:  # fail-stop: answered as every write is then ("server stopped")
+            raise StoreFailedError(str(exc)) from exc
         await self.wait_committed(tag)
 
     def lease_renew(self, lease_id: int) -> int:

@@ -293,6 +293,34 @@ def test_a_write_naming_a_lease_waits_for_the_grant_to_be_durable(tmp_path, run)
     run(go())
 
 
+def test_a_lease_grant_whose_journal_fails_is_answered_as_a_stopped_store(tmp_path, run):
+    """A lease grant waits for its record to be durable; when the journal fails instead (fail-stop),
+    the grant fails as every write then does (StoreFailedError: etcd's "server stopped"), not with
+    the journal's own exception, which the gRPC layer would not know how to answer."""
+    from journal.errors import JournalFailed
+
+    from shards.errors import StoreFailedError
+
+    async def go():
+        store = await open_store(tmp_path)
+        gate = block_writer(store.lease_shard)
+
+        def failing(batch):
+            gate.wait(10)
+            raise OSError(5, "Input/output error")
+
+        store.lease_shard.journal._writer.write_batch = failing
+        grant = asyncio.ensure_future(store.lease_grant(78, 60))
+        await asyncio.sleep(0.05)
+        gate.set()
+        with pytest.raises(StoreFailedError) as failed:
+            await grant
+        assert isinstance(failed.value.__cause__, JournalFailed)
+        await store.close()
+
+    run(go())
+
+
 def test_default_state_dir_is_removed_on_close(tmp_path, run):
     """State in the default place (a dir under /dev/shm named after the data
     dir) is memory: closing the store leaves nothing of it behind."""
