@@ -19,6 +19,7 @@ from shards.store import Store
 from .access import Access
 from .config import ServerConfig
 from .errors import status_of
+from .handlers import REQUIRE_LEADER_METADATA, Leader
 from .quota import Quota
 from .wire import Headers
 
@@ -27,8 +28,6 @@ logger = logging.getLogger(__name__)
 # sent by a follower with the Status call that is its read index: the writer answers it only
 # while it surely is the writer, as it answers a linearizable read (Member.unsure_writer)
 READ_INDEX_METADATA = ("shardetcd-read-index", "1")
-# clientv3's WithRequireLeader (kube-apiserver's watches): end the stream if the member has no leader
-REQUIRE_LEADER_METADATA = ("hasleader", "true")
 NO_LEADER_CHECKS = 3  # etcd's maxNoLeaderCnt: checks in a row without a leader before such streams end
 
 
@@ -101,12 +100,13 @@ class Member:
                 if self.leaderless:
                     logger.warning("leader known again")
                 unsure, self.leaderless = 0, False
+                Leader.missing = False
                 continue
             unsure += 1
             if unsure >= NO_LEADER_CHECKS and not self.leaderless:
                 logger.warning("no leader known, ending streams that require one streams=%d checks=%d",
                                len(self.leader_streams), unsure)
-            self.leaderless = unsure >= NO_LEADER_CHECKS
+            self.leaderless = Leader.missing = unsure >= NO_LEADER_CHECKS
             if self.leaderless and self.leader_streams:
                 ended, self.leader_streams = self.leader_streams, set()
                 for end in ended:

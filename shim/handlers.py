@@ -19,6 +19,8 @@ from google.protobuf.message import DecodeError
 
 from proto import rpc_pb2
 
+from .errors import NO_LEADER
+
 logger = logging.getLogger(__name__)
 
 
@@ -29,6 +31,20 @@ class Traffic:
     received = 0
     sent = 0
     calls = 0
+
+
+class Leader:
+    """Whether this member has gone without a leader (shim.context.Member's monitor sets it): then
+    a call carrying clientv3's WithRequireLeader metadata is refused, as etcd's interceptors do."""
+
+    missing = False
+
+
+REQUIRE_LEADER_METADATA = ("hasleader", "true")
+
+
+def _requires_a_leader(context: grpc.aio.ServicerContext) -> bool:
+    return REQUIRE_LEADER_METADATA in (context.invocation_metadata() or ())
 
 
 def alone() -> bool:
@@ -135,6 +151,8 @@ def _unary(fn, gate, stats: RpcStats):
     async def handle(request, context):
         if type(request) is Malformed:  # grpc-go refuses it before its metrics see the call
             await _reject(context, request)
+        if Leader.missing and _requires_a_leader(context):
+            await context.abort(*NO_LEADER)
         stats.started += 1
         stats.received += 1
         Traffic.calls += 1
@@ -168,6 +186,8 @@ async def _checked(requests, context, stats: RpcStats):
 def _streaming(fn, gate, stats: RpcStats, client_streams: bool):
     """A server-streaming or bidi handler, counted: started, received, sent, and handled with its status."""
     async def handle(request, context):
+        if Leader.missing and _requires_a_leader(context):
+            await context.abort(*NO_LEADER)
         stats.started += 1
         try:
             if client_streams:

@@ -36,9 +36,7 @@ class WatchService:
         self.hub = member.store.hub
 
     async def Watch(self, requests: AsyncIterator[pb.WatchRequest], context: grpc.aio.ServicerContext):
-        require_leader = self.m.requires_leader(context)
-        if require_leader and self.m.leaderless:  # as etcd: refused at once without a leader
-            await context.abort(*NO_LEADER)
+        require_leader = self.m.requires_leader(context)  # refused at once while leaderless (shim/handlers.py)
         if require_leader and (unsure := self.m.unsure_writer()) is not None:
             try:
                 await unsure

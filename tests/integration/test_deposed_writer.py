@@ -103,6 +103,12 @@ def test_a_writer_cut_off_from_nats_answers_no_stale_linearizable_read(tmp_path)
             wait_until("a new require-leader watch to be refused", lambda: again.error is not None, timeout=10)
             assert (again.error.code(), again.error.details()) == NO_LEADER
             free.close()
+            # as etcd's interceptor: any call that requires a leader is refused at once meanwhile (a
+            # deadline shorter than the 7 s a lease confirmation may take: not after waiting for one)
+            assert refused(lambda: kv.Range(pb.RangeRequest(key=KEY, serializable=True), timeout=5,
+                                            metadata=(REQUIRE_LEADER,))) == NO_LEADER
+            assert refused(lambda: maintenance.Status(pb.StatusRequest(), timeout=5,
+                                                      metadata=(REQUIRE_LEADER,))) == NO_LEADER
             # the new writer dies too, and its lease lapses: when NATS is reachable again the old
             # writer finds the lease free and takes it again, but must not trust it, since another
             # process wrote meanwhile: fencing the journals again after its own last message fails
