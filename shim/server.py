@@ -374,7 +374,7 @@ async def start(config: ServerConfig) -> Running:
         member.leader_probe = member.lease_sure
     elif link is not None and isinstance(link.log, JetStreamLog):  # a follower knows a leader while NATS names one
         holder = lease or WriterLease(link.log, key=config.partition or "writer")
-        member.leader_probe = functools.partial(holder.held, config.journal_lease_ttl_s / 3)
+        member.leader_probe = functools.partial(holder.held, config.journal_lease_ttl_s)  # a slow answer is an answer
     server = grpc.aio.server(options=grpc_options(config))
     gate = None
     if link is not None:  # a follower: these go to the writer (registered first, so they win)
