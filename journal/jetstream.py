@@ -142,15 +142,22 @@ class JetStreamLog:
         from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
         kv = await self._meta()
-        try:
-            await retrying(f"create {key}", lambda: kv.create(key, proposal.encode()))
-            return proposal
-        except KeyWrongLastSequenceError:
-            pass
-        try:
-            return (await retrying(f"get {key}", lambda: kv.get(key))).value.decode()
-        except KeyNotFoundError:  # deleted by hand meanwhile: ask again
-            return await self.agree(key, proposal)
+        for _ in range(100):
+            try:
+                await retrying(f"create {key}", lambda: kv.create(key, proposal.encode()))
+                return proposal
+            except KeyWrongLastSequenceError:  # another process set it first: read what it set
+                try:
+                    return (await retrying(f"get {key}", lambda: kv.get(key))).value.decode()
+                except KeyNotFoundError:
+                    pass
+            except KeyNotFoundError:
+                pass
+            # "not found" although the slot is taken: nats-py's create re-reads a key it found set,
+            # and a replica that has not stored another process's create yet (two processes
+            # starting at once) answers "not found"; or the key was deleted by hand. Ask again.
+            await asyncio.sleep(0.05)
+        raise JournalUnreachable(f"meta key {key}: NATS keeps answering that it is both set and not found")
 
     async def put_meta(self, key: str, value: str) -> None:
         """Set ``key`` in ``<prefix>-meta`` (e.g. where the writer serves clients)."""

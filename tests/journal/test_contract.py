@@ -341,3 +341,45 @@ def test_a_lease_entry_that_expires_during_create_is_not_an_error():
         return [await lease.try_acquire() for _ in range(3)]
 
     assert asyncio.run(attempts()) == [False, False, True] and lease.revision == 42
+
+
+def test_agreeing_on_a_meta_key_another_process_is_creating_is_not_an_error():
+    """Two processes started at once (a partition and its follower under `shardetcd cluster`)
+    both create the cluster id key. nats-py's create re-reads a key whose slot it found taken,
+    and a replica that has not stored the other's create yet answers "not found": that means
+    "ask again", not a crash at start (seen once in the suite: the follower exited with
+    KeyNotFoundError). Whichever way the race goes, both end with the first value set."""
+    import asyncio
+
+    from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+    from journal.jetstream import JetStreamLog
+
+    class Entry:
+        value = b"first"
+
+    class RacingKV:
+        def __init__(self) -> None:
+            self.creates = self.gets = 0
+
+        async def create(self, key, value):
+            self.creates += 1
+            if self.creates == 1:
+                raise KeyNotFoundError()  # the other's create is not on the replica read yet
+            raise KeyWrongLastSequenceError()
+
+        async def get(self, key):
+            self.gets += 1
+            if self.gets == 1:
+                raise KeyNotFoundError()  # still not there on the replica read
+            return Entry()
+
+    kv = RacingKV()
+    log = JetStreamLog.__new__(JetStreamLog)
+
+    async def meta():
+        return kv
+
+    log._meta = meta
+    assert asyncio.run(log.agree("cluster-id", "mine")) == "first"
+    assert kv.creates == 3 and kv.gets == 2
