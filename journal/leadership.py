@@ -103,17 +103,11 @@ class WriterLease:
     async def held(self, timeout_s: float) -> bool:
         """Whether NATS says, within ``timeout_s``, that some process holds the lease: a
         follower's way of knowing it has a leader (False too if NATS does not answer)."""
-        from nats.js.errors import KeyNotFoundError
-
         try:
-            kv = await asyncio.wait_for(self._bucket(), timeout_s)
-            entry = await asyncio.wait_for(kv.get(self.key), timeout_s)
-        except (KeyNotFoundError, asyncio.TimeoutError):
-            return False
-        except Exception as exc:  # noqa: BLE001 - NATS unreachable or not answering consistently
+            return await asyncio.wait_for(self.holder(), timeout_s) is not None
+        except Exception as exc:  # noqa: BLE001 - NATS unreachable, slow, or not answering consistently
             logger.debug("writer lease not readable error=%r", exc)
             return False
-        return bool(entry.value)
 
     async def try_acquire(self) -> bool:
         from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError

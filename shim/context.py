@@ -50,7 +50,6 @@ class Member:
         self.standing_by = False  # --follow --standby: True until it takes over (set by the server)
         self.lease: WriterLease | None = None  # the writer lease this process writes under (JetStream)
         self.leader_streams: set[Callable[[], None]] = set()  # ends each open stream that requires a leader
-        self.leaderless = False  # the leader probe failed NO_LEADER_CHECKS times in a row
         # whether this member knows a leader (set by the server with a replicated journal): a writer,
         # while its lease is sure; a follower, while NATS says a writer holds the lease
         self.leader_probe: Callable[[], Awaitable[bool]] | None = None
@@ -97,17 +96,16 @@ class Member:
         while True:
             await asyncio.sleep(interval_s)
             if self.leader_probe is None or await self.leader_probe():
-                if self.leaderless:
+                if Leader.missing:
                     logger.warning("leader known again")
-                unsure, self.leaderless = 0, False
-                Leader.missing = False
+                unsure, Leader.missing = 0, False
                 continue
             unsure += 1
-            if unsure >= NO_LEADER_CHECKS and not self.leaderless:
+            if unsure >= NO_LEADER_CHECKS and not Leader.missing:
                 logger.warning("no leader known, ending streams that require one streams=%d checks=%d",
                                len(self.leader_streams), unsure)
-            self.leaderless = Leader.missing = unsure >= NO_LEADER_CHECKS
-            if self.leaderless and self.leader_streams:
+            Leader.missing = unsure >= NO_LEADER_CHECKS  # from now on calls that require a leader are refused
+            if Leader.missing and self.leader_streams:
                 ended, self.leader_streams = self.leader_streams, set()
                 for end in ended:
                     end()
@@ -132,6 +130,14 @@ class Member:
             revision=self.store.committed if revision is None else revision,
             raft_term=self.raft_term,
         )
+
+
+async def confirmed_or_abort(context: grpc.aio.ServicerContext, unsure: Awaitable[None]) -> None:
+    """Await ``unsure`` (Member.unsure_writer's answer); if it fails, answer the call with its error."""
+    try:
+        await unsure
+    except Exception as exc:
+        await abort_with(context, exc)
 
 
 async def abort_with(context: grpc.aio.ServicerContext, exc: Exception):

@@ -8,7 +8,7 @@ import grpc
 from proto import rpc_pb2 as pb
 
 from . import wire
-from .context import Member, abort_with
+from .context import Member, abort_with, confirmed_or_abort
 from .quota import LEASE_OVERHEAD_BYTES
 
 
@@ -37,10 +37,7 @@ class LeaseService:
         renew, store, headers, unsure_writer = self.store.lease_renew, self.store, self.m.headers, self.m.unsure_writer
         async for req in requests:
             if (unsure := unsure_writer()) is not None:  # a deposed writer must not keep a lease alive
-                try:
-                    await unsure
-                except Exception as exc:
-                    await abort_with(context, exc)
+                await confirmed_or_abort(context, unsure)
             yield wire.keepalive_response(headers.framed(store.committed), req.ID, renew(req.ID))
 
     async def LeaseTimeToLive(
@@ -68,7 +65,4 @@ class LeaseService:
     async def _surely_the_writer(self, context: grpc.aio.ServicerContext) -> None:
         """The writer's lessor is etcd's leader's: answer from it only while surely the writer."""
         if (unsure := self.m.unsure_writer()) is not None:
-            try:
-                await unsure
-            except Exception as exc:
-                await abort_with(context, exc)
+            await confirmed_or_abort(context, unsure)
