@@ -71,6 +71,7 @@ STREAM_STORE_FAILED = 10077  # a stream limit ("maximum bytes exceeded", ...) or
 _STORAGE_FULL_WORDS = ("maximum bytes", "maximum messages", "resources", "no space", "storage")
 _CKPT_NAME = re.compile(r"^checkpoint-([0-9a-f]{16})\.ckpt$")
 MIN_MAX_PAYLOAD = 4 * 1024 * 1024
+STALE_PINGS = 3  # unanswered pings that make a connection stale (see JetStreamConfig.stale_after_s)
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Sequence
 
 
@@ -83,6 +84,11 @@ class JetStreamConfig:
     replicas: int = 3
     publish_timeout_s: float = 2.0
     connect_timeout_s: float = 5.0
+    # A server that stops answering without closing the connection (frozen, its machine
+    # lost, packets dropped) is left after this many seconds without a PONG: nats-py pings
+    # every stale_after_s / 3 and reconnects to another server at the third unanswered ping.
+    # Its default is minutes, during which every publish and lease renewal waits.
+    stale_after_s: float = 1.5
 
 
 class JetStreamLog:
@@ -106,7 +112,10 @@ class JetStreamLog:
         try:
             await asyncio.wait_for(nc.connect(
                 servers=list(self.config.urls), name=f"shardetcd-{self.writer_id}",
-                connect_timeout=self.config.connect_timeout_s, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+                # a frozen server accepts TCP but never greets: a reconnect gives up on it as soon as a ping would
+                connect_timeout=min(self.config.connect_timeout_s, self.config.stale_after_s),
+                max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+                ping_interval=self.config.stale_after_s / STALE_PINGS, max_outstanding_pings=STALE_PINGS - 1,
                 allow_reconnect=True, error_cb=self._on_error, disconnected_cb=self._on_disconnect,
                 reconnected_cb=self._on_reconnect,
             ), timeout=3 * self.config.connect_timeout_s)

@@ -197,6 +197,16 @@ def start_nats_cluster(tmp_path: Path, size: int = 3, *, max_store_bytes: int | 
     return cluster
 
 
+def connected_to(nats, client_name_prefix: str = "shardetcd-") -> list[int]:
+    """Which of ``nats``'s servers hold a client connection named so (their /connz)."""
+    found = []
+    for i, s in enumerate(nats.servers):
+        with urllib.request.urlopen(f"http://127.0.0.1:{s.monitor_port}/connz", timeout=5) as r:
+            names = [c.get("name", "") for c in json.load(r).get("connections") or []]
+        if any(n.startswith(client_name_prefix) for n in names):
+            found.append(i)
+    return found
+
 
 def shardetcd_on(nats, base: Path, *extra: str):
     """A shardetcd (not started) whose journals are on ``nats`` (anything with

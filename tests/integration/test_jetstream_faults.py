@@ -27,7 +27,7 @@ from journal.record import decode_frame
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shards.record import WRITE
 from tests.integration.test_jetstream import TIMED_OUT, Writers, check_everything_acknowledged, everything
-from tests.nats_fixture import shardetcd_on as server_on, start_nats_cluster
+from tests.nats_fixture import connected_to, shardetcd_on as server_on, start_nats_cluster
 from tests.tcp_proxy import TcpProxy
 
 PREFIX = "shardetcd"
@@ -218,6 +218,38 @@ def test_nats_servers_stopped_so_publishes_time_out(tmp_path):
     finally:
         for i in range(3):
             nats.resume(i)
+        nats.stop()
+
+
+def test_a_frozen_nats_server_is_left_for_the_other_two(tmp_path):
+    """SIGSTOP the one NATS server (of three) the writer is connected to: its TCP
+    connection stays open and nothing on it is ever answered, as when that machine is
+    lost without closing its connections (power, a kernel hang, dropped packets). The
+    writer must find the connection stale and go on through the other two: writes are
+    acknowledged again while the server is still frozen. (nats-py's default ping
+    interval, two minutes with two pings outstanding, left every write and lease
+    renewal waiting on it for the whole freeze.)"""
+    nats = start_nats_cluster(tmp_path / "nats", size=3)
+    server = server_on(nats, tmp_path / "a").start()
+    writers = Writers(server.endpoint, through_timeouts=True)
+    try:
+        wait_for("200 writes acknowledged before the fault", lambda: writers.acks >= 200, server=server)
+        (frozen,) = connected_to(nats)
+        nats.pause(frozen)
+        acks_at_freeze = writers.acks
+        wait_for(f"writes acknowledged while NATS server {frozen} is frozen",
+                 lambda: writers.acks > acks_at_freeze + 200, timeout=60, server=server)
+        nats.resume(frozen)
+        acked = writers.join()
+        assert writers.errors == [], f"writes must be acknowledged or time out: {writers.errors[:5]}"
+        log = server.log_tail(200)
+        assert "nats reconnected" in log, log
+        with grpc.insecure_channel(server.endpoint) as ch:
+            check_everything_acknowledged(ch, acked)
+        assert server.stop() == 0
+    finally:
+        writers.join()
+        server.kill()
         nats.stop()
 
 
