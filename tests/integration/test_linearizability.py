@@ -31,13 +31,14 @@ def now() -> float:
     return time.monotonic()
 
 
-def client(endpoint: str, cid: int, stop: threading.Event, history: list, timeout: float = 2) -> None:
+def client(endpoint: str, cid: int, stop: threading.Event, history: list, timeout: float = 2,
+           keys: list[bytes] = KEYS) -> None:
     rng = random.Random(cid)
     channel = grpc.insecure_channel(endpoint)
     kv = pbg.KVStub(channel)
     n = 0
     while not stop.is_set():
-        key = rng.choice(KEYS)
+        key = rng.choice(keys)
         kind = rng.choices(["get", "put", "delete", "cas"], [4, 3, 1, 3])[0]
         n += 1
         value = b"c%d-%d" % (cid, n)
@@ -76,10 +77,11 @@ def client(endpoint: str, cid: int, stop: threading.Event, history: list, timeou
     channel.close()
 
 
-def check_linearizable(history: list[tuple[bytes, Op]], tmp_path: Path, name: str = "history") -> None:
+def check_linearizable(history: list[tuple[bytes, Op]], tmp_path: Path, name: str = "history",
+                       keys: list[bytes] = KEYS) -> None:
     """Every key's history is linearizable against a register; a failing one is
     saved in $SHARDETCD_FAILURE_DIR (default: tmp_path) for ``python -m tests.lincheck``."""
-    for key in KEYS:
+    for key in keys:
         ops = [op for k, op in history if k == key]
         if not linearizable(ops):
             out = Path(os.environ.get("SHARDETCD_FAILURE_DIR", tmp_path))

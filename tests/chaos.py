@@ -1,0 +1,258 @@
+"""Random faults against a JetStream deployment, with every round's history checked.
+
+    python -m tests.chaos --minutes 20 --seed 7        # from the repository root
+
+Three real NATS servers (JetStream, R3) and three shardetcd members on them: one
+writer and two ``--follow --standby`` members, as a three-member etcd. Six clients
+(two per member) run get / put / delete / compare-and-swap on a few keys, on
+several shards, through whichever member they are on (a follower forwards writes
+to the writer and reads through a read index).
+
+Each round, one fault, at a random time, from:
+
+* ``kill-writer``: SIGKILL the writer; a standby takes over; the killed member
+  comes back as a following standby on the same data dir and port.
+* ``pause-writer``: SIGSTOP the writer past its lease TTL, then SIGCONT: it must
+  notice it was deposed (it exits) or, if nobody took over, go on.
+* ``cut-writer``: the writer's connections to NATS cut for a while (each member
+  reaches NATS through proxies of its own), while its clients still reach it.
+* ``kill-member`` / ``pause-member`` / ``cut-member``: the same to a member that
+  is not the writer.
+* ``kill-nats`` / ``pause-nats``: one NATS server gone or frozen for a while.
+
+At the end of each round the clients stop and the round's history must be
+linearizable key by key (tests/lincheck.py); every member must then serve the
+same values at the same revisions, and exactly one member must be the writer.
+A failing history is saved beside the log for ``python -m tests.lincheck``.
+All servers listen on 127.0.0.1 on free ports and are stopped by PID.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.etcd_fixture import free_port
+from tests.integration.test_linearizability import KEYS, check_linearizable, client
+from tests.nats_fixture import start_nats_cluster
+from tests.shardetcd_fixture import ShardetcdProcess
+from tests.tcp_proxy import TcpProxy
+
+FAULTS = ("kill-writer", "pause-writer", "cut-writer", "kill-member", "pause-member", "cut-member",
+          "kill-nats", "pause-nats")
+LEASE_TTL_S = 3.0  # the writer lease's default TTL
+
+
+class Member:
+    """One shardetcd process slot: its data dir and port outlive each process in it."""
+
+    def __init__(self, nats, base: Path, name: str, *flags: str) -> None:
+        self.base, self.name = base / name, name
+        self.proxies = [TcpProxy(server.client_port).start() for server in nats.servers]
+        self.urls = ",".join(f"nats://127.0.0.1:{p.port}" for p in self.proxies)
+        self.port, self.metrics_port = free_port(), free_port()
+        self.proc = self._process(*flags).start(wait="--follow" in flags)
+
+    def _process(self, *flags: str) -> ShardetcdProcess:
+        return ShardetcdProcess(data_dir=self.base / "data", state_dir=self.base / "state", port=self.port,
+                                log_path=self.base / "shardetcd.log",
+                                extra_args=("--journal-url", self.urls,
+                                            "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}", *flags))
+
+    @property
+    def endpoint(self) -> str:
+        return self.proc.endpoint
+
+    def revive(self) -> None:
+        """Back as a following standby, if its process ended."""
+        if self.proc.running():
+            return
+        self.proc = self._process("--follow", "--standby").start(wait=True)
+
+    def follower_metrics(self) -> str:
+        """Its follower gauges (applied and writer revisions, lag), for a report."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError as exc:
+            return f"{self.name}: no metrics ({exc})"
+        return f"{self.name}: " + "; ".join(line for line in text.splitlines() if line.startswith("shardetcd_follower_"))
+
+    def status(self) -> pb.StatusResponse | None:
+        try:
+            with grpc.insecure_channel(self.endpoint) as ch:
+                return pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=2)
+        except grpc.RpcError:
+            return None
+
+
+def the_writer(members: list[Member], timeout: float = 60.0) -> Member:
+    """The one member whose Status names itself the leader (waits through a takeover)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        writers = []
+        for m in members:
+            s = m.status() if m.proc.running() else None
+            if s is not None and s.leader and s.leader == s.header.member_id:
+                writers.append(m)
+        if len(writers) == 1:
+            return writers[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"writers: {[w.name for w in writers]}; logs: " +
+                                 " | ".join(m.proc.log_tail(15) for m in members))
+        time.sleep(0.3)
+
+
+def converged(members: list[Member], keys: list[bytes], log, timeout: float = 60.0) -> dict:
+    """Every member serves the same (value, mod revision) for every key."""
+    deadline = time.monotonic() + timeout
+    while True:
+        revive_ended(members, log)
+        views = []
+        for m in members:
+            try:
+                with grpc.insecure_channel(m.endpoint) as ch:
+                    kv = pbg.KVStub(ch)
+                    views.append({k: [(x.value, x.mod_revision) for x in kv.Range(
+                        pb.RangeRequest(key=k, serializable=True), timeout=5).kvs] for k in keys})
+            except grpc.RpcError:
+                views.append(None)
+        if views[0] is not None and all(v == views[0] for v in views):
+            return views[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"members disagree: {views}\n" + "\n".join(m.follower_metrics() for m in members))
+        time.sleep(0.5)
+
+
+def inject(fault: str, members: list[Member], nats, rng: random.Random, log) -> None:
+    writer = the_writer(members)
+    others = [m for m in members if m is not writer]
+    if fault in ("kill-writer", "kill-member"):
+        victim = writer if fault == "kill-writer" else rng.choice(others)
+        log(f"  SIGKILL {victim.name} (pid {victim.proc.pid})")
+        victim.proc.kill()
+        time.sleep(rng.uniform(0.5, 2 * LEASE_TTL_S))
+    elif fault in ("pause-writer", "pause-member", "cut-writer", "cut-member"):
+        victim = writer if fault.endswith("-writer") else rng.choice(others)
+        held = rng.uniform(0.5, 2.5) * LEASE_TTL_S
+        if fault.startswith("pause"):
+            log(f"  SIGSTOP {victim.name} (pid {victim.proc.pid}) for {held:.1f} s")
+            os.kill(victim.proc.pid, signal.SIGSTOP)
+            time.sleep(held)
+            os.kill(victim.proc.pid, signal.SIGCONT)
+        else:
+            log(f"  {victim.name} (pid {victim.proc.pid}) cut off from NATS for {held:.1f} s")
+            for p in victim.proxies:
+                p.cut()
+            time.sleep(held)
+            for p in victim.proxies:
+                p.restore()
+        time.sleep(LEASE_TTL_S)
+    else:
+        i = rng.randrange(3)
+        held = rng.uniform(1.0, 3.0) * LEASE_TTL_S
+        if fault == "kill-nats":
+            log(f"  NATS server {i} killed for {held:.1f} s")
+            nats.kill(i)
+            time.sleep(held)
+            nats.start(i)
+        else:
+            log(f"  NATS server {i} paused for {held:.1f} s")
+            nats.pause(i)
+            time.sleep(held)
+            nats.resume(i)
+    revive_ended(members, log)
+
+
+def revive_ended(members: list[Member], log) -> None:
+    """A writer deposed by a fault stops (exit 1), maybe a while after it: back as a standby."""
+    for m in members:
+        if not m.proc.running():
+            if m.proc.returncode != -signal.SIGKILL:
+                log(f"  {m.name} exited (rc {m.proc.returncode}): {m.proc.log_tail(3).splitlines()[-1:]}")
+            m.revive()
+
+
+def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Random, out: Path, log) -> None:
+    log(f"round {r}: {fault}")
+    keys = [k + b"/round%d" % r for k in KEYS]  # each round's register starts absent
+    history: list = []
+    stop = threading.Event()
+    endpoints = [m.endpoint for m in members for _ in range(2)]
+    threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10, keys), daemon=True)
+               for c, ep in enumerate(endpoints)]
+    for t in threads:
+        t.start()
+    time.sleep(rng.uniform(1.0, 4.0))
+    inject(fault, members, nats, rng, log)
+    time.sleep(3.0)  # traffic after the fault healed
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a client is stuck"
+    done = sum(1 for _, op in history if not math.isinf(op.ret))
+    unknown = len(history) - done
+    log(f"  {done} operations answered, {unknown} of unknown outcome")
+    check_linearizable(history, out, f"round{r}-{fault}", keys)
+    writer = the_writer(members)
+    view = converged(members, keys, log)
+    log(f"  linearizable; writer {writer.name}; members agree on {sum(len(v) for v in view.values())} keys")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=0, help="stop after this many rounds (0: by --minutes)")
+    ap.add_argument("--faults", default="", help="comma-separated: one round each, in this order, then stop "
+                    f"(default: a random one per round, of {','.join(FAULTS)})")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--dir", type=Path, default=None, help="where data, logs and failing histories go")
+    args = ap.parse_args(argv)
+    listed = [f for f in args.faults.split(",") if f]
+    if unknown := set(listed) - set(FAULTS):
+        ap.error(f"unknown faults: {sorted(unknown)}")
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    out = args.dir or Path(tempfile.mkdtemp(prefix="shardetcd-chaos-"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(line: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+    log(f"chaos seed {seed}, data and logs under {out}")
+    nats = start_nats_cluster(out / "nats", size=3, extra=("--no_advertise",))  # members go through their proxies
+    members: list[Member] = []
+    try:
+        members.append(Member(nats, out, "m0"))
+        members += [Member(nats, out, f"m{i}", "--follow", "--standby") for i in (1, 2)]
+        ends = time.monotonic() + args.minutes * 60
+        r = 0
+        while (r < len(listed) if listed else r < args.rounds if args.rounds else time.monotonic() < ends):
+            r += 1
+            one_round(r, listed[r - 1] if listed else rng.choice(FAULTS), members, nats, rng, out, log)
+        log(f"{r} rounds, no fault found (seed {seed})")
+        return 0
+    finally:
+        for m in members:
+            if m.proc.running():
+                os.kill(m.proc.pid, signal.SIGCONT)
+                m.proc.kill()
+            for p in m.proxies:
+                p.close()
+        nats.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
