@@ -71,8 +71,17 @@ STREAM_STORE_FAILED = 10077  # a stream limit ("maximum bytes exceeded", ...) or
 _STORAGE_FULL_WORDS = ("maximum bytes", "maximum messages", "resources", "no space", "storage")
 _CKPT_NAME = re.compile(r"^checkpoint-([0-9a-f]{16})\.ckpt$")
 MIN_MAX_PAYLOAD = 4 * 1024 * 1024
+# A follower's consumer acknowledges nothing, so JetStream counts a message delivered once it
+# is sent: one sent while the connection was being replaced is lost to this process. A hole
+# in the sequence that the stream still holds, or a fetch that times out while the stream
+# holds more, is such a loss: the follower reads on from its last message with a new consumer.
+FOLLOW_FETCH_S = 2.0
 STALE_PINGS = 3  # unanswered pings that make a connection stale (see JetStreamConfig.stale_after_s)
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Sequence
+
+
+class DeliveryLost(Exception):
+    """Messages JetStream sent a follower's consumer that never reached this process."""
 
 
 @dataclass(frozen=True)
@@ -282,7 +291,8 @@ def transient_errors() -> tuple[type[BaseException], ...]:
     from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
     return (ServiceUnavailableError, NoStreamResponseError, NoRespondersError, NatsTimeout, asyncio.TimeoutError,
-            ConnectionReconnectingError, FlushTimeoutError, OutboundBufferLimitError, StaleConnectionError)
+            ConnectionReconnectingError, FlushTimeoutError, OutboundBufferLimitError, StaleConnectionError,
+            DeliveryLost)
 
 
 def publish_error_kind(exc: BaseException) -> str | None:
@@ -491,7 +501,9 @@ class JetStreamJournal(Appender):
                     self.stream, count, len(self._found), time.monotonic() - started)
 
     async def _read_range(self, first: int, last: int, take: Callable[[int, bytes, dict], None]) -> int:
-        """Give messages ``first``..``last`` to ``take(seq, data, headers)``; how many there were."""
+        """Give messages ``first``..``last`` to ``take(seq, data, headers)``; how many there were.
+        Messages purged meanwhile are passed over; any lost on the way raise DeliveryLost, which
+        ``retrying`` answers by reading again."""
         if last == 0 or first > last:
             return 0
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -501,12 +513,15 @@ class JetStreamJournal(Appender):
             config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=first,
                                   ack_policy=AckPolicy.NONE, inactive_threshold=60.0),
         )
-        count = 0
+        count, expected = 0, first
         try:
             seq = 0
             while seq < last:
                 for msg in await sub.fetch(batch=256, timeout=10.0):
                     seq = msg.metadata.sequence.stream
+                    if seq > expected and (await self._stored()).first_seq <= expected:  # not purged: lost
+                        raise DeliveryLost(f"messages {expected}..{seq - 1} were not delivered")
+                    expected = seq + 1
                     if seq <= last:
                         take(seq, msg.data, msg.headers or {})
                         count += 1
@@ -565,7 +580,8 @@ class JetStreamJournal(Appender):
         """Give every message stored after those read so far to ``on_message``, as
         they are stored, until cancelled.  When messages were purged before they
         could be read, ``on_gap(expected, got)`` says whether to go on (the
-        checkpoint already loaded covers them) or raise JournalGap."""
+        checkpoint already loaded covers them) or raise JournalGap.  Messages sent
+        but lost on the way (see FOLLOW_FETCH_S) are read again, never skipped."""
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
         from nats.errors import TimeoutError as NatsTimeout
 
@@ -580,16 +596,21 @@ class JetStreamJournal(Appender):
                                           ack_policy=AckPolicy.NONE, inactive_threshold=60.0))
                 while True:
                     try:
-                        msgs = await sub.fetch(batch=256, timeout=5.0)
+                        msgs = await sub.fetch(batch=256, timeout=FOLLOW_FETCH_S)
                     except (NatsTimeout, asyncio.TimeoutError):
+                        if await self.stored_tail() > self._tail:  # stored, yet not delivered: the last were lost
+                            raise DeliveryLost(f"nothing delivered after {self._tail} while the stream holds more")
                         continue
                     attempt = 0
                     for m in msgs:
                         seq = m.metadata.sequence.stream
                         if seq <= self._tail:
                             continue
-                        if seq > self._tail + 1 and not await on_gap(self._tail + 1, seq):
-                            raise JournalGap(self.stream, self._tail + 1, seq)
+                        if seq > self._tail + 1:
+                            if (await self._stored()).first_seq <= self._tail + 1:
+                                raise DeliveryLost(f"messages {self._tail + 1}..{seq - 1} were not delivered")
+                            if not await on_gap(self._tail + 1, seq):
+                                raise JournalGap(self.stream, self._tail + 1, seq)
                         self._tail = seq
                         self._stored_bytes += len(m.data)
                         on_message(self._decode(seq, m.data, m.headers or {}, m.metadata.timestamp.timestamp()))
@@ -616,8 +637,12 @@ class JetStreamJournal(Appender):
     async def stored_tail(self) -> int:
         """The stream's last sequence now: what a reader must reach to have read
         everything stored before this call."""
+        return (await self._stored()).last_seq
+
+    async def _stored(self):
+        """The stream's state now: its first and last sequence."""
         info = await retrying("stream info", lambda: self.log.js.stream_info(self.stream), deadline_s=5.0)
-        return info.state.last_seq
+        return info.state
 
     async def unread_gap(self) -> tuple[int, int] | None:
         """(the next message to read, the first one stored) when messages after those
