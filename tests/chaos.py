@@ -3,9 +3,9 @@
     python -m tests.chaos --minutes 20 --seed 7        # from the repository root
 
 Three real NATS servers (JetStream, R3) and three shardetcd members on them: one
-writer and two ``--follow --standby`` members, as a three-member etcd. Six clients
-(two per member) run get / put / delete / compare-and-swap on a few keys, on
-several shards, through whichever member they are on (a follower forwards writes
+writer and two ``--follow --standby`` members, as a three-member etcd. Nine clients
+(three per member, one of them only reading) run get / put / delete /
+compare-and-swap on a few keys, on several shards, through whichever member they are on (a follower forwards writes
 to the writer and reads through a read index).
 
 Each round, one fault, at a random time, from:
@@ -52,6 +52,7 @@ from tests.tcp_proxy import TcpProxy
 FAULTS = ("kill-writer", "pause-writer", "cut-writer", "kill-member", "pause-member", "cut-member",
           "kill-nats", "pause-nats")
 LEASE_TTL_S = 3.0  # the writer lease's default TTL
+MIXED, READS = (4, 3, 1, 3), (1, 0, 0, 0)  # a client's weights of get, put, delete, compare-and-swap
 
 
 class Member:
@@ -66,7 +67,7 @@ class Member:
 
     def _process(self, *flags: str) -> ShardetcdProcess:
         return ShardetcdProcess(data_dir=self.base / "data", state_dir=self.base / "state", port=self.port,
-                                log_path=self.base / "shardetcd.log",
+                                log_path=self.base / "shardetcd.log", timeout=120,  # a long run's catch-up reads grow
                                 extra_args=("--journal-url", self.urls,
                                             "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}", *flags))
 
@@ -145,7 +146,8 @@ def inject(fault: str, members: list[Member], nats, rng: random.Random, log) -> 
         time.sleep(rng.uniform(0.5, 2 * LEASE_TTL_S))
     elif fault in ("pause-writer", "pause-member", "cut-writer", "cut-member"):
         victim = writer if fault.endswith("-writer") else rng.choice(others)
-        held = rng.uniform(0.5, 2.5) * LEASE_TTL_S
+        # a cut may last long past a takeover: a deposed writer keeps serving its readers meanwhile
+        held = rng.uniform(0.5, 2.5 if fault.startswith("pause") else 5.0) * LEASE_TTL_S
         if fault.startswith("pause"):
             log(f"  SIGSTOP {victim.name} (pid {victim.proc.pid}) for {held:.1f} s")
             os.kill(victim.proc.pid, signal.SIGSTOP)
@@ -189,9 +191,11 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     keys = [k + b"/round%d" % r for k in KEYS]  # each round's register starts absent
     history: list = []
     stop = threading.Event()
-    endpoints = [m.endpoint for m in members for _ in range(2)]
-    threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10, keys), daemon=True)
-               for c, ep in enumerate(endpoints)]
+    # per member: two clients doing everything, one only reading (a write to a member cut off
+    # from the writer blocks its client, so only a reader goes on asking it while it is cut off)
+    clients = [(m.endpoint, weights) for m in members for weights in (MIXED, MIXED, READS)]
+    threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10, keys, weights), daemon=True)
+               for c, (ep, weights) in enumerate(clients)]
     for t in threads:
         t.start()
     time.sleep(rng.uniform(1.0, 4.0))

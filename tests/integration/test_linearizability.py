@@ -32,14 +32,15 @@ def now() -> float:
 
 
 def client(endpoint: str, cid: int, stop: threading.Event, history: list, timeout: float = 2,
-           keys: list[bytes] = KEYS) -> None:
+           keys: list[bytes] = KEYS, weights: tuple[int, int, int, int] = (4, 3, 1, 3)) -> None:
+    """Random get / put / delete / compare-and-swap, in proportion to ``weights``, until ``stop``."""
     rng = random.Random(cid)
     channel = grpc.insecure_channel(endpoint)
     kv = pbg.KVStub(channel)
     n = 0
     while not stop.is_set():
         key = rng.choice(keys)
-        kind = rng.choices(["get", "put", "delete", "cas"], [4, 3, 1, 3])[0]
+        kind = rng.choices(["get", "put", "delete", "cas"], weights)[0]
         n += 1
         value = b"c%d-%d" % (cid, n)
         start = now()
