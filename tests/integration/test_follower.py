@@ -401,6 +401,7 @@ def test_a_standby_behind_the_checkpoints_takes_over_from_a_rebuilt_state(nats, 
         tail = standby.log_tail(300)
         assert "rebuilding the state first" in tail or "standby rebuilds its state" in tail, tail
         assert "discarded records" not in tail, tail  # the writer was idle when killed: nothing was half-written
+        standby.wait_ready(timeout=60)  # a plain standby binds its client URL just after that line
         serves_every_pod(standby.endpoint, rev, 42)
         with grpc.insecure_channel(standby.endpoint) as ch:
             assert put(pbg.KVStub(ch), b"/registry/pods/ns/after", b"v") == rev + 1

@@ -275,6 +275,22 @@ def test_a_follower_reads_every_record_once_in_order(backend):
     asyncio.run(go())
 
 
+def recording_gaps():
+    """([gaps asked about], on_gap answering as a store with no newer checkpoint does: covered, go on)."""
+    gaps: list[tuple[int, int]] = []
+
+    async def covered(expected: int, got: int) -> bool:
+        gaps.append((expected, got))
+        return True
+
+    return gaps, covered
+
+
+async def close_all(*opened) -> None:
+    for thing in opened:
+        await thing.close()
+
+
 def losing(followed, lost_by: list[set[int]]) -> list:
     """The n-th consumer ``followed`` makes from now on loses the stream sequences in ``lost_by[n]``
     on the way, as messages JetStream sent during a reconnect are lost; the consumers made."""
@@ -311,12 +327,7 @@ def test_a_jetstream_follower_reads_again_what_was_lost_on_the_way(nats_cluster,
         base = followed.read_tail
         # the first consumer loses 11-13 (14 shows the hole), the second the last two (nothing after them)
         subscriptions = losing(followed, [{base + 11, base + 12, base + 13}, {base + 19, base + 20}])
-        got, gaps = [], []
-
-        async def covered(expected: int, got_seq: int) -> bool:  # what a store says with no newer checkpoint
-            gaps.append((expected, got_seq))
-            return True
-
+        got, (gaps, covered) = [], recording_gaps()
         task = asyncio.ensure_future(followed.follow(
             lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records), covered))
         for rtype, rev, payload in items(20):
@@ -331,10 +342,7 @@ def test_a_jetstream_follower_reads_again_what_was_lost_on_the_way(nats_cluster,
         assert len(subscriptions) == 3  # a new consumer read them again, each time
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await followed.close()
-        await flog.close()
-        await journal.close()
-        await log.close()
+        await close_all(followed, flog, journal, log)
 
     asyncio.run(go())
 
@@ -352,19 +360,11 @@ def test_a_jetstream_takeover_reads_again_what_was_lost_on_the_way(nats_cluster,
             journal.append(rtype, rev, payload)
             await journal.sync()  # one message each
         subscriptions = losing(followed, [{base + 5, base + 6}])
-        got, gaps = [], []
-
-        async def covered(expected: int, got_seq: int) -> bool:
-            gaps.append((expected, got_seq))
-            return True
-
+        got, (gaps, covered) = [], recording_gaps()
         await followed.take_over(lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records), covered)
         assert got == items(20) and gaps == [], (got, gaps)
         assert len(subscriptions) == 2
-        await followed.close()
-        await flog.close()
-        await journal.close()
-        await log.close()
+        await close_all(followed, flog, journal, log)
 
     asyncio.run(go())
 
