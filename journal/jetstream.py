@@ -519,8 +519,8 @@ class JetStreamJournal(Appender):
             while seq < last:
                 for msg in await sub.fetch(batch=256, timeout=10.0):
                     seq = msg.metadata.sequence.stream
-                    if seq > expected and (await self._stored()).first_seq <= expected:  # not purged: lost
-                        raise DeliveryLost(f"messages {expected}..{seq - 1} were not delivered")
+                    if seq > expected:
+                        await self._raise_if_lost(expected, seq)
                     expected = seq + 1
                     if seq <= last:
                         take(seq, msg.data, msg.headers or {})
@@ -607,8 +607,7 @@ class JetStreamJournal(Appender):
                         if seq <= self._tail:
                             continue
                         if seq > self._tail + 1:
-                            if (await self._stored()).first_seq <= self._tail + 1:
-                                raise DeliveryLost(f"messages {self._tail + 1}..{seq - 1} were not delivered")
+                            await self._raise_if_lost(self._tail + 1, seq)
                             if not await on_gap(self._tail + 1, seq):
                                 raise JournalGap(self.stream, self._tail + 1, seq)
                         self._tail = seq
@@ -638,6 +637,11 @@ class JetStreamJournal(Appender):
         """The stream's last sequence now: what a reader must reach to have read
         everything stored before this call."""
         return (await self._stored()).last_seq
+
+    async def _raise_if_lost(self, expected: int, got: int) -> None:
+        """Messages ``expected``..``got - 1`` did not come: DeliveryLost unless they were purged."""
+        if (await self._stored()).first_seq <= expected:
+            raise DeliveryLost(f"messages {expected}..{got - 1} were not delivered")
 
     async def _stored(self):
         """The stream's state now: its first and last sequence."""

@@ -19,7 +19,7 @@ from shards.store import Store
 from .access import Access
 from .config import ServerConfig
 from .errors import status_of
-from .handlers import REQUIRE_LEADER_METADATA, Leader
+from .handlers import Leader, requires_a_leader
 from .quota import Quota
 from .wire import Headers
 
@@ -85,7 +85,7 @@ class Member:
     def requires_leader(self, context: grpc.aio.ServicerContext) -> bool:
         """A stream opened with WithRequireLeader on a member that can lose its leader while it
         runs (one with a replicated journal)."""
-        return self.leader_probe is not None and REQUIRE_LEADER_METADATA in (context.invocation_metadata() or ())
+        return self.leader_probe is not None and requires_a_leader(context)
 
     async def end_streams_without_a_leader(self, interval_s: float) -> None:
         """etcd's monitorLeader: when the leader probe fails NO_LEADER_CHECKS times in a row (a

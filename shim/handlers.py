@@ -43,7 +43,8 @@ class Leader:
 REQUIRE_LEADER_METADATA = ("hasleader", "true")
 
 
-def _requires_a_leader(context: grpc.aio.ServicerContext) -> bool:
+def requires_a_leader(context: grpc.aio.ServicerContext) -> bool:
+    """The call carries clientv3's WithRequireLeader metadata."""
     return REQUIRE_LEADER_METADATA in (context.invocation_metadata() or ())
 
 
@@ -151,7 +152,7 @@ def _unary(fn, gate, stats: RpcStats):
     async def handle(request, context):
         if type(request) is Malformed:  # grpc-go refuses it before its metrics see the call
             await _reject(context, request)
-        if Leader.missing and _requires_a_leader(context):
+        if Leader.missing and requires_a_leader(context):
             await context.abort(*NO_LEADER)
         stats.started += 1
         stats.received += 1
@@ -186,7 +187,7 @@ async def _checked(requests, context, stats: RpcStats):
 def _streaming(fn, gate, stats: RpcStats, client_streams: bool):
     """A server-streaming or bidi handler, counted: started, received, sent, and handled with its status."""
     async def handle(request, context):
-        if Leader.missing and _requires_a_leader(context):
+        if Leader.missing and requires_a_leader(context):
             await context.abort(*NO_LEADER)
         stats.started += 1
         try:
