@@ -40,6 +40,7 @@ import time
 from typing import Awaitable, Callable
 
 from journal.errors import JournalFailed, JournalUnreachable
+from journal.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -275,8 +276,7 @@ class WriterLease:
     async def release(self) -> None:
         """On a clean stop: give the lease back so a standby need not wait for it to expire."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
         if self.kv is not None and self.revision:
             try:
                 await self.kv.delete(self.key, last=self.revision)

@@ -24,6 +24,7 @@ from journal import JournalConfig, failpoints
 from journal.errors import JournalFailed, JournalGap
 from journal.jetstream import JetStreamConfig
 from journal.journal import LocalLog
+from journal.tasks import cancel_and_wait
 from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter
 
 from .auth import AuthStore
@@ -190,9 +191,7 @@ class Store:
             for task in done:
                 task.result()
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(*tasks)
 
     @staticmethod
     def _covered_by_checkpoint(shard: Shard) -> Callable[[int, int], Awaitable[bool]]:

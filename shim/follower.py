@@ -372,8 +372,9 @@ class KeepAlives:
         try:
             while not reader.done():
                 try:
-                    await asyncio.wait_for(self._wake.wait(), self.interval_s)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(self.interval_s):  # not wait_for: on 3.11 it can drop a cancel (journal/tasks.py)
+                        await self._wake.wait()
+                except TimeoutError:
                     pass
                 self._wake.clear()
                 batch, self.pending = self.pending, set()

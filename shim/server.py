@@ -18,6 +18,7 @@ from journal.errors import JournalFailed, JournalGap, JournalUnreachable
 from journal.jetstream import JetStreamConfig, JetStreamLog
 from journal.leadership import WriterLease
 from journal.tail import LocalFollowLog, LocalMembers, write_writer_file
+from journal.tasks import cancel_and_wait
 from shards.errors import StateStoreError
 from shards.layout import Layout, ShardSpec, load_layout
 from shards.partition import PartitionGuard, load_cluster_layout
@@ -278,15 +279,13 @@ async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
             try:
                 await asyncio.wait({following, acquiring}, return_when=asyncio.FIRST_COMPLETED)
             except BaseException:
-                following.cancel(), acquiring.cancel()
-                await asyncio.gather(following, acquiring, return_exceptions=True)
+                await cancel_and_wait(following, acquiring)
                 await store.close()
                 raise
             if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
                 await take_over_as_writer(lease, store, following)
                 return store
-            acquiring.cancel()
-            await asyncio.gather(acquiring, return_exceptions=True)
+            await cancel_and_wait(acquiring)
             reason = following.exception() if following.done() else acquiring.exception()
             logger.warning("standby rebuilds its state reason=%r", reason)
             await store.close()
@@ -298,8 +297,7 @@ async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
 async def take_over_as_writer(lease: WriterLease, store: Store, following: asyncio.Future) -> None:
     """The writer lease is ours: stop following, stamp our epoch on what we publish, keep
     the lease renewed, and take the journals over (shards.store.Store.take_over)."""
-    following.cancel()
-    await asyncio.gather(following, return_exceptions=True)
+    await cancel_and_wait(following)
     lease.log.epoch = lease.revision
     lease.start_renewing()
     logger.warning("taking over as the writer epoch=%d", lease.revision)
@@ -496,15 +494,12 @@ async def stop(running: Running, grace_s: float = 1.0) -> None:
     for task in (running.progress, running.autocompact, running.promotion, running.leaderless):
         if task is not None:
             task.cancel()
-    if running.promotion is not None:
-        await asyncio.gather(running.promotion, return_exceptions=True)
+    await cancel_and_wait(running.promotion)
     running.store.hub.close()
     await running.server.stop(grace_s)
     if running.registry is not None:
         await running.registry.stop()
-    if running.following is not None:
-        running.following.cancel()
-        await asyncio.gather(running.following, return_exceptions=True)
+    await cancel_and_wait(running.following)
     await running.store.close()
     await release_writer_lease(running.lease)
     if running.link is not None:

@@ -15,6 +15,7 @@ import pytest
 
 from journal import JournalConfig, JournalFailed
 from journal.journal import LocalLog
+from journal.tasks import cancel_and_wait
 from tests.nats_fixture import start_nats_cluster
 
 _names = itertools.count()
@@ -265,8 +266,7 @@ def test_a_follower_reads_every_record_once_in_order(backend):
         assert await followed.newest_checkpoint_rev() == 90
         ckpt = await followed.load_checkpoint()
         assert (ckpt.rev, ckpt.meta, list(ckpt.rows())) == (90, b"meta-90", [b"r1", b"r2"])
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait(task)
         await followed.close()
         await flog.close()
         await journal.close()
@@ -339,9 +339,8 @@ def test_a_jetstream_follower_reads_again_what_was_lost_on_the_way(nats_cluster,
             await asyncio.sleep(0.01)
         assert not task.done(), task
         assert got == items(20) and gaps == [], (got, gaps)
-        assert len(subscriptions) == 3  # a new consumer read them again, each time
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        assert len(subscriptions) >= 3  # a new consumer read them again, each time (one more if a fetch came back empty under load)
+        await cancel_and_wait(task)
         await close_all(followed, flog, journal, log)
 
     asyncio.run(go())

@@ -20,6 +20,7 @@ from journal import JournalConfig, failpoints
 from journal.errors import JournalGap
 from journal.journal import Journal
 from journal.tail import LocalFollowLog
+from journal.tasks import cancel_and_wait
 from journal.watermark import FILE_NAME, WatermarkReader, WatermarkWriter
 
 
@@ -81,8 +82,7 @@ class Collected:
 
 async def stop(task: asyncio.Task, *closing) -> None:
     """Cancel a follow() task, then close logs and writers."""
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await cancel_and_wait(task)
     for c in closing:
         await c.close()
 

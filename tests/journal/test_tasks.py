@@ -1,0 +1,104 @@
+"""cancel_and_wait: a cancellation lost inside what a task awaits does not leave the task running."""
+import asyncio
+
+import pytest
+
+from journal.tasks import cancel_and_wait
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))  # a deadline for a hang, not a timing
+
+
+def test_a_follow_loop_that_loses_its_cancel_in_wait_for_is_ended():
+    """The shape of nats-py's fetch: a loop over wait_for(queue.get()). A message arriving in
+    the same loop pass as the cancel makes Python 3.11's wait_for return it and drop the
+    cancel; the loop goes on (on 3.12 and later the cancel is kept: the test still holds)."""
+    async def main():
+        queue: asyncio.Queue = asyncio.Queue()
+        received = []
+
+        async def follow():
+            while True:
+                try:
+                    received.append(await asyncio.wait_for(queue.get(), 30))
+                except TimeoutError:
+                    pass
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0)
+        queue.put_nowait("m1")
+        await cancel_and_wait(task)
+        assert task.cancelled()
+        queue.put_nowait("m2")
+        await asyncio.sleep(0.01)
+        assert "m2" not in received
+
+    run(main())
+
+
+def test_a_task_that_swallows_cancels_is_cancelled_until_it_ends_and_its_clean_up_runs():
+    async def main():
+        swallowed, cleaned = [], []
+
+        async def stubborn():
+            try:
+                while True:
+                    try:
+                        await asyncio.sleep(30)
+                    except asyncio.CancelledError:
+                        swallowed.append(1)
+                        if len(swallowed) == 3:
+                            raise
+            finally:
+                await asyncio.sleep(0)  # a clean-up that awaits, as unsubscribing does
+                cleaned.append(1)
+
+        task = asyncio.create_task(stubborn())
+        await asyncio.sleep(0)
+        await cancel_and_wait(task, None)
+        assert task.cancelled() and len(swallowed) == 3 and cleaned == [1]
+
+    run(main())
+
+
+def test_what_the_tasks_raised_is_not_raised_by_cancel_and_wait():
+    async def main():
+        async def fails():
+            raise ValueError("theirs")
+
+        async def sleeps():
+            await asyncio.sleep(30)
+
+        failing, sleeping = asyncio.create_task(fails()), asyncio.create_task(sleeps())
+        await asyncio.sleep(0)
+        await cancel_and_wait(failing, sleeping)
+        assert isinstance(failing.exception(), ValueError) and sleeping.cancelled()
+
+    run(main())
+
+
+def test_cancelled_while_waiting_it_cancels_them_again_and_raises():
+    async def main():
+        count = []
+
+        async def stubborn():
+            while len(count) < 3:
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    count.append(1)
+
+        task = asyncio.create_task(stubborn())
+        await asyncio.sleep(0)
+        waiter = asyncio.create_task(cancel_and_wait(task))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await asyncio.sleep(0)
+        assert len(count) == 2 and not task.done()  # the first cancel and the one on the way out
+        task.cancel()
+        await task  # its third swallowed cancel ends its loop
+
+    run(main())
