@@ -76,6 +76,7 @@ MIN_MAX_PAYLOAD = 4 * 1024 * 1024
 # in the sequence that the stream still holds, or a fetch that times out while the stream
 # holds more, is such a loss: the follower reads on from its last message with a new consumer.
 FOLLOW_FETCH_S = 2.0
+READ_STALL_S = 10.0  # a read at start or takeover that gets nothing for this long starts again
 STALE_PINGS = 3  # unanswered pings that make a connection stale (see JetStreamConfig.stale_after_s)
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Sequence
 
@@ -503,31 +504,52 @@ class JetStreamJournal(Appender):
     async def _read_range(self, first: int, last: int, take: Callable[[int, bytes, dict], None]) -> int:
         """Give messages ``first``..``last`` to ``take(seq, data, headers)``; how many there were.
         Messages purged meanwhile are passed over; any lost on the way raise DeliveryLost, which
-        ``retrying`` answers by reading again."""
+        ``retrying`` answers by reading again, as it does a read that stalls for READ_STALL_S.
+
+        An ordered push consumer (JetStream sends, flow-controlled, without a request per batch;
+        nats-py replaces the consumer when its own sequence shows a message missing) reads about
+        twice as fast as pull fetches, whose every message costs nats-py a task and a wait_for:
+        this read is what a starting standby or a writer recovering after the loss of its machine
+        waits for (see bench/README.md, "Reading a journal back")."""
         if last == 0 or first > last:
             return 0
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+        from nats.errors import TimeoutError as NatsTimeout
+        from nats.js.api import ConsumerConfig, DeliverPolicy
 
-        sub = await self.log.js.pull_subscribe(
-            self.subject, stream=self.stream,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=first,
-                                  ack_policy=AckPolicy.NONE, inactive_threshold=60.0),
-        )
-        count, expected = 0, first
+        done = asyncio.get_running_loop().create_future()
+        state = {"count": 0, "expected": first}
+
+        async def on_message(msg) -> None:
+            if done.done():
+                return
+            try:
+                seq = msg.metadata.sequence.stream
+                if seq > state["expected"]:
+                    await self._raise_if_lost(state["expected"], seq)
+                state["expected"] = seq + 1
+                if seq <= last:
+                    take(seq, msg.data, msg.headers or {})
+                    state["count"] += 1
+                if seq >= last and not done.done():
+                    done.set_result(None)
+            except Exception as exc:  # noqa: BLE001 - handed to the reader below, not to nats-py's error callback
+                if not done.done():
+                    done.set_exception(exc)
+
+        sub = await self.log.js.subscribe(
+            self.subject, stream=self.stream, ordered_consumer=True, cb=on_message,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=first))
         try:
-            seq = 0
-            while seq < last:
-                for msg in await sub.fetch(batch=256, timeout=10.0):
-                    seq = msg.metadata.sequence.stream
-                    if seq > expected:
-                        await self._raise_if_lost(expected, seq)
-                    expected = seq + 1
-                    if seq <= last:
-                        take(seq, msg.data, msg.headers or {})
-                        count += 1
+            while not done.done():
+                before = state["count"], state["expected"]
+                await asyncio.wait({done}, timeout=READ_STALL_S)
+                if not done.done() and (state["count"], state["expected"]) == before:
+                    raise NatsTimeout  # nothing came: transient for ``retrying``, which reads again
+            done.result()
         finally:
+            done.cancel()  # a stalled read: what a callback still running finds makes no difference
             await sub.unsubscribe()
-        return count
+        return state["count"]
 
     def _decode(self, seq: int, data: bytes, headers: dict, stored: float = 0.0) -> Message:
         epoch = int(headers.get(EPOCH_HEADER, 0))

@@ -284,6 +284,14 @@ def test_bench_writepath_compares_the_store_with_a_bare_group_commit():
         assert all(float(c.replace(",", "")) > 0 for c in cells[1:7]), ln
 
 
+def test_bench_jsread_reads_back_every_message_written():
+    p = subprocess.run([sys.executable, "-m", "bench.jsread", "--messages", "300", "--records", "2", "--rounds", "2"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rounds = [ln for ln in p.stdout.splitlines() if ln.startswith("  round ")]
+    assert len(rounds) == 2 and all(" 301 messages (600 records) in " in ln for ln in rounds), p.stdout  # and the fence
+
+
 def test_stage_timers_count_each_stage_once_without_its_nested_stages_or_waits():
     """bench.stages_server's timers: a stage's self time excludes the stages it calls, a timed
     coroutine counts the CPU of its steps (not the time it waits) and one call per run."""
