@@ -28,6 +28,14 @@ logger = logging.getLogger(__name__)
 # sent by a follower with the Status call that is its read index: the writer answers it only
 # while it surely is the writer, as it answers a linearizable read (Member.unsure_writer)
 READ_INDEX_METADATA = ("shardetcd-read-index", "1")
+# sent with every call a follower hands on: a member that is not the writer refuses it, as it
+# refuses the read index, with NOT_THE_WRITER, and the follower looks the writer up again. The
+# writer's address is a record in NATS that the new writer rewrites after a takeover; until
+# then it can name the old writer's address, where that process, restarted, may already serve
+# as a follower. Answering there, a follower's revision passed for the writer's committed one
+# (a stale linearizable read, found by tests/chaos.py), and a write went round in forwards.
+FORWARDED_METADATA_MARK = ("shardetcd-forwarded", "1")
+NOT_THE_WRITER = "shardetcd: not the writer"
 NO_LEADER_CHECKS = 3  # etcd's maxNoLeaderCnt: checks in a row without a leader before such streams end
 
 

@@ -39,7 +39,7 @@ from shards.errors import RequestTimeoutError
 from shards.tokens import SimpleTokens, looks_simple
 
 from . import wire
-from .context import READ_INDEX_METADATA
+from .context import FORWARDED_METADATA_MARK, NOT_THE_WRITER, READ_INDEX_METADATA
 from .access import token_of
 
 logger = logging.getLogger(__name__)
@@ -163,19 +163,23 @@ class WriterLink:
         """Call the writer.  While no writer can be reached (a takeover under way),
         wait for one, as an etcd member holds requests while it elects a leader,
         up to the request timeout: a call the writer refused to connect to never
-        reached it, so sending it again cannot apply it twice."""
+        reached it, so sending it again cannot apply it twice; nor did one that a
+        member answered NOT_THE_WRITER (the writer record still named its address)."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 channel = await self.channel()
                 call = channel.unary_unary(f"/{service}/{method}", request_serializer=_identity,
                                            response_deserializer=_identity)
-                return await call(request, metadata=metadata, timeout=max(deadline - time.monotonic(), 0.1))
+                return await call(request, metadata=(*metadata, FORWARDED_METADATA_MARK),
+                                  timeout=max(deadline - time.monotonic(), 0.1))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
                 await self.forget()
-                if "failed to connect" not in (exc.details() or "").lower() or time.monotonic() > deadline:
+                details = exc.details() or ""
+                unapplied = "failed to connect" in details.lower() or details == NOT_THE_WRITER
+                if not unapplied or time.monotonic() > deadline:
                     raise  # it may have reached the writer: the client decides
             except RequestTimeoutError:  # no writer has published where it serves yet
                 if time.monotonic() > deadline:
@@ -198,6 +202,8 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
 
     def unary(service: str, method: str):
         async def handle(request: bytes, context) -> bytes:
+            if FORWARDED_METADATA_MARK in (context.invocation_metadata() or ()):  # not to be handed on again
+                await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_THE_WRITER)
             try:
                 raw = await link.unary(service, method, request, _metadata(context))
             except grpc.aio.AioRpcError as exc:

@@ -15,7 +15,7 @@ from shards.errors import AuthError
 from shards.etcd_snapshot import HASH_BYTES
 from shards.snapshot import SnapshotStream, freeze
 
-from .context import READ_INDEX_METADATA, Member, abort_with, confirmed_or_abort
+from .context import NOT_THE_WRITER, READ_INDEX_METADATA, Member, abort_with, confirmed_or_abort
 from .errors import (BAD_LEADER_TRANSFEREE, DOWNGRADE_TARGET, DOWNGRADE_VERSION_FORMAT, MEMBER_BAD_URLS, MEMBER_NOT_FOUND,
                      MEMBER_NOT_LEARNER, MEMBER_NOT_SUPPORTED, NOT_ENOUGH_STARTED, PEER_URL_EXISTS,
                      NO_INFLIGHT_DOWNGRADE, UNKNOWN_METHOD, unconverted_auth_status)
@@ -125,8 +125,11 @@ class MaintenanceService:
 
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusResponse:
         store = self.m.store
-        if (unsure := self.m.unsure_writer()) is not None and READ_INDEX_METADATA in (context.invocation_metadata() or ()):
-            await confirmed_or_abort(context, unsure)
+        if READ_INDEX_METADATA in (context.invocation_metadata() or ()):
+            if self.m.link is not None:  # a follower: its revision is not the writer's committed one
+                await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_THE_WRITER)
+            if (unsure := self.m.unsure_writer()) is not None:
+                await confirmed_or_abort(context, unsure)
         return pb.StatusResponse(
             header=self.m.header(),
             version=ETCD_API_VERSION,

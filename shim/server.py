@@ -285,8 +285,8 @@ async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
             if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
                 await take_over_as_writer(lease, store, following)
                 return store
-            await cancel_and_wait(acquiring)
             reason = following.exception() if following.done() else acquiring.exception()
+            await cancel_and_wait(following, acquiring)  # the lease wait failed: stop following the store closed next
             logger.warning("standby rebuilds its state reason=%r", reason)
             await store.close()
     finally:

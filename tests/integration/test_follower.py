@@ -180,6 +180,68 @@ def test_keepalives_through_a_follower_are_coalesced(nats, tmp_path):
         writer.stop()
 
 
+def test_only_the_writer_answers_the_read_index_and_forwarded_calls(nats, writer_and_followers):
+    """After a takeover the writer record in NATS names the old writer's address until the new
+    writer rewrites it; the old writer, restarted there as a follower, may serve meanwhile. A
+    follower asked for the read index, or handed a call another follower forwarded, refuses
+    ("not the writer"), and the asking follower looks the writer up again until the record
+    names it. Before, the follower there answered the read index with its own revision (a
+    stale linearizable read in tests/chaos.py) and handed a forwarded write on again."""
+    import asyncio
+    import json
+
+    from journal.jetstream import JetStreamConfig, JetStreamLog
+    from shim.context import FORWARDED_METADATA_MARK, NOT_THE_WRITER, READ_INDEX_METADATA
+    from shim.follower import writer_key
+
+    writer, (f0, f1) = writer_and_followers
+    for md, call in (((READ_INDEX_METADATA,), lambda ch, md: pbg.MaintenanceStub(ch).Status(
+                         pb.StatusRequest(), metadata=md, timeout=10)),
+                     ((FORWARDED_METADATA_MARK,), lambda ch, md: pbg.KVStub(ch).Put(
+                         pb.PutRequest(key=b"/registry/pods/ns/fwd", value=b"v"), metadata=md, timeout=10))):
+        with grpc.insecure_channel(f1.endpoint) as ch, pytest.raises(grpc.RpcError) as refused:
+            call(ch, md)
+        assert (refused.value.code(), refused.value.details()) == (grpc.StatusCode.UNAVAILABLE, NOT_THE_WRITER)
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            assert call(ch, md).header.revision > 0
+
+    async def meta(key, value=None):
+        log = await JetStreamLog(JetStreamConfig(urls=tuple(nats.urls.split(",")), replicas=3)).connect()
+        try:
+            return await log.get_meta(key) if value is None else await log.put_meta(key, value)
+        finally:
+            await log.close()
+
+    key = writer_key("writer")
+    record = asyncio.run(meta(key))
+    asyncio.run(meta(key, json.dumps(json.loads(record) | {"urls": [f"http://{f1.endpoint}"]})))
+    f0.stop()
+    f0.start(wait=False)  # its link reads the record afresh: it names f1 (so no linearizable probe answers yet)
+    deadline = time.monotonic() + 30
+    while "shardetcd serving the etcd v3 API" not in f0.log_tail(20).split("=== start")[-1]:
+        assert f0.running() and time.monotonic() < deadline, f0.log_tail()
+        time.sleep(0.1)
+    restored = threading.Event()
+
+    def restore() -> None:
+        time.sleep(1.5)
+        asyncio.run(meta(key, record))
+        restored.set()
+
+    with grpc.insecure_channel(writer.endpoint) as ch:
+        rev = put(pbg.KVStub(ch), b"/registry/pods/ns/k", b"latest")
+    fixer = threading.Thread(target=restore)
+    fixer.start()
+    try:
+        with grpc.insecure_channel(f0.endpoint) as ch:
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/k"), timeout=20)
+            assert restored.is_set()  # f1 did not answer the read index in the writer's place
+            assert got.kvs[0].value == b"latest" and got.header.revision >= rev
+            assert put(pbg.KVStub(ch), b"/registry/pods/ns/k", b"after") > rev
+    finally:
+        fixer.join()
+
+
 def test_member_list_names_the_writer_and_its_followers(writer_and_followers):
     """Every serving process is an etcd member: MemberList on any of them lists the
     writer and both followers with their client URLs (sorted by id, as etcd), and
