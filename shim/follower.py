@@ -171,8 +171,7 @@ class WriterLink:
                 channel = await self.channel()
                 call = channel.unary_unary(f"/{service}/{method}", request_serializer=_identity,
                                            response_deserializer=_identity)
-                return await call(request, metadata=(*metadata, FORWARDED_METADATA_MARK),
-                                  timeout=max(deadline - time.monotonic(), 0.1))
+                return await call(request, metadata=metadata, timeout=max(deadline - time.monotonic(), 0.1))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
@@ -188,7 +187,15 @@ class WriterLink:
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> tuple:
-    return tuple((k, v) for k, v in context.invocation_metadata() or () if k in FORWARDED_METADATA)
+    """What a forwarded call carries: the client's credentials, and the mark of a forwarded call."""
+    return (*((k, v) for k, v in context.invocation_metadata() or () if k in FORWARDED_METADATA),
+            FORWARDED_METADATA_MARK)
+
+
+async def refuse_if_forwarded(context: grpc.aio.ServicerContext) -> None:
+    """A call another follower handed on reached this follower: it is not the writer."""
+    if FORWARDED_METADATA_MARK in (context.invocation_metadata() or ()):
+        await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_THE_WRITER)
 
 
 async def _relay_error(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError):
@@ -202,8 +209,7 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
 
     def unary(service: str, method: str):
         async def handle(request: bytes, context) -> bytes:
-            if FORWARDED_METADATA_MARK in (context.invocation_metadata() or ()):  # not to be handed on again
-                await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_THE_WRITER)
+            await refuse_if_forwarded(context)
             try:
                 raw = await link.unary(service, method, request, _metadata(context))
             except grpc.aio.AioRpcError as exc:
@@ -225,6 +231,7 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
 
     def unary_stream(service: str, method: str):
         async def handle(request: bytes, context):
+            await refuse_if_forwarded(context)
             channel = await link.channel()
             call = channel.unary_stream(f"/{service}/{method}", request_serializer=_identity,
                                         response_deserializer=_identity)(request, metadata=_metadata(context))
@@ -238,6 +245,7 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
 
     def stream_stream(service: str, method: str):
         async def handle(requests, context):
+            await refuse_if_forwarded(context)
             channel = await link.channel()
             call = channel.stream_stream(f"/{service}/{method}", request_serializer=_identity,
                                          response_deserializer=_identity)(metadata=_metadata(context))
@@ -373,7 +381,7 @@ class KeepAlives:
     async def _stream(self) -> None:
         channel = await self.link.channel()
         call = channel.stream_stream("/etcdserverpb.Lease/LeaseKeepAlive", request_serializer=_identity,
-                                     response_deserializer=_identity)()
+                                     response_deserializer=_identity)(metadata=(FORWARDED_METADATA_MARK,))
         reader = asyncio.ensure_future(self._answers(call))
         try:
             while not reader.done():
@@ -414,6 +422,7 @@ def keepalive_handler(link: WriterLink, member) -> grpc.GenericRpcHandler:
     forwarded = forward.handler.service(_Details("/etcdserverpb.Lease/LeaseKeepAlive"))
 
     async def handle(requests, context):
+        await refuse_if_forwarded(context)
         if member.auth.enabled:
             async for raw in forwarded.stream_stream(requests, context):
                 yield raw

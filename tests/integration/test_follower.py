@@ -204,6 +204,10 @@ def test_only_the_writer_answers_the_read_index_and_forwarded_calls(nats, writer
         assert (refused.value.code(), refused.value.details()) == (grpc.StatusCode.UNAVAILABLE, NOT_THE_WRITER)
         with grpc.insecure_channel(writer.endpoint) as ch:
             assert call(ch, md).header.revision > 0
+    with grpc.insecure_channel(f1.endpoint) as ch, pytest.raises(grpc.RpcError) as refused:
+        list(pbg.LeaseStub(ch).LeaseKeepAlive(iter([pb.LeaseKeepAliveRequest(ID=1)]),
+                                              metadata=(FORWARDED_METADATA_MARK,), timeout=10))
+    assert (refused.value.code(), refused.value.details()) == (grpc.StatusCode.UNAVAILABLE, NOT_THE_WRITER)
 
     async def meta(key, value=None):
         log = await JetStreamLog(JetStreamConfig(urls=tuple(nats.urls.split(",")), replicas=3)).connect()
