@@ -386,7 +386,7 @@ class KeepAlives:
         try:
             while not reader.done():
                 try:
-                    async with asyncio.timeout(self.interval_s):  # not wait_for: on 3.11 it can drop a cancel (journal/tasks.py)
+                    async with asyncio.timeout(self.interval_s):  # not wait_for: it can drop a cancel (journal/tasks.py)
                         await self._wake.wait()
                 except TimeoutError:
                     pass

@@ -220,7 +220,7 @@ def test_only_the_writer_answers_the_read_index_and_forwarded_calls(nats, writer
     record = asyncio.run(meta(key))
     asyncio.run(meta(key, json.dumps(json.loads(record) | {"urls": [f"http://{f1.endpoint}"]})))
     f0.stop()
-    f0.start(wait=False)  # its link reads the record afresh: it names f1 (so no linearizable probe answers yet)
+    f0.start(wait=False)  # its link reads the record afresh: it names f1 (no linearizable probe answers yet)
     deadline = time.monotonic() + 30
     while "shardetcd serving the etcd v3 API" not in f0.log_tail(20).split("=== start")[-1]:
         assert f0.running() and time.monotonic() < deadline, f0.log_tail()
