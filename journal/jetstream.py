@@ -517,19 +517,20 @@ class JetStreamJournal(Appender):
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
         done = asyncio.get_running_loop().create_future()
-        state = {"count": 0, "expected": first}
+        count, expected = 0, first
 
         async def on_message(msg) -> None:
+            nonlocal count, expected
             if done.done():
                 return
             try:
                 seq = msg.metadata.sequence.stream
-                if seq > state["expected"]:
-                    await self._raise_if_lost(state["expected"], seq)
-                state["expected"] = seq + 1
+                if seq > expected:
+                    await self._raise_if_lost(expected, seq)
+                expected = seq + 1
                 if seq <= last:
                     take(seq, msg.data, msg.headers or {})
-                    state["count"] += 1
+                    count += 1
                 if seq >= last and not done.done():
                     done.set_result(None)
             except Exception as exc:  # noqa: BLE001 - handed to the reader below, not to nats-py's error callback
@@ -541,15 +542,15 @@ class JetStreamJournal(Appender):
             config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=first))
         try:
             while not done.done():
-                before = state["count"], state["expected"]
+                before = expected  # every message moves it on
                 await asyncio.wait({done}, timeout=READ_STALL_S)
-                if not done.done() and (state["count"], state["expected"]) == before:
+                if not done.done() and expected == before:
                     raise NatsTimeout  # nothing came: transient for ``retrying``, which reads again
             done.result()
         finally:
             done.cancel()  # a stalled read: what a callback still running finds makes no difference
             await sub.unsubscribe()
-        return state["count"]
+        return count
 
     def _decode(self, seq: int, data: bytes, headers: dict, stored: float = 0.0) -> Message:
         epoch = int(headers.get(EPOCH_HEADER, 0))

@@ -491,7 +491,7 @@ async def _progress_ticks(store: Store, interval_s: float) -> None:
 async def stop(running: Running, grace_s: float = 1.0) -> None:
     for http in running.http:
         http.close()
-    for task in (running.progress, running.autocompact, running.promotion, running.leaderless):
+    for task in (running.progress, running.autocompact, running.leaderless):
         if task is not None:
             task.cancel()
     await cancel_and_wait(running.promotion)

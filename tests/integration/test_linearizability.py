@@ -25,6 +25,7 @@ KEYS = [b"/registry/pods/lin", b"/registry/leases/lin", b"lin-plain"]
 CLIENTS = 6
 RUN_S = 6.0
 KILLS_AT_S = (2.0, 4.0)
+MIXED = (4, 3, 1, 3)  # a client's weights of get, put, delete, compare-and-swap
 
 
 def now() -> float:
@@ -32,7 +33,7 @@ def now() -> float:
 
 
 def client(endpoint: str, cid: int, stop: threading.Event, history: list, timeout: float = 2,
-           keys: list[bytes] = KEYS, weights: tuple[int, int, int, int] = (4, 3, 1, 3)) -> None:
+           keys: list[bytes] = KEYS, weights: tuple[int, int, int, int] = MIXED) -> None:
     """Random get / put / delete / compare-and-swap, in proportion to ``weights``, until ``stop``."""
     rng = random.Random(cid)
     channel = grpc.insecure_channel(endpoint)
