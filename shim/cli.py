@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-keepalive-min-time", type=_duration, default=f"{d.grpc_keepalive_min_time_s:g}s", help="shortest interval a client may ping at (default: %(default)s)")
     p.add_argument("--grpc-keepalive-interval", type=_duration, default=f"{d.grpc_keepalive_interval_s / 3600:g}h", help="how often the server pings an idle connection (default: %(default)s)")
     p.add_argument("--grpc-keepalive-timeout", type=_duration, default=f"{d.grpc_keepalive_timeout_s:g}s", help="how long the server waits for a ping answer before closing (default: %(default)s)")
+    p.add_argument("--grpc-server", choices=("native", "grpcio"), default=d.grpc_server,
+                   help="the gRPC server: native (HTTP/2 on asyncio, shim/grpcserver.py) or grpcio (grpc.aio's); "
+                        "the same calls and answers, native at a fraction of the CPU (default: %(default)s)")
     p.add_argument("--cert-file", type=Path, default=None, help="server TLS certificate (PEM), used by https:// client URLs")
     p.add_argument("--key-file", type=Path, default=None, help="server TLS private key (PEM)")
     p.add_argument("--trusted-ca-file", type=Path, default=None, help="CA bundle (PEM) that client certificates must be signed by")
@@ -209,6 +212,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         client_cert_auth=args.client_cert_auth,
         listen_metrics_urls=args.listen_metrics_urls,
         max_concurrent_streams=args.max_concurrent_streams,
+        grpc_server=args.grpc_server,
         grpc_keepalive_min_time_s=args.grpc_keepalive_min_time,
         grpc_keepalive_interval_s=args.grpc_keepalive_interval,
         grpc_keepalive_timeout_s=args.grpc_keepalive_timeout,

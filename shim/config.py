@@ -46,6 +46,7 @@ class ServerConfig:
     grpc_keepalive_interval_s: float = 2 * 60 * 60
     grpc_keepalive_timeout_s: float = 20.0
     max_concurrent_streams: int = 2**32 - 1  # etcd's default: math.MaxUint32
+    grpc_server: str = "native"  # shim/grpcserver.py, or "grpcio" (grpc.aio's server)
     cluster_layout: Path | None = None  # with partition: serve one partition of a `shardetcd cluster`
     partition: str | None = None
     bcrypt_cost: int = 10  # etcd's --bcrypt-cost

@@ -6,6 +6,7 @@ import errno
 import functools
 import logging
 import signal
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -27,7 +28,7 @@ from shards.store import Store, StoreConfig
 
 from proto import v3election_pb2, v3lock_pb2
 
-from . import autocompact
+from . import autocompact, grpcserver
 from .concurrency import ElectionService, LockService
 from .auth import AuthService
 from .config import ServerConfig
@@ -59,7 +60,7 @@ class StoreStopped(RuntimeError):
 
 @dataclass
 class Running:
-    server: grpc.aio.Server
+    server: grpc.aio.Server | grpcserver.Server
     store: Store
     ports: list[int]
     failed: asyncio.Event
@@ -92,16 +93,43 @@ def _read(path: Path | None, what: str) -> bytes | None:
         raise StartupError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
-def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials:
+def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials | ssl.SSLContext:
     """etcd's client TLS: certificate and key; with --client-cert-auth, clients
-    must present a certificate signed by --trusted-ca-file."""
+    must present a certificate signed by --trusted-ca-file. grpcio's credentials, or
+    for the native server an SSL context offering h2 (ALPN)."""
     if config.cert_file is None or config.key_file is None:
         raise StartupError("https:// client URLs need --cert-file and --key-file")
     if config.client_cert_auth and config.trusted_ca_file is None:
         raise StartupError("--client-cert-auth needs --trusted-ca-file")
     cert, key = _read(config.cert_file, "--cert-file"), _read(config.key_file, "--key-file")
     ca = _read(config.trusted_ca_file, "--trusted-ca-file")
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=config.client_cert_auth)
+    if config.grpc_server == "grpcio":
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
+                                           require_client_auth=config.client_cert_auth)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.cert_file, config.key_file)
+        if ca is not None:
+            context.load_verify_locations(cadata=ca.decode("latin-1"))
+    except (ssl.SSLError, ValueError) as exc:
+        raise StartupError(f"cannot use the TLS certificate, key or CA: {exc}") from None
+    context.verify_mode = (ssl.CERT_REQUIRED if config.client_cert_auth else
+                           ssl.CERT_OPTIONAL if ca is not None else ssl.CERT_NONE)
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+def grpc_server(config: ServerConfig):
+    """The gRPC server --grpc-server names."""
+    if config.grpc_server == "grpcio":
+        return grpc.aio.server(options=grpc_options(config))
+    return grpcserver.Server(grpcserver.ServerOptions(
+        max_receive_message_bytes=config.receive_cap_bytes, receive_limit_bytes=config.max_message_bytes,
+        max_concurrent_streams=min(config.max_concurrent_streams, 2**31 - 1),
+        min_ping_interval_s=config.grpc_keepalive_min_time_s,
+        keepalive_interval_s=config.grpc_keepalive_interval_s,
+        keepalive_timeout_s=config.grpc_keepalive_timeout_s))
 
 
 def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
@@ -374,7 +402,7 @@ async def start(config: ServerConfig) -> Running:
     elif link is not None and isinstance(link.log, JetStreamLog):  # a follower knows a leader while NATS names one
         holder = lease or WriterLease(link.log, key=config.partition or "writer")
         member.leader_probe = functools.partial(holder.held, config.journal_lease_ttl_s)  # a slow answer is an answer
-    server = grpc.aio.server(options=grpc_options(config))
+    server = grpc_server(config)
     gate = None
     if link is not None:  # a follower: these go to the writer (registered first, so they win)
         server.add_generic_rpc_handlers([keepalive_handler(link, member), *forwarding_handlers(link)])

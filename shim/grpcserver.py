@@ -1,0 +1,898 @@
+"""A gRPC server on asyncio's transports: HTTP/2 framing written here, HPACK decoding by
+``hpack``, and the part of grpc.aio's server API the shim uses (generic handlers, the
+four call shapes, ``ServicerContext.abort``/``invocation_metadata``/``code``/
+``auth_context``, deadlines, cancellation, ``stop(grace)``).
+
+Why: grpc.aio costs ~200 µs of CPU per unary call and ~80 µs per streamed message on
+this hardware (bench/README.md, "The gRPC server"); this server does the same calls for
+a fraction of that, so that the store, not the transport, bounds what a process serves.
+grpcio's server stays available (``--grpc-server grpcio``) and the clients the shim
+uses (followers, the gateway) stay grpcio's.
+
+What it implements of RFC 9113 and gRPC's HTTP/2 protocol:
+* the connection preface, SETTINGS (initial window, max frame size, max concurrent
+  streams), PING (answered; clients pinging more often than ``min_ping_interval_s``
+  get GOAWAY ENHANCE_YOUR_CALM "too_many_pings" after two strikes, as grpc-go), GOAWAY, RST_STREAM, WINDOW_UPDATE, CONTINUATION, padding and
+  priority fields;
+* flow control both ways: what a stream sends waits for the peer's windows; what it
+  receives is credited back as a unary call gets its request, and as a streaming call's
+  handler takes each message (so a handler that stops reading stops its client);
+* gRPC framing: length-prefixed messages (gzip/deflate-compressed ones decompressed),
+  ``grpc-timeout``, ``-bin`` metadata, status in trailers (trailers-only when nothing
+  was sent), ``grpc-message`` percent-encoded;
+* server keepalive: an idle connection is pinged every ``keepalive_interval_s`` and
+  closed if the answer takes longer than ``keepalive_timeout_s``.
+
+Response headers are written as HPACK literals without indexing, so the peer's dynamic
+table is never touched and nothing needs an encoder's state.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections import deque
+from dataclasses import dataclass
+import logging
+import socket
+import ssl
+import zlib
+
+import grpc
+from hpack import Decoder
+from hpack.exceptions import HPACKError
+
+logger = logging.getLogger(__name__)
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0, 1, 2, 3, 6
+REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 7, 8, 9, 11
+SETTINGS_HEADER_TABLE_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_INITIAL_WINDOW_SIZE = 1, 3, 4
+SETTINGS_MAX_FRAME_SIZE = 5
+DEFAULT_WINDOW = 65535
+MAX_WINDOW = 2**31 - 1
+STREAM_WINDOW = 4 << 20  # what one stream may have in flight towards us
+CONNECTION_WINDOW = 16 << 20
+MAX_FRAME = 16384  # what we accept (the protocol's default); what we send follows the peer's setting
+MAX_PING_STRIKES = 2  # grpc-go's: the third too-early ping closes the connection
+_HIGH_BIT_BYTES = bytes(range(128, 256))
+UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+
+
+def _frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + sid.to_bytes(4, "big") + payload
+
+
+def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 127) | 128)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """A header field as an HPACK literal without indexing, new name, no Huffman."""
+    return b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
+
+
+# :status 200 (static index 8) and content-type (static name index 31) as a literal
+RESPONSE_HEADERS = b"\x88" + b"\x0f\x10" + _hpack_int(16, 7) + b"application/grpc"
+OK_TRAILERS = _literal(b"grpc-status", b"0")
+
+
+def _percent_encode(message: str) -> bytes:
+    raw = message.encode("utf-8", "replace")
+    if all(0x20 <= b <= 0x7E and b != 0x25 for b in raw):
+        return raw
+    return b"".join(bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b for b in raw)
+
+
+def _status_block(code: grpc.StatusCode, message: str) -> bytes:
+    block = _literal(b"grpc-status", str(code.value[0]).encode())
+    return block + _literal(b"grpc-message", _percent_encode(message)) if message else block
+
+
+def _timeout_s(value: bytes) -> float | None:
+    try:
+        return int(value[:-1]) * UNITS[chr(value[-1])]
+    except (ValueError, KeyError, IndexError):
+        return None
+
+
+class _Details:
+    """grpc.HandlerCallDetails, as a generic handler's ``service()`` reads it."""
+
+    __slots__ = ("method", "invocation_metadata")
+
+    def __init__(self, method: str, metadata: tuple) -> None:
+        self.method, self.invocation_metadata = method, metadata
+
+
+@dataclass
+class ServerOptions:
+    max_receive_message_bytes: int = 4 << 20  # a longer request message is refused before it is held
+    receive_limit_bytes: int | None = None  # the limit the refusal names (etcd's, which the handlers enforce)
+    max_concurrent_streams: int = 2**31 - 1
+    min_ping_interval_s: float = 300.0  # grpc-go's default enforcement
+    keepalive_interval_s: float = 7200.0
+    keepalive_timeout_s: float = 20.0
+
+
+class _Ended(Exception):
+    """The call is over (aborted, cancelled or answered): nothing more is sent on it."""
+
+
+class Call:
+    """One stream: the server side of one gRPC call, and the ServicerContext its handler sees."""
+
+    __slots__ = ("conn", "sid", "method", "metadata", "handler", "task", "recv", "messages", "waiter",
+                 "remote_done", "window", "pending", "drained", "headers_sent", "closed", "_code", "_details",
+                 "deadline", "timer", "encoding", "unacked", "streaming_request", "expired")
+
+    def __init__(self, conn: Connection, sid: int, method: str, metadata: tuple, handler, encoding: bytes | None):
+        self.conn, self.sid, self.method, self.metadata, self.handler = conn, sid, method, metadata, handler
+        self.task: asyncio.Task | None = None
+        self.recv = bytearray()  # bytes of a message not complete yet
+        self.messages: deque = deque()  # complete request messages the handler has not taken
+        self.waiter: asyncio.Future | None = None  # a handler waiting for the next message
+        self.remote_done = False  # the client half-closed (END_STREAM) or went away
+        self.window = conn.peer_initial_window
+        self.pending: deque = deque()  # frames waiting for flow-control window
+        self.drained: asyncio.Future | None = None
+        self.headers_sent = False
+        self.closed = False
+        self._code: grpc.StatusCode | None = None
+        self._details = ""
+        self.deadline: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.encoding = encoding
+        self.unacked = 0
+        self.streaming_request = handler.request_streaming
+        self.expired = False
+
+    # -- the ServicerContext the shim's handlers use ------------------------------------
+
+    def invocation_metadata(self) -> tuple:
+        return self.metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
+        """The call ends now with this status, whichever task aborts it (as grpc.aio's): a
+        stream's request reader aborting ends the call its handler is still serving."""
+        if not self.closed:
+            self._code, self._details = code, details
+            self.finish(code, details)
+            if self.task is not None and self.task is not asyncio.current_task():
+                self.task.cancel()
+        raise grpc.aio.AbortError()
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def time_remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - self.conn.loop.time())
+
+    def cancelled(self) -> bool:
+        return self.closed and self._code is None
+
+    def done(self) -> bool:
+        return self.closed
+
+    def peer(self) -> str:
+        host, port = (self.conn.transport.get_extra_info("peername") or ("", 0))[:2]
+        return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+
+    def auth_context(self) -> dict:
+        """What grpc's auth context holds that the shim reads: the client certificate's Common Name."""
+        cert = self.conn.transport.get_extra_info("peercert")
+        names = [value.encode() for rdn in (cert or {}).get("subject", ()) for key, value in rdn
+                 if key == "commonName"]
+        return {"x509_common_name": names} if names else {}
+
+    async def read(self):
+        """The next request message, or grpc.aio.EOF."""
+        try:
+            return await self._next()
+        except StopAsyncIteration:
+            return grpc.aio.EOF
+
+    async def write(self, message) -> None:
+        serializer = self.handler.response_serializer
+        self.send_message(serializer(message) if serializer is not None else message)
+        if self.pending or self.conn.paused:
+            await self._drain()
+
+    # -- requests -----------------------------------------------------------------------
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        return await self._next()
+
+    async def _next(self):
+        while not self.messages:
+            if self.remote_done or self.closed:
+                raise StopAsyncIteration
+            self.waiter = self.conn.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        raw = self.messages.popleft()
+        self.conn.credit(self, len(raw) + 5)
+        deserializer = self.handler.request_deserializer
+        return deserializer(raw) if deserializer is not None else raw
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def received(self, data: bytes) -> bool:
+        """DATA for this call: complete messages queued; False if the call was refused."""
+        recv = self.recv
+        recv += data
+        while len(recv) >= 5:
+            size = int.from_bytes(recv[1:5], "big")
+            options = self.conn.server.options
+            if size > options.max_receive_message_bytes:  # refused before it is held, in grpc-go's words
+                self.finish(grpc.StatusCode.RESOURCE_EXHAUSTED, f"grpc: received message larger than max ({size} "
+                            f"vs. {options.receive_limit_bytes or options.max_receive_message_bytes})")
+                return False
+            if len(recv) < 5 + size:
+                break
+            compressed = recv[0]
+            raw = bytes(recv[5:5 + size])
+            del recv[:5 + size]
+            if compressed:
+                try:
+                    raw = self._decompress(raw)
+                except (zlib.error, _Unsupported) as exc:
+                    self.finish(grpc.StatusCode.UNIMPLEMENTED if isinstance(exc, _Unsupported)
+                                else grpc.StatusCode.INTERNAL, str(exc))
+                    return False
+            self.messages.append(raw)
+        if self.messages:
+            self._wake()
+        return True
+
+    def _decompress(self, raw: bytes) -> bytes:
+        if self.encoding == b"gzip":
+            return zlib.decompress(raw, 16 + zlib.MAX_WBITS)
+        if self.encoding == b"deflate":
+            return zlib.decompress(raw)
+        raise _Unsupported(f"grpc: Decompressor is not installed for grpc-encoding \"{(self.encoding or b'').decode()}\"")
+
+    def half_closed(self) -> None:
+        self.remote_done = True
+        self._wake()
+
+    # -- responses ----------------------------------------------------------------------
+
+    def send_message(self, payload: bytes) -> None:
+        if self.closed:
+            raise _Ended()
+        conn = self.conn
+        conn.sent_data = True
+        if not self.headers_sent:
+            self.headers_sent = True
+            conn.write(_frame(HEADERS, END_HEADERS, self.sid, RESPONSE_HEADERS))
+        message = b"\0" + len(payload).to_bytes(4, "big") + payload
+        size = len(message)
+        if not self.pending and size <= self.window and size <= conn.window and size <= conn.peer_max_frame:
+            self.window -= size
+            conn.window -= size
+            conn.write(_frame(DATA, 0, self.sid, message))
+            return
+        frame_max = conn.peer_max_frame
+        for start in range(0, size, frame_max):
+            self.pending.append((DATA, message[start:start + frame_max]))
+        conn.send_pending(self)
+
+    def finish(self, code: grpc.StatusCode = grpc.StatusCode.OK, message: str = "") -> None:
+        """The call's status (trailers, END_STREAM); the call is over."""
+        if self.closed:
+            return
+        if code is grpc.StatusCode.OK and not message:
+            block = OK_TRAILERS
+        else:
+            block = _status_block(code, message)
+        self.conn.sent_data = True
+        if not self.headers_sent:  # trailers-only
+            self.headers_sent = True
+            block = RESPONSE_HEADERS + block
+        self.pending.append((HEADERS, block))
+        self.conn.send_pending(self)
+        self._close()
+
+    def _close(self) -> None:
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self._wake()
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    async def _drain(self) -> None:
+        conn = self.conn
+        while (self.pending or conn.paused) and not self.closed:
+            self.drained = conn.loop.create_future()
+            try:
+                await self.drained
+            finally:
+                self.drained = None
+        if self.closed and self._code is None and not self.pending:
+            raise _Ended()
+
+    def _wake_drained(self) -> None:
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    def expire(self) -> None:
+        """The call's deadline passed."""
+        self.timer = None
+        if self.closed:
+            return
+        self.expired = True
+        self.finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        self.conn.reset(self.sid, CANCEL)
+        if self.task is not None:
+            self.task.cancel()
+
+    def cancel(self) -> None:
+        """The client reset the stream or went away."""
+        self.remote_done = True
+        if not self.closed:
+            self.pending.clear()
+            self._close()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+class _Unsupported(Exception):
+    pass
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.buffer = b""
+        self.preface = False
+        self.decoder = Decoder()
+        self.decoder.max_header_list_size = 16 << 20
+        self.decoded: dict[bytes, list] = {}  # see _decode
+        self.calls: dict[int, Call] = {}
+        self.last_sid = 0
+        self.out: list[bytes] = []
+        self.flushing = False
+        self.window = DEFAULT_WINDOW  # ours to send on the connection
+        self.peer_initial_window = DEFAULT_WINDOW
+        self.peer_max_frame = MAX_FRAME
+        self.blocked: dict[int, Call] = {}  # calls with frames waiting for window, in order
+        self.unacked = 0  # connection-level bytes received and not yet credited back
+        self.headers_in: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
+        self.paused = False
+        self.going_away = False
+        self.ping_strikes = 0
+        self.last_ping = float("-inf")
+        self.sent_data = False  # headers or data sent since the last ping
+        self.keepalive: asyncio.TimerHandle | None = None
+        self.ping_sent_at: float | None = None
+        self.active = self.loop.time()
+
+    # -- transport ------------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.server.connections.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        opts = self.server.options
+        settings = (SETTINGS_MAX_CONCURRENT_STREAMS.to_bytes(2, "big") + min(opts.max_concurrent_streams, 2**32 - 1).to_bytes(4, "big")
+                    + SETTINGS_INITIAL_WINDOW_SIZE.to_bytes(2, "big") + STREAM_WINDOW.to_bytes(4, "big"))
+        self.write(_frame(SETTINGS, 0, 0, settings)
+                   + _frame(WINDOW_UPDATE, 0, 0, (CONNECTION_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big")))
+        self.keepalive = self.loop.call_later(opts.keepalive_interval_s, self._keepalive)
+
+    def connection_lost(self, exc) -> None:
+        self.server.connections.discard(self)
+        if self.keepalive is not None:
+            self.keepalive.cancel()
+        for call in list(self.calls.values()):
+            call.cancel()
+        self.calls.clear()
+        self.blocked.clear()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        for call in list(self.calls.values()):
+            call._wake_drained()
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+        if not self.flushing:
+            self.flushing = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flushing = False
+        out, self.out = self.out, []
+        if not self.transport.is_closing():
+            self.transport.write(b"".join(out))
+
+    def reset(self, sid: int, code: int) -> None:
+        self.write(_frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
+
+    def go_away(self, code: int, debug: bytes = b"", close: bool = True) -> None:
+        self.going_away = True
+        self.write(_frame(GOAWAY, 0, 0, self.last_sid.to_bytes(4, "big") + code.to_bytes(4, "big") + debug))
+        if close:
+            self._flush()
+            self.transport.close()
+
+    # -- frames in ------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self.active = self.loop.time()
+        buf = self.buffer + data if self.buffer else data
+        if not self.preface:
+            if len(buf) < len(PREFACE):
+                if not PREFACE.startswith(buf):
+                    self.transport.close()
+                    return
+                self.buffer = buf
+                return
+            if not buf.startswith(PREFACE):
+                self.transport.close()  # not HTTP/2 with prior knowledge
+                return
+            self.preface = True
+            buf = buf[len(PREFACE):]
+        pos, size = 0, len(buf)
+        try:
+            while size - pos >= 9:
+                length = int.from_bytes(buf[pos:pos + 3], "big")
+                end = pos + 9 + length
+                if end > size:
+                    if length > MAX_FRAME:
+                        raise _ConnectionError(FRAME_SIZE_ERROR)
+                    break
+                self._frame(buf[pos + 3], buf[pos + 4], int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF,
+                            buf[pos + 9:end])
+                pos = end
+        except _ConnectionError as exc:
+            self.buffer = b""
+            self.go_away(exc.code)
+            return
+        except Exception:
+            logger.exception("gRPC connection failed")
+            self.buffer = b""
+            self.go_away(INTERNAL_ERROR)
+            return
+        self.buffer = buf[pos:] if pos < size else b""
+
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+        if self.headers_in is not None and kind != CONTINUATION:
+            raise _ConnectionError(PROTOCOL_ERROR)
+        if kind == DATA:
+            self._data(flags, sid, payload)
+        elif kind == HEADERS:
+            if sid == 0 or sid % 2 == 0:
+                raise _ConnectionError(PROTOCOL_ERROR)
+            if flags & PADDED:
+                payload = payload[1:len(payload) - payload[0]]
+            if flags & PRIORITY_FLAG:
+                payload = payload[5:]
+            if flags & END_HEADERS:
+                self._headers(sid, flags, payload)
+            else:
+                self.headers_in = (sid, flags, bytearray(payload))
+        elif kind == CONTINUATION:
+            if self.headers_in is None or self.headers_in[0] != sid:
+                raise _ConnectionError(PROTOCOL_ERROR)
+            self.headers_in[2].extend(payload)
+            if flags & END_HEADERS:
+                sid, first, block = self.headers_in
+                self.headers_in = None
+                self._headers(sid, first, bytes(block))
+        elif kind == SETTINGS:
+            if not flags & ACK:
+                self._settings(payload)
+                self.write(_frame(SETTINGS, ACK, 0))
+        elif kind == WINDOW_UPDATE:
+            self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
+        elif kind == PING:
+            if not flags & ACK:
+                self._ping(payload)
+            elif self.ping_sent_at is not None:
+                self.ping_sent_at = None
+        elif kind == RST_STREAM:
+            call = self.calls.pop(sid, None)
+            self.blocked.pop(sid, None)
+            if call is not None:
+                call.cancel()
+        elif kind == GOAWAY:
+            self.going_away = True
+            if not self.calls:
+                self.transport.close()
+        # PRIORITY, PUSH_PROMISE (a client must not send it) and unknown types are ignored
+
+    def _settings(self, payload: bytes) -> None:
+        for i in range(0, len(payload) - 5, 6):
+            key, value = int.from_bytes(payload[i:i + 2], "big"), int.from_bytes(payload[i + 2:i + 6], "big")
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise _ConnectionError(FLOW_CONTROL_ERROR)
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for call in self.calls.values():
+                    call.window += delta
+                if delta > 0:
+                    self._unblock()
+            elif key == SETTINGS_MAX_FRAME_SIZE:
+                self.peer_max_frame = max(MAX_FRAME, min(value, 2**24 - 1))
+            elif key == SETTINGS_HEADER_TABLE_SIZE:
+                pass  # we never index what we send
+
+    def _window_update(self, sid: int, increment: int) -> None:
+        if sid == 0:
+            self.window += increment
+            self._unblock()
+            return
+        call = self.calls.get(sid)
+        if call is not None:
+            call.window += increment
+            if call.pending:
+                self.send_pending(call)
+
+    def _ping(self, payload: bytes) -> None:
+        """Answered; a client pinging more often than the policy allows (since we last sent
+        headers or data) gets two strikes, then GOAWAY: grpc-go's enforcement, with calls
+        in flight or not (etcd's server permits pings without calls at its minimum time)."""
+        now = self.loop.time()
+        if self.sent_data:  # grpc-go forgives earlier pings once it has sent headers or data
+            self.sent_data = False
+            self.ping_strikes, self.last_ping = 0, float("-inf")
+        if now - self.last_ping < self.server.options.min_ping_interval_s:
+            self.ping_strikes += 1
+            if self.ping_strikes > MAX_PING_STRIKES:
+                self.go_away(ENHANCE_YOUR_CALM, b"too_many_pings")
+                return
+        self.last_ping = now
+        self.write(_frame(PING, ACK, 0, payload))
+
+    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        """HPACK-decoded header fields. A block of one-byte indexed fields only (what a
+        client's repeated headers become) leaves the dynamic table as it is, so its fields
+        are remembered until a block that may change the table arrives."""
+        indexed_only = not block.translate(None, _HIGH_BIT_BYTES)
+        if indexed_only:
+            fields = self.decoded.get(block)
+            if fields is not None:
+                return fields
+        else:
+            self.decoded.clear()
+        try:
+            fields = self.decoder.decode(block, raw=True)
+        except HPACKError:
+            raise _ConnectionError(COMPRESSION_ERROR) from None
+        if indexed_only:
+            if len(self.decoded) >= 256:
+                self.decoded.clear()
+            self.decoded[block] = fields
+        return fields
+
+    def _headers(self, sid: int, flags: int, block: bytes) -> None:
+        fields = self._decode(block)
+        call = self.calls.get(sid)
+        if call is not None:  # trailers from the client end its stream
+            if flags & END_STREAM:
+                call.half_closed()
+            return
+        if sid <= self.last_sid:
+            raise _ConnectionError(PROTOCOL_ERROR)
+        self.last_sid = sid
+        if self.going_away or self.server.stopping:
+            self.reset(sid, REFUSED_STREAM)
+            return
+        if len(self.calls) >= self.server.options.max_concurrent_streams:
+            self.reset(sid, REFUSED_STREAM)
+            return
+        path, timeout, encoding, metadata = "", None, None, []
+        for name, value in fields:
+            if name[:1] == b":":
+                if name == b":path":
+                    path = value.decode("utf-8", "replace")
+            elif name == b"grpc-timeout":
+                timeout = _timeout_s(value)
+            elif name == b"grpc-encoding":
+                encoding = value
+            elif name in (b"content-type", b"te", b"grpc-accept-encoding", b"user-agent"):
+                if name == b"user-agent":
+                    metadata.append(("user-agent", value.decode("latin-1")))
+            else:
+                key = name.decode("latin-1")
+                if key.endswith("-bin"):
+                    metadata.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+                else:
+                    metadata.append((key, value.decode("latin-1")))
+        metadata = tuple(metadata)
+        handler = self.server.find_handler(path, metadata)
+        if handler is None:
+            self.write(_frame(HEADERS, END_HEADERS | END_STREAM, sid, RESPONSE_HEADERS + _status_block(
+                grpc.StatusCode.UNIMPLEMENTED, "Method not found!")))
+            return
+        call = Call(self, sid, path, metadata, handler, encoding)
+        self.calls[sid] = call
+        if timeout is not None:
+            call.deadline = self.loop.time() + timeout
+            call.timer = self.loop.call_later(timeout, call.expire)
+        if handler.request_streaming:
+            call.task = self.loop.create_task(self.server.run(call))
+        if flags & END_STREAM:
+            call.half_closed()
+            if not handler.request_streaming:
+                call.finish(grpc.StatusCode.INTERNAL, "grpc: the client sent no request message")
+
+    def _unary_ready(self, call: Call) -> None:
+        if call.task is None and not call.closed:
+            call.task = self.loop.create_task(self.server.run(call))
+
+    def _data(self, flags: int, sid: int, payload: bytes) -> None:
+        length = len(payload)
+        self.unacked += length
+        if self.unacked >= CONNECTION_WINDOW // 4:
+            self.write(_frame(WINDOW_UPDATE, 0, 0, self.unacked.to_bytes(4, "big")))
+            self.unacked = 0
+        if flags & PADDED:
+            payload = payload[1:len(payload) - payload[0]]
+        call = self.calls.get(sid)
+        if call is None or call.closed:
+            return
+        if payload and not call.received(payload):
+            self.reset(sid, NO_ERROR)
+            return
+        if not call.streaming_request:
+            self.credit(call, len(payload))
+        if flags & END_STREAM:
+            call.half_closed()
+            if not call.streaming_request:
+                if not call.messages:
+                    call.finish(grpc.StatusCode.INTERNAL, "grpc: the client sent no request message")
+                else:
+                    self._unary_ready(call)
+
+    def credit(self, call: Call, size: int) -> None:
+        """``size`` bytes of ``call``'s have been taken: the client may send as many more on it."""
+        call.unacked += size
+        if call.unacked >= STREAM_WINDOW // 4 and not call.remote_done:
+            self.write(_frame(WINDOW_UPDATE, 0, call.sid, call.unacked.to_bytes(4, "big")))
+            call.unacked = 0
+
+    # -- frames out under flow control ---------------------------------------------------
+
+    def send_pending(self, call: Call) -> None:
+        """Send what of ``call``'s queued frames the windows allow; the rest waits for WINDOW_UPDATE."""
+        pending = call.pending
+        while pending:
+            kind, payload = pending[0]
+            if kind == DATA:
+                size = len(payload)
+                allowed = min(call.window, self.window)
+                if size > allowed:  # what the windows allow now, the rest when they grow
+                    if allowed > 0:
+                        call.window -= allowed
+                        self.window -= allowed
+                        self.write(_frame(DATA, 0, call.sid, payload[:allowed]))
+                        pending[0] = (DATA, payload[allowed:])
+                    self.blocked[call.sid] = call
+                    return
+                call.window -= size
+                self.window -= size
+                self.write(_frame(DATA, 0, call.sid, payload))
+            else:  # the trailers: the call's last frame
+                self._trailers(call.sid, payload)
+                self.calls.pop(call.sid, None)
+            pending.popleft()
+        self.blocked.pop(call.sid, None)
+        call._wake_drained()
+
+    def _trailers(self, sid: int, block: bytes) -> None:
+        frame_max = self.peer_max_frame
+        if len(block) <= frame_max:
+            self.write(_frame(HEADERS, END_HEADERS | END_STREAM, sid, block))
+            return
+        parts = [block[i:i + frame_max] for i in range(0, len(block), frame_max)]
+        self.write(_frame(HEADERS, END_STREAM, sid, parts[0]))
+        for i, part in enumerate(parts[1:], 1):
+            self.write(_frame(CONTINUATION, END_HEADERS if i == len(parts) - 1 else 0, sid, part))
+
+    def _unblock(self) -> None:
+        for call in list(self.blocked.values()):
+            if self.window <= 0:
+                return
+            self.send_pending(call)
+        if self.going_away and not self.calls:
+            self.transport.close()
+
+    # -- keepalive ----------------------------------------------------------------------------
+
+    def _keepalive(self) -> None:
+        opts = self.server.options
+        now = self.loop.time()
+        if self.ping_sent_at is not None:  # the last ping went unanswered
+            if now - self.ping_sent_at >= opts.keepalive_timeout_s:
+                self.transport.close()
+                return
+            self.keepalive = self.loop.call_later(opts.keepalive_timeout_s, self._keepalive)
+            return
+        if now - self.active >= opts.keepalive_interval_s:
+            self.ping_sent_at = now
+            self.write(_frame(PING, 0, 0, b"\0" * 8))
+            self.keepalive = self.loop.call_later(opts.keepalive_timeout_s, self._keepalive)
+        else:
+            self.keepalive = self.loop.call_later(opts.keepalive_interval_s - (now - self.active), self._keepalive)
+
+
+class _ConnectionError(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Server:
+    """grpc.aio.Server's surface as the shim uses it."""
+
+    def __init__(self, options: ServerOptions | None = None) -> None:
+        self.options = options or ServerOptions()
+        self.handlers: list = []
+        self.sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
+        self.listeners: list[asyncio.AbstractServer] = []
+        self.connections: set[Connection] = set()
+        self.tasks: set[asyncio.Task] = set()
+        self.stopping = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self.handlers.extend(handlers)
+
+    def add_insecure_port(self, address: str) -> int:
+        return self._bind(address, None)
+
+    def add_secure_port(self, address: str, context: ssl.SSLContext) -> int:
+        return self._bind(address, context)
+
+    def _bind(self, address: str, context: ssl.SSLContext | None) -> int:
+        host, _, port = address.rpartition(":")
+        host = host[1:-1] if host.startswith("[") else host
+        port_number = int(port)
+        bound = 0
+        try:
+            infos = socket.getaddrinfo(host or None, port_number, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except socket.gaierror as exc:
+            raise RuntimeError(f"cannot resolve {address}: {exc}") from None
+        seen = set()
+        for family, kind, proto, _, sockaddr in infos:
+            if (family, sockaddr[0]) in seen:
+                continue
+            seen.add((family, sockaddr[0]))
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((sockaddr[0], bound or port_number, *sockaddr[2:]))
+                sock.listen(1024)
+            except OSError as exc:
+                sock.close()
+                raise RuntimeError(f"cannot listen on {address}: {exc.strerror}") from None
+            sock.setblocking(False)
+            bound = sock.getsockname()[1]
+            self.sockets.append((sock, context))
+        if not bound:
+            raise RuntimeError(f"cannot listen on {address}")
+        return bound
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        for sock, context in self.sockets:
+            self.listeners.append(await self.loop.create_server(lambda: Connection(self), sock=sock, ssl=context))
+
+    def find_handler(self, path: str, metadata: tuple):
+        details = _Details(path, metadata)
+        for generic in self.handlers:
+            handler = generic.service(details)
+            if handler is not None:
+                return handler
+        return None
+
+    async def run(self, call: Call) -> None:
+        """Run ``call``'s handler and send its answer and status."""
+        handler = call.handler
+        task = call.task
+        self.tasks.add(task)
+        try:
+            if handler.request_streaming:
+                request = call
+            else:
+                raw = call.messages.popleft()
+                request = handler.request_deserializer(raw) if handler.request_deserializer is not None else raw
+            serializer = handler.response_serializer
+            if handler.response_streaming:
+                fn = handler.stream_stream if handler.request_streaming else handler.unary_stream
+                responses = fn(request, call)
+                if hasattr(responses, "__aiter__"):
+                    try:
+                        async for response in responses:
+                            call.send_message(serializer(response) if serializer is not None else response)
+                            if call.pending or call.conn.paused:
+                                await call._drain()
+                    finally:  # a call ended between two messages: the handler's cleanup runs now
+                        if (aclose := getattr(responses, "aclose", None)) is not None:
+                            await aclose()
+                else:
+                    await responses  # a handler that writes through context.write()
+            else:
+                fn = handler.stream_unary if handler.request_streaming else handler.unary_unary
+                response = await fn(request, call)
+                call.send_message(serializer(response) if serializer is not None else response)
+            call.finish()
+        except grpc.aio.AbortError:
+            call.finish(call._code or grpc.StatusCode.UNKNOWN, call._details)  # set by abort; this is for a handler's own
+        except _Ended:
+            pass
+        except asyncio.CancelledError:
+            if not call.closed:  # the server is stopping
+                call.finish(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+        except Exception as exc:
+            logger.exception("gRPC handler failed method=%s", call.method)
+            call.finish(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
+        finally:
+            self.tasks.discard(task)
+            if call.remote_done is False and call.closed and not call.expired:
+                call.conn.reset(call.sid, NO_ERROR)  # we answered: the client need not send more
+            if not call.pending:
+                call.conn.calls.pop(call.sid, None)
+            if call.conn.going_away and not call.conn.calls:
+                call.conn.write(b"")
+                call.conn.loop.call_soon(call.conn.transport.close)
+
+    async def stop(self, grace: float | None) -> None:
+        """Refuse new calls (GOAWAY), let calls in flight end within ``grace`` seconds, then cancel them."""
+        self.stopping = True
+        for listener in self.listeners:
+            listener.close()
+        for conn in list(self.connections):
+            conn.go_away(NO_ERROR, close=False)
+        if self.tasks and grace:
+            await asyncio.wait(list(self.tasks), timeout=grace)
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=1.0)
+        for conn in list(self.connections):
+            conn._flush()
+            conn.transport.close()
+        for listener in self.listeners:
+            await listener.wait_closed()
