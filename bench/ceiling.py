@@ -1,4 +1,4 @@
-"""The ceiling: a do-nothing grpc.aio server that answers KV.Put, KV.Range,
+"""The ceiling: a do-nothing gRPC server that answers KV.Put, KV.Range,
 KV.Txn, Lease.LeaseGrant, Lease.LeaseKeepAlive and Watch.
 
 It parses each request (any real server has to) and answers with a canned,
@@ -19,6 +19,9 @@ Watch is the same idea: a Put is sent, as one event, to every watcher whose
 key or range holds the put's key, one response per watcher as etcd sends them;
 nothing is stored, so there is no history, no prev_kv and no filtering.
 
+--grpc-server chooses the gRPC server as shardetcd's flag of that name does, with
+the same default: the ceiling does the gRPC work shardetcd does, and nothing else.
+
     python -m bench.ceiling --port 23790
 """
 from __future__ import annotations
@@ -35,6 +38,8 @@ import grpc
 from prometheus_client import Histogram, start_http_server
 
 from proto import kv_pb2, rpc_pb2 as pb
+from shim import grpcserver
+from shim.config import ServerConfig
 from shim.loop import EVENT_LOOPS, default_event_loop, run as run_loop
 
 _HEADER = pb.ResponseHeader(cluster_id=1, member_id=1, revision=1, raft_term=2)
@@ -225,12 +230,13 @@ async def _keepalive(requests, context):
 
 
 async def serve(port: int, fsync_dir: str | None = None, fsync_mode: str = "hybrid",
-                metrics_port: int | None = None) -> None:
+                metrics_port: int | None = None, grpc_server: str = ServerConfig.grpc_server) -> None:
     if metrics_port:
         start_http_server(metrics_port, addr="127.0.0.1")
     if fsync_dir:
         _commit[0] = GroupCommit(fsync_dir, fsync_mode)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = (grpc.aio.server(options=[("grpc.so_reuseport", 0)]) if grpc_server == "grpcio"
+              else grpcserver.Server())
     # no (de)serializers: handlers see and return raw bytes
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("etcdserverpb.KV", {
         "Put": grpc.unary_unary_rpc_method_handler(_counted(_put)),
@@ -260,8 +266,10 @@ def main() -> None:
     ap.add_argument("--metrics-port", type=int, default=None, help="serve /metrics (fdatasync count and time) here")
     ap.add_argument("--event-loop", choices=EVENT_LOOPS, default=default_event_loop(),
                     help="the same choice as shardetcd's --event-loop, whose default it shares (default: %(default)s)")
+    ap.add_argument("--grpc-server", choices=("native", "grpcio"), default=ServerConfig.grpc_server,
+                    help="the same choice as shardetcd's --grpc-server, whose default it shares (default: %(default)s)")
     args = ap.parse_args()
-    run_loop(serve(args.port, args.fsync_dir, args.fsync_mode, args.metrics_port), args.event_loop)
+    run_loop(serve(args.port, args.fsync_dir, args.fsync_mode, args.metrics_port, args.grpc_server), args.event_loop)
 
 
 if __name__ == "__main__":

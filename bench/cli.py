@@ -24,6 +24,7 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from shim.config import ServerConfig
 
 from . import etcdtool, k8s, machine, report, runargs, scenarios as sc
 from .checkperf import check_datascale, check_perf
@@ -44,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "its figures mean nothing")
     ap.add_argument("--only", default="", help="comma-separated scenario names: " + ",".join(s.name for s in sc.SCENARIOS))
     ap.add_argument("--servers", default="etcd,shardetcd,ceiling", help="comma-separated: etcd,shardetcd,ceiling")
+    ap.add_argument("--grpc-server", choices=("native", "grpcio"), default=ServerConfig.grpc_server,
+                    help="the gRPC server of shardetcd and of the ceiling alike (default: %(default)s, shardetcd's)")
     runargs.add_tool(ap)
     ap.add_argument("--duration", type=float, help="override the measured seconds of the Python-driven runs")
     ap.add_argument("--total", type=int, help="override the requests per run of the tool-driven runs")
@@ -171,7 +174,9 @@ def main(argv=None) -> int:
         for srv in servers:
             if not any(srv in s.servers for s, _ in runs) and not (do_check_perf and srv != "ceiling"):
                 continue
-            server = started[srv] = STARTERS[srv](tmp)
+            transport = ("--grpc-server", args.grpc_server)
+            server = started[srv] = (STARTERS[srv](tmp) if srv == "etcd" else STARTERS[srv](tmp, transport)
+                                     if srv == "ceiling" else STARTERS[srv](tmp, transport, " ".join(transport)))
             meta["servers"][srv] = {"version": server.version, "endpoint": server.endpoint}
             print(f"  started {srv}: {server.version} on {server.endpoint} (pid {server.pid})", flush=True)
             etcdtool.seed_range_key(server.endpoint, sc.RANGE_KEY, sc.VAL_SIZE)
@@ -252,4 +257,5 @@ def main(argv=None) -> int:
 def publishable(args, servers: list[str]) -> bool:
     """Only a complete, default quick run replaces the results kept in the repository."""
     return (args.quick and not args.tiny and not args.only and not args.duration and not args.total
+            and args.grpc_server == ServerConfig.grpc_server
             and servers == list(report.SERVER_ORDER) and args.out.resolve() == RESULTS.resolve())

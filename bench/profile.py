@@ -11,7 +11,8 @@ the handler's frame), once plain (req/s and server CPU without a profiler
 attached) and once under ``py-spy record --idle --nonblocking --threads
 --format raw`` on the server's PID, and splits the server's CPU into:
 
-  gRPC            grpcio's aio machinery: Python frames under grpc/, samples
+  gRPC            the gRPC server: the native one's frames (shim/grpcserver.py,
+                  the default) or grpcio's aio machinery: Python frames under grpc/, samples
                   whose innermost Python frame is asyncio's ``Handle._run``
                   (a C callback: grpc's Cython coroutines and completion-queue
                   callbacks, and the C part of asyncio's task steps), the
@@ -76,7 +77,7 @@ STARTERS = {  # on asyncio's own loop, see main()
 
 RESULTS = runargs.RESULTS
 CATEGORIES = ("gRPC", "protobuf", "event loop", "handler", "store", "journal", "other")
-LABELS = {"gRPC": "gRPC (grpcio's aio machinery, poller, C-core threads)",
+LABELS = {"gRPC": "gRPC (shim/grpcserver.py; with --grpc-server grpcio its aio machinery, poller, C-core threads)",
           "protobuf": "protobuf (parse requests, encode responses)", "event loop": "event loop (asyncio)",
           "handler": "handler (shim/)", "store": "store (shards/)", "journal": "journal (journal/, writer threads)",
           "other": "other"}
@@ -152,10 +153,10 @@ def owner(file: str, func: str) -> str | None:
         return "store"
     if file == "shim/wire.py" or (file, func) in SERDES or file.startswith(("google/protobuf/", "proto/")):
         return "protobuf"
+    if file.startswith("grpc/") or file == "shim/grpcserver.py":
+        return "gRPC"
     if file.startswith(("shim/", "bench/")):
         return "handler"
-    if file.startswith("grpc/"):
-        return "gRPC"
     return None
 
 

@@ -170,7 +170,9 @@ def start_ceiling(tmp: Path, extra_args: tuple[str, ...] = ()) -> Server:
         stop_by_pid(proc, grace=10)
         log.close()
 
-    return Server("ceiling", endpoint, proc.pid, f"do-nothing grpc.aio server, Put/Txn group-committed with fdatasync (grpcio {grpc.__version__})", stop,
+    transport = extra_args[extra_args.index("--grpc-server") + 1] if "--grpc-server" in extra_args else "default"
+    return Server("ceiling", endpoint, proc.pid, f"do-nothing gRPC server (--grpc-server {transport}; grpcio "
+                  f"{grpc.__version__}), Put/Txn group-committed with fdatasync", stop,
                   metrics_url=f"http://127.0.0.1:{metrics_port}")
 
 

@@ -13,9 +13,10 @@ by etcd's benchmark tool. Per request:
   * each stage's own CPU on the event-loop thread (the handler's checks, conversion
     and response; the store's MVCC row and index, journal record and commit
     bookkeeping; the journal's loop callbacks; garbage collection);
-  * the loop thread's CPU outside the stages: grpc.aio (its Cython and C work for
-    the call, the request's parse) and the event loop itself;
-  * the other threads (the journal's writer, grpc's poller and C-core threads), from
+  * the loop thread's CPU outside the stages: the gRPC server (the native one's
+    framing, or grpc.aio's Cython and C work with --grpc-server grpcio; the
+    request's parse) and the event loop itself;
+  * the other threads (the journal's writer; grpc's poller and C-core threads), from
     /proc/<pid>/task/<tid>/schedstat;
   * the same totals for shardetcd uninstrumented and for the ceiling, so that
     "shardetcd − ceiling" is read against the stages that make it up.
@@ -42,7 +43,7 @@ from .profile import thread_cpu
 from .servers import Server, _DefaultShardetcd, start_ceiling, start_shardetcd_default
 from .stages_server import stage_names
 
-OUTSIDE = "loop thread outside the stages (grpc.aio, event loop)"
+OUTSIDE = "loop thread outside the stages (gRPC server, event loop)"
 
 
 def loads() -> list[tuple[str, sc.Scenario, sc.Point]]:
@@ -135,7 +136,7 @@ def table(rows: list[dict]) -> str:
             continue
         line(stage, lambda label: fmt(by[(label, "shardetcd-staged")]["stages_us"].get(stage)))
     line("**loop thread, stages timed**", lambda label: f"**{by[(label, 'shardetcd-staged')]['loop_us']:,.0f}**")
-    line("other threads (journal writer, grpc poller and C core)",
+    line("other threads (journal writer; grpcio: poller and C core)",
          lambda label: f"{by[(label, 'shardetcd-staged')]['other_threads_us']:,.0f}")
     line("**shardetcd, stages timed: total** (req/s)",
          lambda label: f"**{by[(label, 'shardetcd-staged')]['total_us']:,.0f}** ({by[(label, 'shardetcd-staged')]['req_s']:,.0f})")
