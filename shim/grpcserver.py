@@ -292,13 +292,17 @@ class Call:
         if not self.headers_sent:
             self.headers_sent = True
             conn.write(_frame(HEADERS, END_HEADERS, self.sid, RESPONSE_HEADERS))
-        message = b"\0" + len(payload).to_bytes(4, "big") + payload
-        size = len(message)
+        length = len(payload)
+        size = length + 5
         if not self.pending and size <= self.window and size <= conn.window and size <= conn.peer_max_frame:
             self.window -= size
             conn.window -= size
-            conn.write(_frame(DATA, 0, self.sid, message))
+            # one DATA frame: its header and the message's 5-byte prefix, then the message as it is
+            conn.out.append(size.to_bytes(3, "big") + b"\0\0" + self.sid.to_bytes(4, "big") + b"\0"
+                            + length.to_bytes(4, "big"))
+            conn.write(payload)
             return
+        message = b"\0" + length.to_bytes(4, "big") + payload
         frame_max = conn.peer_max_frame
         for start in range(0, size, frame_max):
             self.pending.append((DATA, message[start:start + frame_max]))
@@ -316,8 +320,12 @@ class Call:
         if not self.headers_sent:  # trailers-only
             self.headers_sent = True
             block = RESPONSE_HEADERS + block
-        self.pending.append((HEADERS, block))
-        self.conn.send_pending(self)
+        if self.pending:  # after the data that waits for window
+            self.pending.append((HEADERS, block))
+            self.conn.send_pending(self)
+        else:
+            self.conn._trailers(self.sid, block)
+            self.conn.calls.pop(self.sid, None)
         self._close()
 
     def _close(self) -> None:

@@ -158,6 +158,11 @@ def watch_response(
     return b"".join(parts)
 
 
+def watch_event_response(header: bytes, watch_id: int, event: bytes) -> bytes:
+    """watch_response(header, watch_id, [event]) for a watch id > 0, with nothing else set."""
+    return b"".join((header, b"\x10", varint(watch_id), b"\x5a", varint(len(event)), event))
+
+
 def fragments(events: list[bytes], base_bytes: int, max_bytes: int) -> list[list[bytes]]:
     """Split events as etcd does: a fragment grows until adding an event would
     reach max_bytes (each fragment keeps at least one event)."""
