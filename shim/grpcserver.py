@@ -188,7 +188,8 @@ class Call:
         return None if self.deadline is None else max(0.0, self.deadline - self.conn.loop.time())
 
     def cancelled(self) -> bool:
-        return self.closed and self._code is None
+        """The client went away, or the deadline passed (an answered or aborted call was not cancelled)."""
+        return self.closed and (self._code is None or self.expired)
 
     def done(self) -> bool:
         return self.closed
@@ -251,7 +252,7 @@ class Call:
             size = int.from_bytes(recv[1:5], "big")
             options = self.conn.server.options
             if size > options.max_receive_message_bytes:  # refused before it is held, in grpc-go's words
-                self.finish(grpc.StatusCode.RESOURCE_EXHAUSTED, f"grpc: received message larger than max ({size} "
+                self.refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, f"grpc: received message larger than max ({size} "
                             f"vs. {options.receive_limit_bytes or options.max_receive_message_bytes})")
                 return False
             if len(recv) < 5 + size:
@@ -263,7 +264,7 @@ class Call:
                 try:
                     raw = self._decompress(raw)
                 except (zlib.error, _Unsupported) as exc:
-                    self.finish(grpc.StatusCode.UNIMPLEMENTED if isinstance(exc, _Unsupported)
+                    self.refuse(grpc.StatusCode.UNIMPLEMENTED if isinstance(exc, _Unsupported)
                                 else grpc.StatusCode.INTERNAL, str(exc))
                     return False
             self.messages.append(raw)
@@ -277,6 +278,13 @@ class Call:
         if self.encoding == b"deflate":
             return zlib.decompress(raw)
         raise _Unsupported(f"grpc: Decompressor is not installed for grpc-encoding \"{(self.encoding or b'').decode()}\"")
+
+    def refuse(self, code: grpc.StatusCode, message: str) -> None:
+        """The transport ends the call (a request it cannot take): its status now, its handler cancelled."""
+        self._code, self._details = code, message
+        self.finish(code, message)
+        if self.task is not None:
+            self.task.cancel()
 
     def half_closed(self) -> None:
         self.remote_done = True
@@ -312,6 +320,8 @@ class Call:
         """The call's status (trailers, END_STREAM); the call is over."""
         if self.closed:
             return
+        if self._code is None:
+            self._code = code
         if code is grpc.StatusCode.OK and not message:
             block = OK_TRAILERS
         else:
@@ -345,7 +355,7 @@ class Call:
                 await self.drained
             finally:
                 self.drained = None
-        if self.closed and self._code is None and not self.pending:
+        if self.closed:
             raise _Ended()
 
     def _wake_drained(self) -> None:

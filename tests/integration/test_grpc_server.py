@@ -580,6 +580,33 @@ def test_tiny_and_long_deadlines(server):
 # -- 5. cancellation -----------------------------------------------------------------------------
 
 
+def test_a_stream_refused_for_an_oversized_message_ends_its_handler(server):
+    """A Watch stream whose next request is over the server's receive cap is refused with
+    RESOURCE_EXHAUSTED, and the stream's watchers go with it (the handler does not linger)."""
+    no_watchers_left(server)
+    key = unique("refused")
+    requests = [pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key)),
+                pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"x" * (17 * MiB)))]
+    sent = threading.Event()
+
+    def feed():
+        yield requests[0]
+        sent.wait(30)
+        yield requests[1]
+
+    with grpc.insecure_channel(server.endpoint, options=BIG_CLIENT + OWN_CONNECTION) as ch:
+        call = pbg.WatchStub(ch).Watch(feed(), timeout=60)
+        assert next(call).created
+        wait_metrics(server, lambda m: m[WATCHERS] == 1)
+        sent.set()
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in call:
+                pass
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    no_watchers_left(server)
+    assert_serving(server)
+
+
 def test_cancelled_watch_streams_are_cleaned_up(server):
     no_watchers_left(server)
     before = scrape(server)
