@@ -240,18 +240,10 @@ class RawH2:
             if left <= 0:
                 streams = {k: vars(v) for k, v in self.streams.items()}
                 raise AssertionError(f"nothing more within {timeout}s; streams={streams}")
-            self.sock.settimeout(left)
-            try:
-                data = self.sock.recv(1 << 16)
-            except TimeoutError:
-                continue
-            except ConnectionError:
-                data = b""
-            if not data:
-                self.closed = True
-                continue
-            self.buf += data
-            self._frames()
+            data = self._recv(left)
+            if data:
+                self.buf += data
+                self._frames()
 
     def until_closed(self, timeout: float = 10.0) -> None:
         """Read (and drop) whatever comes until the server closes the connection."""
@@ -260,15 +252,21 @@ class RawH2:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"the server kept the connection open for {timeout}s")
-            self.sock.settimeout(left)
-            try:
-                data = self.sock.recv(1 << 16)
-            except TimeoutError:
-                continue
-            except ConnectionError:
-                data = b""
-            if not data:
-                self.closed = True
+            self._recv(left)
+
+    def _recv(self, timeout: float) -> bytes | None:
+        """What arrives within ``timeout`` (None: nothing yet); at the end of the connection b""
+        and ``closed`` set."""
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(1 << 16)
+        except TimeoutError:
+            return None
+        except ConnectionError:
+            data = b""
+        if not data:
+            self.closed = True
+        return data
 
     def close(self, reset: bool = False) -> None:
         if reset:  # an RST instead of a FIN
