@@ -55,6 +55,7 @@ MAX_WINDOW = 2**31 - 1
 STREAM_WINDOW = 4 << 20  # what one stream may have in flight towards us
 CONNECTION_WINDOW = 16 << 20
 MAX_FRAME = 16384  # what we accept (the protocol's default); what we send follows the peer's setting
+MAX_HEADER_BLOCK = 1 << 20  # a longer header block (or decoded list) ends the connection
 MAX_PING_STRIKES = 2  # grpc-go's: the third too-early ping closes the connection
 _HIGH_BIT_BYTES = bytes(range(128, 256))
 UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -395,7 +396,7 @@ class Connection(asyncio.Protocol):
         self.buffer = b""
         self.preface = False
         self.decoder = Decoder()
-        self.decoder.max_header_list_size = 16 << 20
+        self.decoder.max_header_list_size = MAX_HEADER_BLOCK
         self.decoded: dict[bytes, list] = {}  # see _decode
         self.calls: dict[int, Call] = {}
         self.last_sid = 0
@@ -530,6 +531,8 @@ class Connection(asyncio.Protocol):
             if self.headers_in is None or self.headers_in[0] != sid:
                 raise _ConnectionError(PROTOCOL_ERROR)
             self.headers_in[2].extend(payload)
+            if len(self.headers_in[2]) > MAX_HEADER_BLOCK:  # a CONTINUATION flood
+                raise _ConnectionError(ENHANCE_YOUR_CALM)
             if flags & END_HEADERS:
                 sid, first, block = self.headers_in
                 self.headers_in = None

@@ -210,6 +210,7 @@ class RawH2:
         self.closed = False
         self._block: tuple[int, bool, bytearray] | None = None
         self.auto_credit = True  # False: the test gives the server its windows itself
+        self.settings_seen = False  # the server's SETTINGS arrived (and were acknowledged)
         self.largest_data = 0  # the longest DATA payload received
 
     def send(self, data: bytes) -> None:
@@ -292,6 +293,7 @@ class RawH2:
     def _frame(self, ftype: int, flags: int, stream: int, payload: bytes) -> None:
         if ftype == SETTINGS and not flags & ACK:
             self.send(frame(SETTINGS, ACK, 0))
+            self.settings_seen = True
         elif ftype == PING and not flags & ACK:
             self.send(frame(PING, ACK, 0, payload))
         elif ftype == GOAWAY:
@@ -758,6 +760,34 @@ def test_garbage_closes_the_connection(server, name):
     try:
         conn.send(GARBAGE[name])
         conn.until_closed(timeout=10)
+    finally:
+        conn.close()
+    assert_serving(server)
+
+
+def test_an_endless_header_block_is_not_held(server):
+    """A HEADERS frame whose block never ends (4 MiB of CONTINUATION frames): the server does not
+    serve that call or keep collecting the block; it resets the stream (grpcio, after a
+    RESOURCE_EXHAUSTED status) or closes the connection (native: GOAWAY past 1 MiB), and
+    serves everyone else meanwhile."""
+    conn = RawH2(server).handshake()
+    try:
+        conn.pump(lambda: conn.settings_seen)  # nothing but CONTINUATION may follow the HEADERS below
+        block = hpack_literals([(":method", "POST"), (":scheme", "http"), (":path", "/etcdserverpb.KV/Range"),
+                                (":authority", "x"), ("content-type", "application/grpc")])
+        conn.send(frame(HEADERS, 0, 1, block))
+        filler = frame(CONTINUATION, 0, 1, b"\x00\x01a\x01b" * 3000)  # literal headers a: b, 15 KB a frame
+        with contextlib.suppress(OSError):  # the server may close while we still send
+            for _ in range(4 * MiB // len(filler)):
+                conn.send(filler)
+        with contextlib.suppress(AssertionError):
+            conn.pump(lambda: 1 in conn.streams and (conn.streams[1].reset is not None or conn.streams[1].ended),
+                      timeout=10)
+        answered = conn.streams.get(1)
+        assert conn.closed or (answered is not None and answered.reset is not None), vars(answered or RawStream())
+        assert conn.goaway is None or conn.goaway[1] != 1  # not for a PROTOCOL_ERROR of the test's own
+        # no answer to the flooded call, or a refusal (grpcio: trailers-only RESOURCE_EXHAUSTED and a reset)
+        assert answered is None or not answered.header_blocks or answered.status()[0] != 0
     finally:
         conn.close()
     assert_serving(server)
