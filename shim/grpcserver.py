@@ -21,7 +21,11 @@ What it implements of RFC 9113 and gRPC's HTTP/2 protocol:
   ``grpc-timeout``, ``-bin`` metadata, status in trailers (trailers-only when nothing
   was sent), ``grpc-message`` percent-encoded;
 * server keepalive: an idle connection is pinged every ``keepalive_interval_s`` and
-  closed if the answer takes longer than ``keepalive_timeout_s``.
+  closed if the answer takes longer than ``keepalive_timeout_s``;
+* a connection that opens with an HTTP/1.1 request instead of the HTTP/2 preface goes to
+  ``Server.http1`` (the shim's HTTP endpoint: etcd's /health, /metrics, /version and JSON
+  gateway share its client port); our SETTINGS wait for the client's preface, so such a
+  client never sees an HTTP/2 byte.
 
 Response headers are written as HPACK literals without indexing, so the peer's dynamic
 table is never touched and nothing needs an encoder's state.
@@ -425,12 +429,39 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.keepalive = self.loop.call_later(self.server.options.keepalive_interval_s, self._keepalive)
+
+    def _server_preface(self) -> None:
+        """Our SETTINGS, once the client's preface says it speaks HTTP/2 (so that an HTTP/1.1
+        client handed to the HTTP endpoint never sees them)."""
         opts = self.server.options
         settings = (SETTINGS_MAX_CONCURRENT_STREAMS.to_bytes(2, "big") + min(opts.max_concurrent_streams, 2**32 - 1).to_bytes(4, "big")
                     + SETTINGS_INITIAL_WINDOW_SIZE.to_bytes(2, "big") + STREAM_WINDOW.to_bytes(4, "big"))
         self.write(_frame(SETTINGS, 0, 0, settings)
                    + _frame(WINDOW_UPDATE, 0, 0, (CONNECTION_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big")))
-        self.keepalive = self.loop.call_later(opts.keepalive_interval_s, self._keepalive)
+
+    def _hand_to_http1(self, data: bytes) -> None:
+        """Not HTTP/2: an HTTP/1.1 request goes to the HTTP endpoint (etcd serves /health, /metrics,
+        /version and its JSON gateway on the client port too); anything else is closed."""
+        handler = self.server.http1
+        if handler is not None and b" " not in data[:16] and len(data) < 16 and data.isalpha():
+            self.buffer = data  # the method's first letters: wait for the rest of it
+            return
+        if handler is None or b" " not in data[:16] or not data.split(b" ", 1)[0].isalpha():
+            self.transport.close()
+            return
+        self.server.connections.discard(self)
+        if self.keepalive is not None:
+            self.keepalive.cancel()
+        reader = asyncio.StreamReader(loop=self.loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=self.loop)
+        self.transport.set_protocol(protocol)
+        protocol.connection_made(self.transport)
+        reader.feed_data(data)
+        writer = asyncio.StreamWriter(self.transport, protocol, reader, self.loop)
+        task = self.loop.create_task(handler(reader, writer))
+        self.server.tasks.add(task)
+        task.add_done_callback(self.server.tasks.discard)
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
@@ -479,14 +510,15 @@ class Connection(asyncio.Protocol):
         if not self.preface:
             if len(buf) < len(PREFACE):
                 if not PREFACE.startswith(buf):
-                    self.transport.close()
+                    self._hand_to_http1(buf)
                     return
                 self.buffer = buf
                 return
             if not buf.startswith(PREFACE):
-                self.transport.close()  # not HTTP/2 with prior knowledge
+                self._hand_to_http1(buf)  # not HTTP/2 with prior knowledge
                 return
             self.preface = True
+            self._server_preface()
             buf = buf[len(PREFACE):]
         pos, size = 0, len(buf)
         try:
@@ -794,6 +826,8 @@ class Server:
         self.tasks: set[asyncio.Task] = set()
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        # an HTTP/1.1 connection on the gRPC port goes here: handler(reader, writer), as asyncio.start_server's
+        self.http1 = None
 
     def add_generic_rpc_handlers(self, handlers) -> None:
         self.handlers.extend(handlers)

@@ -1,7 +1,8 @@
 """A small HTTP/1.1 endpoint: /metrics, /health, /readyz, /livez, /version and the /v3 JSON gateway.
 
-etcd serves these beside gRPC; here they are served on --listen-metrics-urls
-(grpcio cannot share its port with an HTTP/1.1 server).
+etcd serves these beside gRPC on its client port; here they are served on
+--listen-metrics-urls, and on the client port by the native gRPC server, which hands
+an HTTP/1.1 connection to ``handle`` (grpcio's server cannot share its port).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The /v3 JSON gateway (served on --listen-metrics-urls): etcd3gw, and JSON equal to etcd's gateway."""
+"""The /v3 JSON gateway (served on --listen-metrics-urls, and on the client port as etcd serves it):
+etcd3gw, and JSON equal to etcd's gateway."""
 from __future__ import annotations
 
 import json
@@ -68,6 +69,41 @@ def test_gateway_json_matches_etcd(gateway, real_etcd):
     ]
     for path, body in script:  # the bytes, not only the parsed values: scripts compare them
         assert post_raw(ours, path, body) == post_raw(theirs, path, body), (path, body)
+
+
+def test_the_client_port_serves_http_as_etcds_does(tmp_path, real_etcd):
+    """HTTP/1.1 on the gRPC client port, as etcd serves it there (its cmux): the JSON gateway byte
+    for byte as etcd's, /version, /health, a 404 for anything else; gRPC on the same port
+    meanwhile (the native gRPC server hands an HTTP/1.1 connection to the HTTP endpoint)."""
+    import grpc
+
+    from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+
+    s = start_shardetcd(tmp_path)
+    try:
+        ours, theirs = f"http://{s.endpoint}", f"http://{real_etcd.endpoint}"
+        for path, body in [
+            ("/v3/kv/put", {"key": "Yw==", "value": "MQ==", "prev_kv": True}),
+            ("/v3/kv/range", {"key": "Yw=="}),
+            ("/v3/kv/range", {"key": ""}),
+        ]:
+            assert post_raw(ours, path, body) == post_raw(theirs, path, body), (path, body)
+        for path in ("/health", "/nothing"):
+            assert get_raw(ours, path) == get_raw(theirs, path), path
+        status, body = get_raw(ours, "/version")  # the version told differs (3.5.16, for kube-apiserver)
+        assert status == 200 and json.loads(body).keys() == json.loads(get_raw(theirs, "/version")[1]).keys()
+        with grpc.insecure_channel(s.endpoint) as ch:
+            assert pbg.KVStub(ch).Range(pb.RangeRequest(key=b"c"), timeout=10).kvs[0].value == b"1"
+    finally:
+        s.stop()
+
+
+def get_raw(base: str, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(base + path, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
 
 def post_raw(base: str, path: str, body: dict) -> tuple[int, str]:
