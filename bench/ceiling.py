@@ -39,7 +39,7 @@ from prometheus_client import Histogram, start_http_server
 
 from proto import kv_pb2, rpc_pb2 as pb
 from shim import grpcserver
-from shim.config import ServerConfig
+from shim.config import GRPC_SERVERS, ServerConfig
 from shim.loop import EVENT_LOOPS, default_event_loop, run as run_loop
 
 _HEADER = pb.ResponseHeader(cluster_id=1, member_id=1, revision=1, raft_term=2)
@@ -266,7 +266,7 @@ def main() -> None:
     ap.add_argument("--metrics-port", type=int, default=None, help="serve /metrics (fdatasync count and time) here")
     ap.add_argument("--event-loop", choices=EVENT_LOOPS, default=default_event_loop(),
                     help="the same choice as shardetcd's --event-loop, whose default it shares (default: %(default)s)")
-    ap.add_argument("--grpc-server", choices=("native", "grpcio"), default=ServerConfig.grpc_server,
+    ap.add_argument("--grpc-server", choices=GRPC_SERVERS, default=ServerConfig.grpc_server,
                     help="the same choice as shardetcd's --grpc-server, whose default it shares (default: %(default)s)")
     args = ap.parse_args()
     run_loop(serve(args.port, args.fsync_dir, args.fsync_mode, args.metrics_port, args.grpc_server), args.event_loop)

@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from shim.config import ServerConfig
+from shim.config import GRPC_SERVERS, ServerConfig
 
 from . import etcdtool, k8s, machine, report, runargs, scenarios as sc
 from .checkperf import check_datascale, check_perf
@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "its figures mean nothing")
     ap.add_argument("--only", default="", help="comma-separated scenario names: " + ",".join(s.name for s in sc.SCENARIOS))
     ap.add_argument("--servers", default="etcd,shardetcd,ceiling", help="comma-separated: etcd,shardetcd,ceiling")
-    ap.add_argument("--grpc-server", choices=("native", "grpcio"), default=ServerConfig.grpc_server,
+    ap.add_argument("--grpc-server", choices=GRPC_SERVERS, default=ServerConfig.grpc_server,
                     help="the gRPC server of shardetcd and of the ceiling alike (default: %(default)s, shardetcd's)")
     runargs.add_tool(ap)
     ap.add_argument("--duration", type=float, help="override the measured seconds of the Python-driven runs")
@@ -174,9 +174,14 @@ def main(argv=None) -> int:
         for srv in servers:
             if not any(srv in s.servers for s, _ in runs) and not (do_check_perf and srv != "ceiling"):
                 continue
-            transport = ("--grpc-server", args.grpc_server)
-            server = started[srv] = (STARTERS[srv](tmp) if srv == "etcd" else STARTERS[srv](tmp, transport)
-                                     if srv == "ceiling" else STARTERS[srv](tmp, transport, " ".join(transport)))
+            transport = ("--grpc-server", args.grpc_server)  # shardetcd's and the ceiling's alike
+            if srv == "etcd":
+                server = STARTERS[srv](tmp)
+            elif srv == "ceiling":
+                server = STARTERS[srv](tmp, transport)
+            else:
+                server = STARTERS[srv](tmp, transport, " ".join(transport))
+            started[srv] = server
             meta["servers"][srv] = {"version": server.version, "endpoint": server.endpoint}
             print(f"  started {srv}: {server.version} on {server.endpoint} (pid {server.pid})", flush=True)
             etcdtool.seed_range_key(server.endpoint, sc.RANGE_KEY, sc.VAL_SIZE)

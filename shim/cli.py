@@ -15,7 +15,7 @@ from shards.snapshot import SnapshotError, restore_snapshot
 from shards.tokens import TokenOptionsError, parse_auth_token
 
 from .autocompact import AutoCompaction
-from .config import ServerConfig
+from .config import GRPC_SERVERS, ServerConfig
 from .loop import EVENT_LOOPS, default_event_loop, run as run_loop
 from .server import StartupError, StoreStopped, serve
 
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-keepalive-min-time", type=_duration, default=f"{d.grpc_keepalive_min_time_s:g}s", help="shortest interval a client may ping at (default: %(default)s)")
     p.add_argument("--grpc-keepalive-interval", type=_duration, default=f"{d.grpc_keepalive_interval_s / 3600:g}h", help="how often the server pings an idle connection (default: %(default)s)")
     p.add_argument("--grpc-keepalive-timeout", type=_duration, default=f"{d.grpc_keepalive_timeout_s:g}s", help="how long the server waits for a ping answer before closing (default: %(default)s)")
-    p.add_argument("--grpc-server", choices=("native", "grpcio"), default=d.grpc_server,
+    p.add_argument("--grpc-server", choices=GRPC_SERVERS, default=d.grpc_server,
                    help="the gRPC server: native (HTTP/2 on asyncio, shim/grpcserver.py) or grpcio (grpc.aio's); "
                         "the same calls and answers, native at a fraction of the CPU (default: %(default)s)")
     p.add_argument("--cert-file", type=Path, default=None, help="server TLS certificate (PEM), used by https:// client URLs")

@@ -10,6 +10,7 @@ ETCD_API_VERSION = "3.5.16"  # the etcd release whose API and behaviour we imple
 # etcd's slack above --max-request-bytes: how much gRPC may receive, and the
 # size at which a watch response that allows fragments is cut
 GRPC_OVERHEAD_BYTES = 512 * 1024
+GRPC_SERVERS = ("native", "grpcio")  # --grpc-server: shim/grpcserver.py, grpc.aio's server
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class ServerConfig:
     grpc_keepalive_interval_s: float = 2 * 60 * 60
     grpc_keepalive_timeout_s: float = 20.0
     max_concurrent_streams: int = 2**32 - 1  # etcd's default: math.MaxUint32
-    grpc_server: str = "native"  # shim/grpcserver.py, or "grpcio" (grpc.aio's server)
+    grpc_server: str = "native"  # one of GRPC_SERVERS: shim/grpcserver.py, or grpc.aio's server
     cluster_layout: Path | None = None  # with partition: serve one partition of a `shardetcd cluster`
     partition: str | None = None
     bcrypt_cost: int = 10  # etcd's --bcrypt-cost
