@@ -40,6 +40,7 @@ from shards.tokens import SimpleTokens, looks_simple
 
 from . import wire
 from .context import FORWARDED_METADATA_MARK, NOT_THE_WRITER, READ_INDEX_METADATA
+from .grpcserver import CallDetails
 from .access import token_of
 
 logger = logging.getLogger(__name__)
@@ -419,7 +420,7 @@ def keepalive_handler(link: WriterLink, member) -> grpc.GenericRpcHandler:
     off; with auth on, each client's stream goes to the writer with its token."""
     keepalives = KeepAlives(link)
     forward = forwarding_handlers(link, {"etcdserverpb.Lease": {"LeaseKeepAlive": "stream_stream"}})[0]
-    forwarded = forward.handler.service(_Details("/etcdserverpb.Lease/LeaseKeepAlive"))
+    forwarded = forward.handler.service(CallDetails("/etcdserverpb.Lease/LeaseKeepAlive"))
 
     async def handle(requests, context):
         await refuse_if_forwarded(context)
@@ -438,11 +439,6 @@ def keepalive_handler(link: WriterLink, member) -> grpc.GenericRpcHandler:
 
     return WhileFollowing(link, grpc.method_handlers_generic_handler("etcdserverpb.Lease", {
         "LeaseKeepAlive": grpc.stream_stream_rpc_method_handler(handle)}))
-
-
-class _Details:
-    def __init__(self, method: str) -> None:
-        self.method = method
 
 
 def follower_kv(member, link: WriterLink):

@@ -111,13 +111,22 @@ def _timeout_s(value: bytes) -> float | None:
         return None
 
 
-class _Details:
+class CallDetails:
     """grpc.HandlerCallDetails, as a generic handler's ``service()`` reads it."""
 
     __slots__ = ("method", "invocation_metadata")
 
-    def __init__(self, method: str, metadata: tuple) -> None:
+    def __init__(self, method: str, metadata: tuple = ()) -> None:
         self.method, self.invocation_metadata = method, metadata
+
+
+def _identity(message):
+    return message
+
+
+def _unpadded(payload: bytes) -> bytes:
+    """A padded frame's payload without its pad length byte and padding."""
+    return payload[1:len(payload) - payload[0]]
 
 
 @dataclass
@@ -139,7 +148,8 @@ class Call:
 
     __slots__ = ("conn", "sid", "method", "metadata", "handler", "task", "recv", "messages", "waiter",
                  "remote_done", "window", "pending", "drained", "headers_sent", "closed", "_code", "_details",
-                 "deadline", "timer", "encoding", "unacked", "streaming_request", "expired")
+                 "deadline", "timer", "encoding", "unacked", "streaming_request", "expired", "serialize",
+                 "deserialize")
 
     def __init__(self, conn: Connection, sid: int, method: str, metadata: tuple, handler, encoding: bytes | None):
         self.conn, self.sid, self.method, self.metadata, self.handler = conn, sid, method, metadata, handler
@@ -161,6 +171,8 @@ class Call:
         self.unacked = 0
         self.streaming_request = handler.request_streaming
         self.expired = False
+        self.serialize = handler.response_serializer or _identity
+        self.deserialize = handler.request_deserializer or _identity
 
     # -- the ServicerContext the shim's handlers use ------------------------------------
 
@@ -170,11 +182,7 @@ class Call:
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
         """The call ends now with this status, whichever task aborts it (as grpc.aio's): a
         stream's request reader aborting ends the call its handler is still serving."""
-        if not self.closed:
-            self._code, self._details = code, details
-            self.finish(code, details)
-            if self.task is not None and self.task is not asyncio.current_task():
-                self.task.cancel()
+        self._end(code, details)
         raise grpc.aio.AbortError()
 
     def set_code(self, code: grpc.StatusCode) -> None:
@@ -218,8 +226,7 @@ class Call:
             return grpc.aio.EOF
 
     async def write(self, message) -> None:
-        serializer = self.handler.response_serializer
-        self.send_message(serializer(message) if serializer is not None else message)
+        self.send_message(self.serialize(message))
         if self.pending or self.conn.paused:
             await self._drain()
 
@@ -242,8 +249,7 @@ class Call:
                 self.waiter = None
         raw = self.messages.popleft()
         self.conn.credit(self, len(raw) + 5)
-        deserializer = self.handler.request_deserializer
-        return deserializer(raw) if deserializer is not None else raw
+        return self.deserialize(raw)
 
     def _wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -257,7 +263,7 @@ class Call:
             size = int.from_bytes(recv[1:5], "big")
             options = self.conn.server.options
             if size > options.max_receive_message_bytes:  # refused before it is held, in grpc-go's words
-                self.refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, f"grpc: received message larger than max ({size} "
+                self._end(grpc.StatusCode.RESOURCE_EXHAUSTED, f"grpc: received message larger than max ({size} "
                             f"vs. {options.receive_limit_bytes or options.max_receive_message_bytes})")
                 return False
             if len(recv) < 5 + size:
@@ -269,7 +275,7 @@ class Call:
                 try:
                     raw = self._decompress(raw)
                 except (zlib.error, _Unsupported) as exc:
-                    self.refuse(grpc.StatusCode.UNIMPLEMENTED if isinstance(exc, _Unsupported)
+                    self._end(grpc.StatusCode.UNIMPLEMENTED if isinstance(exc, _Unsupported)
                                 else grpc.StatusCode.INTERNAL, str(exc))
                     return False
             self.messages.append(raw)
@@ -284,11 +290,12 @@ class Call:
             return zlib.decompress(raw)
         raise _Unsupported(f"grpc: Decompressor is not installed for grpc-encoding \"{(self.encoding or b'').decode()}\"")
 
-    def refuse(self, code: grpc.StatusCode, message: str) -> None:
-        """The transport ends the call (a request it cannot take): its status now, its handler cancelled."""
-        self._code, self._details = code, message
+    def _end(self, code: grpc.StatusCode, message: str) -> None:
+        """The call ends now with this status, its handler cancelled (unless it is the caller)."""
+        if self.closed:
+            return
         self.finish(code, message)
-        if self.task is not None:
+        if self.task is not None and self.task is not asyncio.current_task():
             self.task.cancel()
 
     def half_closed(self) -> None:
@@ -326,7 +333,7 @@ class Call:
         if self.closed:
             return
         if self._code is None:
-            self._code = code
+            self._code, self._details = code, message
         if code is grpc.StatusCode.OK and not message:
             block = OK_TRAILERS
         else:
@@ -349,8 +356,7 @@ class Call:
             self.timer.cancel()
             self.timer = None
         self._wake()
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
+        self._wake_drained()
 
     async def _drain(self) -> None:
         conn = self.conn
@@ -373,10 +379,8 @@ class Call:
         if self.closed:
             return
         self.expired = True
-        self.finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        self._end(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         self.conn.reset(self.sid, CANCEL)
-        if self.task is not None:
-            self.task.cancel()
 
     def cancel(self) -> None:
         """The client reset the stream or went away."""
@@ -444,10 +448,11 @@ class Connection(asyncio.Protocol):
         """Not HTTP/2: an HTTP/1.1 request goes to the HTTP endpoint (etcd serves /health, /metrics,
         /version and its JSON gateway on the client port too); anything else is closed."""
         handler = self.server.http1
-        if handler is not None and b" " not in data[:16] and len(data) < 16 and data.isalpha():
+        method, space, _ = data[:16].partition(b" ")
+        if handler is not None and method.isalpha() and not space and len(data) < 16:
             self.buffer = data  # the method's first letters: wait for the rest of it
             return
-        if handler is None or b" " not in data[:16] or not data.split(b" ", 1)[0].isalpha():
+        if handler is None or not method.isalpha() or not space:
             self.transport.close()
             return
         self.server.connections.discard(self)
@@ -492,6 +497,11 @@ class Connection(asyncio.Protocol):
         if not self.transport.is_closing():
             self.transport.write(b"".join(out))
 
+    def close(self) -> None:
+        """Close the connection after what was written so far."""
+        self._flush()
+        self.transport.close()
+
     def reset(self, sid: int, code: int) -> None:
         self.write(_frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
 
@@ -499,8 +509,7 @@ class Connection(asyncio.Protocol):
         self.going_away = True
         self.write(_frame(GOAWAY, 0, 0, self.last_sid.to_bytes(4, "big") + code.to_bytes(4, "big") + debug))
         if close:
-            self._flush()
-            self.transport.close()
+            self.close()
 
     # -- frames in ------------------------------------------------------------------------
 
@@ -552,7 +561,7 @@ class Connection(asyncio.Protocol):
             if sid == 0 or sid % 2 == 0:
                 raise _ConnectionError(PROTOCOL_ERROR)
             if flags & PADDED:
-                payload = payload[1:len(payload) - payload[0]]
+                payload = _unpadded(payload)
             if flags & PRIORITY_FLAG:
                 payload = payload[5:]
             if flags & END_HEADERS:
@@ -588,7 +597,7 @@ class Connection(asyncio.Protocol):
         elif kind == GOAWAY:
             self.going_away = True
             if not self.calls:
-                self.transport.close()
+                self.close()
         # PRIORITY, PUSH_PROMISE (a client must not send it) and unknown types are ignored
 
     def _settings(self, payload: bytes) -> None:
@@ -704,13 +713,17 @@ class Connection(asyncio.Protocol):
         if handler.request_streaming:
             call.task = self.loop.create_task(self.server.run(call))
         if flags & END_STREAM:
-            call.half_closed()
-            if not handler.request_streaming:
-                call.finish(grpc.StatusCode.INTERNAL, "grpc: the client sent no request message")
+            self._half_closed(call)
 
-    def _unary_ready(self, call: Call) -> None:
-        if call.task is None and not call.closed:
+    def _half_closed(self, call: Call) -> None:
+        """The client ended its side of ``call``: a unary call's request is complete, or missing."""
+        call.half_closed()
+        if call.streaming_request or call.task is not None or call.closed:
+            return
+        if call.messages:
             call.task = self.loop.create_task(self.server.run(call))
+        else:
+            call.finish(grpc.StatusCode.INTERNAL, "grpc: the client sent no request message")
 
     def _data(self, flags: int, sid: int, payload: bytes) -> None:
         length = len(payload)
@@ -719,7 +732,7 @@ class Connection(asyncio.Protocol):
             self.write(_frame(WINDOW_UPDATE, 0, 0, self.unacked.to_bytes(4, "big")))
             self.unacked = 0
         if flags & PADDED:
-            payload = payload[1:len(payload) - payload[0]]
+            payload = _unpadded(payload)
         call = self.calls.get(sid)
         if call is None or call.closed:
             return
@@ -729,12 +742,7 @@ class Connection(asyncio.Protocol):
         if not call.streaming_request:
             self.credit(call, len(payload))
         if flags & END_STREAM:
-            call.half_closed()
-            if not call.streaming_request:
-                if not call.messages:
-                    call.finish(grpc.StatusCode.INTERNAL, "grpc: the client sent no request message")
-                else:
-                    self._unary_ready(call)
+            self._half_closed(call)
 
     def credit(self, call: Call, size: int) -> None:
         """``size`` bytes of ``call``'s have been taken: the client may send as many more on it."""
@@ -787,7 +795,7 @@ class Connection(asyncio.Protocol):
                 return
             self.send_pending(call)
         if self.going_away and not self.calls:
-            self.transport.close()
+            self.close()
 
     # -- keepalive ----------------------------------------------------------------------------
 
@@ -875,7 +883,7 @@ class Server:
             self.listeners.append(await self.loop.create_server(lambda: Connection(self), sock=sock, ssl=context))
 
     def find_handler(self, path: str, metadata: tuple):
-        details = _Details(path, metadata)
+        details = CallDetails(path, metadata)
         for generic in self.handlers:
             handler = generic.service(details)
             if handler is not None:
@@ -888,19 +896,14 @@ class Server:
         task = call.task
         self.tasks.add(task)
         try:
-            if handler.request_streaming:
-                request = call
-            else:
-                raw = call.messages.popleft()
-                request = handler.request_deserializer(raw) if handler.request_deserializer is not None else raw
-            serializer = handler.response_serializer
+            request = call if handler.request_streaming else call.deserialize(call.messages.popleft())
             if handler.response_streaming:
                 fn = handler.stream_stream if handler.request_streaming else handler.unary_stream
                 responses = fn(request, call)
                 if hasattr(responses, "__aiter__"):
                     try:
                         async for response in responses:
-                            call.send_message(serializer(response) if serializer is not None else response)
+                            call.send_message(call.serialize(response))
                             if call.pending or call.conn.paused:
                                 await call._drain()
                     finally:  # a call ended between two messages: the handler's cleanup runs now
@@ -910,8 +913,7 @@ class Server:
                     await responses  # a handler that writes through context.write()
             else:
                 fn = handler.stream_unary if handler.request_streaming else handler.unary_unary
-                response = await fn(request, call)
-                call.send_message(serializer(response) if serializer is not None else response)
+                call.send_message(call.serialize(await fn(request, call)))
             call.finish()
         except grpc.aio.AbortError:
             call.finish(call._code or grpc.StatusCode.UNKNOWN, call._details)  # set by abort; this is for a handler's own
@@ -930,8 +932,7 @@ class Server:
             if not call.pending:
                 call.conn.calls.pop(call.sid, None)
             if call.conn.going_away and not call.conn.calls:
-                call.conn.write(b"")
-                call.conn.loop.call_soon(call.conn.transport.close)
+                call.conn.close()
 
     async def stop(self, grace: float | None) -> None:
         """Refuse new calls (GOAWAY), let calls in flight end within ``grace`` seconds, then cancel them."""
@@ -947,7 +948,6 @@ class Server:
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=1.0)
         for conn in list(self.connections):
-            conn._flush()
-            conn.transport.close()
+            conn.close()
         for listener in self.listeners:
             await listener.wait_closed()

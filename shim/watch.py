@@ -103,11 +103,8 @@ class WatchService:
         events = msg.events
         if (len(events) == 1 and not (msg.created or msg.canceled or msg.compact_revision or msg.cancel_reason)
                 and msg.watch_id):  # a live event to one watcher: most messages of a busy server
-            field = events[0].encoded
-            if field is None:
-                field = self._encode_event(events[0])
-            if len(field) + len(header) + 16 < self.m.config.max_message_bytes:
-                return [wire.watch_event_response(header, msg.watch_id, field)]
+            field = events[0].encoded or self._encode_event(events[0])
+            return [wire.watch_event_response(header, msg.watch_id, field)]  # one event is never fragmented
         events = [e.encoded or self._encode_event(e) for e in events]
         flags = dict(created=msg.created, canceled=msg.canceled, compact_revision=msg.compact_revision,
                      cancel_reason=msg.cancel_reason)
