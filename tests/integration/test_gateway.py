@@ -99,11 +99,7 @@ def test_the_client_port_serves_http_as_etcds_does(tmp_path, real_etcd):
 
 
 def get_raw(base: str, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(base + path, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    return _answer(base + path)
 
 
 def post_raw(base: str, path: str, body: dict) -> tuple[int, str]:
@@ -112,12 +108,17 @@ def post_raw(base: str, path: str, body: dict) -> tuple[int, str]:
 
     req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            status, raw = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read().decode()
+    status, raw = _answer(req)
     return status, re.sub(r'"(cluster_id|member_id|raft_term)":"\d+"', r'"\1":"N"', raw)
+
+
+def _answer(request) -> tuple[int, str]:
+    """Status and body of a request, an HTTP error's included."""
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
 
 def test_member_list_as_etcd(tmp_path, real_etcd):
