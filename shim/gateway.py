@@ -43,9 +43,14 @@ def compact_json(doc) -> bytes:
 
 
 class GatewayError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str, http_status: int | None = None) -> None:
+    """A route's error; ``from_grpc`` when the call reached the gRPC service (etcd's gateway
+    then passes the gRPC server's response headers on as Grpc-Metadata-*), not when the
+    request could not be read."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, http_status: int | None = None,
+                 from_grpc: bool = False) -> None:
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.from_grpc = code, message, from_grpc
         self.http_status = HTTP_STATUS.get(code, 500) if http_status is None else http_status
 
     def body(self) -> bytes:
@@ -83,7 +88,7 @@ class _Context:
         return self.metadata
 
     async def abort(self, code: grpc.StatusCode, details: str):
-        raise GatewayError(code, details)
+        raise GatewayError(code, details, from_grpc=True)
 
 
 def to_json(msg: Message) -> dict:

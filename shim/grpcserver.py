@@ -25,7 +25,9 @@ What it implements of RFC 9113 and gRPC's HTTP/2 protocol:
 * a connection that opens with an HTTP/1.1 request instead of the HTTP/2 preface goes to
   ``Server.http1`` (the shim's HTTP endpoint: etcd's /health, /metrics, /version and JSON
   gateway share its client port); our SETTINGS wait for the client's preface, so such a
-  client never sees an HTTP/2 byte.
+  client never sees an HTTP/2 byte. An HTTP/2 request whose content-type is not gRPC's
+  (curl over TLS negotiates h2) is answered as HTTP by ``Server.http2``, as etcd's Go
+  server answers it.
 
 Response headers are written as HPACK literals without indexing, so the peer's dynamic
 table is never touched and nothing needs an encoder's state.
@@ -37,6 +39,7 @@ import base64
 from collections import deque
 from dataclasses import dataclass
 import logging
+from types import SimpleNamespace
 import socket
 import ssl
 import zlib
@@ -54,6 +57,7 @@ NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR =
 REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 7, 8, 9, 11
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_INITIAL_WINDOW_SIZE = 1, 3, 4
 SETTINGS_MAX_FRAME_SIZE = 5
+END_DATA = -1  # a stream's queued last frame: an empty DATA frame with END_STREAM
 DEFAULT_WINDOW = 65535
 MAX_WINDOW = 2**31 - 1
 STREAM_WINDOW = 4 << 20  # what one stream may have in flight towards us
@@ -392,6 +396,105 @@ class Call:
             self.task.cancel()
 
 
+# what an HTTP stream's Call part reads of a handler
+_HTTP_HANDLER = SimpleNamespace(request_streaming=False, response_streaming=False, response_serializer=None,
+                                request_deserializer=None)
+
+
+class HttpStream(Call):
+    """An HTTP/2 request that is not a gRPC call (curl over TLS negotiates h2 and asks for
+    /health): its body is gathered, then ``Server.http2`` answers it as HTTP through this
+    object's ``whole``, or ``start``, ``chunk`` and ``end`` for a streamed answer. Flow control,
+    cancellation and the connection's bookkeeping are a call's."""
+
+    __slots__ = ("http_method", "headers", "tls")
+
+    def __init__(self, conn: Connection, sid: int, fields: list[tuple[bytes, bytes]]) -> None:
+        method, path, headers = "GET", "/", {}
+        for name, value in fields:
+            if name == b":method":
+                method = value.decode("latin-1")
+            elif name == b":path":
+                path = value.decode("latin-1")
+            elif name[:1] != b":":
+                headers[name.decode("latin-1")] = value.decode("latin-1")
+        super().__init__(conn, sid, path, (), _HTTP_HANDLER, None)
+        self.http_method, self.headers = method, headers
+        self.tls = conn.transport.get_extra_info("ssl_object") is not None
+
+    def received(self, data: bytes) -> bool:
+        self.recv += data
+        if len(self.recv) > self.conn.server.options.max_receive_message_bytes:
+            self.start(413, (("content-type", "text/plain; charset=utf-8"),))
+            self._last(b"request body too large\n")
+            return False
+        return True
+
+    def half_closed(self) -> None:
+        super().half_closed()
+        if self.task is None and not self.closed:
+            self.task = self.conn.loop.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        conn, task = self.conn, self.task
+        conn.server.tasks.add(task)
+        try:
+            await conn.server.http2(self.http_method, self.method, self.headers, bytes(self.recv), self)
+        except (_Ended, asyncio.CancelledError, ConnectionError):
+            pass
+        except Exception:
+            logger.exception("HTTP request failed path=%s", self.method)
+            if not self.closed:
+                self.cancel()
+                conn.reset(self.sid, INTERNAL_ERROR)
+        finally:
+            conn.server.tasks.discard(task)
+            if not self.pending:
+                conn.calls.pop(self.sid, None)
+            if conn.going_away and not conn.calls:
+                conn.close()
+
+    # -- the answer -------------------------------------------------------------------
+
+    def start(self, status: int, headers: tuple) -> None:
+        if self.closed:
+            raise _Ended()
+        self.headers_sent = True
+        self.conn.sent_data = True
+        block = _literal(b":status", str(status).encode()) + b"".join(
+            _literal(name.lower().encode("latin-1"), str(value).encode("latin-1")) for name, value in headers)
+        self.conn.write(_frame(HEADERS, END_HEADERS, self.sid, block))
+
+    def _queue(self, data: bytes) -> None:
+        frame_max = self.conn.peer_max_frame
+        for i in range(0, len(data), frame_max):
+            self.pending.append((DATA, data[i:i + frame_max]))
+
+    def _last(self, data: bytes) -> None:
+        """``data`` and the end of the answer, sent as the windows allow; the stream is done."""
+        self._queue(data)
+        self.pending.append((END_DATA, b""))
+        self.conn.send_pending(self)
+        self._close()
+
+    async def chunk(self, data: bytes) -> None:
+        if self.closed:
+            raise _Ended()
+        self._queue(data)
+        self.conn.send_pending(self)
+        if self.pending or self.conn.paused:
+            await self._drain()
+
+    async def end(self) -> None:
+        if self.closed:
+            raise _Ended()
+        self._last(b"")
+
+    async def whole(self, status: int, headers: tuple, payload: bytes) -> None:
+        self.start(status, (*headers, ("content-length", len(payload))))
+        self._last(payload if self.http_method != "HEAD" else b"")
+
+
 class _Unsupported(Exception):
     pass
 
@@ -533,10 +636,10 @@ class Connection(asyncio.Protocol):
         try:
             while size - pos >= 9:
                 length = int.from_bytes(buf[pos:pos + 3], "big")
+                if length > MAX_FRAME:  # more than our SETTINGS allow
+                    raise _ConnectionError(FRAME_SIZE_ERROR)
                 end = pos + 9 + length
                 if end > size:
-                    if length > MAX_FRAME:
-                        raise _ConnectionError(FRAME_SIZE_ERROR)
                     break
                 self._frame(buf[pos + 3], buf[pos + 4], int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF,
                             buf[pos + 9:end])
@@ -670,7 +773,7 @@ class Connection(asyncio.Protocol):
         call = self.calls.get(sid)
         if call is not None:  # trailers from the client end its stream
             if flags & END_STREAM:
-                call.half_closed()
+                self._half_closed(call)
             return
         if sid <= self.last_sid:
             raise _ConnectionError(PROTOCOL_ERROR)
@@ -681,7 +784,7 @@ class Connection(asyncio.Protocol):
         if len(self.calls) >= self.server.options.max_concurrent_streams:
             self.reset(sid, REFUSED_STREAM)
             return
-        path, timeout, encoding, metadata = "", None, None, []
+        path, timeout, encoding, metadata, grpc_content = "", None, None, [], False
         for name, value in fields:
             if name[:1] == b":":
                 if name == b":path":
@@ -693,12 +796,19 @@ class Connection(asyncio.Protocol):
             elif name in (b"content-type", b"te", b"grpc-accept-encoding", b"user-agent"):
                 if name == b"user-agent":
                     metadata.append(("user-agent", value.decode("latin-1")))
+                elif name == b"content-type":
+                    grpc_content = value.startswith(b"application/grpc")
             else:
                 key = name.decode("latin-1")
                 if key.endswith("-bin"):
                     metadata.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
                 else:
                     metadata.append((key, value.decode("latin-1")))
+        if not grpc_content and self.server.http2 is not None:  # HTTP over h2, not a gRPC call
+            call = self.calls[sid] = HttpStream(self, sid, fields)
+            if flags & END_STREAM:
+                self._half_closed(call)
+            return
         metadata = tuple(metadata)
         handler = self.server.find_handler(path, metadata)
         if handler is None:
@@ -772,8 +882,11 @@ class Connection(asyncio.Protocol):
                 call.window -= size
                 self.window -= size
                 self.write(_frame(DATA, 0, call.sid, payload))
-            else:  # the trailers: the call's last frame
-                self._trailers(call.sid, payload)
+            else:  # the call's last frame: trailers, or the empty DATA frame that ends an HTTP answer
+                if kind == HEADERS:
+                    self._trailers(call.sid, payload)
+                else:
+                    self.write(_frame(DATA, END_STREAM, call.sid))
                 self.calls.pop(call.sid, None)
             pending.popleft()
         self.blocked.pop(call.sid, None)
@@ -836,6 +949,8 @@ class Server:
         self.loop: asyncio.AbstractEventLoop | None = None
         # an HTTP/1.1 connection on the gRPC port goes here: handler(reader, writer), as asyncio.start_server's
         self.http1 = None
+        # an HTTP/2 request that is not gRPC: handler(method, path, headers, body, answer), see HttpStream
+        self.http2 = None
 
     def add_generic_rpc_handlers(self, handlers) -> None:
         self.handlers.extend(handlers)

@@ -1,8 +1,12 @@
-"""A small HTTP/1.1 endpoint: /metrics, /health, /readyz, /livez, /version and the /v3 JSON gateway.
+"""A small HTTP endpoint: /metrics, /health, /readyz, /livez, /version and the /v3 JSON gateway.
 
 etcd serves these beside gRPC on its client port; here they are served on
 --listen-metrics-urls, and on the client port by the native gRPC server, which hands
-an HTTP/1.1 connection to ``handle`` (grpcio's server cannot share its port).
+an HTTP/1.1 connection to ``handle`` and an HTTP/2 request that is not gRPC (curl over
+TLS, which negotiates h2) to ``serve`` (grpcio's server cannot share its port).
+``serve`` answers through an *answer* object: ``whole(status, headers, payload)``, or
+``start(status, headers)``, ``chunk(data)`` and ``end()`` for a stream; ``Http1Answer``
+is HTTP/1.1's, the gRPC server's HTTP/2 stream the other.
 """
 from __future__ import annotations
 
@@ -29,6 +33,11 @@ CORS = (("Access-Control-Allow-Headers", "accept, content-type, authorization"),
         ("Access-Control-Allow-Methods", "POST, GET, OPTIONS, PUT, DELETE"),
         ("Access-Control-Allow-Origin", "*"))
 GRPC_METADATA = (("Grpc-Metadata-Content-Type", "application/grpc"),)  # a gateway call that reached gRPC
+# the same over TLS, where etcd's gRPC server answers through Go's HTTP server (its CORS wrapper
+# and the Trailer header included), and the gateway passes that on, errors from gRPC too
+GRPC_METADATA_TLS = (*(("Grpc-Metadata-" + name, value) for name, value in CORS), *GRPC_METADATA,
+                     *(("Grpc-Metadata-Trailer", name) for name in ("Grpc-Status", "Grpc-Message",
+                                                                     "Grpc-Status-Details-Bin")))
 JSON = ("Content-Type", "application/json")
 GATEWAY_PREFIXES = ("/v3/", "/v3beta/")  # etcd 3.5 serves its gateway under both
 
@@ -42,9 +51,33 @@ NOT_FOUND = _go_error(404, "404 page not found")
 
 
 def _head(status: int, headers) -> bytes:
-    """An answer's status line and headers (etcd's CORS headers first), up to the body."""
-    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", *(f"{k}: {v}" for k, v in (*CORS, *headers))]
+    """An answer's status line and headers, up to the body."""
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", *(f"{k}: {v}" for k, v in headers)]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+class Http1Answer:
+    """An answer on an HTTP/1.1 connection: Content-Length, or chunked for a stream."""
+
+    def __init__(self, writer: asyncio.StreamWriter, method: str) -> None:
+        self.writer, self.method = writer, method
+        self.tls = writer.get_extra_info("ssl_object") is not None
+
+    async def whole(self, status: int, headers: tuple, payload: bytes) -> None:
+        self.writer.write(_head(status, (*headers, ("Content-Length", len(payload))))
+                          + (payload if self.method != "HEAD" else b""))
+        await self.writer.drain()
+
+    def start(self, status: int, headers: tuple) -> None:
+        self.writer.write(_head(status, (*headers, ("Transfer-Encoding", "chunked"))))
+
+    async def chunk(self, data: bytes) -> None:
+        self.writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+        await self.writer.drain()
+
+    async def end(self) -> None:
+        self.writer.write(b"0\r\n\r\n")
+        await self.writer.drain()
 
 
 class HttpEndpoint:
@@ -72,8 +105,9 @@ class HttpEndpoint:
         if path == "/health":
             ok, reason = self.health()
             body = compact_json({"health": "true" if ok else "false", "reason": reason})
-            # etcd sends an unhealthy answer through Go's http.Error, which ends it with a newline
-            return (200, (JSON,), body) if ok else (503, (JSON,), body + b"\n")
+            # etcd sets no content type (Go's sniffing says text/plain) and sends an unhealthy
+            # answer through Go's http.Error
+            return (200, (("Content-Type", TEXT),), body) if ok else _go_error(503, body.decode())
         if path in ("/readyz", "/livez"):
             ok, reason = self.health()
             return (200, (("Content-Type", "text/plain"),), b"ok") if ok else \
@@ -105,6 +139,12 @@ class HttpEndpoint:
         if headers.get("expect", "").lower() == "100-continue":  # curl asks before sending a larger body
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = await self._body(reader, headers)
+        keep = await self.serve(method, path, headers, body, Http1Answer(writer, method))
+        return keep and headers.get("connection", "").lower() != "close"
+
+    async def serve(self, method: str, path: str, headers: dict[str, str], body: bytes, answer) -> bool:
+        """Answer one request (``headers`` with lower-case names) through ``answer``; whether
+        the connection can take another request (not after a stream)."""
         path = path.split("?", 1)[0]
         authorization = headers.get("authorization")
         if method == "OPTIONS":  # etcd's CORS handler answers any preflight itself
@@ -121,14 +161,13 @@ class HttpEndpoint:
             elif method != "POST":
                 status, extra, payload = _go_error(405, "Method Not Allowed")
             elif route in STREAMS:
-                return await self._stream(writer, route, body, authorization)
+                return await self._stream(answer, route, body, authorization)
             else:
-                status, extra, payload = await self._call(route, body, authorization)
+                status, extra, payload = await self._call(route, body, authorization, answer.tls)
         else:
             status, extra, payload = self.route(method, path)
-        writer.write(_head(status, (*extra, ("Content-Length", len(payload)))) + (payload if method != "HEAD" else b""))
-        await writer.drain()
-        return headers.get("connection", "").lower() != "close"
+        await answer.whole(status, (*CORS, *extra), payload)
+        return True
 
     async def _body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
         """The request body: Content-Length bytes, or chunked (``Transfer-Encoding: chunked``,
@@ -152,51 +191,46 @@ class HttpEndpoint:
             parts.append(await reader.readexactly(n))
             await reader.readexactly(2)
 
-    async def _call(self, route: str, body: bytes, authorization: str | None) -> tuple[int, tuple, bytes]:
+    async def _call(self, route: str, body: bytes, authorization: str | None, tls: bool) -> tuple[int, tuple, bytes]:
         try:
             payload = await self.gateway.call(route, body, authorization)
-            return 200, (JSON, *GRPC_METADATA), payload
+            return 200, (JSON, *(GRPC_METADATA_TLS if tls else GRPC_METADATA)), payload
         except Exception as exc:
             err = _gateway_error(route, exc)
-            return err.http_status, (JSON,), err.body()
+            return err.http_status, (JSON, *(GRPC_METADATA_TLS if tls and err.from_grpc else ())), err.body()
 
-    async def _stream(self, writer: asyncio.StreamWriter, route: str, body: bytes, authorization: str | None) -> bool:
-        """A streaming route: JSON lines, chunked. An error before the first line is the
-        answer's status; one after it is a last {"error": ...} line, as grpc-gateway sends them.
+    async def _stream(self, answer, route: str, body: bytes, authorization: str | None) -> bool:
+        """A streaming route: JSON lines. An error before the first line is the answer's
+        status; one after it is a last {"error": ...} line, as grpc-gateway sends them.
         Whether the connection can take another request (not after a stream)."""
         try:
             chunks = await self.gateway.stream(route, body, authorization)
         except Exception as exc:  # the request could not be read, or a bug of ours
             err = _gateway_error(route, exc)
-            payload = err.body()
-            writer.write(_head(err.http_status, (JSON, ("Content-Length", len(payload)))) + payload)
-            await writer.drain()
+            await answer.whole(err.http_status, (*CORS, JSON), err.body())
             return True
         started = False
 
         def start(status: int) -> None:
             nonlocal started
             started = True
-            writer.write(_head(status, (JSON, *GRPC_METADATA, ("Transfer-Encoding", "chunked"))))
+            answer.start(status, (*CORS, JSON, *(GRPC_METADATA_TLS if answer.tls else GRPC_METADATA)))
 
         try:
             async for chunk in chunks:
                 if not started:
                     start(200)
-                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                await writer.drain()
+                await answer.chunk(chunk)
         except ConnectionError:  # the client went away: nobody to tell
             raise
         except Exception as exc:  # the stream's error as its last line
             err = _gateway_error(route, exc)
             if not started:
                 start(err.http_status)
-            chunk = err.chunk()
-            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await answer.chunk(err.chunk())
         if not started:
             start(200)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
+        await answer.end()
         return False
 
 

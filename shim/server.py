@@ -469,8 +469,8 @@ async def start(config: ServerConfig) -> Running:
 
     try:
         endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes, config.max_message_bytes))
-        if isinstance(server, grpcserver.Server):  # HTTP/1.1 on the client port too, as etcd serves it
-            server.http1 = endpoint.handle
+        if isinstance(server, grpcserver.Server):  # HTTP on the client port too, as etcd serves it
+            server.http1, server.http2 = endpoint.handle, endpoint.serve
         running.http = await start_http(config.listen_metrics_urls, endpoint, parse_listen_url)
     except (OSError, ValueError) as exc:
         await stop(running)

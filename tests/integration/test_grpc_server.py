@@ -140,7 +140,8 @@ def no_watchers_left(server: Served) -> None:
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-ENHANCE_YOUR_CALM = 0xB
+FRAME_SIZE_ERROR, ENHANCE_YOUR_CALM = 0x6, 0xB
+SETTINGS_MAX_FRAME_SIZE = 0x5
 
 
 def frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
@@ -211,6 +212,7 @@ class RawH2:
         self._block: tuple[int, bool, bytearray] | None = None
         self.auto_credit = True  # False: the test gives the server its windows itself
         self.settings_seen = False  # the server's SETTINGS arrived (and were acknowledged)
+        self.settings: dict[int, int] = {}  # what they said
         self.largest_data = 0  # the longest DATA payload received
 
     def send(self, data: bytes) -> None:
@@ -294,6 +296,7 @@ class RawH2:
         if ftype == SETTINGS and not flags & ACK:
             self.send(frame(SETTINGS, ACK, 0))
             self.settings_seen = True
+            self.settings.update(struct.unpack(">HI", payload[i:i + 6]) for i in range(0, len(payload), 6))
         elif ftype == PING and not flags & ACK:
             self.send(frame(PING, ACK, 0, payload))
         elif ftype == GOAWAY:
@@ -801,6 +804,49 @@ def test_an_endless_header_block_is_not_held(server):
     finally:
         conn.close()
     assert_serving(server)
+
+
+def test_a_frame_over_the_max_frame_size_ends_the_connection(server):
+    """A whole DATA frame longer than the SETTINGS_MAX_FRAME_SIZE the server announced (16 KiB
+    unless it said otherwise; grpcio's server announces 4 MiB): a connection error
+    FRAME_SIZE_ERROR (RFC 9113 4.2), not a frame taken. grpcio's server closes while its 4 MiB
+    frame is still being sent, and the reset that follows loses its GOAWAY; the native server's
+    GOAWAY is read."""
+    conn = RawH2(server).handshake()
+    try:
+        conn.pump(lambda: conn.settings_seen)
+        limit = conn.settings.get(SETTINGS_MAX_FRAME_SIZE, 16384)
+        conn.request(1, "/etcdserverpb.KV/Put", end_stream=False)
+        body = pb.PutRequest(key=unique("frame"), value=b"x" * limit).SerializeToString()
+        with contextlib.suppress(OSError):  # the server may close while we still send
+            conn.send(frame(DATA, END_STREAM, 1, grpc_message(body)))
+        with contextlib.suppress(AssertionError):  # the connection closes after the GOAWAY
+            conn.pump(lambda: conn.goaway is not None)
+        if conn.goaway is None:
+            conn.until_closed(timeout=10)
+    finally:
+        conn.close()
+    if server.impl == "native" or conn.goaway is not None:
+        assert conn.goaway is not None and conn.goaway[1] == FRAME_SIZE_ERROR, conn.goaway
+    answered = conn.streams[1]  # not served (grpcio tells the call UNAVAILABLE first)
+    assert not answered.header_blocks or answered.status()[0] == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert_serving(server)
+
+
+def test_client_trailers_end_a_unary_request(server):
+    """A client may end its request with trailers (HEADERS with END_STREAM) instead of an empty
+    DATA frame: the unary call is then complete and is answered."""
+    key = unique("trailers")
+    conn = RawH2(server).handshake()
+    try:
+        st = conn.request(1, "/etcdserverpb.KV/Put", [pb.PutRequest(key=key, value=b"t")], end_stream=False)
+        conn.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, hpack_literals([("x-trailer", "1")])))
+        conn.pump(lambda: st.ended or st.reset is not None)
+    finally:
+        conn.close()
+    assert st.status() == (0, "") and pb.PutResponse.FromString(st.messages()[0]).header.revision > 0
+    with grpc.insecure_channel(server.endpoint) as ch:
+        assert pbg.KVStub(ch).Range(pb.RangeRequest(key=key), timeout=10).kvs[0].value == b"t"
 
 
 # -- 11. clients that vanish mid-call ------------------------------------------------------------

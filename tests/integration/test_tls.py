@@ -93,3 +93,72 @@ def test_https_url_without_certificates_fails_to_start(tmp_path):
     )
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1] == "shardetcd: https:// client URLs need --cert-file and --key-file"
+
+
+def test_http_over_h2_on_the_tls_client_port_answers_as_etcds(tmp_path):
+    """An HTTPS client negotiates h2 by ALPN (curl does) and asks for /health, /metrics, the
+    JSON gateway: etcd's Go server answers these as HTTP on its TLS client port, so must we —
+    not as a gRPC call. Status, headers (but Date) and bodies as etcd's, a streamed watch too."""
+    import re
+    import ssl
+
+    import httpx
+
+    from tests.etcd_fixture import start_etcd
+    from tests.shardetcd_fixture import ShardetcdProcess
+
+    pki = make_pki(tmp_path / "pki")
+    tls = ("--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"]))
+    etcd_port, port, tls_port = free_port(), free_port(), free_port()
+    etcd = start_etcd(tmp_path / "etcd", extra_client_urls=(f"https://127.0.0.1:{etcd_port}",), extra_args=tls)
+    ours = ShardetcdProcess(data_dir=tmp_path / "s" / "data", state_dir=tmp_path / "s" / "state", port=port,
+                            log_path=tmp_path / "s" / "log",
+                            extra_args=("--listen-client-urls", f"http://127.0.0.1:{port},https://127.0.0.1:{tls_port}",
+                                        *tls))
+    context = ssl.create_default_context(cafile=str(pki["ca"]))
+
+    def masked(text: str) -> str:
+        return re.sub(r'"(cluster_id|member_id|raft_term)":"\d+"', r'"\1":"N"', text)
+
+    def answer(client: httpx.Client, method: str, path: str, body: str | None = None):
+        r = client.request(method, path, content=body)
+        assert r.http_version == "HTTP/2"
+        headers = sorted((k, v) for k, v in r.headers.items() if k not in ("date", "content-length"))
+        return r.status_code, headers, masked(r.text)
+
+    try:
+        ours.start()
+        with httpx.Client(http2=True, verify=context, base_url=f"https://127.0.0.1:{tls_port}", timeout=10) as mine, \
+                httpx.Client(http2=True, verify=context, base_url=f"https://127.0.0.1:{etcd_port}", timeout=10) as theirs:
+            for method, path, body in [
+                ("GET", "/health", None),
+                ("GET", "/nothing", None),
+                ("HEAD", "/version", None),
+                ("OPTIONS", "/v3/kv/range", None),
+                ("GET", "/v3/kv/put", None),
+                ("POST", "/v3/kv/put", '{"key": "aA==", "value": "MQ=="}'),
+                ("POST", "/v3/kv/range", '{"key": "aA=="}'),
+                ("POST", "/v3/kv/range", '{"key": ""}'),
+                ("POST", "/v3/kv/range", "not json"),
+            ]:
+                assert answer(mine, method, path, body) == answer(theirs, method, path, body), (method, path)
+            version = mine.get("/version")  # the version told differs (3.5.16, for kube-apiserver)
+            assert version.status_code == 200 and version.json().keys() == theirs.get("/version").json().keys()
+            # /metrics is larger than a stream's initial window: the answer waits for WINDOW_UPDATEs
+            metrics = mine.get("/metrics")
+            assert metrics.status_code == 200 and len(metrics.content) > 65535
+            assert re.search(r"\netcd_server_has_leader 1(\.0)?\n", metrics.text)
+            # a streamed answer: a watch from revision 1 sees the put at once; read two lines, close
+            watch = '{"create_request": {"key": "aA==", "start_revision": "1"}}'
+            lines = {}
+            for name, client in (("ours", mine), ("theirs", theirs)):
+                with client.stream("POST", "/v3/watch", content=watch) as r:
+                    it = r.iter_lines()
+                    lines[name] = (r.status_code, masked(next(it)), re.sub(r'"revision":"\d+"', "R", masked(next(it))))
+            assert lines["ours"] == lines["theirs"]
+            # and gRPC on the same port
+            with tls_channel(f"127.0.0.1:{tls_port}", pki["ca"]) as ch:
+                assert pbg.KVStub(ch).Range(pb.RangeRequest(key=b"h"), timeout=10).kvs[0].value == b"1"
+    finally:
+        ours.stop()
+        etcd.stop()
