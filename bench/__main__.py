@@ -1,5 +1,4 @@
-import sys
-
 from .cli import main
+from .runargs import run
 
-sys.exit(main())
+run(main)

@@ -33,7 +33,6 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -341,4 +340,4 @@ def publishable(args, servers: list[str]) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runargs.run(main)

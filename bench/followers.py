@@ -53,7 +53,6 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -457,4 +456,4 @@ def publishable(args) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runargs.run(main)

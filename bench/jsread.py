@@ -22,6 +22,7 @@ from pathlib import Path
 from journal.jetstream import JetStreamConfig, JetStreamLog
 from tests.nats_fixture import start_nats_cluster
 
+from . import runargs
 
 async def write(config: JetStreamConfig, scratch: Path, messages: int, records: int) -> None:
     log = await JetStreamLog(config).connect()
@@ -78,4 +79,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    runargs.run(main)

@@ -3,6 +3,7 @@ quiet machine before a run, where results go, and the elapsed-time progress line
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -67,3 +68,15 @@ def progress(t_begin: float) -> Callable[[str], None]:
         print(f"  [{time.monotonic() - t_begin:5.0f}s] {line}", flush=True)
 
     return log
+
+
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run(main: Callable[[], int | None]) -> None:
+    """Run a bench entry point as a program. SIGTERM ends it as an exception in the main thread,
+    so the finally blocks that started its servers stop them (by PID) instead of leaving them
+    running, e.g. when a test that ran the bench times out."""
+    signal.signal(signal.SIGTERM, _terminated)
+    sys.exit(main())

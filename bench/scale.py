@@ -26,7 +26,6 @@ import asyncio
 import datetime as dt
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -234,4 +233,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runargs.run(main)

@@ -33,7 +33,6 @@ import datetime as dt
 import json
 import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -206,4 +205,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runargs.run(main)

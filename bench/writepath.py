@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ from shards.store import Store, StoreConfig
 from shards.types import PutReq
 from shim.loop import EVENT_LOOPS, default_event_loop, run as run_on_loop
 
+from . import runargs
 from .ceiling import GroupCommit
 
 VALUE = b"v" * 256
@@ -134,4 +134,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runargs.run(main)

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from bench import durability
+from tests.benchrun import run_bench
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_bench_durability_tiny_runs_every_server_and_both_takeovers(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
-    p = subprocess.run([sys.executable, "-m", "bench.durability", "--tiny", "--out", str(tmp_path)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = run_bench(["bench.durability", "--tiny", "--out", str(tmp_path)], env=env, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     [result] = tmp_path.glob("durability-*.json")
     data = json.loads(result.read_text())

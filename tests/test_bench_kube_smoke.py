@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from bench import kube
 from tests.conftest import require_etcd_binary
 from tests.kube_fixture import require_kube_apiserver
+from tests.benchrun import run_bench
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,8 +25,7 @@ def test_bench_kube_tiny_drives_kube_apiserver_on_etcd_and_shardetcd(tmp_path):
     require_kube_apiserver()
     require_etcd_binary()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
-    p = subprocess.run([sys.executable, "-m", "bench.kube", "--tiny", "--out", str(tmp_path)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = run_bench(["bench.kube", "--tiny", "--out", str(tmp_path)], env=env, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     [result] = tmp_path.glob("kube-*.json")
     data = json.loads(result.read_text())

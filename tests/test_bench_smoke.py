@@ -10,14 +10,14 @@ answered requests without errors."""
 from __future__ import annotations
 
 import json
+import signal
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench import etcdtool, scenarios as sc, stages as bench_stages
+from tests.benchrun import run_bench
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,8 +29,7 @@ def _env(**extra) -> dict:
 
 def test_bench_tiny_runs_every_scenario_on_every_server(tmp_path):
     tool = etcdtool.tool_path()  # the shipped one, handed over as the environment variable
-    p = subprocess.run([sys.executable, "-m", "bench", "--tiny", "--out", str(tmp_path)], cwd=REPO,
-                       env=_env(**{etcdtool.TOOL_ENV: str(tool)}), capture_output=True, text=True, timeout=400)
+    p = run_bench(["bench", "--tiny", "--out", str(tmp_path)], env=_env(**{etcdtool.TOOL_ENV: str(tool)}), timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     [result] = tmp_path.glob("*.json")
     data = json.loads(result.read_text())
@@ -94,8 +93,7 @@ def test_a_missing_benchmark_tool_is_named_with_how_to_get_it(tmp_path, monkeypa
     """--tool or $SHARDETCD_BENCHMARK_TOOL pointing nowhere: exit 2, one message, no server started."""
     for argv, env in ((["--tool", str(tmp_path / "nope")], _env()),
                       ([], _env(**{etcdtool.TOOL_ENV: str(tmp_path / "nope")}))):
-        p = subprocess.run([sys.executable, "-m", "bench", "--tiny", "--out", str(tmp_path), *argv], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=60)
+        p = run_bench(["bench", "--tiny", "--out", str(tmp_path), *argv], env=env, timeout=60)
         assert p.returncode == 2, p.stdout + p.stderr
         assert str(tmp_path / "nope") in p.stderr and "go build ./tools/benchmark" in p.stderr, p.stderr
         assert "started" not in p.stdout and not list(tmp_path.glob("*.json"))
@@ -157,8 +155,8 @@ def test_bench_partitions_tiny_runs_one_process_and_a_cluster(tmp_path):
     cluster, drives spread-put and isolation against each, and stops them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
     servers = ["etcd", "shardetcd-1shard", "cluster-2"]
-    p = subprocess.run([sys.executable, "-m", "bench.partitions", "--tiny", "--servers", ",".join(servers),
-                        "--out", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    p = run_bench(["bench.partitions", "--tiny", "--servers", ",".join(servers), "--out", str(tmp_path)],
+                  env=env, timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     [result] = tmp_path.glob("*-partitions.json")
     rows = json.loads(result.read_text())["rows"]
@@ -274,8 +272,7 @@ def test_the_ceiling_makes_puts_and_txns_durable_before_answering(tmp_path):
 
 
 def test_bench_writepath_compares_the_store_with_a_bare_group_commit():
-    p = subprocess.run([sys.executable, "-m", "bench.writepath", "--puts", "300", "--rounds", "1", "--writers", "1,8"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    p = run_bench(["bench.writepath", "--puts", "300", "--rounds", "1", "--writers", "1,8"], timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rows = [ln for ln in p.stdout.splitlines() if ln.startswith(("| 1 |", "| 8 |"))]
     assert len(rows) == 2, p.stdout
@@ -285,8 +282,7 @@ def test_bench_writepath_compares_the_store_with_a_bare_group_commit():
 
 
 def test_bench_jsread_reads_back_every_message_written():
-    p = subprocess.run([sys.executable, "-m", "bench.jsread", "--messages", "300", "--records", "2", "--rounds", "2"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    p = run_bench(["bench.jsread", "--messages", "300", "--records", "2", "--rounds", "2"], timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rounds = [ln for ln in p.stdout.splitlines() if ln.startswith("  round ")]
     assert len(rounds) == 2 and all(" 301 messages (600 records) in " in ln for ln in rounds), p.stdout  # and the fence
@@ -336,9 +332,8 @@ def test_stage_timers_count_each_stage_once_without_its_nested_stages_or_waits()
 
 
 def test_bench_stages_tiny_splits_shardetcd_per_stage_beside_the_ceiling(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "bench.stages", "--tiny", "--out", str(tmp_path)], cwd=REPO,
-                       env=_env(**{etcdtool.TOOL_ENV: str(etcdtool.tool_path())}), capture_output=True, text=True,
-                       timeout=300)
+    p = run_bench(["bench.stages", "--tiny", "--out", str(tmp_path)],
+                  env=_env(**{etcdtool.TOOL_ENV: str(etcdtool.tool_path())}), timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     (path,) = tmp_path.glob("*-stages.json")
     data = json.loads(path.read_text())
@@ -359,3 +354,19 @@ def test_bench_stages_tiny_splits_shardetcd_per_stage_beside_the_ceiling(tmp_pat
         assert 0 < timed <= staged["loop_us"] * 1.05, (load, timed, staged["loop_us"])
         assert rows[(load, "ceiling")]["total_us"] > 0 and "stages_us" not in rows[(load, "ceiling")]
     assert "| handler: Txn |" in data["table_md"] and "shardetcd − ceiling" in data["table_md"]
+
+
+def test_a_bench_stopped_midway_stops_its_servers():
+    """A bench ended by SIGTERM (what tests/benchrun does when a test times out) stops the servers
+    it started, through its own finally blocks: nothing is left in its process group."""
+    from tests.benchrun import group_members, start_bench, stop_bench
+
+    proc = start_bench(["bench.jsread", "--messages", "10000000", "--rounds", "1"])
+    try:
+        line = proc.stdout.readline()  # printed once its NATS server runs
+        assert line.startswith("bench.jsread:"), line + proc.stderr.read()
+        assert len(group_members(proc.pid)) >= 2  # the bench and its NATS server
+    finally:
+        killed = stop_bench(proc)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert killed == [] and group_members(proc.pid) == []
