@@ -95,7 +95,7 @@ def parse(output: str) -> dict:
     return {"req_s": fields["Requests/sec"], "total_s": fields.get("Total", 0.0),
             "n": sum(int(n) for n in _COUNT.findall(body)),
             "p50_ms": pcts[50.0], "p90_ms": pcts.get(90.0), "p99_ms": pcts.get(99.0, pcts[50.0]),
-            "p999_ms": pcts.get(99.9), "errors": errors}
+            "p999_ms": pcts.get(99.9), "slowest_ms": fields.get("Slowest", 0.0) * 1000, "errors": errors}
 
 
 def argv(tool: Path, endpoint: str, scenario, point, total: int) -> list[str]:

@@ -15,6 +15,7 @@ import crc32c
 
 from .errors import CompactedError, FutureRevisionError
 from .revision import entry_bound
+from .state import entries_of
 
 if TYPE_CHECKING:
     from .store import Store
@@ -45,7 +46,7 @@ def hash_kv(store: Store, rev: int) -> tuple[int, int]:
     old: list[tuple[int, int, bool]] = []  # (entry, shard id, kept) at or below it
     any_kept = False
     for sid, state in enumerate(store.states):
-        for revs in state.index.values():
+        for revs in map(entries_of, state.index.values()):
             hi = bisect.bisect_left(revs, upper)
             lo = bisect.bisect_left(revs, lower)
             visible = revs[hi - 1] if hi and not revs[hi - 1] & 1 else None

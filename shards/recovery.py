@@ -6,14 +6,13 @@ from the journals, with a log line saying how much.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from journal.errors import JournalGap
 
+from . import collector
 from .errors import DataDirError
 from .follow import Follower
 from .lease import GRANT, decode_lease_record
@@ -64,52 +63,10 @@ def _check_complete(store: Store, found: list[Recovered]) -> None:
         )
 
 
-_frozen = False  # a recovery froze what it made (see _collector_paused); undone by thaw_collector
-FREEZE_AFTER = 100_000  # objects a recovery made (net) that are worth a freeze
-
-
-@contextmanager
-def _collector_paused():
-    """Recovery allocates a few objects per key that all live on (the index's lists,
-    the lease table's entries): the cyclic garbage collector, left on, walks them
-    again and again as they pile up (at 1M keys: ~1 s of CPU).  It is paused
-    meanwhile.  At the end of a large recovery, everything alive is frozen
-    (``gc.freeze``: out of the collector's sight) until the store closes
-    (``thaw_collector``), rather than walked once more by a full collection (~0.4 s
-    at 1M keys); the running server's own full collections then skip the
-    recovered state too (each walked it: ~0.4 s at 1M keys).  The price: a
-    reference cycle among objects alive at the end of recovery is not collected
-    while the store is open; the state, the bulk of them, lives as long as the
-    store anyway.  A small recovery leaves the few objects it made to the running
-    collector; a failed one freezes nothing."""
-    global _frozen
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    except BaseException:
-        gc.enable()
-        raise
-    gc.enable()
-    if gc.get_count()[0] > FREEZE_AFTER:  # objects made (net) since the collector last ran
-        gc.freeze()
-        _frozen = True
-
-
-def thaw_collector() -> None:
-    """A store closes: what its recovery froze may be collected again."""
-    global _frozen
-    if _frozen:
-        _frozen = False
-        gc.unfreeze()
-
-
 async def recover(store: Store) -> None:
     """The writer's start: the longest whole prefix is kept, the rest is cut."""
     started = time.monotonic()
-    with _collector_paused():
+    with collector.paused():
         _track_lease_keys(store)
         found = [await shard.read_disk() for shard in store.shards]
         _check_complete(store, found)
@@ -133,7 +90,7 @@ async def recover_to_follow(store: Store) -> Follower:
     below a checkpoint was committed before that checkpoint was written, so
     every cut that concerns it is already in each journal read afterwards."""
     started = time.monotonic()
-    with _collector_paused():
+    with collector.paused():
         return await _recover_to_follow(store, started)
 
 

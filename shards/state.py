@@ -2,14 +2,25 @@
 
 Like etcd's ``treeIndex`` + bbolt: RocksDB (``rocksdict``, WAL off, on tmpfs)
 maps row keys (see ``revision.py``) to serialized ``mvccpb.KeyValue`` bytes;
-the Python index maps each key to the ascending list of its index entries.
+the Python index maps each key to its index entries, ascending: the one entry
+(an int) of a key that has one, a tuple of up to ``TUPLE_MAX`` of them, a list
+beyond that.
 The state has no durability of its own: it is rebuilt from checkpoint +
 journal on start, and its directory is removed on close.
 
 Example, key ``a``: put@2, put@3, delete@5, put@7 gives entries
 ``[e(2,0), e(3,0), e(5,0,tomb), e(7,0)]``.  Read at 4 → row (3,0); at 5 or 6
-→ absent; compaction at 5 drops everything but ``e(7,0)``; compaction at 4
-keeps ``[e(3,0), e(5,0,tomb), e(7,0)]``.
+→ absent; compaction at 5 drops everything but ``e(7,0)`` (then held as the
+int itself); compaction at 4 keeps ``(e(3,0), e(5,0,tomb), e(7,0))``.
+
+Why not a list per key: the cyclic garbage collector walks every list, and as
+new lists pile up it runs a full collection, which walked every key's list with
+the event loop stopped (0.2 s at 1M keys, recurring as keys are added; bench/
+README.md, "Garbage collection pauses").  An int is no object for it, and a tuple
+of ints is dropped from its sight the first time it sees one, so neither adds to
+what a full collection walks or to what triggers one.  Appending to a tuple copies
+it, so a key written more than ``TUPLE_MAX`` times since the last compaction gets
+a list.  The int is also ~60 bytes a key smaller than a one-entry list.
 
 Writes are applied as soon as they are assigned a revision (pending);
 readers pass the revision they read at and never see rows above it.
@@ -69,6 +80,48 @@ def open_rocks(path: Path) -> Rdict:
     return db
 
 
+TUPLE_MAX = 64  # entries a key's tuple holds at most; more go in a list
+
+
+class Index(dict):
+    """The key index: a dict, of a subclass so that it stays in the collector's sight.
+    CPython stops tracking an exact dict whose values are all untracked (ints, tuples of
+    ints) during a full collection, and tracks it again, as a new object, when a fresh
+    tuple goes in: each time, its next collections walk it whole (0.1 s at 1M keys).
+    A subclass's instance is never untracked, so once frozen (collector.py) it
+    is not walked again."""
+
+    __slots__ = ()
+
+
+def _appended(revs: int | tuple | list, e: int) -> tuple | list:
+    """An index value with entry ``e`` (the newest) appended (a list in place)."""
+    if type(revs) is int:
+        return (revs, e)
+    if type(revs) is tuple:
+        return revs + (e,) if len(revs) < TUPLE_MAX else [*revs, e]
+    revs.append(e)
+    return revs
+
+
+def _held(entries: tuple | list) -> int | tuple | list:
+    """A key's entries (at least one) as the index holds them."""
+    if len(entries) == 1:
+        return entries[0]
+    return tuple(entries) if len(entries) <= TUPLE_MAX else list(entries)
+
+
+def entries_of(value: int | tuple | list | None) -> tuple[int, ...] | list[int]:
+    """An index value (or None: no key) as a sequence of entries."""
+    if value is None:
+        return ()
+    return (value,) if type(value) is int else value
+
+
+def last_entry(value: int | tuple | list) -> int:
+    return value if type(value) is int else value[-1]
+
+
 def sorted_list(values: list) -> SortedList:
     """A SortedList of ``values``, which are in order already: built as ``SortedList.update``
     builds an empty one, without its sort (which compares every neighbour again: at 1M
@@ -107,7 +160,7 @@ class ShardState:
         self.failure: BaseException | None = None
         self.keys: SortedList = SortedList()  # every key with any entry
         self.live: SortedList = SortedList()  # keys live at the latest revision
-        self.index: dict[bytes, list[int]] = {}
+        self.index: Index = Index()  # key -> its entries: an int, a tuple or a list (the module's doc)
         self._log_revs: list[int] = []
         self._log_keys: list[bytes] = []
         self.last_main = 0  # highest revision applied here, pending ones included
@@ -153,7 +206,7 @@ class ShardState:
         dead = self._bulk_dead
         if dead is None:
             index = self.index
-            live = [k for k in keys if not index[k][-1] & 1]
+            live = [k for k in keys if not last_entry(index[k]) & 1]
         else:  # no index lookup per key: in key order they hit memory at random (~2 µs a key at 1M keys)
             live = [k for k in keys if k not in dead] if dead else keys
         self.keys, self.live = sorted_list(keys), sorted_list(live)
@@ -267,9 +320,10 @@ class ShardState:
     def put(self, key: bytes, main: int, sub: int, kv: bytes) -> None:
         e = entry(main, sub, False)
         self._write_row(row_key(e), kv)
-        revs = self.index.get(key)
+        index = self.index
+        revs = index.get(key)
         if revs is None:
-            self.index[key] = [e]
+            index[key] = e
             if self._bulk is None:
                 self.keys.add(key)
                 self.live.add(key)
@@ -277,11 +331,11 @@ class ShardState:
                 self._bulk_keys.append(key)
         else:
             if self._bulk is None:
-                if not revs or revs[-1] & 1:
+                if (revs if type(revs) is int else revs[-1]) & 1:
                     self.live.add(key)
             elif self._bulk_dead:
                 self._bulk_dead.discard(key)
-            revs.append(e)
+            index[key] = _appended(revs, e)
         self._grow(16 + len(kv))
         self._log_revs.append(main)
         self._log_keys.append(key)
@@ -291,7 +345,8 @@ class ShardState:
         """Tombstone a key that is live at the latest revision."""
         e = entry(main, sub, True)
         self._write_row(row_key(e), tombstone_kv)
-        self.index[key].append(e)
+        index = self.index
+        index[key] = _appended(index[key], e)
         if self._bulk is None:
             self.live.remove(key)
         elif self._bulk_dead is not None:
@@ -306,14 +361,21 @@ class ShardState:
     def latest_entry(self, key: bytes) -> int | None:
         """Entry of the latest live revision of ``key`` (pending included)."""
         revs = self.index.get(key)
-        if not revs or revs[-1] & 1:
+        if revs is None:
             return None
-        return revs[-1]
+        e = revs if type(revs) is int else revs[-1]
+        return None if e & 1 else e
+
+    def entries(self, key: bytes) -> tuple[int, ...] | list[int]:
+        """Every entry of ``key``, ascending (not to be changed)."""
+        return entries_of(self.index.get(key))
 
     def entry_at(self, key: bytes, rev: int) -> int | None:
         revs = self.index.get(key)
-        if not revs:
+        if revs is None:
             return None
+        if type(revs) is int:
+            return None if revs & 1 or revs >= entry_bound(rev) else revs
         i = bisect.bisect_left(revs, entry_bound(rev)) - 1
         if i < 0 or revs[i] & 1:
             return None
@@ -324,7 +386,7 @@ class ShardState:
         watch reports it in prev_kv: none when the put is a creation, which
         includes a key deleted and put again in one txn (the tombstone shares
         the put's main revision)."""
-        revs = self.index.get(key)
+        revs = self.entries(key)
         if not revs:
             return None
         i = bisect.bisect_left(revs, entry_bound(rev - 1))
@@ -368,7 +430,11 @@ class ShardState:
         it = self.keys.irange(key, end or None, inclusive=(True, False))
         for k in it:
             revs = index[k]
-            if revs[-1] < bound:
+            if type(revs) is int:
+                if revs >= bound:
+                    continue
+                e = revs
+            elif revs[-1] < bound:
                 e = revs[-1]
             else:
                 i = bisect.bisect_left(revs, bound) - 1
@@ -394,8 +460,7 @@ class ShardState:
             return sum(1 for _ in self.scan(key, end, rev))
         changed = {k for k in self._log_keys[start:] if key <= k and (not end or k < end)}
         for k in changed:
-            revs = self.index[k]
-            n -= not revs[-1] & 1
+            n -= not last_entry(self.index[k]) & 1
             n += self.entry_at(k, rev) is not None
         return n
 
@@ -434,7 +499,7 @@ class ShardState:
 
     def compact_key(self, key: bytes, upto: int, batch: WriteBatch) -> None:
         """Drop the history of ``key`` that no read at ``upto`` or later can see."""
-        revs = self.index.get(key)
+        revs = self.entries(key)
         if not revs:
             return
         i = bisect.bisect_left(revs, entry_bound(upto)) - 1
@@ -454,7 +519,7 @@ class ShardState:
             del self.index[key]
             self.keys.remove(key)
         elif drop:
-            del revs[:drop]
+            self.index[key] = _held(revs[drop:])
 
     def new_batch(self) -> WriteBatch:
         return WriteBatch(raw_mode=True)
@@ -539,12 +604,13 @@ class ShardState:
             except Exception as exc:  # noqa: BLE001 - the SST file refused it (or RocksDB failed)
                 put = self._bulk_refused(rk, value, exc, count)
             count += 1
+            e = (main << 33) | (sub << 1) | tomb
             revs = index.get(key)
             if revs is None:
-                index[key] = [(main << 33) | (sub << 1) | tomb]
+                index[key] = e
                 new_keys.append(key)
             else:
-                revs.append((main << 33) | (sub << 1) | tomb)
+                index[key] = _appended(revs, e)
             if tomb:
                 dead.add(key)
             elif dead:
@@ -595,7 +661,7 @@ class ShardState:
             except Exception as exc:  # noqa: BLE001 - the SST file refused it (or RocksDB failed)
                 put = self._bulk_refused(rk, row, exc, i)
             if kind == DELETE:
-                index[key].append(base | (sub << 1) | 1)  # a KeyError for a key never put, as delete()
+                index[key] = _appended(index[key], base | (sub << 1) | 1)  # a KeyError for a key never put
                 if track:
                     dead.add(key)
                 held += 17 + vlen
@@ -604,12 +670,12 @@ class ShardState:
             else:
                 revs = index.get(key)
                 if revs is None:
-                    index[key] = [base | (sub << 1)]
+                    index[key] = base | (sub << 1)
                     new_keys.append(key)
                 else:
                     if dead:
                         dead.discard(key)
-                    revs.append(base | (sub << 1))
+                    index[key] = _appended(revs, base | (sub << 1))
                 held += 16 + vlen
                 if lease := parse(row).lease:
                     key_lease[key] = lease

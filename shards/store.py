@@ -27,6 +27,7 @@ from journal.journal import LocalLog
 from journal.tasks import cancel_and_wait
 from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter
 
+from . import collector
 from .auth import AuthStore
 from .tokens import parse_auth_token
 from .datadir import DataDir
@@ -45,7 +46,6 @@ from .lease import GRANT, MAX_TTL_S, REVOKE, LeaseTable, encode_lease_record
 from .layout import Layout, Router
 from .read import range_at, range_steps
 from .record import Change, encode_extra_meta
-from .recovery import thaw_collector
 from .shard import Shard
 from .types import DeleteReq, DeleteResult, PutReq, PutResult, RangeReq, RangeResult, TxnReq, TxnResult
 from .watch import WatchHub
@@ -127,6 +127,7 @@ class Store:
         from .recovery import recover, recover_to_follow
 
         datadir = DataDir.open(config.data_dir, config.layout)
+        collector.store_opened()
         shards: list[Shard] = []
         owns_log = log is None
         watermark = None
@@ -160,6 +161,7 @@ class Store:
             if watermark is not None:
                 watermark.close()
             datadir.close()
+            collector.store_closed()
             raise
         if not follow:
             await store._start_writing()
@@ -270,7 +272,7 @@ class Store:
         if self.watermark is not None:
             self.watermark.close()
         self.datadir.close()
-        thaw_collector()
+        collector.store_closed()
 
     @property
     def term(self) -> int:

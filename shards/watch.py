@@ -449,7 +449,7 @@ class WatchHub:
     def _key_history(self, w: Watcher, first: int, last: int) -> list[Event]:
         sid = w.sids[0]
         state = self.store.states[sid]
-        revs = state.index.get(w.key, ())
+        revs = state.entries(w.key)
         lo, hi = bisect.bisect_left(revs, entry_bound(first - 1)), bisect.bisect_left(revs, entry_bound(last))
         events = []
         for e in revs[lo:hi]:

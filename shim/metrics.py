@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from shards import collector
+
 from .config import ETCD_API_VERSION
 from .handlers import GO_CODE_NAMES, RPC_STATS, Slow, Traffic
 
@@ -63,15 +65,19 @@ class LoopHistogram:
 
     def collect(self):
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
-        les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
         for values, child in list(self._children.items()):
-            counts, total = list(child.counts), child.sum  # a consistent enough copy: observers run on the loop
-            cumulative, buckets = 0, []
-            for le, n in zip(les, counts):
-                cumulative += n
-                buckets.append((le, cumulative))
-            family.add_metric(list(values), buckets, total)
+            # a consistent enough copy: observers run on the loop
+            family.add_metric(list(values), _cumulative(self.bounds, list(child.counts)), child.sum)
         yield family
+
+
+def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:
+    """A histogram's buckets as Prometheus shows them, from counts per bucket (the last: +Inf)."""
+    cumulative, buckets = 0, []
+    for le, n in zip([*(floatToGoString(b) for b in bounds), "+Inf"], counts):
+        cumulative += n
+        buckets.append((le, cumulative))
+    return buckets
 
 
 class _LoopHistogramChild:
@@ -85,6 +91,18 @@ class _LoopHistogramChild:
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.sum += value
+
+
+class _GcCollector:
+    """The garbage collector's pauses (shards/collector.py): the event loop waits through each."""
+
+    def collect(self):
+        family = HistogramMetricFamily("shardetcd_gc_pause_seconds", "How long each run of the cyclic garbage "
+                                       "collector took, by generation (2: a full collection).",
+                                       labels=["generation"])
+        for generation, (counts, total) in enumerate(zip(collector.Pauses.counts, collector.Pauses.sums)):
+            family.add_metric([str(generation)], _cumulative(collector.PAUSE_BUCKETS_S, list(counts)), total)
+        yield family
 
 
 class _GrpcCollector:
@@ -200,6 +218,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.registry.register(_StateCollector(member))
         self.registry.register(_GrpcCollector())
+        self.registry.register(_GcCollector())
         # process_resident_memory_bytes, process_cpu_seconds_total, ... as etcd
         # exposes them (etcdctl check datascale reads the first)
         ProcessCollector(registry=self.registry)

@@ -20,6 +20,7 @@ from journal.jetstream import JetStreamConfig, JetStreamLog
 from journal.leadership import WriterLease
 from journal.tail import LocalFollowLog, LocalMembers, write_writer_file
 from journal.tasks import cancel_and_wait
+from shards import collector
 from shards.errors import StateStoreError
 from shards.layout import Layout, ShardSpec, load_layout
 from shards.partition import PartitionGuard, load_cluster_layout
@@ -380,6 +381,7 @@ async def start(config: ServerConfig) -> Running:
         except BaseException:
             await release_writer_lease(lease)
             raise
+    collector.freeze_now()  # the store's large containers out of the collector's sight (shards/collector.py)
     failed = asyncio.Event()
     store.on_failure = lambda exc: failed.set()
     if lease is not None:

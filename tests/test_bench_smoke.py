@@ -370,3 +370,17 @@ def test_a_bench_stopped_midway_stops_its_servers():
         killed = stop_bench(proc)
     assert proc.returncode == 128 + signal.SIGTERM
     assert killed == [] and group_members(proc.pid) == []
+
+
+def test_bench_gcpause_tiny_reports_both_servers_and_the_collector(tmp_path):
+    """python -m bench.gcpause --tiny: etcd and shardetcd each take the fill and the updates
+    through etcd's tool, and shardetcd's collector runs are read from its /metrics."""
+    p = run_bench(["bench.gcpause", "--tiny", "--out", str(tmp_path)],
+                  env=_env(**{etcdtool.TOOL_ENV: str(etcdtool.tool_path())}), timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = json.loads(next(tmp_path.glob("*-gcpause.json")).read_text())["rows"]
+    assert [(r["server"], r["phase"]) for r in rows] == [("etcd", "fill"), ("etcd", "updates"),
+                                                         ("shardetcd", "fill"), ("shardetcd", "updates")]
+    assert all(r["n"] == 5_000 and not r["errors"] and r["slowest_ms"] >= r["p99_ms"] > 0 for r in rows)
+    assert all("gc_full" in r for r in rows if r["server"] == "shardetcd")
+    assert rows[0]["rss_bytes"] > 0 and rows[2]["rss_bytes"] > 0

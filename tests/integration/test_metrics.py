@@ -68,6 +68,22 @@ def test_metrics_follow_the_state(server):
     assert 0.5 < m[("process_resident_memory_bytes", ())] / rss < 2  # the server's own, as etcd exposes it
 
 
+def test_garbage_collector_pauses_are_shown(server):
+    """shardetcd_gc_pause_seconds: each collector run, by generation. The server runs one full
+    collection (generation 2) as soon as its store is open (shards/collector.py), and the
+    requests below make young ones."""
+    srv, base = server
+    with grpc.insecure_channel(srv.endpoint) as ch:
+        kv = pbg.KVStub(ch)
+        for i in range(300):
+            kv.Put(pb.PutRequest(key=b"/registry/pods/gc%d" % i, value=b"v" * 100))
+    m = scrape(base)
+    count = {g: m[("shardetcd_gc_pause_seconds_count", (("generation", g),))] for g in "012"}
+    assert count["2"] >= 1 and count["0"] >= 1, count
+    assert m[("shardetcd_gc_pause_seconds_bucket", (("generation", "2"), ("le", "+Inf")))] == count["2"]
+    assert 0 < m[("shardetcd_gc_pause_seconds_sum", (("generation", "2"),))] < 60
+
+
 def test_health_readyz_version(server, real_etcd):
     """/health and /version are byte for byte etcd's (health checks grep for them), alarms included."""
     srv, base = server

@@ -29,10 +29,10 @@ def test_worked_example(state):
     assert state.entry_at(b"a", 5) is None and state.entry_at(b"a", 6) is None
     assert state.get_row(state.latest_entry(b"a")) == b"v7"
     assert state.compact_slice(4, float("inf"))
-    assert len(state.index[b"a"]) == 3
+    assert len(state.entries(b"a")) == 3
     assert state.get_row(state.entry_at(b"a", 4)) == b"v3"
     assert state.compact_slice(5, float("inf"))
-    assert len(state.index[b"a"]) == 1
+    assert state.index[b"a"] == state.latest_entry(b"a")  # one entry: held as the int itself
 
 
 def test_count_matches_scan_at_every_revision(state):
@@ -171,3 +171,62 @@ def test_sorted_list_of_sorted_values_is_the_sorted_list(n):
         want.remove(values[n // 2])
     got._check()
     assert list(got) == want
+
+
+def test_reads_agree_with_a_list_model_through_writes_and_compactions(state):
+    """The index holds a key's one entry as an int, up to TUPLE_MAX as a tuple, more as a
+    list (state.py): every read (entry_at, latest_entry, prev_entry_of_put, scan, count,
+    entries) answers as a plain ascending list of entries per key would, through random
+    puts, deletes and compactions (one key hot enough to outgrow its tuple), and each
+    value has the form its number of entries calls for."""
+    from shards.revision import entry, entry_bound, entry_main
+    from shards.state import TUPLE_MAX
+
+    rng = random.Random(11)
+    keys = [bytes([97 + i]) for i in range(10)]
+    model: dict[bytes, list[int]] = {}  # key -> ascending entries
+    compacted = 0
+    forms = {type(None)}
+
+    def model_at(k, rev):
+        older = [e for e in model.get(k, []) if e < entry_bound(rev)]
+        return older[-1] if older and not older[-1] & 1 else None
+
+    for rev in range(2, 600):
+        k = b"z" if 150 <= rev < 300 else rng.choice(keys)  # a hot key: past TUPLE_MAX before a compaction
+        if model.get(k) and not model[k][-1] & 1 and rng.random() < 0.35:
+            state.delete(k, rev, 0, b"t")
+            model[k].append(entry(rev, 0, True))
+        else:
+            state.put(k, rev, 0, b"v%d" % rev)
+            model.setdefault(k, []).append(entry(rev, 0, False))
+        if rng.random() < 0.05 and not 150 <= rev < 300:  # compact at a revision a little behind
+            upto = rng.randrange(compacted, rev)
+            assert state.compact_slice(upto, float("inf"))
+            compacted = upto
+            for key, es in list(model.items()):
+                i = max((j for j, e in enumerate(es) if entry_main(e) <= upto), default=-1)
+                if i < 0:
+                    continue
+                drop = i + 1 if es[i] & 1 else i
+                if drop == len(es):
+                    del model[key]
+                else:
+                    del es[:drop]
+        for key in [*keys, b"z"]:
+            value = state.index.get(key)
+            n = len(model.get(key, []))
+            assert type(value) is {0: type(None), 1: int}.get(n, tuple if n <= TUPLE_MAX else list), (key, n, value)
+            forms.add(type(value))
+            assert list(state.entries(key)) == model.get(key, [])
+            latest = model_at(key, rev)
+            assert state.latest_entry(key) == latest
+            if latest is not None and entry_main(latest) == rev:  # the put just made: what it replaced
+                before = [e for e in model[key] if entry_main(e) < rev]
+                assert state.prev_entry_of_put(key, rev) == (before[-1] if before and not before[-1] & 1 else None)
+        for at in range(max(compacted, 1), rev + 1, 7):
+            want = [k for k in sorted(model) if model_at(k, at) is not None]
+            assert keys_at(state, at) == want
+            assert state.count(b"a", b"", at) == len(want)
+            assert all(state.entry_at(k, at) == model_at(k, at) for k in [*keys, b"z"])
+    assert forms == {type(None), int, tuple, list}  # every form was held (the hot key's list included)
