@@ -444,8 +444,9 @@ class HttpStream(Call):
             pass
         except Exception:
             logger.exception("HTTP request failed path=%s", self.method)
-            if not self.closed:
-                self.cancel()
+            if not self.closed:  # nothing more of the answer: the stream is reset
+                self.pending.clear()
+                self._close()
                 conn.reset(self.sid, INTERNAL_ERROR)
         finally:
             conn.server.tasks.discard(task)
