@@ -397,8 +397,7 @@ class Call:
 
 
 # what an HTTP stream's Call part reads of a handler
-_HTTP_HANDLER = SimpleNamespace(request_streaming=False, response_streaming=False, response_serializer=None,
-                                request_deserializer=None)
+_HTTP_HANDLER = SimpleNamespace(request_streaming=False, response_serializer=None, request_deserializer=None)
 
 
 class HttpStream(Call):
@@ -449,11 +448,7 @@ class HttpStream(Call):
                 self._close()
                 conn.reset(self.sid, INTERNAL_ERROR)
         finally:
-            conn.server.tasks.discard(task)
-            if not self.pending:
-                conn.calls.pop(self.sid, None)
-            if conn.going_away and not conn.calls:
-                conn.close()
+            conn.server.call_over(self, task)
 
     # -- the answer -------------------------------------------------------------------
 
@@ -1042,13 +1037,20 @@ class Server:
             logger.exception("gRPC handler failed method=%s", call.method)
             call.finish(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
         finally:
-            self.tasks.discard(task)
-            if call.remote_done is False and call.closed and not call.expired:
-                call.conn.reset(call.sid, NO_ERROR)  # we answered: the client need not send more
-            if not call.pending:
-                call.conn.calls.pop(call.sid, None)
-            if call.conn.going_away and not call.conn.calls:
-                call.conn.close()
+            self.call_over(call, task)
+
+    def call_over(self, call: Call, task: asyncio.Task) -> None:
+        """``call``'s handler task ended (an HTTP stream's too): its stream is reset if the client
+        still sends, forgotten once its last frames are out, and a going-away connection closes
+        after its last call."""
+        self.tasks.discard(task)
+        conn = call.conn
+        if call.remote_done is False and call.closed and not call.expired:
+            conn.reset(call.sid, NO_ERROR)  # we answered: the client need not send more
+        if not call.pending:
+            conn.calls.pop(call.sid, None)
+        if conn.going_away and not conn.calls:
+            conn.close()
 
     async def stop(self, grace: float | None) -> None:
         """Refuse new calls (GOAWAY), let calls in flight end within ``grace`` seconds, then cancel them."""
