@@ -331,7 +331,7 @@ class ShardState:
                 self._bulk_keys.append(key)
         else:
             if self._bulk is None:
-                if (revs if type(revs) is int else revs[-1]) & 1:
+                if last_entry(revs) & 1:
                     self.live.add(key)
             elif self._bulk_dead:
                 self._bulk_dead.discard(key)
@@ -363,7 +363,7 @@ class ShardState:
         revs = self.index.get(key)
         if revs is None:
             return None
-        e = revs if type(revs) is int else revs[-1]
+        e = last_entry(revs)
         return None if e & 1 else e
 
     def entries(self, key: bytes) -> tuple[int, ...] | list[int]:
