@@ -13,6 +13,7 @@ import json
 import logging
 import time
 
+from journal.tasks import cancel_and_wait
 from proto import rpc_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -41,9 +42,7 @@ class Registry:
                            "clientURLs": list(self.me.clientURLs)})
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)  # a cancel can be lost in NATS's wait_for (journal/tasks.py)
 
     async def _announce(self) -> None:
         record = self._record()

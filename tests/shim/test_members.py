@@ -1,0 +1,41 @@
+"""The member registry's announce loop stops, although NATS's wait_for may lose the cancel."""
+import asyncio
+
+from proto import rpc_pb2 as pb
+from shim import members
+from shim.members import Registry
+
+
+class AnswerQueueLog:
+    """announce() waits for its answer as nats-py waits for a KV put's: wait_for on a queue."""
+
+    def __init__(self) -> None:
+        self.answers: asyncio.Queue = asyncio.Queue()
+        self.announced = 0
+
+    async def announce(self, key: str, value: str, ttl_s: float) -> None:
+        self.announced += 1
+        if self.announced > 1:  # the first is start()'s, answered at once
+            await asyncio.wait_for(self.answers.get(), 30)
+
+
+def test_stop_ends_the_announce_loop_when_an_answer_arrives_with_the_cancel(monkeypatch):
+    """Seen in a chaos run: a writer deposed while paused hung stopping, for ever, in
+    Registry.stop: the answer to its announce came in the same loop pass as the cancel,
+    Python 3.11's wait_for dropped the cancel, and the loop went back to sleep."""
+    monkeypatch.setattr(members, "ANNOUNCE_S", 0)
+
+    async def main():
+        log = AnswerQueueLog()
+        registry = Registry(log, "writer", pb.Member(ID=1, name="m"))
+        await registry.start()
+        while log.announced < 2:  # the loop is in its second announce, waiting for the answer
+            await asyncio.sleep(0)
+        log.answers.put_nowait("ack")
+        await registry.stop()
+        assert registry._task.done()
+        announced = log.announced
+        await asyncio.sleep(0.05)
+        assert log.announced == announced  # no announce after stop
+
+    asyncio.run(asyncio.wait_for(main(), 10))  # a deadline for a hang, not a timing
