@@ -36,3 +36,18 @@ async def cancel_and_wait(*tasks: asyncio.Future | None) -> None:
             task.cancel()
         raise
     await asyncio.gather(*given, return_exceptions=True)  # all done: only marks their exceptions retrieved
+
+
+def awaiting(task: asyncio.Future) -> str:
+    """Where ``task`` waits: its chain of awaits, outermost first, one ``file:line function``
+    each (what a stuck stop reports; a task's own ``get_stack`` shows its outer frame only)."""
+    parts = []
+    coro = task.get_coro() if isinstance(task, asyncio.Task) else None
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:  # finished, or not a coroutine (a future, an awaitable object)
+            break
+        where = "/".join(frame.f_code.co_filename.rsplit("/", 2)[-2:])  # package/module.py
+        parts.append(f"{where}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return " > ".join(parts) or repr(task)

@@ -5,8 +5,10 @@ import asyncio
 import errno
 import functools
 import logging
+import os
 import signal
 import ssl
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -19,7 +21,7 @@ from journal.errors import JournalFailed, JournalGap, JournalUnreachable
 from journal.jetstream import JetStreamConfig, JetStreamLog
 from journal.leadership import WriterLease
 from journal.tail import LocalFollowLog, LocalMembers, write_writer_file
-from journal.tasks import cancel_and_wait
+from journal.tasks import awaiting, cancel_and_wait
 from shards import collector
 from shards.errors import StateStoreError
 from shards.layout import Layout, ShardSpec, load_layout
@@ -540,6 +542,28 @@ async def stop(running: Running, grace_s: float = 1.0) -> None:
             await running.link.log.close()
 
 
+STOP_BOUND_S = 20.0  # a stop still going after this long is stuck (its grace for calls in flight is 1 s)
+
+
+async def bounded(stopping, bound_s: float, exit=os._exit) -> None:
+    """Await ``stopping``; if it has not ended within ``bound_s``, log every task still pending
+    and where it waits, and end the process (exit 1) rather than hang half-stopped: its
+    listeners may be closed already, and a stuck process is neither serving nor restartable.
+    Nothing acknowledged is lost by that: it is in the journal already."""
+    task = asyncio.ensure_future(stopping)
+    done, _ = await asyncio.wait({task}, timeout=bound_s)
+    if done:
+        return task.result()
+    me = asyncio.current_task()
+    pending = sorted((t for t in asyncio.all_tasks() if t is not me), key=lambda t: t.get_name())
+    logger.critical("stop did not end within %.0f s, exiting; tasks pending: %s", bound_s,
+                    "; ".join(f"{t.get_name()}: {awaiting(t)}" for t in pending))
+    print(f"shardetcd: the stop did not end within {bound_s:.0f} s (stuck, see the log); exiting",
+          file=sys.stderr, flush=True)
+    logging.shutdown()
+    exit(1)
+
+
 async def serve(config: ServerConfig, ready=None) -> int:
     """Run until SIGINT/SIGTERM (exit 0) or a journal failure (exit 1)."""
     running = await start(config)
@@ -556,7 +580,7 @@ async def serve(config: ServerConfig, ready=None) -> int:
     code = 1 if running.failed.is_set() else 0
     source = running.store.failure_source
     logger.info("stopping reason=%s", f"{source}-failure" if code else "signal")
-    await stop(running)
+    await bounded(stop(running), STOP_BOUND_S)
     if code:
         raise StoreStopped(f"stopped after a {source} failure: {running.store.failure}")
     return code

@@ -132,7 +132,9 @@ def converged(members: list[Member], keys: list[bytes], log, timeout: float = 60
         if views[0] is not None and all(v == views[0] for v in views):
             return views[0]
         if time.monotonic() > deadline:
-            raise AssertionError(f"members disagree: {views}\n" + "\n".join(m.follower_metrics() for m in members))
+            raise AssertionError(f"members disagree: {views}\n" + "\n".join(m.follower_metrics() for m in members)
+                                 + "".join(f"\n{m.name} log: {m.proc.log_tail(15)}" for m, v in zip(members, views)
+                                           if v is None))
         time.sleep(0.5)
 
 
@@ -182,7 +184,10 @@ def revive_ended(members: list[Member], log) -> None:
     for m in members:
         if not m.proc.running():
             if m.proc.returncode != -signal.SIGKILL:
-                log(f"  {m.name} exited (rc {m.proc.returncode}): {m.proc.log_tail(3).splitlines()[-1:]}")
+                tail = m.proc.log_tail(40)
+                stuck = [line for line in tail.splitlines() if "stop did not end" in line]
+                assert not stuck, f"{m.name} hung stopping: {stuck}"  # exited by its watchdog: a finding
+                log(f"  {m.name} exited (rc {m.proc.returncode}): {tail.splitlines()[-1:]}")
             m.revive()
 
 

@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from journal.tasks import cancel_and_wait
+from journal.tasks import awaiting, cancel_and_wait
 
 
 def run(coro):
@@ -100,5 +100,28 @@ def test_cancelled_while_waiting_it_cancels_them_again_and_raises():
         assert len(count) == 2 and not task.done()  # the first cancel and the one on the way out
         task.cancel()
         await task  # its third swallowed cancel ends its loop
+
+    run(main())
+
+
+def test_awaiting_names_each_coroutine_a_task_waits_in_outermost_first():
+    async def main():
+        gate = asyncio.Event()
+
+        async def inner():
+            await gate.wait()
+
+        async def outer():
+            await inner()
+
+        task = asyncio.create_task(outer(), name="stuck")
+        await asyncio.sleep(0)
+        chain = awaiting(task)
+        gate.set()
+        await task
+        names = [part.split(" ")[-1] for part in chain.split(" > ")]
+        assert names[:3] == ["outer", "inner", "wait"], chain  # Event.wait: the await it is parked in
+        assert chain.startswith("journal/test_tasks.py:"), chain
+        assert awaiting(task) == repr(task)  # ended: nothing to walk
 
     run(main())

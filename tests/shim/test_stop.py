@@ -1,0 +1,45 @@
+"""shim.server.bounded: a stop that hangs ends the process, saying where it hung."""
+import asyncio
+import logging
+
+import pytest
+
+from shim.server import bounded
+
+
+def test_a_stop_that_does_not_end_logs_where_it_waits_and_exits_1(caplog):
+    exits = []
+
+    async def main():
+        never = asyncio.Event()
+
+        async def release_the_lease():
+            await never.wait()
+
+        async def stop():
+            await release_the_lease()
+
+        await bounded(stop(), 0.2, exit=exits.append)
+
+    with caplog.at_level(logging.CRITICAL, logger="shim.server"):
+        asyncio.run(asyncio.wait_for(main(), 10))
+    assert exits == [1]
+    assert "stop did not end within" in caplog.text and "release_the_lease" in caplog.text, caplog.text
+
+
+def test_a_stop_that_ends_in_time_returns_what_it_returned_or_raised():
+    exits = []
+
+    async def stop(fail: bool):
+        await asyncio.sleep(0.01)
+        if fail:
+            raise OSError("closing")
+        return "stopped"
+
+    async def main():
+        assert await bounded(stop(False), 5, exit=exits.append) == "stopped"
+        with pytest.raises(OSError):
+            await bounded(stop(True), 5, exit=exits.append)
+
+    asyncio.run(main())
+    assert exits == []
