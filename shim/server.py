@@ -564,6 +564,15 @@ async def bounded(stopping, bound_s: float, exit=os._exit) -> None:
     exit(1)
 
 
+async def stop_then_the_rest(stopping, *spared: asyncio.Task) -> None:
+    """Await ``stopping``, then end every other task still pending (but ``spared``), cancelling
+    again those that go on: asyncio.run's own clean-up cancels once and waits for ever, and on
+    Python 3.11 a cancel can be lost in a wait_for (journal/tasks.py)."""
+    await stopping
+    me = asyncio.current_task()
+    await cancel_and_wait(*(t for t in asyncio.all_tasks() if t is not me and t not in spared))
+
+
 async def serve(config: ServerConfig, ready=None) -> int:
     """Run until SIGINT/SIGTERM (exit 0) or a journal failure (exit 1)."""
     running = await start(config)
@@ -580,7 +589,7 @@ async def serve(config: ServerConfig, ready=None) -> int:
     code = 1 if running.failed.is_set() else 0
     source = running.store.failure_source
     logger.info("stopping reason=%s", f"{source}-failure" if code else "signal")
-    await bounded(stop(running), STOP_BOUND_S)
+    await bounded(stop_then_the_rest(stop(running), asyncio.current_task()), STOP_BOUND_S)
     if code:
         raise StoreStopped(f"stopped after a {source} failure: {running.store.failure}")
     return code

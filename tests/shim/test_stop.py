@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from shim.server import bounded
+from shim.server import bounded, stop_then_the_rest
 
 
 def test_a_stop_that_does_not_end_logs_where_it_waits_and_exits_1(caplog):
@@ -43,3 +43,31 @@ def test_a_stop_that_ends_in_time_returns_what_it_returned_or_raised():
 
     asyncio.run(main())
     assert exits == []
+
+
+def test_after_the_stop_every_task_left_is_ended_even_one_that_loses_a_cancel():
+    async def main():
+        lost, ended = [], asyncio.Event()
+
+        async def loses_its_first_cancel():  # as a loop over NATS's wait_for can on Python 3.11
+            try:
+                while True:
+                    try:
+                        await asyncio.sleep(30)
+                    except asyncio.CancelledError:
+                        if lost:
+                            raise
+                        lost.append(1)
+            finally:
+                ended.set()
+
+        async def stop():
+            await asyncio.sleep(0)
+
+        spared = asyncio.all_tasks()  # this test's own (serve() spares its task)
+        left = asyncio.create_task(loses_its_first_cancel())
+        await asyncio.sleep(0)
+        await stop_then_the_rest(stop(), *spared)
+        assert left.cancelled() and lost == [1] and ended.is_set()
+
+    asyncio.run(asyncio.wait_for(main(), 10))  # a deadline for a hang, not a timing
