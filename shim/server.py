@@ -542,18 +542,23 @@ async def stop(running: Running, grace_s: float = 1.0) -> None:
             await running.link.log.close()
 
 
-STOP_BOUND_S = 20.0  # a stop still going after this long is stuck (its grace for calls in flight is 1 s)
+STOP_BOUND_S = 20.0  # a stop still going this long after its last sign of work is stuck (1 s grace for calls)
 
 
-async def bounded(stopping, bound_s: float, exit=os._exit) -> None:
-    """Await ``stopping``; if it has not ended within ``bound_s``, log every task still pending
-    and where it waits, and end the process (exit 1) rather than hang half-stopped: its
-    listeners may be closed already, and a stuck process is neither serving nor restartable.
-    Nothing acknowledged is lost by that: it is in the journal already."""
+async def bounded(stopping, bound_s: float, working=lambda: False, exit=os._exit) -> None:
+    """Await ``stopping``; if it has not ended within ``bound_s`` and ``working()`` says nothing
+    is still being done (a checkpoint being written: the stop waits for it), log every task
+    still pending and where it waits, and end the process (exit 1) rather than hang
+    half-stopped: its listeners may be closed already, and a stuck process neither serves nor
+    gets restarted. Nothing acknowledged is lost by that: it is in the journal already."""
     task = asyncio.ensure_future(stopping)
-    done, _ = await asyncio.wait({task}, timeout=bound_s)
-    if done:
-        return task.result()
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=bound_s)
+        if done:
+            return task.result()
+        if not working():
+            break
+        logger.warning("stop waits for a checkpoint being written")
     me = asyncio.current_task()
     pending = sorted((t for t in asyncio.all_tasks() if t is not me), key=lambda t: t.get_name())
     logger.critical("stop did not end within %.0f s, exiting; tasks pending: %s", bound_s,
@@ -589,7 +594,8 @@ async def serve(config: ServerConfig, ready=None) -> int:
     code = 1 if running.failed.is_set() else 0
     source = running.store.failure_source
     logger.info("stopping reason=%s", f"{source}-failure" if code else "signal")
-    await bounded(stop_then_the_rest(stop(running), asyncio.current_task()), STOP_BOUND_S)
+    await bounded(stop_then_the_rest(stop(running), asyncio.current_task()), STOP_BOUND_S,
+                  working=lambda: any(shard.checkpoint_task is not None for shard in running.store.shards))
     if code:
         raise StoreStopped(f"stopped after a {source} failure: {running.store.failure}")
     return code

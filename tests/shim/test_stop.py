@@ -27,6 +27,26 @@ def test_a_stop_that_does_not_end_logs_where_it_waits_and_exits_1(caplog):
     assert "stop did not end within" in caplog.text and "release_the_lease" in caplog.text, caplog.text
 
 
+def test_a_stop_waiting_for_work_in_progress_is_not_cut_short():
+    exits, asked = [], []
+
+    async def main():
+        checkpoint = asyncio.create_task(asyncio.sleep(0.5))  # a checkpoint being written, longer than the bound
+
+        async def stop():
+            await checkpoint
+            return "stopped"
+
+        def working() -> bool:
+            asked.append(1)
+            return not checkpoint.done()
+
+        assert await bounded(stop(), 0.1, working=working, exit=exits.append) == "stopped"
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert exits == [] and len(asked) >= 2  # asked each time the bound passed
+
+
 def test_a_stop_that_ends_in_time_returns_what_it_returned_or_raised():
     exits = []
 
