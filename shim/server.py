@@ -406,6 +406,8 @@ async def start(config: ServerConfig) -> Running:
     elif link is not None and isinstance(link.log, JetStreamLog):  # a follower knows a leader while NATS names one
         holder = lease or WriterLease(link.log, key=config.partition or "writer")
         member.leader_probe = functools.partial(holder.held, config.journal_lease_ttl_s)  # a slow answer is an answer
+    elif link is not None:  # a local journal's follower: its leader is the writer process on this machine
+        member.leader_probe = functools.partial(link.answers, config.journal_lease_ttl_s)
     server = grpc_server(config)
     gate = None
     if link is not None:  # a follower: these go to the writer (registered first, so they win)

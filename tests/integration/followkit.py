@@ -287,3 +287,52 @@ def a_watch_resumes_across_a_follower_restart(writer, follower) -> None:
         writing.join(30)
     assert before + [e.kv.mod_revision for e in after] == acked
     assert all(e.prev_kv.mod_revision < e.kv.mod_revision for e in after if e.prev_kv.key)
+
+
+NO_LEADER = (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader")
+REQUIRE_LEADER = ("hasleader", "true")  # clientv3.WithRequireLeader's metadata (kube-apiserver's watches)
+
+
+def _until(what: str, check, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
+        time.sleep(0.1)
+
+
+def require_leader_watches_end_and_come_back(follower: str, writer: str, lose, regain,
+                                             key: bytes = b"/registry/configmaps/default/owner") -> None:
+    """Once ``lose()`` leaves the follower without a leader, as an etcd member that lost its
+    leader it ends its watches opened WithRequireLeader with "no leader" and refuses new
+    ones, while other watches stay open; after ``regain()`` it accepts them again, and
+    both kinds see a write made then on ``writer``."""
+    with grpc.insecure_channel(follower) as ch:
+        led, free = WatchClient(ch, metadata=(REQUIRE_LEADER,)), WatchClient(ch)
+        for w in (led, free):
+            w.create(key)
+            w.wait_for(lambda rs: any(r.created for r in rs))
+        lose()
+        _until("the require-leader watch to end", lambda: led.error is not None, timeout=30)
+        assert (led.error.code(), led.error.details()) == NO_LEADER
+        refused_watch = WatchClient(ch, metadata=(REQUIRE_LEADER,))
+        _until("a new require-leader watch to be refused", lambda: refused_watch.error is not None, timeout=10)
+        assert (refused_watch.error.code(), refused_watch.error.details()) == NO_LEADER
+        assert free.error is None and free._thread.is_alive()
+        regain()
+        deadline = time.monotonic() + 30
+        while True:  # until the follower knows a leader again
+            again = WatchClient(ch, metadata=(REQUIRE_LEADER,))
+            again.create(key)
+            try:
+                again.wait_for(lambda rs: any(r.created for r in rs), timeout=2)
+                break
+            except AssertionError:
+                assert again.error is not None and (again.error.code(), again.error.details()) == NO_LEADER
+                assert time.monotonic() < deadline, "the follower did not accept a require-leader watch again"
+                time.sleep(0.5)
+        with grpc.insecure_channel(writer) as wch:
+            rev = pbg.KVStub(wch).Put(pb.PutRequest(key=key, value=b"after"), timeout=10).header.revision
+        for w in (again, free):
+            w.wait_for(lambda rs: any(e.kv.mod_revision == rev for r in rs for e in r.events), timeout=30)
+        again.close()
+        free.close()

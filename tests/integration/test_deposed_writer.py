@@ -24,6 +24,7 @@ import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shim.context import READ_INDEX_METADATA
+from tests.integration.followkit import NO_LEADER, REQUIRE_LEADER, require_leader_watches_end_and_come_back
 from tests.nats_fixture import shardetcd_on as server_on, start_nats_cluster, wait_standing_by
 from tests.tcp_proxy import TcpProxy
 from tests.watch_client import WatchClient
@@ -31,8 +32,6 @@ from tests.watch_client import WatchClient
 KEY = b"/registry/configmaps/default/owner"
 TIMED_OUT = (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
 LEADER_CHANGED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: leader changed")
-NO_LEADER = (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader")
-REQUIRE_LEADER = ("hasleader", "true")  # clientv3.WithRequireLeader's metadata
 TTL_S = 3.0  # --journal-lease-ttl's default
 
 
@@ -192,38 +191,15 @@ def test_a_follower_cut_off_from_nats_ends_the_watches_that_require_a_leader(tmp
     follower = server_on(SimpleNamespace(urls=",".join(f"nats://127.0.0.1:{p.port}" for p in proxies)),
                          tmp_path / "f", "--follow").start()
     try:
-        with grpc.insecure_channel(follower.endpoint) as ch:
-            led, free = WatchClient(ch, metadata=(REQUIRE_LEADER,)), WatchClient(ch)
-            for w in (led, free):
-                w.create(KEY)
-                w.wait_for(lambda rs: any(r.created for r in rs))
+        def cut() -> None:
             for p in proxies:
                 p.cut()
-            wait_until("the require-leader watch to end", lambda: led.error is not None, timeout=30)
-            assert (led.error.code(), led.error.details()) == NO_LEADER
-            refused_watch = WatchClient(ch, metadata=(REQUIRE_LEADER,))
-            wait_until("a new require-leader watch to be refused", lambda: refused_watch.error is not None, timeout=10)
-            assert (refused_watch.error.code(), refused_watch.error.details()) == NO_LEADER
-            assert free.error is None and free._thread.is_alive()
+
+        def restore() -> None:
             for p in proxies:
                 p.restore()
-            deadline = time.monotonic() + 30
-            while True:  # until the follower knows a leader again
-                again = WatchClient(ch, metadata=(REQUIRE_LEADER,))
-                again.create(KEY)
-                try:
-                    again.wait_for(lambda rs: any(r.created for r in rs), timeout=2)
-                    break
-                except AssertionError:
-                    assert again.error is not None and (again.error.code(), again.error.details()) == NO_LEADER
-                    assert time.monotonic() < deadline, "the follower did not accept a require-leader watch again"
-                    time.sleep(0.5)
-            with grpc.insecure_channel(writer.endpoint) as wch:
-                rev = pbg.KVStub(wch).Put(pb.PutRequest(key=KEY, value=b"after"), timeout=10).header.revision
-            for w in (again, free):
-                w.wait_for(lambda rs: any(e.kv.mod_revision == rev for r in rs for e in r.events), timeout=30)
-            again.close()
-            free.close()
+
+        require_leader_watches_end_and_come_back(follower.endpoint, writer.endpoint, cut, restore)
     finally:
         follower.kill()
         writer.kill()

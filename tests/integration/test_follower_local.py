@@ -25,7 +25,7 @@ from tests.integration.followkit import (a_watch_resumes_across_a_follower_resta
                                          cluster_followers_serve_their_partition,
                                          falls_behind_then_resyncs_in_process,
                                          member_list_names_the_writer_and_its_followers, put,
-                                         serves_every_pod, watch_differential_through,
+                                         require_leader_watches_end_and_come_back, serves_every_pod, watch_differential_through,
                                          watches_see_every_write_once_in_order, write_past_checkpoints)
 from tests.shardetcd_fixture import ShardetcdProcess
 from tests.watch_client import WatchClient
@@ -220,6 +220,21 @@ def test_a_follower_goes_on_across_a_writer_kill_and_restart(tmp_path):
             got = kv.Range(pb.RangeRequest(key=b"/registry/pods/r/", range_end=b"/registry/pods/r0", serializable=True),
                            timeout=10)
             assert got.header.revision == last and len(got.kvs) == 5
+        assert follower.running()
+    finally:
+        follower.stop()
+        writer.stop()
+
+
+def test_a_follower_whose_writer_is_down_ends_the_watches_that_require_a_leader(tmp_path):
+    """The writer killed with -9: the follower no longer hears from its leader, so, as an etcd
+    member that lost its leader, it ends the watches opened WithRequireLeader (kube-apiserver's)
+    with "no leader" and refuses new ones, while other watches stay open; once the writer is
+    started again it accepts them, and they see new writes."""
+    writer = writer_at(tmp_path / "w").start()
+    follower = follower_of(writer, tmp_path / "f").start()
+    try:
+        require_leader_watches_end_and_come_back(follower.endpoint, writer.endpoint, writer.kill, writer.start)
         assert follower.running()
     finally:
         follower.stop()
