@@ -63,7 +63,15 @@ def _worker_slice() -> range:
 
 
 _slice = _worker_slice()
-_next = _slice.start + os.getpid() % len(_slice)  # another run on the machine starts elsewhere in the slice
+
+
+def _first(pid: int, ports: range) -> int:
+    """Where a run with ``pid`` starts in ``ports``: another run on the machine starts far from it,
+    even one whose pid is next to it (two runs started together got overlapping ports from pid % len)."""
+    return ports.start + pid * 7919 % len(ports)
+
+
+_next = _first(os.getpid(), _slice)
 
 
 def _bindable(host: str, port: int) -> bool:

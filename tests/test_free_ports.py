@@ -32,3 +32,10 @@ def test_each_worker_has_a_slice_of_its_own(monkeypatch):
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
         slices.append(etcd_fixture._worker_slice())
     assert slices[0].stop <= slices[1].start and len(slices[0]) > 1000
+
+
+def test_runs_with_neighbouring_pids_start_far_apart():
+    ports = range(15000, 21000)
+    starts = [etcd_fixture._first(pid, ports) for pid in range(4000, 4004)]
+    assert all(p in ports for p in starts)
+    assert min(abs(a - b) for i, a in enumerate(starts) for b in starts[i + 1:]) > 200, starts
