@@ -872,12 +872,14 @@ class Connection(asyncio.Protocol):
                         call.window -= allowed
                         self.window -= allowed
                         self.write(_frame(DATA, 0, call.sid, payload[:allowed]))
+                        self.sent_data = True  # as grpc-go, a ping is forgiven by any data written since
                         pending[0] = (DATA, payload[allowed:])
                     self.blocked[call.sid] = call
                     return
                 call.window -= size
                 self.window -= size
                 self.write(_frame(DATA, 0, call.sid, payload))
+                self.sent_data = True
             else:  # the call's last frame: trailers, or the empty DATA frame that ends an HTTP answer
                 if kind == HEADERS:
                     self._trailers(call.sid, payload)

@@ -900,6 +900,35 @@ def test_flow_control_windows_are_respected(server):
     assert_serving(server)
 
 
+def test_pings_as_a_flow_controlled_answer_arrives_are_forgiven(server):
+    """grpc-go's clients ping as data arrives (its window estimation), far more often than
+    etcd's 5 s minimum: data the server sent since the last ping forgives it, also data that
+    waited for a WINDOW_UPDATE. Seen: `etcdctl snapshot save` got GOAWAY ENHANCE_YOUR_CALM
+    "too_many_pings" a few ms into the download, 1 in ~40, because only data sent without
+    waiting counted."""
+    key, value = unique("bdp"), random.Random(8).randbytes(50_000)
+    with grpc.insecure_channel(server.endpoint) as ch:
+        pbg.KVStub(ch).Put(pb.PutRequest(key=key, value=value), timeout=10)
+    raw = RawH2(server)
+    raw.auto_credit = False
+    try:
+        raw.send(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 1_000)))  # a stream window of 1,000 bytes
+        st = raw.request(1, "/etcdserverpb.KV/Range", [pb.RangeRequest(key=key)])
+        raw.pump(lambda: len(st.data) >= 1_000)
+        for i in range(8):  # well within 5 s: each one would be a strike without the data before it
+            have = len(st.data)
+            raw.send(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 1_000)))
+            raw.pump(lambda: len(st.data) >= have + 1_000)
+            raw.send(frame(PING, 0, 0, b"%08d" % i))
+        raw.send(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 1 << 20)) + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 20)))
+        raw.pump(lambda: st.ended)
+        assert raw.goaway is None
+        assert st.status() == (0, "") and pb.RangeResponse.FromString(st.messages()[0]).kvs[0].value == value
+    finally:
+        raw.close()
+    assert_serving(server)
+
+
 def test_clients_vanishing_mid_call(server):
     no_watchers_left(server)
     key = unique("vanish")
