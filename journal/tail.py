@@ -84,6 +84,14 @@ class LocalMembers:
                 pass
         return out
 
+    def withdraw(self, key: str) -> None:
+        """A clean stop: this member's entry goes at once, and the directory with the last one."""
+        (self.directory / key).unlink(missing_ok=True)
+        try:
+            self.directory.rmdir()
+        except OSError:  # others still announce there (or it is gone already)
+            pass
+
 
 def write_writer_file(data_dir: Path, record: str) -> None:
     """The writer's own: where it serves clients, for followers reading its data dir."""
@@ -161,6 +169,9 @@ class LocalFollowLog:
 
     async def announced(self, prefix: str, ttl_s: float) -> list[str]:
         return await self.members.announced(prefix, ttl_s)
+
+    def withdraw(self, key: str) -> None:
+        self.members.withdraw(key)
 
     async def agree(self, key: str, proposal: str) -> str:
         """The cluster's id is the writer's."""

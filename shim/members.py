@@ -43,6 +43,8 @@ class Registry:
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)  # a cancel can be lost in NATS's wait_for (journal/tasks.py)
+        if withdraw := getattr(self.log, "withdraw", None):  # a local journal's members: a file each in tmpfs
+            withdraw(f"{self.prefix}{self.me.ID:x}")  # (in NATS's bucket the entry lapses after TTL_S)
 
     async def _announce(self) -> None:
         record = self._record()

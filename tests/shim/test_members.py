@@ -39,3 +39,25 @@ def test_stop_ends_the_announce_loop_when_an_answer_arrives_with_the_cancel(monk
         assert log.announced == announced  # no announce after stop
 
     asyncio.run(asyncio.wait_for(main(), 10))  # a deadline for a hang, not a timing
+
+
+def test_a_local_journal_member_withdraws_its_entry_when_it_stops(tmp_path):
+    """Each server with the default local journal announces itself in a tmpfs directory named
+    after the writer's data dir; a clean stop takes its entry away, and the directory with the
+    last one (thousands were left behind in /dev/shm by test runs)."""
+    from journal.tail import LocalMembers
+
+    async def main():
+        writer = Registry(LocalMembers(tmp_path / "data"), "writer", pb.Member(ID=1, name="w"))
+        follower = Registry(LocalMembers(tmp_path / "data"), "writer", pb.Member(ID=2, name="f"))
+        await writer.start()
+        await follower.start()
+        directory = writer.log.directory
+        assert sorted(p.name for p in directory.iterdir()) == ["writer.1", "writer.2"]
+        assert [m.ID for m in await writer.members()] == [1, 2]
+        await follower.stop()
+        assert [p.name for p in directory.iterdir()] == ["writer.1"]
+        await writer.stop()
+        assert not directory.exists()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
