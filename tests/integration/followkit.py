@@ -293,7 +293,7 @@ NO_LEADER = (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader")
 REQUIRE_LEADER = ("hasleader", "true")  # clientv3.WithRequireLeader's metadata (kube-apiserver's watches)
 
 
-def _until(what: str, check, timeout: float) -> None:
+def wait_until(what: str, check, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
@@ -312,10 +312,10 @@ def require_leader_watches_end_and_come_back(follower: str, writer: str, lose, r
             w.create(key)
             w.wait_for(lambda rs: any(r.created for r in rs))
         lose()
-        _until("the require-leader watch to end", lambda: led.error is not None, timeout=30)
+        wait_until("the require-leader watch to end", lambda: led.error is not None, timeout=30)
         assert (led.error.code(), led.error.details()) == NO_LEADER
         refused_watch = WatchClient(ch, metadata=(REQUIRE_LEADER,))
-        _until("a new require-leader watch to be refused", lambda: refused_watch.error is not None, timeout=10)
+        wait_until("a new require-leader watch to be refused", lambda: refused_watch.error is not None, timeout=10)
         assert (refused_watch.error.code(), refused_watch.error.details()) == NO_LEADER
         assert free.error is None and free._thread.is_alive()
         regain()

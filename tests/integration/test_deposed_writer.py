@@ -24,7 +24,8 @@ import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shim.context import READ_INDEX_METADATA
-from tests.integration.followkit import NO_LEADER, REQUIRE_LEADER, require_leader_watches_end_and_come_back
+from tests.integration.followkit import (NO_LEADER, REQUIRE_LEADER, require_leader_watches_end_and_come_back,
+                                         wait_until)
 from tests.nats_fixture import shardetcd_on as server_on, start_nats_cluster, wait_standing_by
 from tests.tcp_proxy import TcpProxy
 from tests.watch_client import WatchClient
@@ -33,13 +34,6 @@ KEY = b"/registry/configmaps/default/owner"
 TIMED_OUT = (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
 LEADER_CHANGED = (grpc.StatusCode.UNAVAILABLE, "etcdserver: leader changed")
 TTL_S = 3.0  # --journal-lease-ttl's default
-
-
-def wait_until(what: str, check, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
-        time.sleep(0.1)
 
 
 def refused(call) -> tuple[grpc.StatusCode, str]:
