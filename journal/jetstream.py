@@ -345,11 +345,20 @@ def describe_api_error(exc: BaseException) -> str:
     return f"code={exc.code} err_code={exc.err_code} description={exc.description!r}"
 
 
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says only that JetStream cannot answer right now (no responders, a
+    timeout: a leader election, a reconnect), not that it refused."""
+    from nats.js.errors import APIError
+
+    if isinstance(exc, transient_errors()):
+        return True
+    return isinstance(exc, APIError) and getattr(exc, "err_code", None) in TRANSIENT_API_ERRORS
+
+
 async def retrying(what: str, op, deadline_s: float = 30.0):
     """Run ``op()`` (a coroutine factory) again while JetStream answers that it
-    is not available right now (no responders, a timeout: a leader election,
-    a reconnect), for up to ``deadline_s``."""
-    from nats.js.errors import APIError, ServiceUnavailableError
+    is not available right now (``unavailable``), for up to ``deadline_s``."""
+    from nats.js.errors import APIError
 
     transient = transient_errors()
     deadline = time.monotonic() + deadline_s
@@ -358,8 +367,7 @@ async def retrying(what: str, op, deadline_s: float = 30.0):
         try:
             return await op()
         except (*transient, APIError) as exc:
-            if isinstance(exc, APIError) and not isinstance(exc, ServiceUnavailableError) \
-                    and getattr(exc, "err_code", None) not in TRANSIENT_API_ERRORS:
+            if not unavailable(exc):
                 raise
             attempt += 1
             if time.monotonic() > deadline:

@@ -30,6 +30,18 @@ before.  Past that time, ``confirm`` renews at once and the read waits for it.
 A lease found lapsed and taken again is sure only after ``refence`` (the
 journals fenced again after the last message this writer stored): another
 process may have held it meanwhile.
+
+A lease can also lapse while its holder is well: when the NATS server leading
+the bucket's stream is lost, the others wait 4-9 s (nats-server's Raft election
+timeout) before they elect a leader, longer than the default TTL, and nobody can
+renew or take the lease meanwhile.  The journals take no writes then either, so
+a takeover would only add churn (watches ended, clients re-listing).  So a
+standby that NATS failed to answer since it last saw the lease held leaves a
+free lease to its holder until NATS has answered the standby for a whole TTL;
+the holder, retrying its renewal every ``RETRY_S`` with requests that give up
+after a third of the TTL, takes its lease back well before.  A standby that saw
+NATS answer all along takes a lapsed lease at once: its holder stopped renewing
+while it could have.
 """
 from __future__ import annotations
 
@@ -49,6 +61,12 @@ KEY = "writer"  # the key of a server that is not a partition
 # so a writer suspended past its TTL does not think its lease is still sure (tests replace it)
 _clock = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
 SURE_FOR = 2 / 3  # of the TTL: how long after a renewal was sent the lease is surely still ours
+RETRY_S = 0.2  # after a renewal NATS did not answer: the next one this soon (else every third of the TTL)
+
+
+async def _once(what: str, op):
+    """One try of ``op()`` (``retrying``'s signature, without its retries)."""
+    return await op()
 
 
 class LeaseLost(JournalFailed):
@@ -78,28 +96,35 @@ class WriterLease:
             from nats.js.api import KeyValueConfig
             from nats.js.errors import BucketNotFoundError
 
-            from journal.jetstream import open_or_create
+            from journal.jetstream import open_or_create, retrying
 
             name = f"{self.log.config.prefix}-writer"
-            self.kv = await open_or_create(
+            await open_or_create(
                 f"writer lease bucket {name}", lambda: self.log.js.key_value(name),
                 lambda: self.log.js.create_key_value(KeyValueConfig(
                     bucket=name, ttl=self.ttl_s, history=1, replicas=self.log.config.replicas)),
                 BucketNotFoundError)
+            # a renewal not answered within a third of the TTL is sent again rather than awaited
+            js = self.log.nc.jetstream(timeout=min(self.log.config.publish_timeout_s, self.ttl_s / 3))
+            self.kv = await retrying(f"writer lease bucket {name}", lambda: js.key_value(name))
         return self.kv
 
     async def holder(self) -> str | None:
         """Who holds the lease now (None: nobody)."""
-        from nats.js.errors import KeyNotFoundError
-
         from journal.jetstream import retrying
+
+        entry = await self._entry(retrying)
+        return entry.value.decode() if entry is not None and entry.value else None
+
+    async def _entry(self, attempt=_once):
+        """The lease's entry (None: nobody holds it), read with ``attempt``."""
+        from nats.js.errors import KeyNotFoundError
 
         kv = await self._bucket()
         try:
-            entry = await retrying("writer lease get", lambda: kv.get(self.key))
+            return await attempt("writer lease get", lambda: kv.get(self.key))
         except KeyNotFoundError:
             return None
-        return entry.value.decode() if entry.value else None
 
     async def held(self, timeout_s: float) -> bool:
         """Whether NATS says, within ``timeout_s``, that some process holds the lease: a
@@ -110,29 +135,33 @@ class WriterLease:
             logger.debug("writer lease not readable error=%r", exc)
             return False
 
-    async def try_acquire(self) -> bool:
+    async def try_acquire(self, attempt=None) -> bool:
+        """Create the lease's entry if nobody holds it; ``attempt``: how each NATS call is
+        tried (default: ``retrying`` while JetStream is unavailable)."""
         from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
         from journal.jetstream import retrying
 
+        attempt = attempt or retrying
         kv = await self._bucket()
         sent = _clock()
         try:
-            self.revision = await retrying("writer lease create", lambda: kv.create(self.key, self.me.encode()))
+            self.revision = await attempt("writer lease create", lambda: kv.create(self.key, self.me.encode()))
         except KeyNotFoundError:
             # nats-py's create re-reads a key it found deleted; an entry that expired
             # in between is not there any more: nobody holds it, try again later
             return False
         except KeyWrongLastSequenceError:
-            if await self.holder() != self.me:
+            entry = await self._entry(attempt)
+            if entry is None or entry.value.decode() != self.me:
                 return False
-            try:
-                self.revision = (await kv.get(self.key)).revision  # a retried create found its own first try
-            except KeyNotFoundError:
-                return False
+            self.revision = entry.revision  # a retried create found its own first try
         self._sure_until = sent + self.ttl_s * SURE_FOR  # whichever try stored it, it was sent after this
-        logger.warning("writer lease acquired holder=%s ttl_s=%.1f", self.me, self.ttl_s)
+        self._acquired()
         return True
+
+    def _acquired(self) -> None:
+        logger.warning("writer lease acquired holder=%s ttl_s=%.1f", self.me, self.ttl_s)
 
     async def acquire(self, poll_s: float = 0.2) -> None:
         """Take the lease, waiting at most one TTL (a holder that died lets it
@@ -146,16 +175,44 @@ class WriterLease:
             await asyncio.sleep(poll_s)
 
     async def wait(self, poll_s: float = 0.2) -> float:
-        """A standby: wait until the lease is free and take it; returns seconds waited."""
+        """A standby: wait until the lease is free and take it; returns seconds waited.
+
+        If NATS failed to answer since the lease was last seen held, a free lease is
+        taken only once NATS has answered for a whole TTL (the module's note)."""
+        from journal.jetstream import unavailable
+
         started = _clock()
         holder = None
-        while not await self.try_acquire():
-            now = await self.holder()
-            if now != holder:
-                holder = now
-                logger.warning("standing by writer=%s", holder)
+        doubt = False  # NATS failed to answer since the lease was last seen held
+        answering_since = _clock()  # NATS has answered every call since
+        failures = 0
+        while True:
+            try:
+                entry = await self._entry()
+                now = entry.value.decode() if entry is not None and entry.value else None
+                if now is None and (not doubt or _clock() - answering_since >= self.ttl_s):
+                    if await self.try_acquire(_once):
+                        return _clock() - started
+                elif now == self.me:  # a create whose answer was lost stored it: ours, sure once renewed
+                    self.revision, self._sure_until = entry.revision, 0.0
+                    self._acquired()
+                    return _clock() - started
+            except Exception as exc:
+                if not unavailable(exc):
+                    raise
+                failures += 1
+                if failures == 1 or failures % 20 == 0:
+                    logger.warning("writer lease not readable, standing by failures=%d error=%r", failures, exc)
+                doubt, answering_since = True, float("inf")
+            else:
+                if answering_since == float("inf"):
+                    answering_since = _clock()
+                if now is not None:
+                    doubt = False
+                if now != holder:
+                    holder = now
+                    logger.warning("standing by writer=%s", holder)
             await asyncio.sleep(poll_s)
-        return _clock() - started
 
     def start_renewing(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._renew())
@@ -253,7 +310,7 @@ class WriterLease:
     async def _renew(self) -> None:
         failures = 0
         while True:
-            await asyncio.sleep(self.ttl_s / 3)
+            await asyncio.sleep(min(RETRY_S, self.ttl_s / 3) if failures else self.ttl_s / 3)
             try:
                 await self.renew_now()
             except LeaseLost:

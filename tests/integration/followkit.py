@@ -293,11 +293,13 @@ NO_LEADER = (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader")
 REQUIRE_LEADER = ("hasleader", "true")  # clientv3.WithRequireLeader's metadata (kube-apiserver's watches)
 
 
-def wait_until(what: str, check, timeout: float = 60.0) -> None:
+def wait_until(what: str, check, timeout: float = 60.0):
+    """Until ``check()`` is true; returns what it returned."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while not (got := check()):
         assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
         time.sleep(0.1)
+    return got
 
 
 def require_leader_watches_end_and_come_back(follower: str, writer: str, lose, regain,

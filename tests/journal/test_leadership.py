@@ -1,5 +1,6 @@
-"""The writer lease's read guard (journal/leadership.py), on a fake KV bucket and a fake clock:
-when the lease is sure, how a read confirms it, and what a lapse costs before it is trusted."""
+"""The writer lease (journal/leadership.py), on a fake KV bucket and a fake clock: when the
+lease is sure, how a read confirms it, what a lapse costs before it is trusted, and when a
+standby takes a lease it finds free."""
 from __future__ import annotations
 
 import asyncio
@@ -34,6 +35,7 @@ class KV:
         self.clock, self.holder, self.revision = clock, holder, 1
         self.updates = 0
         self.unreachable = False
+        self.answer_lost = False
         self.delay = 0.0  # seconds of the fake clock an update takes
 
     async def update(self, key, value, last):
@@ -48,14 +50,21 @@ class KV:
         return self.revision
 
     async def get(self, key):
+        if self.unreachable:
+            raise asyncio.TimeoutError()
+        await asyncio.sleep(0)
         if self.holder is None:
             raise KeyNotFoundError()
         return Entry(self.holder.encode(), self.revision)
 
     async def create(self, key, value):
+        if self.unreachable:
+            raise asyncio.TimeoutError()
         if self.holder is not None:
             raise KeyWrongLastSequenceError()
         self.holder, self.revision = value.decode(), self.revision + 1
+        if self.answer_lost:  # stored, but the answer never came
+            raise asyncio.TimeoutError()
         return self.revision
 
 
@@ -182,3 +191,84 @@ def test_a_lapse_before_the_journals_are_written_is_fenced_once_they_are(clock):
         assert fenced and lease.sure()
 
     asyncio.run(go())
+
+
+class Standby:
+    """``WriterLease.wait`` of the process "me" running on a fake bucket; ``polls(n)``
+    lets it poll ``n`` times (each poll: a read and, if it decides to, a create)."""
+
+    def __init__(self, kv: KV) -> None:
+        self.kv = kv
+        self.lease = lease_on(kv)
+        self.task = asyncio.ensure_future(self.lease.wait(poll_s=0))
+
+    async def polls(self, n: int = 5) -> bool:
+        """Whether the lease was taken within ``n`` polls."""
+        for _ in range(5 * n):
+            await asyncio.sleep(0)
+        return self.task.done()
+
+
+def standby_test(body):
+    def run(clock):
+        async def go():
+            standby = Standby(KV(clock, holder="writer"))
+            try:
+                await body(standby, clock)
+            finally:
+                standby.task.cancel()
+
+        asyncio.run(go())
+    return run
+
+
+@standby_test
+async def test_a_standby_that_saw_nats_answer_takes_a_lapsed_lease_at_once(standby, clock):
+    assert not await standby.polls()
+    standby.kv.holder = None  # the writer stopped renewing while NATS answered: it lapsed
+    assert await standby.polls() and standby.kv.holder == "me"
+    assert standby.lease.sure()
+
+
+@standby_test
+async def test_a_standby_leaves_a_lease_that_lapsed_while_nats_did_not_answer_to_its_holder(standby, clock):
+    kv = standby.kv
+    assert not await standby.polls()
+    kv.unreachable = True  # the bucket's stream leader lost: nobody can renew or take the lease
+    assert not await standby.polls()
+    clock.now += 6  # the election: the entry lapses meanwhile
+    kv.unreachable, kv.holder = False, None  # a new leader, the entry expired
+    assert not await standby.polls()
+    clock.now += TTL - 0.1  # NATS answers the standby, not yet for a whole TTL
+    assert not await standby.polls() and kv.holder is None
+    kv.holder = "writer"  # the writer took its lease back
+    assert not await standby.polls()
+    kv.holder = None  # ... and then stopped while NATS answered: taken at once
+    assert await standby.polls() and kv.holder == "me"
+
+
+@standby_test
+async def test_a_standby_takes_a_lease_that_lapsed_while_nats_did_not_answer_after_a_ttl(standby, clock):
+    kv = standby.kv
+    kv.unreachable = True
+    assert not await standby.polls()
+    kv.unreachable, kv.holder = False, None  # the writer is gone too: nobody takes the lease back
+    assert not await standby.polls()
+    clock.now += TTL / 2
+    kv.unreachable = True  # NATS fails again: the standby's count starts over
+    assert not await standby.polls()
+    kv.unreachable = False
+    clock.now += TTL / 2
+    assert not await standby.polls()
+    clock.now += TTL
+    assert await standby.polls() and kv.holder == "me"
+
+
+@standby_test
+async def test_a_standby_whose_create_answer_was_lost_finds_the_lease_its_own(standby, clock):
+    kv = standby.kv
+    kv.answer_lost = True
+    kv.holder = None
+    assert await standby.polls() and kv.holder == "me"
+    assert standby.task.result() >= 0
+    assert standby.lease.revision == kv.revision and not standby.lease.sure()  # sure from its first renewal
