@@ -130,7 +130,8 @@ class WriterLease:
         """Whether NATS says, within ``timeout_s``, that some process holds the lease: a
         follower's way of knowing it has a leader (False too if NATS does not answer)."""
         try:
-            return await asyncio.wait_for(self.holder(), timeout_s) is not None
+            async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it can lose a cancel (journal/tasks.py)
+                return await self.holder() is not None
         except Exception as exc:  # noqa: BLE001 - NATS unreachable, slow, or not answering consistently
             logger.debug("writer lease not readable error=%r", exc)
             return False
@@ -232,7 +233,8 @@ class WriterLease:
             if left <= 0:
                 raise JournalUnreachable(f"writer lease {self.key} not confirmed within {timeout_s:.1f} s")
             try:
-                await asyncio.wait_for(asyncio.shield(self.renew_now()), left)
+                async with asyncio.timeout(left):
+                    await asyncio.shield(self.renew_now())
                 if self.sure():
                     return
             except (LeaseLost, asyncio.CancelledError):

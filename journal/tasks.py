@@ -8,7 +8,9 @@ a follow loop goes on following, a standby's lease poll goes on polling, and who
 awaits their end waits for ever. Seen in CI: a standby that had just taken the writer lease
 never took over, its journal-follow tasks having swallowed the cancel meant to stop them.
 
-``cancel_and_wait`` cancels again until the task has really ended.
+``cancel_and_wait`` cancels again until the task has really ended. Our own timeouts use
+``asyncio.timeout`` instead of ``wait_for``: it runs the awaited call in the caller's task, so
+there is no inner result to hand back in place of the cancel.
 """
 from __future__ import annotations
 

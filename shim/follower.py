@@ -326,8 +326,9 @@ class TokenCatchUp:
         if not isinstance(tokens, SimpleTokens) or tokens.known(token) or not looks_simple(token):
             return
         try:
-            await asyncio.wait_for(self._catch_up(), self.timeout_s)
-        except (asyncio.TimeoutError, RequestTimeoutError, grpc.aio.AioRpcError) as exc:
+            async with asyncio.timeout(self.timeout_s):  # not wait_for: on 3.11 it can lose a cancel (journal/tasks.py)
+                await self._catch_up()
+        except (TimeoutError, RequestTimeoutError, grpc.aio.AioRpcError) as exc:
             logger.info("could not catch up with the writer for a token error=%r", exc)
 
     async def _catch_up(self) -> None:
@@ -375,8 +376,9 @@ class KeepAlives:
         self.waiting.setdefault(lease_id, []).append(future)
         self._wake.set()
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.link.timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.link.timeout_s):
+                return await asyncio.shield(future)
+        except TimeoutError:
             raise RequestTimeoutError() from None
 
     async def _run(self) -> None:

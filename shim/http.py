@@ -25,6 +25,7 @@ from .gateway import PATHS, REASONS, STREAMS, Gateway, GatewayError, compact_jso
 logger = logging.getLogger(__name__)
 
 REQUEST_BYTES_MAX = 8192
+IDLE_READ_S = 60.0  # a request line, head or chunk header not complete by then: the connection is closed
 
 
 TEXT = "text/plain; charset=utf-8"
@@ -55,6 +56,13 @@ def _head(status: int, headers) -> bytes:
     lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", *(f"{k}: {v}" for k, v in headers)]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
+
+
+async def _read_until(reader: asyncio.StreamReader, separator: bytes) -> bytes:
+    """The next bytes up to ``separator``; TimeoutError after IDLE_READ_S (asyncio.timeout, not
+    wait_for, which can lose a stopping server's cancel on 3.11: journal/tasks.py)."""
+    async with asyncio.timeout(IDLE_READ_S):
+        return await reader.readuntil(separator)
 
 class Http1Answer:
     """An answer on an HTTP/1.1 connection: Content-Length, or chunked for a stream."""
@@ -130,7 +138,7 @@ class HttpEndpoint:
             writer.close()
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=60)
+        head = await _read_until(reader, b"\r\n\r\n")
         if len(head) > REQUEST_BYTES_MAX:
             raise ValueError("request head too large")
         lines = head.decode("latin-1").split("\r\n")
@@ -179,10 +187,10 @@ class HttpEndpoint:
             return await reader.readexactly(length) if length else b""
         parts, size = [], 0
         while True:
-            line = await asyncio.wait_for(reader.readuntil(b"\r\n"), timeout=60)
+            line = await _read_until(reader, b"\r\n")
             n = int(line.split(b";", 1)[0].strip(), 16)
             if n == 0:
-                while (await asyncio.wait_for(reader.readuntil(b"\r\n"), timeout=60)) != b"\r\n":
+                while (await _read_until(reader, b"\r\n")) != b"\r\n":
                     pass  # trailers
                 return b"".join(parts)
             size += n
