@@ -64,8 +64,12 @@ class LocalMembers:
         root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         tag = hashlib.sha256(str(Path(writer_data_dir).absolute()).encode()).hexdigest()[:12]
         self.directory = root / f"shardetcd-{os.getuid()}-members-{tag}"
+        self._swept = False
 
     async def announce(self, key: str, value: str, ttl_s: float) -> None:
+        if not self._swept:
+            self._swept = True
+            sweep_members(self.directory.parent, f"shardetcd-{os.getuid()}-members-", 10 * ttl_s)
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{key}.tmp"
         tmp.write_text(value)
@@ -91,6 +95,28 @@ class LocalMembers:
             self.directory.rmdir()
         except OSError:  # others still announce there (or it is gone already)
             pass
+
+
+def sweep_members(root: Path, prefix: str, stale_s: float) -> int:
+    """Remove the member directories under ``root`` named ``prefix*`` in which no entry was
+    written for ``stale_s`` (every member rewrites its entry well within its TTL): those of
+    members that were killed, whose entries a clean stop would have withdrawn. Returns how
+    many went."""
+    now, gone = time.time(), 0
+    for directory in root.glob(f"{prefix}*"):
+        try:
+            if now - directory.stat().st_mtime <= stale_s:  # an entry made or replaced there lately
+                continue
+            entries = list(directory.iterdir())
+            if any(now - e.stat().st_mtime <= stale_s for e in entries):
+                continue
+            for e in entries:
+                e.unlink(missing_ok=True)
+            directory.rmdir()
+            gone += 1
+        except OSError:  # a member announcing there meanwhile, or another sweep: leave it
+            continue
+    return gone
 
 
 def write_writer_file(data_dir: Path, record: str) -> None:

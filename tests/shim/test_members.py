@@ -61,3 +61,34 @@ def test_a_local_journal_member_withdraws_its_entry_when_it_stops(tmp_path):
         assert not directory.exists()
 
     asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_member_directories_of_killed_members_are_swept(tmp_path):
+    """A member that is killed cannot withdraw its entry: the next local member to announce
+    removes the directories in which nobody announced for ten TTLs, and only those."""
+    import os
+    import time
+
+    from journal.tail import sweep_members
+
+    long_ago = time.time() - 3600
+
+    def member_dir(name: str, *entries: str, stale: bool) -> None:
+        d = tmp_path / f"shardetcd-0-members-{name}"
+        d.mkdir()
+        for e in entries:
+            (d / e).write_text("{}")
+            if stale:
+                os.utime(d / e, (long_ago, long_ago))
+        if stale:
+            os.utime(d, (long_ago, long_ago))
+
+    member_dir("killed", "writer.1", "writer.2", stale=True)
+    member_dir("emptied", stale=True)
+    member_dir("serving", "writer.1", stale=False)
+    member_dir("starting", stale=False)  # made, its first entry not written yet
+    (tmp_path / "shardetcd-0-other").mkdir()
+    assert sweep_members(tmp_path, "shardetcd-0-members-", stale_s=100) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "shardetcd-0-members-serving", "shardetcd-0-members-starting", "shardetcd-0-other"]
+    assert (tmp_path / "shardetcd-0-members-serving" / "writer.1").exists()
