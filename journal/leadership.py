@@ -69,6 +69,11 @@ async def _once(what: str, op):
     return await op()
 
 
+def _fence_ended(fence: asyncio.Future) -> None:
+    if not fence.cancelled() and (exc := fence.exception()) is not None:
+        logger.warning("writer lease: fencing the journals again failed, retried with the next renewal error=%r", exc)
+
+
 class LeaseLost(JournalFailed):
     """Another process holds the writer lease now."""
 
@@ -88,8 +93,10 @@ class WriterLease:
         self._task: asyncio.Task | None = None
         self._sure_until = 0.0  # _clock() up to which nobody else can hold the lease
         self._renewing: asyncio.Future | None = None  # the renewal in flight, shared by its callers
-        self._fence_owed = False  # taken again after a lapse before ``refence`` was given: not sure until
-        self._owed_until = 0.0  # ... then sure up to this time, once fenced
+        self._fence_owed = False  # taken again after a lapse: not sure until the journals are fenced again
+        self._owed_until = 0.0  # ... then sure up to this time
+        self._fencing: asyncio.Task | None = None  # that fence, while it is published
+        self._lapses = 0  # times the lease was taken again after a lapse
 
     async def _bucket(self):
         if self.kv is None:
@@ -234,7 +241,10 @@ class WriterLease:
                 raise JournalUnreachable(f"writer lease {self.key} not confirmed within {timeout_s:.1f} s")
             try:
                 async with asyncio.timeout(left):
-                    await asyncio.shield(self.renew_now())
+                    if self._fencing is not None and not self._fencing.done():
+                        await asyncio.shield(self._fencing)  # taken again after a lapse: sure once fenced
+                    else:
+                        await asyncio.shield(self.renew_now())
                 if self.sure():
                     return
             except (LeaseLost, asyncio.CancelledError):
@@ -263,6 +273,7 @@ class WriterLease:
             self.revision = await kv.update(self.key, self.me.encode(), last=self.revision)
             if self._fence_owed:
                 self._owed_until = sent + self.ttl_s * SURE_FOR
+                self._start_fence()  # (again, if the last one ended without fencing)
             else:
                 self._sure_until = sent + self.ttl_s * SURE_FOR
             return
@@ -279,40 +290,64 @@ class WriterLease:
         if holder is None:  # it lapsed while NATS could not be reached
             if not await self.try_acquire():  # no holder to be read, yet not free: NATS is not consistent yet
                 raise JournalFailed("lease entry neither readable nor free")
-            await self._fence_again()
+            self._taken_again()
             return
         self._lost(LeaseLost(f"lost the writer lease to {holder}"))
         raise self.lost
 
-    async def _fence_again(self) -> None:
+    def _taken_again(self) -> None:
         """Taken again after a lapse: another process may have held the lease meanwhile and
-        written; the lease is sure only once the journals are fenced again after the last
-        message this writer stored (which fails if anyone else appended since)."""
-        sure_until, self._sure_until = self._sure_until, 0.0
+        written, so the lease is sure only once the journals are fenced again after the last
+        message this writer stored (which fails if anyone else appended since). The fence runs
+        beside the renewals: it waits for the journals' stream leaders, which after a NATS fault
+        can take longer than a TTL, and the lease must not lapse again meanwhile (it did, and a
+        standby took it, while the renewal waited for the fence)."""
         logger.warning("writer lease taken again after it lapsed holder=%s", self.me)
-        if self.refence is None:  # the journals are not being written yet: fenced once they are
-            self._fence_owed, self._owed_until = True, sure_until
-            return
-        try:
-            await self.refence()
-        except JournalFailed as exc:
-            self._lost(LeaseLost(f"lost the writer lease while it had lapsed: {exc}"))
-            raise self.lost from None
-        self._sure_until = sure_until
+        self._lapses += 1
+        self._fence_owed, self._owed_until, self._sure_until = True, self._sure_until, 0.0
+        self._start_fence()
+
+    def _start_fence(self) -> asyncio.Future | None:
+        """The fence owed, started unless it runs already (None: the journals are not being
+        written yet, ``fence_with`` starts it once they are)."""
+        if self.refence is None or self.lost is not None:
+            return None
+        if self._fencing is None or self._fencing.done():
+            self._fencing = asyncio.ensure_future(self._fence())
+            self._fencing.add_done_callback(_fence_ended)
+        return self._fencing
+
+    async def _fence(self) -> None:
+        """Fence the journals again, until no lapse happened while a fence was published;
+        then the lease is sure up to what the last renewal made it (LeaseLost if another
+        process appended meanwhile)."""
+        while True:
+            lapses = self._lapses
+            try:
+                await self.refence()
+            except JournalFailed as exc:
+                self._lost(LeaseLost(f"lost the writer lease while it had lapsed: {exc}"))
+                return
+            if lapses == self._lapses:
+                break
+        self._fence_owed, self._sure_until = False, self._owed_until
 
     async def fence_with(self, refence: Callable[[], Awaitable[None]]) -> None:
         """The journals are being written: ``refence`` fences them after what this writer
         stored, after any later lapse, and now if the lease lapsed and was taken again
         before (LeaseLost if another process appended meanwhile)."""
         self.refence = refence
-        if self._fence_owed:
-            self._fence_owed, self._sure_until = False, self._owed_until
-            await self._fence_again()
+        if self._fence_owed and (fencing := self._start_fence()) is not None:
+            await asyncio.shield(fencing)
+        if self.lost is not None:
+            raise self.lost
 
     async def _renew(self) -> None:
         failures = 0
         while True:
             await asyncio.sleep(min(RETRY_S, self.ttl_s / 3) if failures else self.ttl_s / 3)
+            if self.lost is not None:  # (a fence after a lapse found another writer's appends)
+                return
             try:
                 await self.renew_now()
             except LeaseLost:
@@ -334,8 +369,7 @@ class WriterLease:
 
     async def release(self) -> None:
         """On a clean stop: give the lease back so a standby need not wait for it to expire."""
-        if self._task is not None:
-            await cancel_and_wait(self._task)
+        await cancel_and_wait(self._task, self._fencing)
         if self.kv is not None and self.revision:
             try:
                 await self.kv.delete(self.key, last=self.revision)

@@ -272,3 +272,63 @@ async def test_a_standby_whose_create_answer_was_lost_finds_the_lease_its_own(st
     assert await standby.polls() and kv.holder == "me"
     assert standby.task.result() >= 0
     assert standby.lease.revision == kv.revision and not standby.lease.sure()  # sure from its first renewal
+
+
+def test_a_lease_taken_again_is_renewed_while_the_journals_are_fenced(clock):
+    """Seen in a chaos run: the writer took its lapsed lease back when NATS elected a new leader,
+    then fenced its journals, which waited 4.6 s for their own stream leaders; the renewal
+    waited for the fence, the new entry lapsed after its TTL and the standby took it."""
+    kv = KV(clock, holder=None)  # lapsed during a NATS leader election
+    lease = lease_on(kv)
+    fenced = []
+
+    async def go():
+        stream_leaders = asyncio.get_running_loop().create_future()
+
+        async def refence():
+            await stream_leaders  # the journals' streams elect their leaders in their own time
+            fenced.append(True)
+
+        lease.refence = refence
+        await asyncio.wait_for(lease.renew_now(), 5)  # taken again, its fence published beside
+        assert kv.holder == "me" and not fenced and not lease.sure()
+        reading = asyncio.ensure_future(lease.confirm(timeout_s=7))
+        for _ in range(3):  # the renewals go on meanwhile
+            updates = kv.updates
+            await asyncio.wait_for(lease.renew_now(), 5)
+            assert kv.updates == updates + 1 and not lease.sure() and not reading.done()
+        stream_leaders.set_result(None)
+        await asyncio.wait_for(reading, 5)  # the read waited for the fence, not for a renewal storm
+        assert fenced and lease.sure()
+        assert kv.updates == updates + 1
+
+    asyncio.run(go())
+
+
+def test_a_lapse_while_the_fence_is_published_is_fenced_again(clock):
+    """A second lapse, taken again while the first one's fence was being published: another
+    process may have written between them, so one more fence must follow."""
+    kv = KV(clock, holder=None)
+    lease = lease_on(kv)
+    fences = []
+
+    async def go():
+        gates = [asyncio.get_running_loop().create_future() for _ in range(2)]
+
+        async def refence():
+            await gates[len(fences)]
+            fences.append(clock.now)
+
+        lease.refence = refence
+        await lease.renew_now()  # first lapse: fence 1 starts
+        kv.holder = None  # lapses again before fence 1 is through
+        await lease.renew_now()
+        gates[0].set_result(None)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(fences) == 1 and not lease.sure()  # fence 1 began before the second lapse
+        gates[1].set_result(None)
+        await asyncio.wait_for(lease.confirm(timeout_s=7), 5)
+        assert len(fences) == 2 and lease.sure()
+
+    asyncio.run(go())
