@@ -108,6 +108,32 @@ def _status_block(code: grpc.StatusCode, message: str) -> bytes:
     return block + _literal(b"grpc-message", _percent_encode(message)) if message else block
 
 
+def _read_fields(fields: list[tuple[bytes, bytes]]) -> tuple:
+    """(path, timeout in seconds or None, grpc-encoding, metadata, whether the content type is gRPC)
+    of a call's request headers."""
+    path, timeout, encoding, metadata, grpc_content = "", None, None, [], False
+    for name, value in fields:
+        if name[:1] == b":":
+            if name == b":path":
+                path = value.decode("utf-8", "replace")
+        elif name == b"grpc-timeout":
+            timeout = _timeout_s(value)
+        elif name == b"grpc-encoding":
+            encoding = value
+        elif name in (b"content-type", b"te", b"grpc-accept-encoding", b"user-agent"):
+            if name == b"user-agent":
+                metadata.append(("user-agent", value.decode("latin-1")))
+            elif name == b"content-type":
+                grpc_content = value.startswith(b"application/grpc")
+        else:
+            key = name.decode("latin-1")
+            if key.endswith("-bin"):
+                metadata.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+            else:
+                metadata.append((key, value.decode("latin-1")))
+    return path, timeout, encoding, tuple(metadata), grpc_content
+
+
 def _timeout_s(value: bytes) -> float | None:
     try:
         return int(value[:-1]) * UNITS[chr(value[-1])]
@@ -743,29 +769,29 @@ class Connection(asyncio.Protocol):
         self.last_ping = now
         self.write(_frame(PING, ACK, 0, payload))
 
-    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        """HPACK-decoded header fields. A block of one-byte indexed fields only (what a
-        client's repeated headers become) leaves the dynamic table as it is, so its fields
-        are remembered until a block that may change the table arrives."""
+    def _decode(self, block: bytes) -> list:
+        """[fields, what _headers read from them] of a header block, HPACK-decoded. A block of
+        one-byte indexed fields only (what a client's repeated headers become) leaves the dynamic
+        table as it is, so both are remembered until a block that may change the table arrives."""
         indexed_only = not block.translate(None, _HIGH_BIT_BYTES)
         if indexed_only:
-            fields = self.decoded.get(block)
-            if fields is not None:
-                return fields
+            decoded = self.decoded.get(block)
+            if decoded is not None:
+                return decoded
         else:
             self.decoded.clear()
         try:
-            fields = self.decoder.decode(block, raw=True)
+            decoded = [self.decoder.decode(block, raw=True), None]
         except HPACKError:
             raise _ConnectionError(COMPRESSION_ERROR) from None
         if indexed_only:
             if len(self.decoded) >= 256:
                 self.decoded.clear()
-            self.decoded[block] = fields
-        return fields
+            self.decoded[block] = decoded
+        return decoded
 
     def _headers(self, sid: int, flags: int, block: bytes) -> None:
-        fields = self._decode(block)
+        decoded = self._decode(block)
         call = self.calls.get(sid)
         if call is not None:  # trailers from the client end its stream
             if flags & END_STREAM:
@@ -780,32 +806,15 @@ class Connection(asyncio.Protocol):
         if len(self.calls) >= self.server.options.max_concurrent_streams:
             self.reset(sid, REFUSED_STREAM)
             return
-        path, timeout, encoding, metadata, grpc_content = "", None, None, [], False
-        for name, value in fields:
-            if name[:1] == b":":
-                if name == b":path":
-                    path = value.decode("utf-8", "replace")
-            elif name == b"grpc-timeout":
-                timeout = _timeout_s(value)
-            elif name == b"grpc-encoding":
-                encoding = value
-            elif name in (b"content-type", b"te", b"grpc-accept-encoding", b"user-agent"):
-                if name == b"user-agent":
-                    metadata.append(("user-agent", value.decode("latin-1")))
-                elif name == b"content-type":
-                    grpc_content = value.startswith(b"application/grpc")
-            else:
-                key = name.decode("latin-1")
-                if key.endswith("-bin"):
-                    metadata.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
-                else:
-                    metadata.append((key, value.decode("latin-1")))
+        fields, read = decoded
+        if read is None:
+            read = decoded[1] = _read_fields(fields)
+        path, timeout, encoding, metadata, grpc_content = read
         if not grpc_content and self.server.http2 is not None:  # HTTP over h2, not a gRPC call
             call = self.calls[sid] = HttpStream(self, sid, fields)
             if flags & END_STREAM:
                 self._half_closed(call)
             return
-        metadata = tuple(metadata)
         handler = self.server.find_handler(path, metadata)
         if handler is None:
             self.write(_frame(HEADERS, END_HEADERS | END_STREAM, sid, RESPONSE_HEADERS + _status_block(
