@@ -20,7 +20,7 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
-from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart, put, resume_and_stop,
+from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart, put, resume_and_stop, wait_until,
                                          serves_every_pod,
                                          write_past_checkpoints,
                                          cluster_followers_serve_their_partition,
@@ -30,6 +30,7 @@ from tests.integration.followkit import (a_watch_resumes_across_a_follower_resta
 from tests.integration.test_etcdctl import etcdctl_bin  # noqa: F401 - a fixture
 from tests.integration.test_linearizability import check_linearizable, client
 from tests.lincheck import Op
+from tests.integration.test_jetstream_faults import nats_call
 from tests.nats_fixture import shardetcd_on as server_on, wait_standing_by
 from tests.watch_client import WatchClient
 
@@ -456,6 +457,11 @@ def test_a_standby_behind_the_checkpoints_takes_over_from_a_rebuilt_state(nats, 
         time.sleep(0.2)
         os.kill(standby.pid, signal.SIGSTOP)
         rev = write_past_checkpoints(writer.endpoint)
+        # the checkpoints' releases reach past what the standby read (its next message, 4: fences and
+        # the first put before it); they are made after the writes are acknowledged and may lag on a
+        # loaded machine, and without them there is no gap (seen in CI: the test then took over at once)
+        wait_until("the pods stream released past the standby's next message",
+                   lambda: nats_call(nats.urls, lambda js: js.stream_info("shardetcd_pods")).state.first_seq > 4)
         writer.kill()
         time.sleep(4.0)  # the writer lease (TTL 3 s) lapses while the standby is stopped
         os.kill(standby.pid, signal.SIGCONT)
