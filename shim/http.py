@@ -57,12 +57,12 @@ def _head(status: int, headers) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-
 async def _read_until(reader: asyncio.StreamReader, separator: bytes) -> bytes:
     """The next bytes up to ``separator``; TimeoutError after IDLE_READ_S (asyncio.timeout, not
     wait_for, which can lose a stopping server's cancel on 3.11: journal/tasks.py)."""
     async with asyncio.timeout(IDLE_READ_S):
         return await reader.readuntil(separator)
+
 
 class Http1Answer:
     """An answer on an HTTP/1.1 connection: Content-Length, or chunked for a stream."""
