@@ -52,6 +52,7 @@ WRITER_FILE = "writer.json"  # where the writer serves clients (shim/follower.wr
 READ_ROUND_BYTES = 4 * 1024 * 1024  # at most this much segment data per read, so the loop keeps turning
 WAIT_LOG_S = 10.0
 WRITER_WAIT_S = 30.0  # how long a follower waits for the writer's data dir to be made
+STALE_TTLS = 10  # a member entry (or directory of them) not written for this many TTLs is tidied away
 
 
 class LocalMembers:
@@ -63,13 +64,14 @@ class LocalMembers:
     def __init__(self, writer_data_dir: Path) -> None:
         root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         tag = hashlib.sha256(str(Path(writer_data_dir).absolute()).encode()).hexdigest()[:12]
-        self.directory = root / f"shardetcd-{os.getuid()}-members-{tag}"
+        self._prefix = f"shardetcd-{os.getuid()}-members-"  # every writer's directory, this one ends in its tag
+        self.directory = root / f"{self._prefix}{tag}"
         self._swept = False
 
     async def announce(self, key: str, value: str, ttl_s: float) -> None:
         if not self._swept:
             self._swept = True
-            sweep_members(self.directory.parent, f"shardetcd-{os.getuid()}-members-", 10 * ttl_s)
+            sweep_members(self.directory.parent, self._prefix, STALE_TTLS * ttl_s)
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{key}.tmp"
         tmp.write_text(value)
@@ -82,7 +84,7 @@ class LocalMembers:
             try:
                 if now - path.stat().st_mtime <= ttl_s:
                     out.append(path.read_text())
-                elif now - path.stat().st_mtime > 10 * ttl_s:
+                elif now - path.stat().st_mtime > STALE_TTLS * ttl_s:
                     path.unlink()  # long gone: tidy up
             except FileNotFoundError:
                 pass
