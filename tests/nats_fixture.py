@@ -139,6 +139,10 @@ class NatsCluster:
                 raise TimeoutError(f"streams without a live leader: {leaders}")
             time.sleep(0.2)
 
+    def stream_leader(self, stream: str, asking: int = 0) -> str | None:
+        """The name of the server that leads ``stream``, as server ``asking`` reports it (None: none now)."""
+        return _stream_leaders(self.servers[asking].monitor_port).get(stream)
+
     def kill(self, i: int) -> None:
         self.servers[i].kill()
 

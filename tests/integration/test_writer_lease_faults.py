@@ -16,7 +16,7 @@ import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.integration.followkit import wait_until
-from tests.nats_fixture import _stream_leaders, shardetcd_on as server_on, start_nats_cluster, wait_standing_by
+from tests.nats_fixture import shardetcd_on as server_on, start_nats_cluster, wait_standing_by
 
 LEASE_STREAM = "KV_shardetcd-writer"  # the writer lease bucket of the default --journal-prefix
 TTL_S = 3.0  # --journal-lease-ttl's default
@@ -41,8 +41,7 @@ def test_losing_the_nats_server_that_leads_the_lease_bucket_costs_no_takeover(tm
         wait_standing_by(standby)
         assert put(writer.endpoint, b"/registry/leases/before", b"1")
         names = [s.name for s in nats.servers]
-        leader = wait_until("the lease bucket has a leader",
-                            lambda: _stream_leaders(nats.servers[0].monitor_port).get(LEASE_STREAM))
+        leader = wait_until("the lease bucket has a leader", lambda: nats.stream_leader(LEASE_STREAM))
         lost = names.index(leader)
         live = [i for i in range(3) if i != lost]
         nats.kill(lost)
