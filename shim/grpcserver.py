@@ -16,7 +16,15 @@ What it implements of RFC 9113 and gRPC's HTTP/2 protocol:
   priority fields;
 * flow control both ways: what a stream sends waits for the peer's windows; what it
   receives is credited back as a unary call gets its request, and as a streaming call's
-  handler takes each message (so a handler that stops reading stops its client);
+  handler takes each message (so a handler that stops reading stops its client), and a
+  client that sends past a stream's window has that stream reset (FLOW_CONTROL_ERROR);
+* bad input answered as etcd's grpc-go server answers it (tests/integration/
+  test_http2_differential.py): a frame RFC 9113 forbids (wrong stream, wrong length,
+  padding as long as the frame) ends the connection with a GOAWAY carrying the RFC's
+  code; a malformed request (a header name that is not a lower-case token, a control
+  character in a value, unknown, repeated or misplaced pseudo-headers, a method other
+  than POST, a grpc-timeout that is not one) has its stream reset with PROTOCOL_ERROR,
+  DATA after the client's END_STREAM with STREAM_CLOSED; the connection's other calls go on;
 * gRPC framing: length-prefixed messages (gzip/deflate-compressed ones decompressed),
   ``grpc-timeout``, ``-bin`` metadata, status in trailers (trailers-only when nothing
   was sent), ``grpc-message`` percent-encoded;
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 from collections import deque
 from dataclasses import dataclass
 import logging
@@ -54,7 +63,7 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0, 1, 2, 3, 6
-REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 7, 8, 9, 11
+STREAM_CLOSED, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 5, 7, 8, 9, 11
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_INITIAL_WINDOW_SIZE = 1, 3, 4
 SETTINGS_MAX_FRAME_SIZE = 5
 END_DATA = -1  # a stream's queued last frame: an empty DATA frame with END_STREAM
@@ -108,16 +117,41 @@ def _status_block(code: grpc.StatusCode, message: str) -> bytes:
     return block + _literal(b"grpc-message", _percent_encode(message)) if message else block
 
 
+# what etcd's Go HTTP/2 server takes for a header name (a lower-case token), for a value
+# (no control character but HTAB) and for a request's pseudo-header fields; a field that
+# breaks them makes the request malformed: its stream is reset with PROTOCOL_ERROR
+_NAME_BYTES = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+_BAD_VALUE_BYTES = bytes(b for b in range(32) if b != 9) + b"\x7f"
+_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+MALFORMED, MALFORMED_GRPC = 1, 2  # a malformed request; a request that is malformed as a gRPC call
+
+
 def _read_fields(fields: list[tuple[bytes, bytes]]) -> tuple:
-    """(path, timeout in seconds or None, grpc-encoding, metadata, whether the content type is gRPC)
-    of a call's request headers."""
+    """(path, timeout in seconds or None, grpc-encoding, metadata, whether the content type is gRPC,
+    0 or how it is malformed) of a call's request headers."""
     path, timeout, encoding, metadata, grpc_content = "", None, None, [], False
+    malformed, method, pseudo, regular = 0, b"", [], False
     for name, value in fields:
+        if len(value.translate(None, _BAD_VALUE_BYTES)) != len(value):
+            malformed = MALFORMED
         if name[:1] == b":":
+            if regular or name not in _PSEUDO or name in pseudo:  # after a regular field, unknown, twice
+                malformed = MALFORMED
+            pseudo.append(name)
             if name == b":path":
                 path = value.decode("utf-8", "replace")
-        elif name == b"grpc-timeout":
+                if path[:1] != "/" and "/" in path:  # etcd's server takes "service/method" too
+                    path = "/" + path
+            elif name == b":method":
+                method = value
+            continue
+        if not name or name.translate(None, _NAME_BYTES):
+            malformed = MALFORMED
+        regular = True
+        if name == b"grpc-timeout":
             timeout = _timeout_s(value)
+            if timeout is None:
+                malformed = malformed or MALFORMED_GRPC
         elif name == b"grpc-encoding":
             encoding = value
         elif name in (b"content-type", b"te", b"grpc-accept-encoding", b"user-agent"):
@@ -128,17 +162,24 @@ def _read_fields(fields: list[tuple[bytes, bytes]]) -> tuple:
         else:
             key = name.decode("latin-1")
             if key.endswith("-bin"):
-                metadata.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+                try:
+                    metadata.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+                except binascii.Error:
+                    pass  # etcd's server drops a value that is not base64 and serves the call
             else:
                 metadata.append((key, value.decode("latin-1")))
-    return path, timeout, encoding, tuple(metadata), grpc_content
+    if method != b"POST":
+        malformed = malformed or MALFORMED_GRPC
+    return path, timeout, encoding, tuple(metadata), grpc_content, malformed
 
 
 def _timeout_s(value: bytes) -> float | None:
-    try:
-        return int(value[:-1]) * UNITS[chr(value[-1])]
-    except (ValueError, KeyError, IndexError):
+    """gRPC's grpc-timeout: one to eight digits and a unit; None if it is not that."""
+    digits = value[:-1]
+    unit = UNITS.get(chr(value[-1])) if value else None
+    if unit is None or not 0 < len(digits) <= 8 or not digits.isdigit():
         return None
+    return int(digits) * unit
 
 
 class CallDetails:
@@ -155,7 +196,10 @@ def _identity(message):
 
 
 def _unpadded(payload: bytes) -> bytes:
-    """A padded frame's payload without its pad length byte and padding."""
+    """A padded frame's payload without its pad length byte and padding; padding as long as
+    the payload is a connection error PROTOCOL_ERROR (RFC 9113 6.1)."""
+    if not payload or payload[0] >= len(payload):
+        raise _ConnectionError(PROTOCOL_ERROR)
     return payload[1:len(payload) - payload[0]]
 
 
@@ -178,7 +222,7 @@ class Call:
 
     __slots__ = ("conn", "sid", "method", "metadata", "handler", "task", "recv", "messages", "waiter",
                  "remote_done", "window", "pending", "drained", "headers_sent", "closed", "_code", "_details",
-                 "deadline", "timer", "encoding", "unacked", "streaming_request", "expired", "serialize",
+                 "deadline", "timer", "encoding", "unacked", "owed", "streaming_request", "expired", "serialize",
                  "deserialize")
 
     def __init__(self, conn: Connection, sid: int, method: str, metadata: tuple, handler, encoding: bytes | None):
@@ -198,7 +242,8 @@ class Call:
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.encoding = encoding
-        self.unacked = 0
+        self.unacked = 0  # bytes taken from the stream and not yet credited back
+        self.owed = 0  # bytes received on the stream and not yet credited back (its window used)
         self.streaming_request = handler.request_streaming
         self.expired = False
         self.serialize = handler.response_serializer or _identity
@@ -308,6 +353,8 @@ class Call:
                     self._end(grpc.StatusCode.UNIMPLEMENTED if isinstance(exc, _Unsupported)
                                 else grpc.StatusCode.INTERNAL, str(exc))
                     return False
+                if self.streaming_request:  # taking it credits len(raw) + 5: what was sent is size + 5
+                    self.unacked += size - len(raw)
             self.messages.append(raw)
         if self.messages:
             self._wake()
@@ -630,6 +677,15 @@ class Connection(asyncio.Protocol):
     def reset(self, sid: int, code: int) -> None:
         self.write(_frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
 
+    def _stream_error(self, sid: int, code: int) -> None:
+        """A stream the client broke the protocol on: its call ends, unanswered, and the stream
+        is reset with ``code``; the connection and its other calls go on."""
+        call = self.calls.pop(sid, None)
+        self.blocked.pop(sid, None)
+        if call is not None:
+            call.cancel()
+        self.reset(sid, code)
+
     def go_away(self, code: int, debug: bytes = b"", close: bool = True) -> None:
         self.going_away = True
         self.write(_frame(GOAWAY, 0, 0, self.last_sid.to_bytes(4, "big") + code.to_bytes(4, "big") + debug))
@@ -678,9 +734,14 @@ class Connection(asyncio.Protocol):
         self.buffer = buf[pos:] if pos < size else b""
 
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+        """One frame in. A frame the protocol forbids (RFC 9113 section 6: the wrong stream,
+        the wrong length, padding longer than the frame) ends the connection with the
+        RFC's error code, as etcd's grpc-go server ends it."""
         if self.headers_in is not None and kind != CONTINUATION:
             raise _ConnectionError(PROTOCOL_ERROR)
         if kind == DATA:
+            if sid == 0:
+                raise _ConnectionError(PROTOCOL_ERROR)
             self._data(flags, sid, payload)
         elif kind == HEADERS:
             if sid == 0 or sid % 2 == 0:
@@ -688,6 +749,8 @@ class Connection(asyncio.Protocol):
             if flags & PADDED:
                 payload = _unpadded(payload)
             if flags & PRIORITY_FLAG:
+                if len(payload) < 5:
+                    raise _ConnectionError(FRAME_SIZE_ERROR)
                 payload = payload[5:]
             if flags & END_HEADERS:
                 self._headers(sid, flags, payload)
@@ -704,26 +767,49 @@ class Connection(asyncio.Protocol):
                 self.headers_in = None
                 self._headers(sid, first, bytes(block))
         elif kind == SETTINGS:
+            if sid != 0:
+                raise _ConnectionError(PROTOCOL_ERROR)
+            if len(payload) % 6 or (flags & ACK and payload):
+                raise _ConnectionError(FRAME_SIZE_ERROR)
             if not flags & ACK:
                 self._settings(payload)
                 self.write(_frame(SETTINGS, ACK, 0))
         elif kind == WINDOW_UPDATE:
+            if len(payload) != 4:
+                raise _ConnectionError(FRAME_SIZE_ERROR)
             self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
         elif kind == PING:
+            if sid != 0:
+                raise _ConnectionError(PROTOCOL_ERROR)
+            if len(payload) != 8:
+                raise _ConnectionError(FRAME_SIZE_ERROR)
             if not flags & ACK:
                 self._ping(payload)
             elif self.ping_sent_at is not None:
                 self.ping_sent_at = None
         elif kind == RST_STREAM:
+            if sid == 0:
+                raise _ConnectionError(PROTOCOL_ERROR)
+            if len(payload) != 4:
+                raise _ConnectionError(FRAME_SIZE_ERROR)
             call = self.calls.pop(sid, None)
             self.blocked.pop(sid, None)
             if call is not None:
                 call.cancel()
+        elif kind == PRIORITY:
+            if sid == 0:
+                raise _ConnectionError(PROTOCOL_ERROR)
+            if len(payload) != 5:
+                raise _ConnectionError(FRAME_SIZE_ERROR)
         elif kind == GOAWAY:
+            if sid != 0:
+                raise _ConnectionError(PROTOCOL_ERROR)
+            if len(payload) < 8:
+                raise _ConnectionError(FRAME_SIZE_ERROR)
             self.going_away = True
             if not self.calls:
                 self.close()
-        # PRIORITY, PUSH_PROMISE (a client must not send it) and unknown types are ignored
+        # PUSH_PROMISE (a client must not send it) and unknown types are ignored
 
     def _settings(self, payload: bytes) -> None:
         for i in range(0, len(payload) - 5, 6):
@@ -743,6 +829,11 @@ class Connection(asyncio.Protocol):
                 pass  # we never index what we send
 
     def _window_update(self, sid: int, increment: int) -> None:
+        if increment == 0:  # a connection error on the connection, a stream error on a stream (RFC 9113 6.9)
+            if sid == 0:
+                raise _ConnectionError(PROTOCOL_ERROR)
+            self._stream_error(sid, PROTOCOL_ERROR)
+            return
         if sid == 0:
             self.window += increment
             self._unblock()
@@ -809,7 +900,10 @@ class Connection(asyncio.Protocol):
         fields, read = decoded
         if read is None:
             read = decoded[1] = _read_fields(fields)
-        path, timeout, encoding, metadata, grpc_content = read
+        path, timeout, encoding, metadata, grpc_content, malformed = read
+        if malformed and (grpc_content or malformed == MALFORMED):
+            self.reset(sid, PROTOCOL_ERROR)  # RFC 9113 8.1.1: a malformed request is a stream error
+            return
         if not grpc_content and self.server.http2 is not None:  # HTTP over h2, not a gRPC call
             call = self.calls[sid] = HttpStream(self, sid, fields)
             if flags & END_STREAM:
@@ -851,11 +945,22 @@ class Connection(asyncio.Protocol):
         call = self.calls.get(sid)
         if call is None or call.closed:
             return
+        if call.remote_done:  # DATA after the client's END_STREAM (RFC 9113 5.1: half-closed)
+            self._stream_error(sid, STREAM_CLOSED)
+            return
+        call.owed += length
+        if call.owed > STREAM_WINDOW:  # more than the window we gave the stream: it is not held
+            self._stream_error(sid, FLOW_CONTROL_ERROR)
+            return
         if payload and not call.received(payload):
             self.reset(sid, NO_ERROR)
             return
+        # a unary call's bytes are credited as they arrive, a stream's as its handler takes
+        # each message (and the padding, which no handler takes, at once)
         if not call.streaming_request:
-            self.credit(call, len(payload))
+            self.credit(call, length)
+        elif length > len(payload):
+            self.credit(call, length - len(payload))
         if flags & END_STREAM:
             self._half_closed(call)
 
@@ -864,6 +969,7 @@ class Connection(asyncio.Protocol):
         call.unacked += size
         if call.unacked >= STREAM_WINDOW // 4 and not call.remote_done:
             self.write(_frame(WINDOW_UPDATE, 0, call.sid, call.unacked.to_bytes(4, "big")))
+            call.owed -= call.unacked
             call.unacked = 0
 
     # -- frames out under flow control ---------------------------------------------------

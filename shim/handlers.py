@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 from proto import rpc_pb2
 
 from .errors import NO_LEADER
+from .gojson import go_quote_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -243,12 +244,18 @@ class _Unknown(grpc.GenericRpcHandler):
         self.served = frozenset(services)
 
     def service(self, handler_call_details):
-        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
-        message = (f"unknown method {method} for service {service}" if service in self.served
-                   else f"unknown service {service}")
+        path = handler_call_details.method
+        service, slash, method = path[path.startswith("/"):].rpartition("/")
+        code = grpc.StatusCode.UNIMPLEMENTED
+        if not slash:  # etcd's grpc-go: no "/" between a service and a method
+            code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, f"malformed method name: {go_quote_bytes(path.encode())}"
+        elif service in self.served:
+            message = f"unknown method {method} for service {service}"
+        else:
+            message = f"unknown service {service}"
 
         async def refuse(requests, context):
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+            await context.abort(code, message)
             yield  # a stream handler answers a call of any kind
 
         return grpc.stream_stream_rpc_method_handler(refuse)

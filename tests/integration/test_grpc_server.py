@@ -523,6 +523,32 @@ def test_compressed_requests(server, compression):
     assert_serving(server)
 
 
+@pytest.mark.parametrize("compression", [grpc.Compression.NoCompression, grpc.Compression.Gzip], ids=["plain", "gzip"])
+def test_a_stream_carries_many_windows_of_requests(server, compression):
+    """One Watch stream sends 12 MiB of requests (48 creates with 256 KiB random keys, three times
+    the server's 4 MiB stream window): a client that keeps to the windows it is given is never
+    refused (the native server resets a stream that overruns its window, as etcd's does), also
+    when its messages are compressed and their wire size is not their size."""
+    rng = random.Random(5)
+    keys = [rng.randbytes(256 * 1024) for _ in range(48)]
+
+    def requests():
+        for key in keys:
+            yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key))
+
+    with grpc.insecure_channel(server.endpoint, compression=compression, options=OWN_CONNECTION) as ch:
+        created = 0
+        stream = pbg.WatchStub(ch).Watch(requests(), timeout=60)
+        for response in stream:
+            created += response.created
+            if created == len(keys):
+                stream.cancel()
+                break
+    assert created == len(keys)
+    no_watchers_left(server)
+    assert_serving(server)
+
+
 # -- 9. metadata ---------------------------------------------------------------------------------
 
 

@@ -1,0 +1,181 @@
+"""Malformed HTTP/2 and gRPC requests, answered as etcd answers them.
+
+The same bytes go to a real etcd (whose client port is grpc-go's HTTP/2 server) and to
+shardetcd's native gRPC server (shim/grpcserver.py, the default), each on a new
+connection after the handshake; then a good Range on the same connection. What became
+of the connection and of the malformed stream (answered with a gRPC status, reset with
+an HTTP/2 error code, or the connection ended) must be the same on both. Where the
+connection ends, etcd just closes it; shardetcd also says why in a GOAWAY, whose code
+is RFC 9113's for that fault (asserted per case). After every case shardetcd still
+serves a new connection and its log holds no traceback: bad input is answered, not
+crashed on.
+"""
+from __future__ import annotations
+
+import contextlib
+import struct
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from proto import rpc_pb2 as pb
+from tests.conftest import require_etcd_binary
+from tests.etcd_fixture import start_etcd
+from tests.integration.h2kit import (
+    ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PADDED, PING, RST_STREAM, SETTINGS, WINDOW_UPDATE,
+    RawH2, frame, grpc_message, hpack_literals,
+)
+from tests.shardetcd_fixture import start_shardetcd
+
+pytestmark = pytest.mark.timeout(300)
+
+PRIORITY_FRAME = 2
+PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, COMPRESSION_ERROR = 1, 3, 6, 9
+RANGE = "/etcdserverpb.KV/Range"
+REQUEST = grpc_message(pb.RangeRequest(key=b"h2-differential").SerializeToString())
+GOOD_STREAM = 101
+
+
+@dataclass
+class Target:
+    host: str
+    port: int
+
+
+def fields(path: str = RANGE, extra=()) -> list[tuple[str, str]]:
+    return [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "x"),
+            ("content-type", "application/grpc"), ("te", "trailers"), *extra]
+
+
+def call(sid: int = 1, header_fields=None, path: str = RANGE, extra=()) -> bytes:
+    """A whole unary Range on stream ``sid``: its headers (as given, or the usual ones) and request."""
+    block = hpack_literals(header_fields if header_fields is not None else fields(path, extra))
+    return frame(HEADERS, END_HEADERS, sid, block) + frame(DATA, END_STREAM, sid, REQUEST)
+
+
+def open_stream(sid: int = 1, path: str = RANGE) -> bytes:
+    return frame(HEADERS, END_HEADERS, sid, hpack_literals(fields(path)))
+
+
+BASE = fields()[:4]
+CONTENT = [("content-type", "application/grpc")]
+
+# name: (the bytes sent, the GOAWAY code shardetcd ends the connection with, if it does)
+CASES = {
+    # frames the protocol forbids: the connection ends
+    "padding longer than the DATA frame": (open_stream() + frame(DATA, PADDED | END_STREAM, 1, b"\x10abc"),
+                                           PROTOCOL_ERROR),
+    "padded DATA frame without payload": (open_stream() + frame(DATA, PADDED | END_STREAM, 1), PROTOCOL_ERROR),
+    "padded HEADERS frame without payload": (frame(HEADERS, END_HEADERS | PADDED, 1), PROTOCOL_ERROR),
+    "PING of 7 bytes": (frame(PING, 0, 0, b"1234567"), FRAME_SIZE_ERROR),
+    "PING on a stream": (frame(PING, 0, 1, b"12345678"), PROTOCOL_ERROR),
+    "WINDOW_UPDATE of 3 bytes": (frame(WINDOW_UPDATE, 0, 0, b"\0\0\1"), FRAME_SIZE_ERROR),
+    "WINDOW_UPDATE of 0 on the connection": (frame(WINDOW_UPDATE, 0, 0, b"\0\0\0\0"), PROTOCOL_ERROR),
+    "SETTINGS of 7 bytes": (frame(SETTINGS, 0, 0, b"\0\4\0\0\xff\xff\0"), FRAME_SIZE_ERROR),
+    "SETTINGS on a stream": (frame(SETTINGS, 0, 1), PROTOCOL_ERROR),
+    "SETTINGS ACK with a payload": (frame(SETTINGS, ACK, 0, b"\0\4\0\0\xff\xff"), FRAME_SIZE_ERROR),
+    "initial window of 2^31": (frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 2**31)), FLOW_CONTROL_ERROR),
+    "DATA on stream 0": (frame(DATA, 0, 0, b"abc"), PROTOCOL_ERROR),
+    "HEADERS on an even stream": (open_stream(2), PROTOCOL_ERROR),
+    "HEADERS on a stream below the last": (call(5) + call(3), PROTOCOL_ERROR),
+    "RST_STREAM on stream 0": (frame(RST_STREAM, 0, 0, b"\0\0\0\x08"), PROTOCOL_ERROR),
+    "RST_STREAM of 3 bytes": (open_stream() + frame(RST_STREAM, 0, 1, b"\0\0\x08"), FRAME_SIZE_ERROR),
+    "PRIORITY of 4 bytes": (frame(PRIORITY_FRAME, 0, 1, b"\0\0\0\0"), FRAME_SIZE_ERROR),
+    "CONTINUATION without HEADERS": (frame(CONTINUATION, END_HEADERS, 1, hpack_literals(fields())),
+                                     PROTOCOL_ERROR),
+    "header block that is not HPACK": (frame(HEADERS, END_HEADERS | END_STREAM, 1, b"\xff" * 5), COMPRESSION_ERROR),
+    # a broken stream: that stream is reset, the connection and its other calls go on
+    "WINDOW_UPDATE of 0 on a stream": (open_stream() + frame(WINDOW_UPDATE, 0, 1, b"\0\0\0\0"), None),
+    "DATA after the request's END_STREAM": (call() + frame(DATA, 0, 1, REQUEST), None),
+    "DATA beyond the stream's window": (open_stream(1, "/etcdserverpb.Watch/Watch")  # 4.7 MiB of empty requests
+                                        + frame(DATA, 0, 1, b"\0" * 16384) * 300, None),
+    "grpc-timeout that is not a timeout": (call(extra=[("grpc-timeout", "xyz")]), None),
+    "grpc-timeout of 9 digits": (call(extra=[("grpc-timeout", "123456789S")]), None),
+    "upper-case header name": (call(extra=[("X-Upper", "1")]), None),
+    "header name with a space": (call(extra=[("x a", "1")]), None),
+    "empty header name": (call(extra=[("", "1")]), None),
+    "header value with NUL": (call(extra=[("x-a", "a\0b")]), None),
+    "header value with a newline": (call(extra=[("x-a", "a\nb")]), None),
+    "pseudo-header after a regular one": (call(header_fields=BASE[:3] + CONTENT + [(":authority", "x")]), None),
+    "unknown pseudo-header": (call(header_fields=BASE + [(":foo", "x")] + CONTENT), None),
+    ":status in a request": (call(header_fields=BASE + [(":status", "200")] + CONTENT), None),
+    ":path twice": (call(header_fields=BASE + [(":path", RANGE)] + CONTENT), None),
+    "no :method": (call(header_fields=BASE[1:] + CONTENT), None),
+    "GET instead of POST": (call(header_fields=[(":method", "GET")] + BASE[1:] + CONTENT), None),
+    # taken as etcd takes them
+    "header value with a tab": (call(extra=[("x-a", "a\tb")]), None),
+    "-bin metadata that is not base64": (call(extra=[("x-bin", "a")]), None),
+    "connection header": (call(extra=[("connection", "keep-alive")]), None),
+    "te other than trailers": (call(header_fields=BASE + CONTENT + [("te", "gzip")]), None),
+    "no :path": (call(header_fields=[BASE[0], BASE[1], BASE[3]] + CONTENT), None),
+    "path without a method": (call(path="/Range"), None),
+    "path without its leading slash": (call(path="etcdserverpb.KV/Range"), None),
+    "path with two leading slashes": (call(path="//etcdserverpb.KV/Range"), None),
+    "two messages in a unary request": (open_stream() + frame(DATA, END_STREAM, 1, REQUEST * 2), None),
+    "DATA on an idle stream": (frame(DATA, 0, 3, b"abc"), None),
+    "RST_STREAM on an idle stream": (frame(RST_STREAM, 0, 5, b"\0\0\0\x08"), None),
+    "WINDOW_UPDATE past 2^31 - 1": (frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 2**31 - 1)) * 2, None),
+    "max frame size of 100": (frame(SETTINGS, 0, 0, struct.pack(">HI", 5, 100)), None),
+    "enable push of 2": (frame(SETTINGS, 0, 0, struct.pack(">HI", 2, 2)), None),
+    "unknown frame type": (frame(0x20, 0, 0, b"xyz"), None),
+}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    require_etcd_binary()
+    etcd = start_etcd(tmp_path_factory.mktemp("etcd"))
+    try:
+        shardetcd = start_shardetcd(tmp_path_factory.mktemp("shardetcd"))
+        try:
+            yield {"etcd": etcd, "shardetcd": shardetcd}
+        finally:
+            shardetcd.stop()
+    finally:
+        etcd.stop()
+
+
+def outcome(target: Target, data: bytes) -> tuple[tuple, int | None]:
+    """(what became of the connection and of stream 1, shardetcd's GOAWAY code if one came)."""
+    conn = RawH2(target, timeout=10).handshake()
+    try:
+        conn.pump(lambda: conn.settings_seen)
+        with contextlib.suppress(OSError):  # the server may close while we still send
+            conn.send(data)
+        time.sleep(0.2)  # what the case sent is taken first
+        with contextlib.suppress(OSError):
+            conn.request(GOOD_STREAM, RANGE, [pb.RangeRequest(key=b"h2-differential")])
+        good = conn.streams[GOOD_STREAM]
+        with contextlib.suppress(AssertionError):  # closed first, or nothing within the time
+            conn.pump(lambda: good.ended or good.reset is not None, timeout=15)
+        goaway = conn.goaway[1] if conn.goaway else None
+        if conn.closed or goaway is not None:
+            if not conn.closed:
+                conn.until_closed(timeout=15)
+            return ("connection ended",), goaway
+        assert good.ended and good.status() == (0, ""), f"the good call was not answered: {vars(good)}"
+        first = conn.streams.get(1)
+        if first is None or (first.reset is None and not first.ended):
+            return ("stream 1 not answered",), None
+        if first.reset is not None:
+            return ("stream 1 reset", first.reset), None
+        return ("stream 1 answered", *first.status()), None
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_input_answered_as_etcd_answers_it(servers, case):
+    data, goaway_code = CASES[case]
+    etcd, shardetcd = servers["etcd"], servers["shardetcd"]
+    logged = shardetcd.log_path.stat().st_size
+    want, _ = outcome(Target("127.0.0.1", etcd.client_port), data)
+    got, goaway = outcome(Target("127.0.0.1", shardetcd.port), data)
+    assert got == want, f"etcd: {want}, shardetcd: {got}"
+    assert goaway == goaway_code, f"GOAWAY code {goaway}, RFC 9113's for this fault is {goaway_code}"
+    assert shardetcd.running() and shardetcd.answers_range(timeout=10), shardetcd.log_tail()
+    with shardetcd.log_path.open(errors="replace") as log:
+        log.seek(logged)
+        new_lines = log.read()
+    assert "Traceback" not in new_lines, new_lines[-4000:]

@@ -1,0 +1,157 @@
+"""The native gRPC server's receive windows: what it credits back on a stream is exactly what
+the client sent on it, compressed messages included, so a client that keeps to its windows is
+never refused and one that does not is (shim/grpcserver.py; the refusals themselves are compared
+with etcd's in tests/integration/test_http2_differential.py).
+
+A Connection is driven directly on an in-memory transport: the test is the client, every
+byte of it counted."""
+from __future__ import annotations
+
+import asyncio
+import gzip
+import random
+
+import grpc
+import pytest
+
+from shim import grpcserver as gs
+from tests.integration.h2kit import (
+    DATA, END_HEADERS, END_STREAM, HEADERS, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame, hpack_literals,
+)
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+
+def frames(data: bytes):
+    pos = 0
+    while pos + 9 <= len(data):
+        n = int.from_bytes(data[pos:pos + 3], "big")
+        yield data[pos + 3], int.from_bytes(data[pos + 5:pos + 9], "big"), data[pos + 9:pos + 9 + n]
+        pos += 9 + n
+
+
+def message(body: bytes, compressed: bool) -> bytes:
+    if compressed:
+        body = gzip.compress(body)
+    return bytes((compressed,)) + len(body).to_bytes(4, "big") + body
+
+
+async def stream_through(bodies: list[bytes], compressed: bool, frame_bytes: int = 16384):
+    """Send ``bodies`` on one bidi call as a client keeping to the stream window would (the
+    server takes each message as it comes); return (bytes sent on the stream, bytes credited
+    back, the messages the handler took, reset codes)."""
+    taken: list[bytes] = []
+
+    async def handler(requests, context):
+        async for request in requests:
+            taken.append(request)
+        yield b"done"
+
+    server = gs.Server()
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "t.S", {"M": grpc.stream_stream_rpc_method_handler(handler)})])
+    server.loop = asyncio.get_running_loop()
+    conn, transport = gs.Connection(server), Transport()
+    conn.connection_made(transport)
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+               ("content-type", "application/grpc"), ("te", "trailers")]
+    if compressed:
+        headers.append(("grpc-encoding", "gzip"))
+    conn.data_received(PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1, hpack_literals(headers)))
+    wire = b"".join(message(b, compressed) for b in bodies)
+    window, sent, credited, seen, resets = gs.DEFAULT_WINDOW, 0, 0, 0, []
+    while sent < len(wire) or len(taken) < len(bodies):
+        for _ in range(3):
+            await asyncio.sleep(0)  # the handler takes what arrived
+        for kind, sid, payload in frames(bytes(transport.out[seen:])):
+            seen += 9 + len(payload)
+            if kind == SETTINGS and payload:
+                settings = {int.from_bytes(payload[i:i + 2], "big"): int.from_bytes(payload[i + 2:i + 6], "big")
+                            for i in range(0, len(payload), 6)}
+                window += settings.get(gs.SETTINGS_INITIAL_WINDOW_SIZE, window) - gs.DEFAULT_WINDOW
+            elif kind == WINDOW_UPDATE and sid == 1:
+                credited += int.from_bytes(payload, "big")
+                window += int.from_bytes(payload, "big")
+            elif kind == RST_STREAM:
+                resets.append(int.from_bytes(payload, "big"))
+        if resets:
+            break
+        chunk = wire[sent:sent + min(frame_bytes, window)]
+        if chunk:
+            conn.data_received(frame(DATA, 0, 1, chunk))
+            sent += len(chunk)
+            window -= len(chunk)
+    conn.data_received(frame(DATA, END_STREAM, 1))  # the stream stays open until all was taken
+    for _ in range(5):
+        await asyncio.sleep(0)
+    conn.connection_lost(None)
+    return sent, credited, taken, resets
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+@pytest.mark.parametrize("content", ["random", "zeros"])
+def test_credits_match_what_the_client_sent(compressed, content):
+    """Three stream windows of requests pass through one call as the server takes them (the client
+    is never left without window, nor reset), and what it credits back never exceeds what was sent
+    (a compressed message is credited its size on the wire, not its size)."""
+    rng = random.Random(3)
+    size = 3 * gs.STREAM_WINDOW // 40
+    bodies = [rng.randbytes(size) if content == "random" else bytes(size) for _ in range(40)]
+    sent, credited, taken, resets = asyncio.run(stream_through(bodies, compressed))
+    assert resets == [] and taken == bodies
+    assert credited <= sent, (sent, credited)
+    if not (compressed and content == "zeros"):  # (zeros compress to almost nothing)
+        assert sent > 2 * gs.STREAM_WINDOW and credited > gs.STREAM_WINDOW, (sent, credited)
+
+
+def test_a_client_past_its_window_is_reset():
+    """A client that sends more than the stream window before the server took any of it: the stream
+    is reset FLOW_CONTROL_ERROR and nothing past the window is held."""
+
+    async def overrun():
+        never = asyncio.Event()
+
+        async def handler(requests, context):
+            await never.wait()  # takes nothing
+            yield b""
+
+        server = gs.Server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "t.S", {"M": grpc.stream_stream_rpc_method_handler(handler)})])
+        server.loop = asyncio.get_running_loop()
+        conn, transport = gs.Connection(server), Transport()
+        conn.connection_made(transport)
+        conn.data_received(PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1, hpack_literals(
+            [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+             ("content-type", "application/grpc")])))
+        chunk = frame(DATA, 0, 1, bytes(16384))
+        for _ in range(gs.STREAM_WINDOW // 16384):
+            conn.data_received(chunk)
+        await asyncio.sleep(0)
+        assert 1 in conn.calls and not [f for f in frames(bytes(transport.out)) if f[0] == RST_STREAM]
+        held = len(conn.calls[1].messages)
+        conn.data_received(frame(DATA, 0, 1, b"\0"))  # one byte over
+        await asyncio.sleep(0)  # frames go out at the end of the loop turn
+        resets = [(sid, int.from_bytes(p, "big")) for kind, sid, p in frames(bytes(transport.out))
+                  if kind == RST_STREAM]
+        assert resets == [(1, gs.FLOW_CONTROL_ERROR)] and 1 not in conn.calls
+        assert held == gs.STREAM_WINDOW // 5  # empty messages of 5 bytes each, all within the window
+        conn.connection_lost(None)
+
+    asyncio.run(overrun())
