@@ -73,6 +73,8 @@ STREAM_WINDOW = 4 << 20  # what one stream may have in flight towards us
 CONNECTION_WINDOW = 16 << 20
 MAX_FRAME = 16384  # what we accept (the protocol's default); what we send follows the peer's setting
 MAX_HEADER_BLOCK = 1 << 20  # a longer header block (or decoded list) ends the connection
+MAX_UNREAD_ANSWERS = 50  # see Connection._answer
+WRITE_BACKLOG = 64 << 20  # unread bytes past which a client's requests are not read either (a backstop)
 MAX_PING_STRIKES = 2  # grpc-go's: the third too-early ping closes the connection
 _HIGH_BIT_BYTES = bytes(range(128, 256))
 UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -589,6 +591,8 @@ class Connection(asyncio.Protocol):
         self.unacked = 0  # connection-level bytes received and not yet credited back
         self.headers_in: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
         self.paused = False
+        self.reading_paused = False  # stopped reading a client that does not read: see _answer
+        self.unread_answers = 0
         self.going_away = False
         self.ping_strikes = 0
         self.last_ping = float("-inf")
@@ -654,6 +658,10 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.paused = False
+        self.unread_answers = 0
+        if self.reading_paused:
+            self.reading_paused = False
+            self.transport.resume_reading()
         for call in list(self.calls.values()):
             call._wake_drained()
 
@@ -666,8 +674,27 @@ class Connection(asyncio.Protocol):
     def _flush(self) -> None:
         self.flushing = False
         out, self.out = self.out, []
-        if not self.transport.is_closing():
-            self.transport.write(b"".join(out))
+        transport = self.transport
+        if not transport.is_closing():
+            transport.write(b"".join(out))
+            if transport.get_write_buffer_size() > WRITE_BACKLOG:  # a client that does not read at all
+                self._stop_reading()
+
+    def _answer(self, data: bytes) -> None:
+        """A control frame the client's own frame calls for (a SETTINGS or PING acknowledgement, a
+        stream's reset). A client that keeps calling for them without reading what we send would
+        have them pile up here: past MAX_UNREAD_ANSWERS while our writes are paused, its frames wait
+        in its socket until it has read ours (grpc-go's rule, so etcd's)."""
+        self.write(data)
+        if self.paused:
+            self.unread_answers += 1
+            if self.unread_answers > MAX_UNREAD_ANSWERS:
+                self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        if not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()  # until resume_writing
 
     def close(self) -> None:
         """Close the connection after what was written so far."""
@@ -675,7 +702,7 @@ class Connection(asyncio.Protocol):
         self.transport.close()
 
     def reset(self, sid: int, code: int) -> None:
-        self.write(_frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
+        self._answer(_frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
 
     def _stream_error(self, sid: int, code: int) -> None:
         """A stream the client broke the protocol on: its call ends, unanswered, and the stream
@@ -773,7 +800,7 @@ class Connection(asyncio.Protocol):
                 raise _ConnectionError(FRAME_SIZE_ERROR)
             if not flags & ACK:
                 self._settings(payload)
-                self.write(_frame(SETTINGS, ACK, 0))
+                self._answer(_frame(SETTINGS, ACK, 0))
         elif kind == WINDOW_UPDATE:
             if len(payload) != 4:
                 raise _ConnectionError(FRAME_SIZE_ERROR)
@@ -858,7 +885,7 @@ class Connection(asyncio.Protocol):
                 self.go_away(ENHANCE_YOUR_CALM, b"too_many_pings")
                 return
         self.last_ping = now
-        self.write(_frame(PING, ACK, 0, payload))
+        self._answer(_frame(PING, ACK, 0, payload))
 
     def _decode(self, block: bytes) -> list:
         """[fields, what _headers read from them] of a header block, HPACK-decoded. A block of

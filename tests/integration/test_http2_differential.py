@@ -13,6 +13,7 @@ crashed on.
 from __future__ import annotations
 
 import contextlib
+import socket
 import struct
 import time
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from proto import rpc_pb2 as pb
 from tests.conftest import require_etcd_binary
 from tests.etcd_fixture import start_etcd
 from tests.integration.h2kit import (
-    ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PADDED, PING, RST_STREAM, SETTINGS, WINDOW_UPDATE,
+    ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PADDED, PING, PREFACE, RST_STREAM, SETTINGS,
+    WINDOW_UPDATE,
     RawH2, frame, grpc_message, hpack_literals,
 )
 from tests.shardetcd_fixture import start_shardetcd
@@ -179,3 +181,40 @@ def test_malformed_input_answered_as_etcd_answers_it(servers, case):
         log.seek(logged)
         new_lines = log.read()
     assert "Traceback" not in new_lines, new_lines[-4000:]
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def bytes_taken_from_a_client_that_does_not_read(target: Target, limit: int) -> int:
+    """Send SETTINGS frames (each calls for an acknowledgement) and read nothing, until the server
+    stops taking them (a send waits 3 s) or ``limit`` bytes went; how many bytes went."""
+    with socket.create_connection((target.host, target.port), timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(PREFACE + frame(SETTINGS, 0, 0))
+        sock.settimeout(3)
+        chunk, sent = frame(SETTINGS, 0, 0) * 50_000, 0
+        with contextlib.suppress(TimeoutError):
+            while sent < limit:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        return sent
+
+
+def test_a_client_that_sends_and_never_reads_is_not_read_either(servers):
+    """A client that keeps sending frames that call for an answer, and never reads: etcd stops
+    reading it once the answers back up (a few MB taken, its memory flat), and so does shardetcd,
+    where before its answers piled up without bound (221 MB taken in a minute, +219 MiB)."""
+    limit = 128 << 20
+    etcd, shardetcd = servers["etcd"], servers["shardetcd"]
+    assert bytes_taken_from_a_client_that_does_not_read(Target("127.0.0.1", etcd.client_port), limit) < limit
+    before = rss_mib(shardetcd.pid)
+    taken = bytes_taken_from_a_client_that_does_not_read(Target("127.0.0.1", shardetcd.port), limit)
+    grown = rss_mib(shardetcd.pid) - before
+    assert taken < 64 << 20 and grown < 64, (taken, grown)
+    assert shardetcd.running() and shardetcd.answers_range(timeout=10), shardetcd.log_tail()
