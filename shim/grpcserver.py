@@ -634,7 +634,7 @@ class Connection(asyncio.Protocol):
         self.server.connections.discard(self)
         if self.keepalive is not None:
             self.keepalive.cancel()
-        reader = asyncio.StreamReader(loop=self.loop)
+        reader = asyncio.StreamReader(limit=self.server.http1_read_limit, loop=self.loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=self.loop)
         self.transport.set_protocol(protocol)
         protocol.connection_made(self.transport)
@@ -1089,6 +1089,7 @@ class Server:
         self.loop: asyncio.AbstractEventLoop | None = None
         # an HTTP/1.1 connection on the gRPC port goes here: handler(reader, writer), as asyncio.start_server's
         self.http1 = None
+        self.http1_read_limit = 1 << 16  # its StreamReader's limit (asyncio's default)
         # an HTTP/2 request that is not gRPC: handler(method, path, headers, body, answer), see HttpStream
         self.http2 = None
 

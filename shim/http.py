@@ -1,5 +1,11 @@
 """A small HTTP endpoint: /metrics, /health, /readyz, /livez, /version and the /v3 JSON gateway.
 
+Requests are read as Go's net/http reads them (etcd's client port; compared with a real
+etcd in tests/integration/test_http1_differential.py): HTTP/1.0 and 1.1, lines ending in
+CRLF or a bare LF, heads up to Go's 1 MiB, and what Go refuses before any handler (a
+bad header line or Content-Length, no Host in 1.1, an unknown transfer encoding, a head
+too large) answered with its status and words, then closed.
+
 etcd serves these beside gRPC on its client port; here they are served on
 --listen-metrics-urls, and on the client port by the native gRPC server, which hands
 an HTTP/1.1 connection to ``handle`` and an HTTP/2 request that is not gRPC (curl over
@@ -24,8 +30,10 @@ from .gateway import PATHS, REASONS, STREAMS, Gateway, GatewayError, compact_jso
 
 logger = logging.getLogger(__name__)
 
-REQUEST_BYTES_MAX = 8192
+HEAD_BYTES_MAX = (1 << 20) + 4096  # Go's http.DefaultMaxHeaderBytes and the 4 KiB it allows over it
+READER_LIMIT = HEAD_BYTES_MAX + 1  # a StreamReader's buffer for one line of the head
 IDLE_READ_S = 60.0  # a request line, head or chunk header not complete by then: the connection is closed
+_TOKEN_BYTES = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"  # a header name's
 
 
 TEXT = "text/plain; charset=utf-8"
@@ -51,10 +59,29 @@ def _go_error(status: int, text: str, *extra) -> tuple[int, tuple, bytes]:
 NOT_FOUND = _go_error(404, "404 page not found")
 
 
-def _head(status: int, headers) -> bytes:
+def _head(status: int, headers, version: str = "HTTP/1.1") -> bytes:
     """An answer's status line and headers, up to the body."""
-    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", *(f"{k}: {v}" for k, v in headers)]
+    lines = [f"{version} {status} {REASONS.get(status, 'Error')}", *(f"{k}: {v}" for k, v in headers)]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+class _Refused(Exception):
+    """A request Go's HTTP server refuses before any handler sees it: its answer, then the
+    connection is closed."""
+
+    def __init__(self, status: int, reason: str = "", body: str | None = None) -> None:
+        super().__init__(status, reason)
+        line = f"{status} {REASONS.get(status, 'Error')}" + (f": {reason}" if reason else "")
+        self.answer = (f"HTTP/1.1 {line}\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+                       + (line if body is None else body)).encode()
+
+
+class _BadChunks(Exception):
+    """A chunked request body Go's chunked reader refuses, in its words."""
+
+
+def _bad_request(reason: str = "") -> _Refused:
+    return _Refused(400, reason)
 
 
 async def _read_until(reader: asyncio.StreamReader, separator: bytes) -> bytes:
@@ -64,20 +91,31 @@ async def _read_until(reader: asyncio.StreamReader, separator: bytes) -> bytes:
         return await reader.readuntil(separator)
 
 
+async def _read_line(reader: asyncio.StreamReader) -> str:
+    """The next line without its CRLF (or bare LF, which Go takes too); a line longer than the
+    reader's limit is a head too large."""
+    try:
+        line = await _read_until(reader, b"\n")
+    except asyncio.LimitOverrunError:
+        raise _Refused(431) from None
+    return line[:-2 if line.endswith(b"\r\n") else -1].decode("latin-1")
+
+
 class Http1Answer:
     """An answer on an HTTP/1.1 connection: Content-Length, or chunked for a stream."""
 
-    def __init__(self, writer: asyncio.StreamWriter, method: str) -> None:
-        self.writer, self.method = writer, method
+    def __init__(self, writer: asyncio.StreamWriter, method: str, version: str = "HTTP/1.1",
+                 extra: tuple = ()) -> None:
+        self.writer, self.method, self.version, self.extra = writer, method, version, extra
         self.tls = writer.get_extra_info("ssl_object") is not None
 
     async def whole(self, status: int, headers: tuple, payload: bytes) -> None:
-        self.writer.write(_head(status, (*headers, ("Content-Length", len(payload))))
+        self.writer.write(_head(status, (*headers, *self.extra, ("Content-Length", len(payload))), self.version)
                           + (payload if self.method != "HEAD" else b""))
         await self.writer.drain()
 
     def start(self, status: int, headers: tuple) -> None:
-        self.writer.write(_head(status, (*headers, ("Transfer-Encoding", "chunked"))))
+        self.writer.write(_head(status, (*headers, *self.extra, ("Transfer-Encoding", "chunked")), self.version))
 
     async def chunk(self, data: bytes) -> None:
         self.writer.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -127,10 +165,13 @@ class HttpEndpoint:
         return NOT_FOUND
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Serve requests on one connection until the client closes it."""
+        """Serve requests on one connection until the client closes it (or sends what Go's HTTP
+        server refuses: answered as it answers, then closed)."""
         try:
             while await self._one(reader, writer):
                 pass
+        except _Refused as refused:
+            writer.write(refused.answer)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError,
                 ConnectionError):
             pass
@@ -138,17 +179,54 @@ class HttpEndpoint:
             writer.close()
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        head = await _read_until(reader, b"\r\n\r\n")
-        if len(head) > REQUEST_BYTES_MAX:
-            raise ValueError("request head too large")
-        lines = head.decode("latin-1").split("\r\n")
-        method, path, _ = lines[0].split(" ", 2)
-        headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:] if l)}
+        """One request read and answered; whether the connection takes another. Parsed as Go's
+        net/http parses it (etcd's client port): lines may end in CRLF or LF alone."""
+        line = await _read_line(reader)
+        method, _, rest = line.partition(" ")
+        target, _, version = rest.partition(" ")
+        if not method or not target or version not in ("HTTP/1.1", "HTTP/1.0"):
+            raise ValueError("not an HTTP/1.x request")  # etcd's port does not take it for HTTP: closed
+        headers, size = {}, len(line)
+        lengths = []
+        while line := await _read_line(reader):
+            size += len(line)
+            if size > HEAD_BYTES_MAX:
+                raise _Refused(431)
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise _bad_request()  # Go: malformed MIME header line
+            if not name or name.encode("latin-1", "replace").translate(None, _TOKEN_BYTES):
+                raise _bad_request("invalid header name")
+            key, value = name.lower(), value.strip(" \t")
+            if key == "content-length":
+                lengths.append(value)
+            headers.setdefault(key, value)  # the first, as Go's Header.Get
+        if version == "HTTP/1.1" and "host" not in headers:
+            raise _bad_request("missing required Host header")
+        if (encoding := headers.get("transfer-encoding")) is not None and encoding.lower() != "chunked":
+            raise _Refused(501, body="Unsupported transfer encoding")
+        if lengths and (len(set(lengths)) > 1 or not (lengths[0].isascii() and lengths[0].isdigit())):
+            raise _bad_request()  # Go: a Content-Length that is not a number, or two that differ
+        if target.startswith(("http://", "https://")):  # the absolute form a proxy sends
+            target = "/" + target.split("/", 3)[3] if target.count("/") >= 3 else "/"
+        elif not target.startswith("/") and method != "CONNECT":
+            raise _bad_request()
+        if version == "HTTP/1.1":
+            keep, extra = headers.get("connection", "").lower() != "close", ()
+        else:  # HTTP/1.0: one request unless the client asks to keep the connection
+            keep = headers.get("connection", "").lower() == "keep-alive"
+            extra = (("Connection", "keep-alive"),) if keep else ()
         if headers.get("expect", "").lower() == "100-continue":  # curl asks before sending a larger body
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body = await self._body(reader, headers)
-        keep = await self.serve(method, path, headers, body, Http1Answer(writer, method))
-        return keep and headers.get("connection", "").lower() != "close"
+        try:
+            body = await self._body(reader, headers)
+        except _BadChunks as exc:  # etcd's gateway reads the body, and answers Go's error as a bad request
+            err = GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            answer = Http1Answer(writer, method, version, (("Connection", "close"),))
+            await answer.whole(err.http_status, (*CORS, JSON), err.body())
+            return False
+        served = await self.serve(method, target, headers, body, Http1Answer(writer, method, version, extra))
+        return served and keep
 
     async def serve(self, method: str, path: str, headers: dict[str, str], body: bytes, answer) -> bool:
         """Answer one request (``headers`` with lower-case names) through ``answer``; whether
@@ -180,24 +258,29 @@ class HttpEndpoint:
     async def _body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
         """The request body: Content-Length bytes, or chunked (``Transfer-Encoding: chunked``,
         as clients that stream a body send it); at most body_bytes_max either way."""
-        if "chunked" not in headers.get("transfer-encoding", "").lower():
+        if "transfer-encoding" not in headers:
             length = int(headers.get("content-length", "0"))
             if length > self.body_bytes_max:
                 raise ValueError("request body too large")
             return await reader.readexactly(length) if length else b""
         parts, size = [], 0
         while True:
-            line = await _read_until(reader, b"\r\n")
-            n = int(line.split(b";", 1)[0].strip(), 16)
+            size_field = (await _read_line(reader)).split(";", 1)[0].strip(" \t")
+            if not size_field:
+                raise _BadChunks("empty hex number for chunk length")
+            if size_field.strip("0123456789abcdefABCDEF"):
+                raise _BadChunks("invalid byte in chunk length")
+            n = int(size_field, 16)
             if n == 0:
-                while (await _read_until(reader, b"\r\n")) != b"\r\n":
+                while await _read_line(reader):
                     pass  # trailers
                 return b"".join(parts)
             size += n
             if size > self.body_bytes_max:
                 raise ValueError("request body too large")
             parts.append(await reader.readexactly(n))
-            await reader.readexactly(2)
+            if await _read_line(reader):
+                raise _BadChunks("malformed chunked encoding")  # the chunk did not end where its size said
 
     async def _call(self, route: str, body: bytes, authorization: str | None, tls: bool) -> tuple[int, tuple, bytes]:
         try:
@@ -259,5 +342,5 @@ async def start_http(urls: tuple[str, ...], endpoint: HttpEndpoint, parse_url) -
         if tls:
             raise ValueError(f"metrics URL {url!r}: only http:// is supported")
         host, _, port = hostport.rpartition(":")
-        servers.append(await asyncio.start_server(endpoint.handle, host.strip("[]"), int(port)))
+        servers.append(await asyncio.start_server(endpoint.handle, host.strip("[]"), int(port), limit=READER_LIMIT))
     return servers

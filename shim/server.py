@@ -40,7 +40,7 @@ from . import handlers
 from .handlers import Slow, service_handler, unknown_methods
 from .health import HealthService
 from .gateway import Gateway
-from .http import HttpEndpoint, start_http
+from .http import READER_LIMIT, HttpEndpoint, start_http
 from .kv import KVService
 from .lease_auth import CheckedLeaseService
 from .maintenance import ClusterService, MaintenanceService
@@ -477,6 +477,7 @@ async def start(config: ServerConfig) -> Running:
         endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes, config.max_message_bytes))
         if isinstance(server, grpcserver.Server):  # HTTP on the client port too, as etcd serves it
             server.http1, server.http2 = endpoint.handle, endpoint.serve
+            server.http1_read_limit = READER_LIMIT
         running.http = await start_http(config.listen_metrics_urls, endpoint, parse_listen_url)
     except (OSError, ValueError) as exc:
         await stop(running)
