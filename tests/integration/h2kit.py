@@ -92,6 +92,14 @@ class RawH2:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
+    def _reply(self, data: bytes) -> None:
+        """What the client answers by itself (acknowledgements, window): a server that has
+        closed the connection meanwhile needs none of it."""
+        try:
+            self.sock.sendall(data)
+        except OSError:
+            self.closed = True
+
     def handshake(self) -> RawH2:
         self.send(PREFACE + frame(SETTINGS, 0, 0))
         return self
@@ -168,11 +176,11 @@ class RawH2:
 
     def _frame(self, ftype: int, flags: int, stream: int, payload: bytes) -> None:
         if ftype == SETTINGS and not flags & ACK:
-            self.send(frame(SETTINGS, ACK, 0))
+            self._reply(frame(SETTINGS, ACK, 0))
             self.settings_seen = True
             self.settings.update(struct.unpack(">HI", payload[i:i + 6]) for i in range(0, len(payload), 6))
         elif ftype == PING and not flags & ACK:
-            self.send(frame(PING, ACK, 0, payload))
+            self._reply(frame(PING, ACK, 0, payload))
         elif ftype == GOAWAY:
             self.goaway = (int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, int.from_bytes(payload[4:8], "big"),
                            payload[8:])
@@ -193,8 +201,8 @@ class RawH2:
             self.largest_data = max(self.largest_data, len(payload))
             if payload and self.auto_credit:  # give the window back at once
                 update = struct.pack(">I", len(payload))
-                self.send(frame(WINDOW_UPDATE, 0, 0, update) +
-                          (b"" if flags & END_STREAM else frame(WINDOW_UPDATE, 0, stream, update)))
+                self._reply(frame(WINDOW_UPDATE, 0, 0, update) +
+                            (b"" if flags & END_STREAM else frame(WINDOW_UPDATE, 0, stream, update)))
             if flags & END_STREAM:
                 st.ended = True
         elif ftype == RST_STREAM:
