@@ -242,17 +242,24 @@ def start_shardetcd(
 
 
 @contextlib.contextmanager
-def etcd_beside_shardetcd(tmp_path: Path, etcd_args: tuple[str, ...] = (), shardetcd_args: tuple[str, ...] = ()):
-    """A real etcd and a shardetcd started with the given flags; yields {"etcd": endpoint,
-    "shardetcd": endpoint} and stops both by PID afterwards."""
+def etcd_and_shardetcd(tmp_path: Path, etcd_args: tuple[str, ...] = (), shardetcd_args: tuple[str, ...] = ()):
+    """A real etcd and a shardetcd started with the given flags; yields the two processes
+    (EtcdProcess, ShardetcdProcess) and stops both by PID afterwards."""
     from tests.etcd_fixture import start_etcd
 
     etcd = start_etcd(Path(tmp_path) / "etcd", extra_args=etcd_args)
     try:
         shard = start_shardetcd(tmp_path, extra_args=shardetcd_args)
         try:
-            yield {"etcd": etcd.endpoint, "shardetcd": shard.endpoint}
+            yield etcd, shard
         finally:
             shard.stop()
     finally:
         etcd.stop()
+
+
+@contextlib.contextmanager
+def etcd_beside_shardetcd(tmp_path: Path, etcd_args: tuple[str, ...] = (), shardetcd_args: tuple[str, ...] = ()):
+    """The same, yielding {"etcd": endpoint, "shardetcd": endpoint}."""
+    with etcd_and_shardetcd(tmp_path, etcd_args, shardetcd_args) as (etcd, shard):
+        yield {"etcd": etcd.endpoint, "shardetcd": shard.endpoint}

@@ -16,8 +16,7 @@ import time
 import pytest
 
 from tests.conftest import require_etcd_binary
-from tests.etcd_fixture import start_etcd
-from tests.shardetcd_fixture import start_shardetcd
+from tests.shardetcd_fixture import etcd_and_shardetcd
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -60,15 +59,8 @@ CASES = {
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     require_etcd_binary()
-    etcd = start_etcd(tmp_path_factory.mktemp("etcd"))
-    try:
-        shardetcd = start_shardetcd(tmp_path_factory.mktemp("shardetcd"))
-        try:
-            yield {"etcd": etcd.client_port, "shardetcd": shardetcd.port, "process": shardetcd}
-        finally:
-            shardetcd.stop()
-    finally:
-        etcd.stop()
+    with etcd_and_shardetcd(tmp_path_factory.mktemp("h1")) as (etcd, shardetcd):
+        yield {"etcd": etcd.client_port, "shardetcd": shardetcd.port, "process": shardetcd}
 
 
 def _responses(data: bytes) -> list[tuple[str, dict[str, str], bytes]] | None:

@@ -22,13 +22,12 @@ import pytest
 
 from proto import rpc_pb2 as pb
 from tests.conftest import require_etcd_binary
-from tests.etcd_fixture import start_etcd
 from tests.integration.h2kit import (
     ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PADDED, PING, PREFACE, RST_STREAM, SETTINGS,
     WINDOW_UPDATE,
     RawH2, frame, grpc_message, hpack_literals,
 )
-from tests.shardetcd_fixture import start_shardetcd
+from tests.shardetcd_fixture import etcd_and_shardetcd
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -127,15 +126,8 @@ CASES = {
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     require_etcd_binary()
-    etcd = start_etcd(tmp_path_factory.mktemp("etcd"))
-    try:
-        shardetcd = start_shardetcd(tmp_path_factory.mktemp("shardetcd"))
-        try:
-            yield {"etcd": etcd, "shardetcd": shardetcd}
-        finally:
-            shardetcd.stop()
-    finally:
-        etcd.stop()
+    with etcd_and_shardetcd(tmp_path_factory.mktemp("h2")) as (etcd, shardetcd):
+        yield {"etcd": etcd, "shardetcd": shardetcd}
 
 
 def outcome(target: Target, data: bytes) -> tuple[tuple, int | None]:
