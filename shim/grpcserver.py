@@ -213,6 +213,7 @@ class ServerOptions:
     min_ping_interval_s: float = 300.0  # grpc-go's default enforcement
     keepalive_interval_s: float = 7200.0
     keepalive_timeout_s: float = 20.0
+    handshake_timeout_s: float = 120.0  # a connection that has not sent its preface by then is closed (grpc-go's)
 
 
 class _Ended(Exception):
@@ -598,6 +599,7 @@ class Connection(asyncio.Protocol):
         self.last_ping = float("-inf")
         self.sent_data = False  # headers or data sent since the last ping
         self.keepalive: asyncio.TimerHandle | None = None
+        self.handshake: asyncio.TimerHandle | None = None  # until the preface: _handshake_expired
         self.ping_sent_at: float | None = None
         self.active = self.loop.time()
 
@@ -610,6 +612,14 @@ class Connection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.keepalive = self.loop.call_later(self.server.options.keepalive_interval_s, self._keepalive)
+        self.handshake = self.loop.call_later(self.server.options.handshake_timeout_s, self._handshake_expired)
+
+    def _handshake_expired(self) -> None:
+        """No HTTP/2 preface (nor an HTTP/1.1 request) within the handshake timeout: an idle or
+        stalled connection is not held for ever (grpc-go's 120 s connection timeout)."""
+        self.handshake = None
+        if not self.preface:
+            self.transport.close()
 
     def _server_preface(self) -> None:
         """Our SETTINGS, once the client's preface says it speaks HTTP/2 (so that an HTTP/1.1
@@ -632,8 +642,9 @@ class Connection(asyncio.Protocol):
             self.transport.close()
             return
         self.server.connections.discard(self)
-        if self.keepalive is not None:
-            self.keepalive.cancel()
+        for timer in (self.keepalive, self.handshake):
+            if timer is not None:
+                timer.cancel()
         reader = asyncio.StreamReader(limit=self.server.http1_read_limit, loop=self.loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=self.loop)
         self.transport.set_protocol(protocol)
@@ -646,8 +657,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
-        if self.keepalive is not None:
-            self.keepalive.cancel()
+        for timer in (self.keepalive, self.handshake):
+            if timer is not None:
+                timer.cancel()
         for call in list(self.calls.values()):
             call.cancel()
         self.calls.clear()
@@ -735,6 +747,9 @@ class Connection(asyncio.Protocol):
                 self._hand_to_http1(buf)  # not HTTP/2 with prior knowledge
                 return
             self.preface = True
+            if self.handshake is not None:
+                self.handshake.cancel()
+                self.handshake = None
             self._server_preface()
             buf = buf[len(PREFACE):]
         pos, size = 0, len(buf)

@@ -1,10 +1,12 @@
-"""The native gRPC server's receive windows: what it credits back on a stream is exactly what
-the client sent on it, compressed messages included, so a client that keeps to its windows is
-never refused and one that does not is (shim/grpcserver.py; the refusals themselves are compared
-with etcd's in tests/integration/test_http2_differential.py).
+"""The native gRPC server's connection bookkeeping, driven directly on an in-memory transport
+(the test is the client, every byte of it counted):
 
-A Connection is driven directly on an in-memory transport: the test is the client, every
-byte of it counted."""
+* receive windows: what it credits back on a stream is exactly what the client sent on it,
+  compressed messages included, so a client that keeps to its windows is never refused and
+  one that does not is (the refusals themselves are compared with etcd's in
+  tests/integration/test_http2_differential.py);
+* the handshake timeout: a connection that never sends its preface is not held.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -52,6 +54,21 @@ def message(body: bytes, compressed: bool) -> bytes:
     return bytes((compressed,)) + len(body).to_bytes(4, "big") + body
 
 
+def open_call(handler, extra_headers=()) -> tuple[gs.Connection, Transport]:
+    """A connection to a server whose one method (a bidi stream) is ``handler``, on an in-memory
+    transport, with that method's call opened on stream 1 (on the running loop)."""
+    server = gs.Server()
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "t.S", {"M": grpc.stream_stream_rpc_method_handler(handler)})])
+    server.loop = asyncio.get_running_loop()
+    conn, transport = gs.Connection(server), Transport()
+    conn.connection_made(transport)
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+               ("content-type", "application/grpc"), ("te", "trailers"), *extra_headers]
+    conn.data_received(PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1, hpack_literals(headers)))
+    return conn, transport
+
+
 async def stream_through(bodies: list[bytes], compressed: bool, frame_bytes: int = 16384):
     """Send ``bodies`` on one bidi call as a client keeping to the stream window would (the
     server takes each message as it comes); return (bytes sent on the stream, bytes credited
@@ -63,17 +80,7 @@ async def stream_through(bodies: list[bytes], compressed: bool, frame_bytes: int
             taken.append(request)
         yield b"done"
 
-    server = gs.Server()
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-        "t.S", {"M": grpc.stream_stream_rpc_method_handler(handler)})])
-    server.loop = asyncio.get_running_loop()
-    conn, transport = gs.Connection(server), Transport()
-    conn.connection_made(transport)
-    headers = [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
-               ("content-type", "application/grpc"), ("te", "trailers")]
-    if compressed:
-        headers.append(("grpc-encoding", "gzip"))
-    conn.data_received(PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1, hpack_literals(headers)))
+    conn, transport = open_call(handler, [("grpc-encoding", "gzip")] if compressed else [])
     wire = b"".join(message(b, compressed) for b in bodies)
     window, sent, credited, seen, resets = gs.DEFAULT_WINDOW, 0, 0, 0, []
     while sent < len(wire) or len(taken) < len(bodies):
@@ -131,15 +138,7 @@ def test_a_client_past_its_window_is_reset():
             await never.wait()  # takes nothing
             yield b""
 
-        server = gs.Server()
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "t.S", {"M": grpc.stream_stream_rpc_method_handler(handler)})])
-        server.loop = asyncio.get_running_loop()
-        conn, transport = gs.Connection(server), Transport()
-        conn.connection_made(transport)
-        conn.data_received(PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1, hpack_literals(
-            [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
-             ("content-type", "application/grpc")])))
+        conn, transport = open_call(handler)
         chunk = frame(DATA, 0, 1, bytes(16384))
         for _ in range(gs.STREAM_WINDOW // 16384):
             conn.data_received(chunk)
@@ -155,3 +154,23 @@ def test_a_client_past_its_window_is_reset():
         conn.connection_lost(None)
 
     asyncio.run(overrun())
+
+
+def test_a_connection_without_a_preface_is_not_held():
+    """A connection that sends nothing, or half the HTTP/2 preface, is closed after the handshake
+    timeout (grpc-go's 120 s; 0.2 s here); one that sent its preface is not."""
+
+    async def connections():
+        server = gs.Server(gs.ServerOptions(handshake_timeout_s=0.2))
+        server.loop = asyncio.get_running_loop()
+        silent, half, whole = ((gs.Connection(server), Transport()) for _ in range(3))
+        for conn, transport in (silent, half, whole):
+            conn.connection_made(transport)
+        half[0].data_received(PREFACE[:10])
+        whole[0].data_received(PREFACE + frame(SETTINGS, 0, 0))
+        await asyncio.sleep(0.4)
+        assert (silent[1].closed, half[1].closed, whole[1].closed) == (True, True, False)
+        for conn, _ in (silent, half, whole):
+            conn.connection_lost(None)
+
+    asyncio.run(connections())
