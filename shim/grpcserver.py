@@ -29,7 +29,10 @@ What it implements of RFC 9113 and gRPC's HTTP/2 protocol:
   ``grpc-timeout``, ``-bin`` metadata, status in trailers (trailers-only when nothing
   was sent), ``grpc-message`` percent-encoded;
 * server keepalive: an idle connection is pinged every ``keepalive_interval_s`` and
-  closed if the answer takes longer than ``keepalive_timeout_s``;
+  closed if the answer takes longer than ``keepalive_timeout_s``; one that has not sent its
+  preface within ``handshake_timeout_s`` (grpc-go's 120 s) is closed; one whose client keeps
+  calling for acknowledgements without reading ours is not read until it does (grpc-go's
+  rule, ``Connection._answer``);
 * a connection that opens with an HTTP/1.1 request instead of the HTTP/2 preface goes to
   ``Server.http1`` (the shim's HTTP endpoint: etcd's /health, /metrics, /version and JSON
   gateway share its client port); our SETTINGS wait for the client's preface, so such a

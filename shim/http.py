@@ -102,12 +102,14 @@ async def _read_line(reader: asyncio.StreamReader) -> str:
 
 
 class Http1Answer:
-    """An answer on an HTTP/1.1 connection: Content-Length, or chunked for a stream."""
+    """An answer on an HTTP/1.x connection: Content-Length, or for a stream chunked (HTTP/1.1)
+    or the body as it comes until the connection closes (HTTP/1.0, which has no chunks)."""
 
     def __init__(self, writer: asyncio.StreamWriter, method: str, version: str = "HTTP/1.1",
                  extra: tuple = ()) -> None:
         self.writer, self.method, self.version, self.extra = writer, method, version, extra
         self.tls = writer.get_extra_info("ssl_object") is not None
+        self.chunked = version == "HTTP/1.1"
 
     async def whole(self, status: int, headers: tuple, payload: bytes) -> None:
         self.writer.write(_head(status, (*headers, *self.extra, ("Content-Length", len(payload))), self.version)
@@ -115,14 +117,16 @@ class Http1Answer:
         await self.writer.drain()
 
     def start(self, status: int, headers: tuple) -> None:
-        self.writer.write(_head(status, (*headers, *self.extra, ("Transfer-Encoding", "chunked")), self.version))
+        framing = (("Transfer-Encoding", "chunked"),) if self.chunked else ()  # 1.0: the close ends it
+        self.writer.write(_head(status, (*headers, *framing), self.version))
 
     async def chunk(self, data: bytes) -> None:
-        self.writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.writer.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
         await self.writer.drain()
 
     async def end(self) -> None:
-        self.writer.write(b"0\r\n\r\n")
+        if self.chunked:
+            self.writer.write(b"0\r\n\r\n")
         await self.writer.drain()
 
 

@@ -90,3 +90,16 @@ def test_a_failure_opening_a_stream_is_an_unknown_answer():
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 500 Internal Server Error"), head
     assert json.loads(body) == {"error": "broken before the stream", "code": 2, "message": "broken before the stream"}
+
+
+def test_a_stream_to_an_http10_client_is_not_chunked():
+    """HTTP/1.0 has no chunked encoding: a streamed answer is its lines as they come, ended by the
+    connection's close (as Go's server answers a 1.0 client), the error line included."""
+    member = SimpleNamespace(config=SimpleNamespace(receive_cap_bytes=1 << 20))
+    endpoint = HttpEndpoint(member, None, FailingGateway(1))
+    answer = asyncio.run(exchange(endpoint, WATCH.replace(b"HTTP/1.1", b"HTTP/1.0")))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200 OK") and b"Transfer-Encoding" not in head, head
+    first, error = body.splitlines()
+    assert json.loads(first) == {"result": {"n": 0}}
+    assert json.loads(error)["error"]["message"] == "broken in the stream"
