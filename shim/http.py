@@ -215,10 +215,11 @@ class HttpEndpoint:
             target = "/" + target.split("/", 3)[3] if target.count("/") >= 3 else "/"
         elif not target.startswith("/") and method != "CONNECT":
             raise _bad_request()
+        options = {token.strip() for token in headers.get("connection", "").lower().split(",")}
         if version == "HTTP/1.1":
-            keep, extra = headers.get("connection", "").lower() != "close", ()
+            keep, extra = "close" not in options, ()
         else:  # HTTP/1.0: one request unless the client asks to keep the connection
-            keep = headers.get("connection", "").lower() == "keep-alive"
+            keep = "keep-alive" in options
             extra = (("Connection", "keep-alive"),) if keep else ()
         if headers.get("expect", "").lower() == "100-continue":  # curl asks before sending a larger body
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")

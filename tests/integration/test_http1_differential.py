@@ -29,6 +29,7 @@ CASES = {
     "HTTP/1.1 without Host": b"GET /health HTTP/1.1\r\n\r\n",
     "HTTP/1.0 (answered in 1.0, then closed)": b"GET /health HTTP/1.0\r\n\r\n",
     "HTTP/1.0 with keep-alive": b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+    "Connection: close among other options": HEALTH + b"Connection: close, TE\r\nTE: trailers\r\n\r\n",
     "bare LF line ends": b"GET /health HTTP/1.1\nHost: x\n\n",
     "a 20 KB header": HEALTH + b"X-Big: " + b"a" * 20_000 + b"\r\n\r\n",
     "a 100 KB header": HEALTH + b"X-Big: " + b"a" * 100_000 + b"\r\n\r\n",
