@@ -101,6 +101,31 @@ async def _read_line(reader: asyncio.StreamReader) -> str:
     return line[:-2 if line.endswith(b"\r\n") else -1].decode("latin-1")
 
 
+async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, str, dict[str, str], list[str]]:
+    """(method, target, version, headers by lower-case name (the first of each), every
+    Content-Length given) of the next request."""
+    line = await _read_line(reader)
+    method, _, rest = line.partition(" ")
+    target, _, version = rest.partition(" ")
+    if not method or not target or version not in ("HTTP/1.1", "HTTP/1.0"):
+        raise ValueError("not an HTTP/1.x request")  # etcd's port does not take it for HTTP: closed
+    headers, size, lengths = {}, len(line), []
+    while line := await _read_line(reader):
+        size += len(line)
+        if size > HEAD_BYTES_MAX:
+            raise _Refused(431)
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise _bad_request()  # Go: malformed MIME header line
+        if not name or name.encode("latin-1", "replace").translate(None, _TOKEN_BYTES):
+            raise _bad_request("invalid header name")
+        key, value = name.lower(), value.strip(" \t")
+        if key == "content-length":
+            lengths.append(value)
+        headers.setdefault(key, value)  # the first, as Go's Header.Get
+    return method, target, version, headers, lengths
+
+
 class Http1Answer:
     """An answer on an HTTP/1.x connection: Content-Length, or for a stream chunked (HTTP/1.1)
     or the body as it comes until the connection closes (HTTP/1.0, which has no chunks)."""
@@ -185,26 +210,8 @@ class HttpEndpoint:
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """One request read and answered; whether the connection takes another. Parsed as Go's
         net/http parses it (etcd's client port): lines may end in CRLF or LF alone."""
-        line = await _read_line(reader)
-        method, _, rest = line.partition(" ")
-        target, _, version = rest.partition(" ")
-        if not method or not target or version not in ("HTTP/1.1", "HTTP/1.0"):
-            raise ValueError("not an HTTP/1.x request")  # etcd's port does not take it for HTTP: closed
-        headers, size = {}, len(line)
-        lengths = []
-        while line := await _read_line(reader):
-            size += len(line)
-            if size > HEAD_BYTES_MAX:
-                raise _Refused(431)
-            name, colon, value = line.partition(":")
-            if not colon:
-                raise _bad_request()  # Go: malformed MIME header line
-            if not name or name.encode("latin-1", "replace").translate(None, _TOKEN_BYTES):
-                raise _bad_request("invalid header name")
-            key, value = name.lower(), value.strip(" \t")
-            if key == "content-length":
-                lengths.append(value)
-            headers.setdefault(key, value)  # the first, as Go's Header.Get
+        async with asyncio.timeout(IDLE_READ_S):  # the whole head, not each line: no slow trickle
+            method, target, version, headers, lengths = await _read_head(reader)
         if version == "HTTP/1.1" and "host" not in headers:
             raise _bad_request("missing required Host header")
         if (encoding := headers.get("transfer-encoding")) is not None and encoding.lower() != "chunked":
