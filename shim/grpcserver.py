@@ -617,6 +617,12 @@ class Connection(asyncio.Protocol):
         self.keepalive = self.loop.call_later(self.server.options.keepalive_interval_s, self._keepalive)
         self.handshake = self.loop.call_later(self.server.options.handshake_timeout_s, self._handshake_expired)
 
+    def _stop_timers(self) -> None:
+        """The connection is ending, or no longer ours (handed to the HTTP endpoint)."""
+        for timer in (self.keepalive, self.handshake):
+            if timer is not None:
+                timer.cancel()
+
     def _handshake_expired(self) -> None:
         """No HTTP/2 preface (nor an HTTP/1.1 request) within the handshake timeout: an idle or
         stalled connection is not held for ever (grpc-go's 120 s connection timeout)."""
@@ -645,9 +651,7 @@ class Connection(asyncio.Protocol):
             self.transport.close()
             return
         self.server.connections.discard(self)
-        for timer in (self.keepalive, self.handshake):
-            if timer is not None:
-                timer.cancel()
+        self._stop_timers()
         reader = asyncio.StreamReader(limit=self.server.http1_read_limit, loop=self.loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=self.loop)
         self.transport.set_protocol(protocol)
@@ -660,9 +664,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
-        for timer in (self.keepalive, self.handshake):
-            if timer is not None:
-                timer.cancel()
+        self._stop_timers()
         for call in list(self.calls.values()):
             call.cancel()
         self.calls.clear()
@@ -719,13 +721,18 @@ class Connection(asyncio.Protocol):
     def reset(self, sid: int, code: int) -> None:
         self._answer(_frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
 
-    def _stream_error(self, sid: int, code: int) -> None:
-        """A stream the client broke the protocol on: its call ends, unanswered, and the stream
-        is reset with ``code``; the connection and its other calls go on."""
+    def _forget(self, sid: int) -> None:
+        """Stream ``sid`` is over on the client's side (reset, or broken): its call ends
+        unanswered and what it still had to send is dropped."""
         call = self.calls.pop(sid, None)
         self.blocked.pop(sid, None)
         if call is not None:
             call.cancel()
+
+    def _stream_error(self, sid: int, code: int) -> None:
+        """A stream the client broke the protocol on: forgotten, and reset with ``code``; the
+        connection and its other calls go on."""
+        self._forget(sid)
         self.reset(sid, code)
 
     def go_away(self, code: int, debug: bytes = b"", close: bool = True) -> None:
@@ -837,10 +844,7 @@ class Connection(asyncio.Protocol):
                 raise _ConnectionError(PROTOCOL_ERROR)
             if len(payload) != 4:
                 raise _ConnectionError(FRAME_SIZE_ERROR)
-            call = self.calls.pop(sid, None)
-            self.blocked.pop(sid, None)
-            if call is not None:
-                call.cancel()
+            self._forget(sid)
         elif kind == PRIORITY:
             if sid == 0:
                 raise _ConnectionError(PROTOCOL_ERROR)
