@@ -21,8 +21,22 @@ def frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return struct.pack(">I", len(payload))[1:] + bytes((ftype, flags)) + struct.pack(">I", stream) + payload
 
 
-def grpc_message(body: bytes) -> bytes:
-    return b"\x00" + struct.pack(">I", len(body)) + body
+def grpc_message(body: bytes, compressed: bool = False) -> bytes:
+    """One length-prefixed gRPC message (``body`` already compressed if ``compressed``)."""
+    return bytes((compressed,)) + struct.pack(">I", len(body)) + body
+
+
+def split_frames(data: bytes) -> tuple[list[tuple[int, int, int, bytes]], bytes]:
+    """The whole frames at the start of ``data`` as (type, flags, stream, payload), and the rest."""
+    out, pos = [], 0
+    while len(data) - pos >= 9:
+        n = int.from_bytes(data[pos:pos + 3], "big")
+        if len(data) - pos < 9 + n:
+            break
+        out.append((data[pos + 3], data[pos + 4], int.from_bytes(data[pos + 5:pos + 9], "big") & 0x7FFFFFFF,
+                    data[pos + 9:pos + 9 + n]))
+        pos += 9 + n
+    return out, data[pos:]
 
 
 def _encode_int(n: int, prefix_bits: int, first: int = 0) -> bytes:
@@ -159,14 +173,9 @@ class RawH2:
         self.sock.close()
 
     def _frames(self) -> None:
-        while len(self.buf) >= 9:
-            n = int.from_bytes(self.buf[:3], "big")
-            if len(self.buf) < 9 + n:
-                return
-            ftype, flags = self.buf[3], self.buf[4]
-            stream = int.from_bytes(self.buf[5:9], "big") & 0x7FFFFFFF
-            payload, self.buf = self.buf[9:9 + n], self.buf[9 + n:]
-            self._frame(ftype, flags, stream, payload)
+        frames, self.buf = split_frames(self.buf)
+        for frame_ in frames:
+            self._frame(*frame_)
 
     @staticmethod
     def _unpad(flags: int, payload: bytes) -> bytes:

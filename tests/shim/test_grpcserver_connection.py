@@ -18,7 +18,8 @@ import pytest
 
 from shim import grpcserver as gs
 from tests.integration.h2kit import (
-    DATA, END_HEADERS, END_STREAM, HEADERS, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame, hpack_literals,
+    DATA, END_HEADERS, END_STREAM, HEADERS, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame, grpc_message,
+    hpack_literals, split_frames,
 )
 
 
@@ -40,18 +41,13 @@ class Transport:
         return default
 
 
-def frames(data: bytes):
-    pos = 0
-    while pos + 9 <= len(data):
-        n = int.from_bytes(data[pos:pos + 3], "big")
-        yield data[pos + 3], int.from_bytes(data[pos + 5:pos + 9], "big"), data[pos + 9:pos + 9 + n]
-        pos += 9 + n
+def frames(data: bytes) -> list[tuple[int, int, bytes]]:
+    """(type, stream, payload) of each whole frame in ``data``."""
+    return [(kind, sid, payload) for kind, _, sid, payload in split_frames(data)[0]]
 
 
 def message(body: bytes, compressed: bool) -> bytes:
-    if compressed:
-        body = gzip.compress(body)
-    return bytes((compressed,)) + len(body).to_bytes(4, "big") + body
+    return grpc_message(gzip.compress(body) if compressed else body, compressed)
 
 
 def open_call(handler, extra_headers=()) -> tuple[gs.Connection, Transport]:
