@@ -355,6 +355,19 @@ class SegmentTail:
     def records(self, after_rev: int = 0) -> Iterator[Record]:
         return (r for r in self._found if r.rev > after_rev)
 
+    @property
+    def read_tail(self) -> tuple[int, int]:
+        """(segment seq, offset) of the next frame to read: everything before it was handed on."""
+        return self._seq, self._offset
+
+    async def stored_tail(self) -> tuple[int, int]:
+        """This shard's durable position as the writer publishes it now: what a reader must
+        reach (``read_tail``) to have handed on everything stored before this call.  A frame
+        tagged above the committed revision is held, so the position is reached once the
+        writer commits it; a writer restarting meanwhile publishes its position again."""
+        mark = await self.log.mark()
+        return mark.tails[self.sid]
+
     async def follow(self, on_message: Callable[[Message], None],
                      on_gap: Callable[[int, int], Awaitable[bool]]) -> None:
         """Hand on every record as it becomes durable and committed, until cancelled."""

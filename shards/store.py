@@ -743,6 +743,12 @@ class Store:
 
     # -- compaction -----------------------------------------------------
 
+    async def compacted(self, rev: int) -> None:
+        """Until the compaction under way here has physically dropped history up to ``rev``
+        (a follower's answer to a physical Compact it forwarded, once it has read the record)."""
+        if self.compact_rev >= rev > self._compacted_through:
+            await asyncio.wait({self._start_compaction()})  # a failed or cancelled compaction ends the wait too
+
     def _start_compaction(self) -> asyncio.Task:
         if self._compaction is None or self._compaction.done():
             self._compaction = asyncio.get_running_loop().create_task(self._compact_loop())

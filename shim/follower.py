@@ -61,6 +61,12 @@ FORWARDED: dict[str, dict[str, str]] = {
     "v3electionpb.Election": {"Campaign": "unary", "Proclaim": "unary", "Leader": "unary", "Resign": "unary",
                               "Observe": "unary_stream"},
 }
+# forwarded calls answered once this process has read the journals as far as they are stored
+# (read_as_stored): their effect is a record with no revision of its own, which the next call
+# here must see (a compacted revision refused, a permission granted or taken away)
+READ_AS_STORED = {("etcdserverpb.KV", "Compact"), *(("etcdserverpb.Auth", m) for m in (
+    "AuthEnable", "AuthDisable", "UserAdd", "UserDelete", "UserChangePassword", "UserGrantRole",
+    "UserRevokeRole", "RoleAdd", "RoleDelete", "RoleGrantPermission", "RoleRevokePermission"))}
 # what a forwarded call's client metadata may carry on to the writer
 FORWARDED_METADATA = ("token", "authorization")
 _identity = None  # raw bytes in and out
@@ -198,6 +204,21 @@ class WriterLink:
             await asyncio.sleep(0.1)
 
 
+async def read_as_stored(*shards) -> None:
+    """Until this process has read (and applied what it can of) the journals of ``shards``
+    as far as they are stored now.  After a forwarded call whose answer carries no revision
+    of its own (a compaction, an auth change: a record tagged at the current revision), this
+    is how the member a client called sees the call's effect next, as an etcd member has
+    applied an entry before it answers the proposal.  A writer answers once its record is
+    stored, so what is stored when the answer is here holds it."""
+    for shard in shards:
+        journal = shard.journal
+        if hasattr(journal, "stored_tail"):  # a follower's (after a takeover, the writer's own: nothing to read)
+            stored = await journal.stored_tail()
+            while shard.journal is journal and journal.read_tail < stored:
+                await asyncio.sleep(0.005)
+
+
 def _metadata(context: grpc.aio.ServicerContext) -> tuple:
     """What a forwarded call carries: the client's credentials, and the mark of a forwarded call."""
     return (*((k, v) for k, v in context.invocation_metadata() or () if k in FORWARDED_METADATA),
@@ -237,6 +258,14 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
             if method == "Authenticate" and link.tokens is not None:  # the token works here once answered
                 await link.tokens.learned(pb.AuthenticateResponse.FromString(raw).token)
+            elif (service, method) in READ_AS_STORED:
+                try:
+                    async with asyncio.timeout(link.timeout_s):  # not wait_for (journal/tasks.py)
+                        await read_as_stored(*store.shards)
+                except TimeoutError:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+                if method == "Compact" and (compaction := pb.CompactionRequest.FromString(request)).physical:
+                    await store.compacted(compaction.revision)  # as the writer: however long it takes
             return raw
 
         return grpc.unary_unary_rpc_method_handler(handle)
@@ -335,11 +364,7 @@ class TokenCatchUp:
         store = self.member.store
         index = await self.link.read_index()
         await store.wait_committed(index)
-        journal = store.lease_shard.journal
-        if hasattr(journal, "stored_tail"):
-            stored = await journal.stored_tail()
-            while store.lease_shard.journal.read_tail < stored:
-                await asyncio.sleep(0.005)
+        await read_as_stored(store.lease_shard)
 
 
 class KeepAlives:

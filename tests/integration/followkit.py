@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 
-from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from proto import auth_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.watch_client import WatchClient
 
 
@@ -338,3 +338,37 @@ def require_leader_watches_end_and_come_back(follower: str, writer: str, lose, r
             w.wait_for(lambda rs: any(e.kv.mod_revision == rev for r in rs for e in r.events), timeout=30)
         again.close()
         free.close()
+
+
+def auth_changes_decide_the_next_call_on_the_follower(follower) -> None:
+    """Through ``follower``: auth enabled, then a read permission granted and revoked ten times;
+    the very next read there (serializable and linearizable in turn) is allowed or refused
+    accordingly. An auth change is a journal record with no revision of its own: a follower
+    answers it once it has read it, as an etcd member answers once it has applied the entry."""
+    with grpc.insecure_channel(follower.endpoint) as ch:
+        auth, kv = pbg.AuthStub(ch), pbg.KVStub(ch)
+        put(kv, b"/registry/pods/a", b"v")
+        auth.RoleAdd(pb.AuthRoleAddRequest(name="root"), timeout=10)
+        auth.UserAdd(pb.AuthUserAddRequest(name="root", password="rootpw"), timeout=10)
+        auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user="root", role="root"), timeout=10)
+        auth.RoleAdd(pb.AuthRoleAddRequest(name="reader"), timeout=10)
+        auth.UserAdd(pb.AuthUserAddRequest(name="alice", password="alicepw"), timeout=10)
+        auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user="alice", role="reader"), timeout=10)
+        auth.AuthEnable(pb.AuthEnableRequest(), timeout=10)
+        root = (("token", auth.Authenticate(pb.AuthenticateRequest(name="root", password="rootpw"), timeout=10).token),)
+        alice = (("token", auth.Authenticate(pb.AuthenticateRequest(name="alice", password="alicepw"),
+                                             timeout=10).token),)
+        perm = auth_pb2.Permission(permType=auth_pb2.Permission.READ, key=b"/registry/pods/a")
+        for i in range(10):
+            auth.RoleGrantPermission(pb.AuthRoleGrantPermissionRequest(name="reader", perm=perm), metadata=root,
+                                     timeout=10)
+            got = kv.Range(pb.RangeRequest(key=b"/registry/pods/a", serializable=i % 2 == 0), metadata=alice,
+                           timeout=10)
+            assert [x.value for x in got.kvs] == [b"v"]
+            auth.RoleRevokePermission(pb.AuthRoleRevokePermissionRequest(role="reader", key=b"/registry/pods/a"),
+                                      metadata=root, timeout=10)
+            with pytest.raises(grpc.RpcError) as err:
+                kv.Range(pb.RangeRequest(key=b"/registry/pods/a", serializable=i % 2 == 1), metadata=alice,
+                         timeout=10)
+            assert (err.value.code(), err.value.details()) == (grpc.StatusCode.PERMISSION_DENIED,
+                                                               "etcdserver: permission denied")

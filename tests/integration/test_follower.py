@@ -20,7 +20,8 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
-from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart, put, resume_and_stop, wait_until,
+from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart, put,
+                                         auth_changes_decide_the_next_call_on_the_follower, resume_and_stop, wait_until,
                                          serves_every_pod,
                                          write_past_checkpoints,
                                          cluster_followers_serve_their_partition,
@@ -245,6 +246,12 @@ def test_only_the_writer_answers_the_read_index_and_forwarded_calls(nats, writer
             assert put(pbg.KVStub(ch), b"/registry/pods/ns/k", b"after") > rev
     finally:
         fixer.join()
+
+
+def test_auth_changes_through_a_follower_decide_the_next_call_on_it(writer_and_followers):
+    """Auth enabled, and a read permission granted and revoked ten times, through a JetStream
+    follower: the very next read there is allowed or refused accordingly."""
+    auth_changes_decide_the_next_call_on_the_follower(writer_and_followers[1][0])
 
 
 def test_member_list_names_the_writer_and_its_followers(writer_and_followers):

@@ -22,6 +22,7 @@ from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
 from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart,
+                                         auth_changes_decide_the_next_call_on_the_follower,
                                          cluster_followers_serve_their_partition,
                                          falls_behind_then_resyncs_in_process,
                                          member_list_names_the_writer_and_its_followers, put,
@@ -109,6 +110,12 @@ def test_reads_of_every_kind_and_read_your_writes_through_a_follower(writer_and_
         with grpc.insecure_channel(followers[1].endpoint) as ch:
             got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/", range_end=b"/registry/pods0"), timeout=10)
         assert got.header.revision == rev and len(got.kvs) == 2
+
+
+def test_auth_changes_through_a_follower_decide_the_next_call_on_it(writer_and_followers):
+    """Auth enabled, and a read permission granted and revoked ten times, through a local
+    follower: the very next read there is allowed or refused accordingly."""
+    auth_changes_decide_the_next_call_on_the_follower(writer_and_followers[1][0])
 
 
 def test_watches_on_local_followers_see_every_write_once_in_order(writer_and_followers):

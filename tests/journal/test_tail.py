@@ -124,6 +124,33 @@ def test_a_tail_hands_on_only_what_is_durable_and_committed(tmp_path):
     asyncio.run(go())
 
 
+def test_a_tail_reaches_the_stored_position_only_once_it_has_handed_on_what_was_stored(tmp_path):
+    """The barrier a follower waits on after a forwarded Compact or auth change: stored_tail()
+    is the durable position published when it is asked; read_tail reaches it only once every
+    frame before it was handed on, and a frame tagged above the committed revision holds it back."""
+    async def go():
+        w = await LocalWriter(tmp_path / "w").open()
+        await w.write(range(1, 6))
+        log, tail = await follower(w.data)
+        await tail.catch_up()
+        assert tail.read_tail == await tail.stored_tail()
+        w.committed_cap = 5
+        await w.write(range(6, 9))  # durable, not committed
+        stored = await tail.stored_tail()
+        assert stored == w.journal.durable_tail and tail.read_tail < stored
+        got = Collected()
+        task = asyncio.ensure_future(tail.follow(got, never_covered))
+        await asyncio.sleep(0.05)
+        assert got.revs == [] and tail.read_tail < stored
+        w.committed_cap = None
+        w.mark.publish_all(1, 8, [w.journal.durable_tail])
+        await got.until(3)
+        assert got.revs == [6, 7, 8] and tail.read_tail == stored
+        await stop(task, log, w)
+
+    asyncio.run(go())
+
+
 def test_bytes_written_but_not_yet_fsynced_are_not_handed_on(tmp_path):
     """The writer thread held between write() and fdatasync (a failpoint): the record's bytes
     are in the segment file (the page cache) for a second, and the tail hands on nothing

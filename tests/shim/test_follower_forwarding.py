@@ -1,0 +1,138 @@
+"""A follower answers a forwarded call once its effect shows on this member.
+
+A Compact or an auth change answered by the writer leaves a journal record with no revision
+of its own: the follower holds the answer until it has read its journals as far as they were
+stored when the answer came (``read_as_stored``), so the next call on this member sees a
+compacted revision refused or a permission granted, as on the etcd member that applied the
+entry before it answered. A Put's answer waits for its revision instead; reads forwarded to
+the writer wait for nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from proto import rpc_pb2 as pb
+from shim.follower import forwarding_handlers
+
+CALLS = {"etcdserverpb.KV": {"Compact": "unary", "Put": "unary"},
+         "etcdserverpb.Auth": {"RoleGrantPermission": "unary", "RoleGet": "unary"}}
+TIMEOUT_S = 30.0  # never reached unless a test says so
+
+
+class Tail:
+    """A follower's journal: what the writer has stored, how far this process has read."""
+
+    def __init__(self, stored: int, read: int) -> None:
+        self.stored, self.read_tail = stored, read
+
+    async def stored_tail(self) -> int:
+        return self.stored
+
+
+class Aborted(Exception):
+    pass
+
+
+class Context:
+    def invocation_metadata(self):
+        return ()
+
+    async def abort(self, code, details):
+        raise Aborted(code, details)
+
+
+class Store:
+    def __init__(self, tails: list[Tail]) -> None:
+        self.shards = [SimpleNamespace(journal=t) for t in tails]
+        self.committed = 10
+        self.follow_stats = SimpleNamespace(learned=lambda rev: None)
+        self.compacted_to: list[int] = []
+
+    async def compacted(self, rev: int) -> None:
+        self.compacted_to.append(rev)
+
+
+def handler(store: Store, answer: bytes, timeout_s: float = TIMEOUT_S):
+    async def unary(service, method, request, metadata):
+        return answer
+
+    link = SimpleNamespace(store=store, tokens=None, timeout_s=timeout_s, active=True, unary=unary)
+    generic = forwarding_handlers(link, CALLS)
+
+    def call(service: str, method: str, request: bytes):
+        details = SimpleNamespace(method=f"/{service}/{method}", invocation_metadata=())
+        found = next(h for g in generic if (h := g.service(details)) is not None)
+        return found.unary_unary(request, Context())
+
+    return call
+
+
+ANSWER = pb.CompactionResponse(header=pb.ResponseHeader(revision=10)).SerializeToString()
+
+
+def run(body) -> None:
+    asyncio.run(asyncio.wait_for(body(), 10))  # a deadline for a hang, not a timing
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("service, method, request_", [
+    ("etcdserverpb.KV", "Compact", pb.CompactionRequest(revision=7)),
+    ("etcdserverpb.Auth", "RoleGrantPermission", pb.AuthRoleGrantPermissionRequest(name="r")),
+])
+def test_an_answer_waits_until_every_journal_is_read_as_far_as_it_was_stored(service, method, request_):
+    async def body():
+        tails = [Tail(stored=5, read=5), Tail(stored=9, read=3), Tail(stored=4, read=1)]
+        store = Store(tails)
+        task = asyncio.ensure_future(handler(store, ANSWER)(service, method, request_.SerializeToString()))
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        tails[1].read_tail = 9
+        await asyncio.sleep(0.05)
+        assert not task.done()  # the third journal is not read that far yet
+        tails[2].read_tail = 4
+        tails[1].stored = 12  # stored after the answer came: not waited for
+        assert await task == ANSWER
+        assert store.compacted_to == []  # not a physical compaction
+
+    run(body)
+
+
+def test_a_physical_compaction_is_answered_once_this_member_has_done_it():
+    async def body():
+        store = Store([Tail(stored=2, read=2)])
+        request = pb.CompactionRequest(revision=7, physical=True).SerializeToString()
+        assert await handler(store, ANSWER)("etcdserverpb.KV", "Compact", request) == ANSWER
+        assert store.compacted_to == [7]
+
+    run(body)
+
+
+@pytest.mark.parametrize("method", ["Put", "RoleGet"])
+def test_other_answers_do_not_wait_for_the_journals(method):
+    async def body():
+        store = Store([Tail(stored=9, read=3)])
+        service = "etcdserverpb.KV" if method == "Put" else "etcdserverpb.Auth"
+        task = asyncio.ensure_future(handler(store, ANSWER)(service, method, b""))
+        await settle()
+        assert task.done() and task.result() == ANSWER
+
+    run(body)
+
+
+def test_a_journal_not_read_that_far_in_time_is_a_request_timeout():
+    async def body():
+        store = Store([Tail(stored=9, read=3)])
+        request = pb.CompactionRequest(revision=7).SerializeToString()
+        with pytest.raises(Aborted) as err:
+            await handler(store, ANSWER, timeout_s=0.05)("etcdserverpb.KV", "Compact", request)
+        assert err.value.args == (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+
+    run(body)
