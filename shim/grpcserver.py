@@ -78,6 +78,7 @@ MAX_FRAME = 16384  # what we accept (the protocol's default); what we send follo
 MAX_HEADER_BLOCK = 1 << 20  # a longer header block (or decoded list) ends the connection
 MAX_UNREAD_ANSWERS = 50  # see Connection._answer
 WRITE_BACKLOG = 64 << 20  # unread bytes past which a client's requests are not read either (a backstop)
+LINGER_S = 1.0  # longest a closing connection reads (and drops) what its client still sends: Connection.close
 MAX_PING_STRIKES = 2  # grpc-go's: the third too-early ping closes the connection
 _HIGH_BIT_BYTES = bytes(range(128, 256))
 UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -598,6 +599,7 @@ class Connection(asyncio.Protocol):
         self.reading_paused = False  # stopped reading a client that does not read: see _answer
         self.unread_answers = 0
         self.going_away = False
+        self.lingering: asyncio.TimerHandle | None = None  # closing: see close()
         self.ping_strikes = 0
         self.last_ping = float("-inf")
         self.sent_data = False  # headers or data sent since the last ping
@@ -665,6 +667,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
         self._stop_timers()
+        if self.lingering is not None:
+            self.lingering.cancel()
         for call in list(self.calls.values()):
             call.cancel()
         self.calls.clear()
@@ -692,7 +696,7 @@ class Connection(asyncio.Protocol):
         self.flushing = False
         out, self.out = self.out, []
         transport = self.transport
-        if not transport.is_closing():
+        if not transport.is_closing() and self.lingering is None:  # nothing goes out after close()
             transport.write(b"".join(out))
             if transport.get_write_buffer_size() > WRITE_BACKLOG:  # a client that does not read at all
                 self._stop_reading()
@@ -714,9 +718,25 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()  # until resume_writing
 
     def close(self) -> None:
-        """Close the connection after what was written so far."""
+        """Close the connection after what was written so far: our FIN once it is out, then what
+        the client still sends is read and dropped until it closes its side too, for at most
+        LINGER_S. Closing with its bytes unread, or with more on the way, would make our kernel
+        answer with an RST, and a client whose next write meets that (a WINDOW_UPDATE, the next
+        call) tears the connection down before it has read the answers and the GOAWAY sent
+        ahead of it: a fail-stop's "etcdserver: server stopped" became "Broken pipe" so."""
+        if self.lingering is not None:
+            return
         self._flush()
-        self.transport.close()
+        self._stop_timers()
+        transport = self.transport
+        if transport.is_closing() or not transport.can_write_eof():  # TLS: no half-close
+            transport.close()
+            return
+        self.lingering = self.loop.call_later(LINGER_S, transport.abort)
+        if self.reading_paused:
+            self.reading_paused = False
+            transport.resume_reading()
+        transport.write_eof()  # once the buffer is out; the client's EOF then closes it (eof_received)
 
     def reset(self, sid: int, code: int) -> None:
         self._answer(_frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
@@ -744,6 +764,8 @@ class Connection(asyncio.Protocol):
     # -- frames in ------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering is not None:
+            return  # closing: read only so that the client's close is a FIN, not our RST
         self.active = self.loop.time()
         buf = self.buffer + data if self.buffer else data
         if not self.preface:
@@ -1234,5 +1256,8 @@ class Server:
             await asyncio.wait(list(self.tasks), timeout=1.0)
         for conn in list(self.connections):
             conn.close()
+        deadline = self.loop.time() + LINGER_S
+        while self.connections and self.loop.time() < deadline:  # their clients close, or LINGER_S aborts them
+            await asyncio.sleep(0.01)
         for listener in self.listeners:
             await listener.wait_closed()
