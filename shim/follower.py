@@ -63,8 +63,9 @@ FORWARDED: dict[str, dict[str, str]] = {
 }
 # forwarded calls answered once this process has read the journals as far as they are stored
 # (read_as_stored): their effect is a record with no revision of its own, which the next call
-# here must see (a compacted revision refused, a permission granted or taken away)
-READ_AS_STORED = {("etcdserverpb.KV", "Compact"), *(("etcdserverpb.Auth", m) for m in (
+# here must see (a compacted revision refused, a permission granted or taken away, a revoked
+# lease's keep-alive answered TTL 0)
+READ_AS_STORED = {("etcdserverpb.KV", "Compact"), ("etcdserverpb.Lease", "LeaseRevoke"), *(("etcdserverpb.Auth", m) for m in (
     "AuthEnable", "AuthDisable", "UserAdd", "UserDelete", "UserChangePassword", "UserGrantRole",
     "UserRevokeRole", "RoleAdd", "RoleDelete", "RoleGrantPermission", "RoleRevokePermission"))}
 # what a forwarded call's client metadata may carry on to the writer
@@ -374,8 +375,9 @@ class KeepAlives:
     writer with the next batch; every ``interval_s`` one stream to the writer
     carries one renewal per lease kept alive since the last batch, however many
     clients sent how many keep-alives.  A keep-alive for a lease the follower
-    cannot vouch for (never renewed through it, or too close to its deadline)
-    waits for the writer's own answer."""
+    cannot vouch for (never renewed through it, too close to its deadline, or
+    revoked or expired in the journal as far as it has read) waits for the
+    writer's own answer."""
 
     def __init__(self, link: WriterLink, interval_s: float = 0.5) -> None:
         self.link = link
@@ -395,7 +397,9 @@ class KeepAlives:
         self.pending.add(lease_id)
         if renewed is not None:
             since, ttl = renewed
-            if time.monotonic() - since < ttl - 3 * self.interval_s:
+            if lease_id not in self.link.store.leases:  # revoked, or expired, as far as this process has read
+                del self.renewed[lease_id]
+            elif time.monotonic() - since < ttl - 3 * self.interval_s:
                 return ttl
         future = asyncio.get_running_loop().create_future()
         self.waiting.setdefault(lease_id, []).append(future)

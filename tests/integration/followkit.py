@@ -4,6 +4,7 @@ journal on the same machine)."""
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import threading
@@ -372,3 +373,42 @@ def auth_changes_decide_the_next_call_on_the_follower(follower) -> None:
                          timeout=10)
             assert (err.value.code(), err.value.details()) == (grpc.StatusCode.PERMISSION_DENIED,
                                                                "etcdserver: permission denied")
+
+
+class KeepAliveStream:
+    """One LeaseKeepAlive stream, a keep-alive at a time: ``ttl(lease)`` sends one, returns the TTL answered."""
+
+    def __init__(self, channel) -> None:
+        self.requests: queue.Queue = queue.Queue()
+        self.answers = pbg.LeaseStub(channel).LeaseKeepAlive(iter(self.requests.get, None), timeout=60)
+
+    def ttl(self, lease_id: int) -> int:
+        self.requests.put(pb.LeaseKeepAliveRequest(ID=lease_id))
+        answer = next(self.answers)
+        assert answer.ID == lease_id
+        return answer.TTL
+
+    def close(self) -> None:
+        self.requests.put(None)
+
+
+def a_revoked_lease_is_kept_alive_no_more_through_the_follower(writer, follower) -> None:
+    """A 60 s lease kept alive through ``follower`` (which then answers its keep-alives itself):
+    revoked through the follower, the next keep-alive there answers TTL 0, as etcd does; revoked
+    through the writer, a keep-alive there answers TTL 0 once the follower has read the revoke,
+    not the 60 s the follower would otherwise vouch for it."""
+    with grpc.insecure_channel(writer.endpoint) as wch, grpc.insecure_channel(follower.endpoint) as fch:
+        stream = KeepAliveStream(fch)
+        try:
+            for revoked_through in (fch, wch):
+                lease_id = pbg.LeaseStub(fch).LeaseGrant(pb.LeaseGrantRequest(TTL=60), timeout=10).ID
+                for _ in range(3):  # the first waits for the writer's answer; later ones are answered here
+                    assert stream.ttl(lease_id) == 60
+                    time.sleep(0.6)
+                pbg.LeaseStub(revoked_through).LeaseRevoke(pb.LeaseRevokeRequest(ID=lease_id), timeout=10)
+                if revoked_through is fch:
+                    assert stream.ttl(lease_id) == 0
+                else:
+                    wait_until("a keep-alive answered TTL 0", lambda: stream.ttl(lease_id) == 0, timeout=10)
+        finally:
+            stream.close()

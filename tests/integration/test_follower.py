@@ -20,7 +20,8 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
-from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart, put,
+from tests.integration.followkit import (a_revoked_lease_is_kept_alive_no_more_through_the_follower,
+                                         a_watch_resumes_across_a_follower_restart, put,
                                          auth_changes_decide_the_next_call_on_the_follower, resume_and_stop, wait_until,
                                          serves_every_pod,
                                          write_past_checkpoints,
@@ -246,6 +247,12 @@ def test_only_the_writer_answers_the_read_index_and_forwarded_calls(nats, writer
             assert put(pbg.KVStub(ch), b"/registry/pods/ns/k", b"after") > rev
     finally:
         fixer.join()
+
+
+def test_a_revoked_lease_is_kept_alive_no_more_through_a_follower(writer_and_followers):
+    """Keep-alives through a JetStream follower answer TTL 0 once the lease is revoked, through it or the writer."""
+    writer, followers = writer_and_followers
+    a_revoked_lease_is_kept_alive_no_more_through_the_follower(writer, followers[0])
 
 
 def test_auth_changes_through_a_follower_decide_the_next_call_on_it(writer_and_followers):

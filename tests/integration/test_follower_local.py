@@ -21,7 +21,8 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.diffkit import run_differential
-from tests.integration.followkit import (a_watch_resumes_across_a_follower_restart,
+from tests.integration.followkit import (a_revoked_lease_is_kept_alive_no_more_through_the_follower,
+                                         a_watch_resumes_across_a_follower_restart,
                                          auth_changes_decide_the_next_call_on_the_follower,
                                          cluster_followers_serve_their_partition,
                                          falls_behind_then_resyncs_in_process,
@@ -110,6 +111,12 @@ def test_reads_of_every_kind_and_read_your_writes_through_a_follower(writer_and_
         with grpc.insecure_channel(followers[1].endpoint) as ch:
             got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/", range_end=b"/registry/pods0"), timeout=10)
         assert got.header.revision == rev and len(got.kvs) == 2
+
+
+def test_a_revoked_lease_is_kept_alive_no_more_through_a_follower(writer_and_followers):
+    """Keep-alives through a local follower answer TTL 0 once the lease is revoked, through it or the writer."""
+    writer, followers = writer_and_followers
+    a_revoked_lease_is_kept_alive_no_more_through_the_follower(writer, followers[0])
 
 
 def test_auth_changes_through_a_follower_decide_the_next_call_on_it(writer_and_followers):
