@@ -15,7 +15,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tests.etcd_fixture import EtcdProcess, etcd_binary, start_etcd  # noqa: E402
-from tests.shardetcd_fixture import ShardetcdProcess, start_shardetcd  # noqa: E402
+from tests.shardetcd_fixture import ShardetcdProcess, shardetcd_member, start_shardetcd  # noqa: E402
 
 
 def require_etcd_binary() -> str:
@@ -49,6 +49,14 @@ def shardetcd(tmp_path: Path) -> Iterator[ShardetcdProcess]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(params=["writer", "local-follower"])
+def shardetcd_or_follower(request, tmp_path: Path) -> Iterator[ShardetcdProcess]:
+    """A fresh shardetcd, called directly and (the second parameter) through a follower of it on
+    this machine: a differential test run on both finds where a follower answers otherwise."""
+    with shardetcd_member(tmp_path, request.param) as server:
+        yield server
 
 
 @pytest.fixture

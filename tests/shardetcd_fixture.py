@@ -242,6 +242,27 @@ def start_shardetcd(
 
 
 @contextlib.contextmanager
+def shardetcd_member(tmp_path: Path, kind: str, extra_args: tuple[str, ...] = ()):
+    """A fresh shardetcd to call: the server itself (``kind`` "writer") or, "local-follower", a
+    follower of it on this machine (``--follow --follow-data-dir``), which hands writes to it and
+    serves reads from its journal. Yields the process to call; stops both by PID afterwards."""
+    writer = start_shardetcd(tmp_path, extra_args=extra_args)
+    try:
+        if kind == "writer":
+            yield writer
+            return
+        assert kind == "local-follower", kind
+        follower = start_shardetcd(tmp_path, name="follower", extra_args=(
+            *extra_args, "--follow", "--follow-data-dir", str(writer.data_dir)))
+        try:
+            yield follower
+        finally:
+            follower.stop()
+    finally:
+        writer.stop()
+
+
+@contextlib.contextmanager
 def etcd_and_shardetcd(tmp_path: Path, etcd_args: tuple[str, ...] = (), shardetcd_args: tuple[str, ...] = ()):
     """A real etcd and a shardetcd started with the given flags; yields the two processes
     (EtcdProcess, ShardetcdProcess) and stops both by PID afterwards."""

@@ -35,7 +35,7 @@ from proto import auth_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.conftest import require_etcd_binary
 from tests.etcd_fixture import free_port, start_etcd
 from tests.integration.authkit import Session, differences
-from tests.shardetcd_fixture import ShardetcdProcess, start_shardetcd
+from tests.shardetcd_fixture import ShardetcdProcess, shardetcd_member, start_shardetcd
 from tests.watch_client import WatchClient
 
 pytestmark = pytest.mark.timeout(180)
@@ -52,16 +52,15 @@ def perm(kind: int, key: bytes, range_end: bytes = b"") -> auth_pb2.Permission:
 
 
 @pytest.fixture
-def pair(tmp_path):
-    """A fresh etcd 3.5.1 and a fresh shardetcd, both with bcrypt cost 4."""
+def pair(request, tmp_path):
+    """A fresh etcd 3.5.1 and a fresh shardetcd, both with bcrypt cost 4; shardetcd called
+    directly, or through a follower of it on this machine (``indirect`` parameter
+    "local-follower")."""
     require_etcd_binary()
     etcd = start_etcd(tmp_path / "etcd", extra_args=("--bcrypt-cost=4",))
     try:
-        shard = start_shardetcd(tmp_path, extra_args=("--bcrypt-cost", "4"))
-        try:
+        with shardetcd_member(tmp_path, getattr(request, "param", "writer"), ("--bcrypt-cost", "4")) as shard:
             yield etcd, shard
-        finally:
-            shard.stop()
     finally:
         etcd.stop()
 
@@ -327,6 +326,7 @@ def manage_while_enabled(s: Session) -> None:
     c("role get reader at the end", "Auth.RoleGet", pb.AuthRoleGetRequest(role="reader"))
 
 
+@pytest.mark.parametrize("pair", ["writer", "local-follower"], indirect=True)
 def test_auth_matches_etcd(pair):
     users = (None, "bad", "empty", "alice", "bob", "dave", "root")
     steps = [manage_while_disabled, seed, enable_and_authenticate]
@@ -454,6 +454,14 @@ def test_random_roles_and_permissions_match_etcd(pair, seed, perms):
     outcomes = [o for _, o in shard.log]
     assert sum(o[0] == "ok" for o in outcomes) > 60
     assert sum(o[0] == "error" and o[1] == "PERMISSION_DENIED" for o in outcomes) > 10
+
+
+@pytest.mark.parametrize("pair", ["local-follower"], indirect=True)
+@pytest.mark.parametrize("seed, perms", [(101, (1, 3)), (110, (7, 14))])
+def test_random_roles_and_permissions_through_a_follower_match_etcd(pair, seed, perms):
+    """The same through a follower: each permission change is handed to the writer, and the
+    calls after it, checked by the follower, must already see it."""
+    test_random_roles_and_permissions_match_etcd(pair, seed, perms)
 
 
 # -- where shardetcd deliberately answers otherwise -------------------------------

@@ -166,8 +166,8 @@ class Pair:
 
 
 @pytest.fixture
-def pair(real_etcd, shardetcd):
-    p = Pair(real_etcd.endpoint, shardetcd.endpoint)
+def pair(real_etcd, shardetcd_or_follower):
+    p = Pair(real_etcd.endpoint, shardetcd_or_follower.endpoint)
     try:
         yield p
     finally:
