@@ -50,10 +50,12 @@ import base64
 import binascii
 from collections import deque
 from dataclasses import dataclass
+from email.utils import formatdate
 import logging
 from types import SimpleNamespace
 import socket
 import ssl
+import time
 import zlib
 
 import grpc
@@ -538,7 +540,8 @@ class HttpStream(Call):
         self.headers_sent = True
         self.conn.sent_data = True
         block = _literal(b":status", str(status).encode()) + b"".join(
-            _literal(name.lower().encode("latin-1"), str(value).encode("latin-1")) for name, value in headers)
+            _literal(name.lower().encode("latin-1"), str(value).encode("latin-1"))
+            for name, value in (*headers, ("date", http_date())))
         self.conn.write(_frame(HEADERS, END_HEADERS, self.sid, block))
 
     def _queue(self, data: bytes) -> None:
@@ -569,6 +572,19 @@ class HttpStream(Call):
     async def whole(self, status: int, headers: tuple, payload: bytes) -> None:
         self.start(status, (*headers, ("content-length", len(payload))))
         self._last(payload if self.http_method != "HEAD" else b"")
+
+
+_date: tuple[int, str] = (0, "")
+
+
+def http_date() -> str:
+    """The Date header an HTTP answer carries, as Go's net/http adds it to every handler's answer
+    ("Fri, 27 Nov 2026 15:48:36 GMT"); formatted once a second."""
+    global _date
+    now = int(time.time())
+    if _date[0] != now:
+        _date = (now, formatdate(now, usegmt=True))
+    return _date[1]
 
 
 class _Unsupported(Exception):

@@ -27,6 +27,7 @@ from shards.alarms import NAMES
 
 from .config import ETCD_API_VERSION
 from .gateway import PATHS, REASONS, STREAMS, Gateway, GatewayError, compact_json
+from .grpcserver import http_date
 
 logger = logging.getLogger(__name__)
 
@@ -137,13 +138,14 @@ class Http1Answer:
         self.chunked = version == "HTTP/1.1"
 
     async def whole(self, status: int, headers: tuple, payload: bytes) -> None:
-        self.writer.write(_head(status, (*headers, *self.extra, ("Content-Length", len(payload))), self.version)
+        self.writer.write(_head(status, (*headers, *self.extra, ("Date", http_date()), ("Content-Length", len(payload))),
+                                self.version)
                           + (payload if self.method != "HEAD" else b""))
         await self.writer.drain()
 
     def start(self, status: int, headers: tuple) -> None:
         framing = (("Transfer-Encoding", "chunked"),) if self.chunked else ()  # 1.0: the close ends it
-        self.writer.write(_head(status, (*headers, *framing), self.version))
+        self.writer.write(_head(status, (*headers, ("Date", http_date()), *framing), self.version))
 
     async def chunk(self, data: bytes) -> None:
         self.writer.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
@@ -223,8 +225,9 @@ class HttpEndpoint:
         elif not target.startswith("/") and method != "CONNECT":
             raise _bad_request()
         options = {token.strip() for token in headers.get("connection", "").lower().split(",")}
-        if version == "HTTP/1.1":
-            keep, extra = "close" not in options, ()
+        if version == "HTTP/1.1":  # kept unless the client closes it, which Go's answer then says
+            keep = "close" not in options
+            extra = () if keep else (("Connection", "close"),)
         else:  # HTTP/1.0: one request unless the client asks to keep the connection
             keep = "keep-alive" in options
             extra = (("Connection", "keep-alive"),) if keep else ()

@@ -11,6 +11,7 @@ connection stays open must be the same.
 from __future__ import annotations
 
 import socket
+from email.utils import parsedate_to_datetime
 import time
 
 import pytest
@@ -112,9 +113,11 @@ def exchange(port: int, data: bytes, settle: float = 0.7) -> tuple[list, bool]:
                 ended = True
             received += chunk
     answers = _responses(received) or []
-    # what the handlers answer carries etcd's CORS headers and differs in Date, versions and ids
-    # (compared elsewhere); Go's own refusals carry none of that: their bodies are compared too
-    seen = [(status, body if "access-control-allow-origin" not in headers else None)
+    # what the handlers answer carries etcd's CORS headers and differs in versions and ids
+    # (compared elsewhere): their header names are compared, and their Date is a date; Go's own
+    # refusals carry none of that: their bodies and header values are compared too
+    seen = [(status, headers, body) if "access-control-allow-origin" not in headers
+            else (status, sorted(headers), parsedate_to_datetime(headers["date"]).tzname())
             for status, headers, body in answers]
     return seen, ended
 
