@@ -4,7 +4,9 @@ Requests are read as Go's net/http reads them (etcd's client port; compared with
 etcd in tests/integration/test_http1_differential.py): HTTP/1.0 and 1.1, lines ending in
 CRLF or a bare LF, heads up to Go's 1 MiB, and what Go refuses before any handler (a
 bad header line or Content-Length, no Host in 1.1, an unknown transfer encoding, a head
-too large) answered with its status and words, then closed.
+too large) answered with its status and words, then closed. A chunked body Go cannot read
+is the gateway's 400 on /v3/; any other handler reads no body, answers, and the connection
+closes (Go cannot skip the rest of it). Answers carry Go's Date header.
 
 etcd serves these beside gRPC on its client port; here they are served on
 --listen-metrics-urls, and on the client port by the native gRPC server, which hands
@@ -235,10 +237,13 @@ class HttpEndpoint:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
             body = await self._body(reader, headers)
-        except _BadChunks as exc:  # etcd's gateway reads the body, and answers Go's error as a bad request
-            err = GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except _BadChunks as exc:
             answer = Http1Answer(writer, method, version, (("Connection", "close"),))
-            await answer.whole(err.http_status, (*CORS, JSON), err.body())
+            if self.gateway is not None and target.split("?", 1)[0].startswith(GATEWAY_PREFIXES):
+                err = GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(exc))  # it reads the body: Go's error
+                await answer.whole(err.http_status, (*CORS, JSON), err.body())
+            else:  # a handler that reads no body answers; Go then cannot skip the rest, so it closes
+                await self.serve(method, target, headers, b"", answer)
             return False
         served = await self.serve(method, target, headers, body, Http1Answer(writer, method, version, extra))
         return served and keep

@@ -55,6 +55,12 @@ CASES = {
     "a request line of one word": b"GARBAGE\r\nHost: x\r\n\r\n",
     "HTTP/9.9": b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n",
     "a body shorter than its Content-Length": RANGE + b"Content-Length: 100\r\n\r\n" + BODY,
+    "a bad chunked body to a handler that reads none": b"POST /health HTTP/1.1\r\nHost: x\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\nzz\r\n" + BODY + b"\r\n0\r\n\r\n" + HEALTH + b"\r\n",
+    "a chunked body to a handler that reads none, then a request": b"POST /health HTTP/1.1\r\nHost: x\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\ne\r\n" + BODY + b"\r\n0\r\n\r\n" + HEALTH + b"\r\n",
+    "a body to /version, then a request": b"POST /version HTTP/1.1\r\nHost: x\r\nContent-Length: 14\r\n\r\n"
+    + BODY + HEALTH + b"\r\n",
 }
 
 
