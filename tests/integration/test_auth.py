@@ -595,6 +595,7 @@ ETCDCTL_SESSION = [
 ]
 
 
+@pytest.mark.parametrize("pair", ["writer", "local-follower"], indirect=True)
 def test_etcdctl_session_matches_etcd(pair):
     if not os.path.exists(ETCDCTL):
         pytest.fail("etcdctl not installed (Debian package etcd-client)")

@@ -115,11 +115,11 @@ GET_COMMANDS = [
 ]
 
 
-def test_get_variants_match_etcd(etcdctl_bin, real_etcd, shardetcd):
-    seed_both(etcdctl_bin, real_etcd.endpoint, shardetcd.endpoint)
+def test_get_variants_match_etcd(etcdctl_bin, real_etcd, shardetcd_or_follower):
+    seed_both(etcdctl_bin, real_etcd.endpoint, shardetcd_or_follower.endpoint)
     for args in GET_COMMANDS:
         want = ctl(etcdctl_bin, real_etcd.endpoint, *args).stdout
-        got = ctl(etcdctl_bin, shardetcd.endpoint, *args).stdout
+        got = ctl(etcdctl_bin, shardetcd_or_follower.endpoint, *args).stdout
         if "fields" in args:  # "fields" prints the member identity too
             want = "\n".join(l for l in want.splitlines() if not l.startswith(('"ClusterID"', '"MemberID"', '"RaftTerm"')))
             got = "\n".join(l for l in got.splitlines() if not l.startswith(('"ClusterID"', '"MemberID"', '"RaftTerm"')))
@@ -162,8 +162,8 @@ def test_get_output_fields(etcdctl_bin, shardetcd):
     assert "kvs" not in empty and "count" not in empty and empty["header"]["revision"] == 13
 
 
-def test_delete_variants_match_etcd(etcdctl_bin, real_etcd, shardetcd):
-    seed_both(etcdctl_bin, real_etcd.endpoint, shardetcd.endpoint)
+def test_delete_variants_match_etcd(etcdctl_bin, real_etcd, shardetcd_or_follower):
+    seed_both(etcdctl_bin, real_etcd.endpoint, shardetcd_or_follower.endpoint)
     cmds = [
         ("del", "/registry/pods/", "--prefix"),
         ("del", "/registry/pods/", "--prefix"),  # nothing left: 0
@@ -176,9 +176,9 @@ def test_delete_variants_match_etcd(etcdctl_bin, real_etcd, shardetcd):
     ]
     for args in cmds:
         want = ctl(etcdctl_bin, real_etcd.endpoint, *args).stdout
-        got = ctl(etcdctl_bin, shardetcd.endpoint, *args).stdout
+        got = ctl(etcdctl_bin, shardetcd_or_follower.endpoint, *args).stdout
         assert comparable(got) == comparable(want), f"etcdctl {' '.join(args)}\netcd:\n{want}\nshardetcd:\n{got}"
-    out = ctl(etcdctl_bin, shardetcd.endpoint, "get", "", "--from-key", "-w", "json").stdout
+    out = ctl(etcdctl_bin, shardetcd_or_follower.endpoint, "get", "", "--from-key", "-w", "json").stdout
     assert "count" not in json.loads(out) and "kvs" not in json.loads(out)
 
 
@@ -207,9 +207,9 @@ get /registry/pods/default/a
 """
 
 
-def test_txn_stdin_both_branches(etcdctl_bin, real_etcd, shardetcd):
-    seed_both(etcdctl_bin, real_etcd.endpoint, shardetcd.endpoint)
-    ep = shardetcd.endpoint
+def test_txn_stdin_both_branches(etcdctl_bin, real_etcd, shardetcd_or_follower):
+    seed_both(etcdctl_bin, real_etcd.endpoint, shardetcd_or_follower.endpoint)
+    ep = shardetcd_or_follower.endpoint
 
     first = ctl(etcdctl_bin, ep, "txn", stdin=TXN_SUCCESS).stdout
     assert first.splitlines() == ["SUCCESS", "", "OK", "", "1", "", "/registry/minions/node1", "node-1"]
@@ -230,9 +230,9 @@ def test_txn_stdin_both_branches(etcdctl_bin, real_etcd, shardetcd):
         assert comparable(got) == comparable(want), f"etcd:\n{want}\nshardetcd:\n{got}"
 
 
-def test_compaction(etcdctl_bin, real_etcd, shardetcd):
-    seed_both(etcdctl_bin, real_etcd.endpoint, shardetcd.endpoint)  # revisions 2..12
-    for ep in (real_etcd.endpoint, shardetcd.endpoint):
+def test_compaction(etcdctl_bin, real_etcd, shardetcd_or_follower):
+    seed_both(etcdctl_bin, real_etcd.endpoint, shardetcd_or_follower.endpoint)  # revisions 2..12
+    for ep in (real_etcd.endpoint, shardetcd_or_follower.endpoint):
         ctl(etcdctl_bin, ep, "put", "alpha", "1b")  # 13
         assert ctl(etcdctl_bin, ep, "compaction", "10").stdout == "compacted revision 10\n"
         bad = ctl(etcdctl_bin, ep, "get", "alpha", "--rev=9", check=False)
@@ -289,11 +289,11 @@ def test_member_list(etcdctl_bin, real_etcd, shardetcd):
     assert set(doc["header"]) == set(want["header"]), f"etcd header {want['header']}, shardetcd header {doc['header']}"
 
 
-def test_binary_key(etcdctl_bin, real_etcd, shardetcd):
+def test_binary_key(etcdctl_bin, real_etcd, shardetcd_or_follower):
     """etcd's benchmark tool writes keys of eight zero bytes; etcdctl cannot type
     them, so they are written over gRPC and read back with etcdctl (base64 JSON)."""
     key = b"\x00" * 8
-    for ep in (real_etcd.endpoint, shardetcd.endpoint):
+    for ep in (real_etcd.endpoint, shardetcd_or_follower.endpoint):
         with grpc.insecure_channel(ep) as ch:
             kv = rpc_pb2_grpc.KVStub(ch)
             kv.Put(pb.PutRequest(key=key, value=b"\x00\x01\xfe\xff"), timeout=10)
@@ -303,13 +303,13 @@ def test_binary_key(etcdctl_bin, real_etcd, shardetcd):
             assert [(x.key, x.value) for x in got.kvs] == [(key, b"\x00\x01\xfe\xff")]
         ctl(etcdctl_bin, ep, "put", "plain", "p")
     want = ctl(etcdctl_bin, real_etcd.endpoint, "get", "", "--from-key", "-w", "json").stdout
-    got = ctl(etcdctl_bin, shardetcd.endpoint, "get", "", "--from-key", "-w", "json").stdout
+    got = ctl(etcdctl_bin, shardetcd_or_follower.endpoint, "get", "", "--from-key", "-w", "json").stdout
     assert comparable(got) == comparable(want)
     doc = json.loads(got)
     assert [base64.b64decode(kv["key"]) for kv in doc["kvs"]] == [b"\x00", key, b"\x00" * 7 + b"\x01", b"plain"]
     assert base64.b64decode(doc["kvs"][1]["value"]) == b"\x00\x01\xfe\xff"
     # deleting "from the empty key" removes the binary keys too
-    assert ctl(etcdctl_bin, shardetcd.endpoint, "del", "", "--from-key").stdout == "4\n"
+    assert ctl(etcdctl_bin, shardetcd_or_follower.endpoint, "del", "", "--from-key").stdout == "4\n"
 
 
 def test_check_datascale(etcdctl_bin, tmp_path):

@@ -188,8 +188,8 @@ def _quiet(stream):
         return
 
 
-def test_lock_and_election_transcripts_match_etcd(real_etcd, shardetcd):
-    got = {"etcd": script(real_etcd.endpoint), "shardetcd": script(shardetcd.endpoint)}
+def test_lock_and_election_transcripts_match_etcd(real_etcd, shardetcd_or_follower):
+    got = {"etcd": script(real_etcd.endpoint), "shardetcd": script(shardetcd_or_follower.endpoint)}
     for (label, a), (_, b) in zip(got["etcd"], got["shardetcd"]):
         assert a == b, (label, a, b)
     assert got["shardetcd"] == got["etcd"]
@@ -241,8 +241,8 @@ def auth_script(endpoint: str) -> list[tuple]:
     return t.lines
 
 
-def test_lock_and_election_under_auth_match_etcd(real_etcd, shardetcd):
-    got = {"etcd": auth_script(real_etcd.endpoint), "shardetcd": auth_script(shardetcd.endpoint)}
+def test_lock_and_election_under_auth_match_etcd(real_etcd, shardetcd_or_follower):
+    got = {"etcd": auth_script(real_etcd.endpoint), "shardetcd": auth_script(shardetcd_or_follower.endpoint)}
     assert got["shardetcd"] == got["etcd"]
     seen = dict(got["etcd"])
     assert seen["lock in my prefix"][0] == "ok"
