@@ -11,10 +11,17 @@ request in the body, /v3/election/observe {"result": LeaderResponse} and
 gateway, as in etcd 3.5.
 The HTTP "Authorization" header carries an auth token, as etcd's gateway
 forwards it (gRPC metadata "authorization").
+
+etcd's gateway is a gRPC client of its own member, so a route goes wherever
+that call would go: on a follower, the gRPC handlers registered in front of
+the services (``front``: writes, leases, auth changes handed to the writer,
+keep-alives coalesced) answer the routes they answer, and ``gate`` (a new
+token's catch-up) runs before a route the follower serves itself.
 """
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import grpc
 from google.protobuf import json_format
@@ -91,6 +98,16 @@ class _Context:
         raise GatewayError(code, details, from_grpc=True)
 
 
+async def _aiter(items):
+    for item in items:
+        yield item
+
+
+async def _parsed(raw_messages, cls):
+    async for raw in raw_messages:
+        yield cls.FromString(raw)
+
+
 def to_json(msg: Message) -> dict:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
@@ -153,14 +170,18 @@ MODULES = {"Lock": lpb, "Election": epb}  # every other service is declared in r
 def _route(servicer, service: str, method: str):
     module = MODULES.get(service, pb)
     desc = module.DESCRIPTOR.services_by_name[service].methods_by_name[method]
-    return getattr(servicer, method), getattr(module, desc.input_type.name), getattr(module, desc.output_type.name)
+    return (getattr(servicer, method), getattr(module, desc.input_type.name), getattr(module, desc.output_type.name),
+            f"/{desc.containing_service.full_name}/{method}")
 
 
 class Gateway:
-    def __init__(self, services: dict, max_message: int | None = None) -> None:
+    def __init__(self, services: dict, max_message: int | None = None, front: list = (), gate=None) -> None:
         """``services``: the servicer of each service by its name in the protos ("KV", ..., "Election");
-        ``max_message``: the gRPC receive limit a decoded request is held to, as etcd's gateway meets it."""
+        ``max_message``: the gRPC receive limit a decoded request is held to, as etcd's gateway meets it;
+        ``front``: generic gRPC handlers that answer some calls before the services do (a follower's);
+        ``gate(context)``: awaited before a call the services answer."""
         self.max_message = max_message
+        self.front, self.gate = list(front), gate
         self.routes = {path: _route(services[svc], svc, method) for path, (svc, method) in ROUTES.items()}
         self.watch = services["Watch"]
         self.observe = services["Election"].Observe
@@ -168,6 +189,14 @@ class Gateway:
         lease = services["Lease"]
         self.renew = lease.store.lease_renew
         self.member = lease.m
+
+    def _in_front(self, full_method: str):
+        """The method handler of a front handler that answers ``full_method`` now, if any."""
+        details = SimpleNamespace(method=full_method, invocation_metadata=())
+        for generic in self.front:
+            if (handler := generic.service(details)) is not None:
+                return handler
+        return None
 
     def parse(self, body: bytes, cls):
         try:
@@ -180,8 +209,14 @@ class Gateway:
 
     async def call(self, path: str, body: bytes, authorization: str | None = None) -> bytes:
         """Answer one unary route (a path of ROUTES); raises GatewayError."""
-        method, req_cls, resp_cls = self.routes[path]
-        resp = await method(self.parse(body, req_cls), _Context(authorization))
+        method, req_cls, resp_cls, full_method = self.routes[path]
+        req, context = self.parse(body, req_cls), _Context(authorization)
+        if (handler := self._in_front(full_method)) is not None:
+            resp = await handler.unary_unary(req.SerializeToString(), context)  # raw bytes in and out
+        else:
+            if self.gate is not None:
+                await self.gate(context)
+            resp = await method(req, context)
         if isinstance(resp, bytes):
             resp = resp_cls.FromString(resp)
         return compact_json(to_json(resp))
@@ -202,13 +237,23 @@ class Gateway:
     async def stream(self, path: str, body: bytes, authorization: str | None = None):
         """The chunks of a streaming route (JSON lines); raises GatewayError before the first
         one when the request cannot be read."""
+        context = _Context(authorization)
         if path == "/v3/lease/keepalive":
-            return self._keepalive(self._stream_requests(body, pb.LeaseKeepAliveRequest))
+            requests = self._stream_requests(body, pb.LeaseKeepAliveRequest)
+            if (handler := self._in_front("/etcdserverpb.Lease/LeaseKeepAlive")) is not None:
+                raw = handler.stream_stream(_aiter(r.SerializeToString() for r in requests), context)
+                return self._lines(_parsed(raw, pb.LeaseKeepAliveResponse))
+            return self._keepalive(requests)
+        if self.gate is not None:
+            await self.gate(context)
         if path == "/v3/watch":
             return self._watch(self._stream_requests(body, pb.WatchRequest), authorization)
         if path == "/v3/election/observe":
-            return self._lines(self.observe(self.parse(body, epb.LeaderRequest), _Context(authorization)))
-        return self._lines(self.snapshot(self.parse(body, pb.SnapshotRequest), _Context(authorization)))
+            req = self.parse(body, epb.LeaderRequest)
+            if (handler := self._in_front("/v3electionpb.Election/Observe")) is not None:
+                return self._lines(_parsed(handler.unary_stream(req.SerializeToString(), context), epb.LeaderResponse))
+            return self._lines(self.observe(req, context))
+        return self._lines(self.snapshot(self.parse(body, pb.SnapshotRequest), context))
 
     async def _keepalive(self, requests):
         for req in requests:

@@ -409,9 +409,10 @@ async def start(config: ServerConfig) -> Running:
     elif link is not None:  # a local journal's follower: its leader is the writer process on this machine
         member.leader_probe = functools.partial(link.answers, config.journal_lease_ttl_s)
     server = grpc_server(config)
-    gate = None
+    gate, front = None, []
     if link is not None:  # a follower: these go to the writer (registered first, so they win)
-        server.add_generic_rpc_handlers([keepalive_handler(link, member), *forwarding_handlers(link)])
+        front = [keepalive_handler(link, member), *forwarding_handlers(link)]
+        server.add_generic_rpc_handlers(front)
         gate = link.tokens = TokenCatchUp(link, member)  # calls served here learn new tokens first
     services = {
         "KV": follower_kv(member, link) if link is not None else KVService(member),
@@ -474,7 +475,8 @@ async def start(config: ServerConfig) -> Running:
         running.promotion = loop.create_task(promote_when_free(running, member, config))
 
     try:
-        endpoint = HttpEndpoint(member, Metrics(member), Gateway(services | recipes, config.max_message_bytes))
+        gateway = Gateway(services | recipes, config.max_message_bytes, front, gate)  # as a gRPC call would go
+        endpoint = HttpEndpoint(member, Metrics(member), gateway)
         if isinstance(server, grpcserver.Server):  # HTTP on the client port too, as etcd serves it
             server.http1, server.http2 = endpoint.handle, endpoint.serve
             server.http1_read_limit = READER_LIMIT

@@ -242,18 +242,19 @@ def start_shardetcd(
 
 
 @contextlib.contextmanager
-def shardetcd_member(tmp_path: Path, kind: str, extra_args: tuple[str, ...] = ()):
+def shardetcd_member(tmp_path: Path, kind: str, extra_args: tuple[str, ...] = (), called_args: tuple[str, ...] = ()):
     """A fresh shardetcd to call: the server itself (``kind`` "writer") or, "local-follower", a
     follower of it on this machine (``--follow --follow-data-dir``), which hands writes to it and
-    serves reads from its journal. Yields the process to call; stops both by PID afterwards."""
-    writer = start_shardetcd(tmp_path, extra_args=extra_args)
+    serves reads from its journal. ``extra_args`` go to both, ``called_args`` (its own ports) to
+    the one called. Yields the process to call; stops both by PID afterwards."""
+    writer = start_shardetcd(tmp_path, extra_args=(*extra_args, *(called_args if kind == "writer" else ())))
     try:
         if kind == "writer":
             yield writer
             return
         assert kind == "local-follower", kind
         follower = start_shardetcd(tmp_path, name="follower", extra_args=(
-            *extra_args, "--follow", "--follow-data-dir", str(writer.data_dir)))
+            *extra_args, *called_args, "--follow", "--follow-data-dir", str(writer.data_dir)))
         try:
             yield follower
         finally:

@@ -11,17 +11,16 @@ import etcd3gw
 import pytest
 
 from tests.etcd_fixture import free_port
-from tests.shardetcd_fixture import start_shardetcd
+from tests.shardetcd_fixture import shardetcd_member, start_shardetcd
 
 
-@pytest.fixture
-def gateway(tmp_path):
+@pytest.fixture(params=["writer", "local-follower"])
+def gateway(request, tmp_path):
+    """The gateway's port (--listen-metrics-urls) of a shardetcd, or of a follower of one: etcd's
+    gateway is a gRPC client of its member, so a follower's routes go where its gRPC calls go."""
     port = free_port()
-    s = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}"))
-    try:
+    with shardetcd_member(tmp_path, request.param, called_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}")):
         yield port
-    finally:
-        s.stop()
 
 
 def post(base: str, path: str, body: dict) -> tuple[int, dict]:
