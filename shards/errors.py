@@ -48,6 +48,11 @@ class LeaderChangedError(StoreError):
     linearizable read here could miss what the new writer acknowledged."""
 
 
+class NotTheWriterError(StoreError):
+    """A write asked of a store that follows another writer's journals: it applies theirs and
+    writes none of its own (a follower hands writes to the writer before they get here)."""
+
+
 class StateStoreError(StoreFailedError):
     """The in-memory state (RocksDB) failed a read or write: fail-stop, nothing more is served."""
 

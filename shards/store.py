@@ -38,6 +38,7 @@ from .errors import (
     LeaseExistsError,
     LeaseNotFoundError,
     LeaseTTLTooLargeError,
+    NotTheWriterError,
     RequestTimeoutError,
     StateStoreError,
     StoreFailedError,
@@ -454,7 +455,7 @@ class Store:
 
     async def compact(self, rev: int, physical: bool = False) -> int:
         """etcd's Compact; returns the header revision."""
-        self._check_alive()
+        self._check_writable()
         if rev <= self.compact_rev:
             raise CompactedError
         if rev > self.committed:
@@ -479,6 +480,13 @@ class Store:
     def _check_alive(self) -> None:
         if self.failure is not None:
             raise StoreFailedError(str(self.failure))
+
+    def _check_writable(self) -> None:
+        """Alive, and the writer: a follower's state is what the writer's journals say, so
+        nothing is written here (it would show reads a revision no journal holds)."""
+        self._check_alive()
+        if self.follower is not None:
+            raise NotTheWriterError
 
     def _append(self, w: WriteTxn) -> int:
         """Hand each shard its part of ``w``; return the revision to wait for."""
@@ -622,7 +630,7 @@ class Store:
 
     async def lease_grant(self, lease_id: int, ttl: int) -> tuple[int, int, int]:
         """etcd's LeaseGrant; returns (id, granted TTL, header revision)."""
-        self._check_alive()
+        self._check_writable()
         if ttl > MAX_TTL_S:
             raise LeaseTTLTooLargeError
         if lease_id == 0:
@@ -661,7 +669,7 @@ class Store:
         journal just before that shard's part of R (empty if it holds none of
         the keys), so R is recovered only with the record, and the record is
         replayed only with R.  A lease without keys makes no revision."""
-        self._check_alive()
+        self._check_writable()
         await self._gate_open()
         lease = self.leases.leases.get(lease_id)
         if lease is None:
@@ -689,12 +697,12 @@ class Store:
         await self._journal_meta(self.lease_shard.append_lease, payload)
 
     async def _journal_auth(self, payload: bytes) -> None:
-        self._check_alive()
+        self._check_writable()
         await self._journal_meta(self.lease_shard.append_auth, payload)
 
     def _journal_token(self, payload: bytes) -> Awaitable[None]:
         """Append a TOKEN record now; the awaitable ends once it is durable."""
-        self._check_alive()
+        self._check_writable()
         tag = self.rev
         self.lease_shard.append_token(tag, payload)
         return self._meta_durable(tag)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from proto.kv_pb2 import KeyValue
 
-from .errors import CompactedError, FutureRevisionError, KeyNotFoundError, LeaseNotFoundError
+from .errors import CompactedError, FutureRevisionError, KeyNotFoundError, LeaseNotFoundError, NotTheWriterError
 from .read import normalize_end, range_steps, scan_shards
 from .revision import entry_main
 from .steps import Steps, drain
@@ -56,6 +56,8 @@ class WriteTxn:
     __slots__ = ("store", "rev", "sub", "parts")
 
     def __init__(self, store: Store) -> None:
+        if store.follower is not None:
+            raise NotTheWriterError  # before anything is written to a follower's state
         self.store = store
         self.rev = store.rev + 1
         self.sub = 0

@@ -18,7 +18,7 @@ from shards.store import Store
 
 from .access import Access
 from .config import ServerConfig
-from .errors import status_of
+from .errors import NOT_THE_WRITER, status_of
 from .handlers import Leader, requires_a_leader
 from .quota import Quota
 from .wire import Headers
@@ -35,7 +35,6 @@ READ_INDEX_METADATA = ("shardetcd-read-index", "1")
 # as a follower. Answering there, a follower's revision passed for the writer's committed one
 # (a stale linearizable read, found by tests/chaos.py), and a write went round in forwards.
 FORWARDED_METADATA_MARK = ("shardetcd-forwarded", "1")
-NOT_THE_WRITER = "shardetcd: not the writer"
 NO_LEADER_CHECKS = 3  # etcd's maxNoLeaderCnt: checks in a row without a leader before such streams end
 
 

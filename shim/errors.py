@@ -82,7 +82,11 @@ class RequestError(Exception):
         self.status = status
 
 
+# a member that follows another writer, asked to write: no etcd equivalent (a member forwards)
+NOT_THE_WRITER = "shardetcd: not the writer"
+
 _STORE_ERRORS: dict[type, tuple[grpc.StatusCode, str]] = {
+    se.NotTheWriterError: (grpc.StatusCode.UNAVAILABLE, NOT_THE_WRITER),
     se.CompactedError: COMPACTED,
     se.FutureRevisionError: FUTURE_REV,
     se.LeaseNotFoundError: LEASE_NOT_FOUND,
