@@ -81,10 +81,11 @@ def writer_record(urls: tuple[str, ...], member_id: int, name: str) -> str:
     return json.dumps({"urls": list(urls), "member_id": member_id, "name": name})
 
 
-def header_revision(raw: bytes) -> int:
-    """The header revision of an etcd response (field 1, a ResponseHeader), 0 if none."""
+def _header_span(raw: bytes) -> tuple[int, int] | None:
+    """Where the header (field 1, a ResponseHeader, first as etcd and we encode it) of an etcd
+    response is in ``raw``: (start, end) of its bytes; None if there is none."""
     if not raw or raw[0] != 0x0A:
-        return 0
+        return None
     length, shift, pos = 0, 0, 1
     while True:
         b = raw[pos]
@@ -93,7 +94,24 @@ def header_revision(raw: bytes) -> int:
         if b < 0x80:
             break
         shift += 7
-    return pb.ResponseHeader.FromString(raw[pos:pos + length]).revision
+    return pos, pos + length
+
+
+def header_revision(raw: bytes) -> int:
+    """The header revision of an etcd response, 0 if none."""
+    span = _header_span(raw)
+    return 0 if span is None else pb.ResponseHeader.FromString(raw[span[0]:span[1]]).revision
+
+
+def as_this_member(raw: bytes, headers) -> tuple[bytes, int]:
+    """The writer's answer ``raw`` as this member gives it, and its revision: etcd fills a
+    response's header with the member the client called (its id and term); the revision is
+    the writer's."""
+    span = _header_span(raw)
+    if span is None:
+        return raw, 0
+    rev = pb.ResponseHeader.FromString(raw[span[0]:span[1]]).revision
+    return headers.framed(rev) + raw[span[1]:], rev
 
 
 class WriterLink:
@@ -236,9 +254,10 @@ async def _relay_error(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcEr
     await context.abort(exc.code(), exc.details() or "")
 
 
-def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FORWARDED) -> list[grpc.GenericRpcHandler]:
+def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, str]] = FORWARDED
+                        ) -> list[grpc.GenericRpcHandler]:
     """Generic handlers (registered before the follower's own services) that hand
-    ``calls`` to the writer as raw bytes."""
+    ``calls`` to the writer as raw bytes; answers carry this member's ``headers``."""
     store = link.store
 
     def unary(service: str, method: str):
@@ -250,7 +269,7 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
                 await _relay_error(context, exc)
             except RequestTimeoutError:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
-            rev = header_revision(raw)
+            raw, rev = as_this_member(raw, headers)
             store.follow_stats.learned(rev)
             if rev > store.committed:  # read your own writes on this member
                 try:
@@ -279,7 +298,7 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
                                         response_deserializer=_identity)(request, metadata=_metadata(context))
             try:
                 async for raw in call:
-                    yield raw
+                    yield as_this_member(raw, headers)[0]
             except grpc.aio.AioRpcError as exc:
                 await _relay_error(context, exc)
 
@@ -300,7 +319,7 @@ def forwarding_handlers(link: WriterLink, calls: dict[str, dict[str, str]] = FOR
             pumping = asyncio.ensure_future(pump())
             try:
                 async for raw in call:
-                    yield raw
+                    yield as_this_member(raw, headers)[0]
             except grpc.aio.AioRpcError as exc:
                 await _relay_error(context, exc)
             finally:
@@ -461,7 +480,7 @@ def keepalive_handler(link: WriterLink, member) -> grpc.GenericRpcHandler:
     """Lease.LeaseKeepAlive on a follower: coalesced (KeepAlives) while auth is
     off; with auth on, each client's stream goes to the writer with its token."""
     keepalives = KeepAlives(link)
-    forward = forwarding_handlers(link, {"etcdserverpb.Lease": {"LeaseKeepAlive": "stream_stream"}})[0]
+    forward = forwarding_handlers(link, member.headers, {"etcdserverpb.Lease": {"LeaseKeepAlive": "stream_stream"}})[0]
     forwarded = forward.handler.service(CallDetails("/etcdserverpb.Lease/LeaseKeepAlive"))
 
     async def handle(requests, context):

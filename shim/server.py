@@ -411,7 +411,7 @@ async def start(config: ServerConfig) -> Running:
     server = grpc_server(config)
     gate, front = None, []
     if link is not None:  # a follower: these go to the writer (registered first, so they win)
-        front = [keepalive_handler(link, member), *forwarding_handlers(link)]
+        front = [keepalive_handler(link, member), *forwarding_handlers(link, member.headers)]
         server.add_generic_rpc_handlers(front)
         gate = link.tokens = TokenCatchUp(link, member)  # calls served here learn new tokens first
     services = {

@@ -111,6 +111,11 @@ def test_reads_of_every_kind_and_read_your_writes_through_a_follower(writer_and_
         with grpc.insecure_channel(followers[1].endpoint) as ch:
             got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/", range_end=b"/registry/pods0"), timeout=10)
         assert got.header.revision == rev and len(got.kvs) == 2
+        # a forwarded answer's header names the member the client called, as etcd's does
+        mine = pbg.MaintenanceStub(fch).Status(pb.StatusRequest(), timeout=10).header.member_id
+        theirs = pbg.MaintenanceStub(wch).Status(pb.StatusRequest(), timeout=10).header.member_id
+        answered = fkv.Put(pb.PutRequest(key=b"/registry/pods/m", value=b"x"), timeout=10).header
+        assert answered.member_id == mine != theirs and answered.revision == rev + 1
 
 
 def test_a_revoked_lease_is_kept_alive_no_more_through_a_follower(writer_and_followers):

@@ -5,7 +5,8 @@ of its own: the follower holds the answer until it has read its journals as far 
 stored when the answer came (``read_as_stored``), so the next call on this member sees a
 compacted revision refused or a permission granted, as on the etcd member that applied the
 entry before it answered. A Put's answer waits for its revision instead; reads forwarded to
-the writer wait for nothing.
+the writer wait for nothing. Every answer carries this member's header (its id and term, the
+writer's revision), as etcd fills a header with the member the client called.
 """
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ import pytest
 
 from proto import rpc_pb2 as pb
 from shim.follower import forwarding_handlers
+from shim.wire import Headers
 
 CALLS = {"etcdserverpb.KV": {"Compact": "unary", "Put": "unary"},
          "etcdserverpb.Auth": {"RoleGrantPermission": "unary", "RoleGet": "unary"}}
 TIMEOUT_S = 30.0  # never reached unless a test says so
+MEMBER, WRITER = 0x51, 0x99
 
 
 class Tail:
@@ -61,7 +64,7 @@ def handler(store: Store, answer: bytes, timeout_s: float = TIMEOUT_S):
         return answer
 
     link = SimpleNamespace(store=store, tokens=None, timeout_s=timeout_s, active=True, unary=unary)
-    generic = forwarding_handlers(link, CALLS)
+    generic = forwarding_handlers(link, Headers(cluster_id=1, member_id=MEMBER, raft_term=2), CALLS)
 
     def call(service: str, method: str, request: bytes):
         details = SimpleNamespace(method=f"/{service}/{method}", invocation_metadata=())
@@ -71,7 +74,10 @@ def handler(store: Store, answer: bytes, timeout_s: float = TIMEOUT_S):
     return call
 
 
-ANSWER = pb.CompactionResponse(header=pb.ResponseHeader(revision=10)).SerializeToString()
+ANSWER = pb.CompactionResponse(header=pb.ResponseHeader(cluster_id=1, member_id=WRITER, revision=10, raft_term=2)
+                                ).SerializeToString()  # as the writer sends it
+MINE = pb.CompactionResponse(header=pb.ResponseHeader(cluster_id=1, member_id=MEMBER, revision=10, raft_term=2)
+                              ).SerializeToString()  # as this member answers it
 
 
 def run(body) -> None:
@@ -99,7 +105,7 @@ def test_an_answer_waits_until_every_journal_is_read_as_far_as_it_was_stored(ser
         assert not task.done()  # the third journal is not read that far yet
         tails[2].read_tail = 4
         tails[1].stored = 12  # stored after the answer came: not waited for
-        assert await task == ANSWER
+        assert await task == MINE
         assert store.compacted_to == []  # not a physical compaction
 
     run(body)
@@ -109,7 +115,7 @@ def test_a_physical_compaction_is_answered_once_this_member_has_done_it():
     async def body():
         store = Store([Tail(stored=2, read=2)])
         request = pb.CompactionRequest(revision=7, physical=True).SerializeToString()
-        assert await handler(store, ANSWER)("etcdserverpb.KV", "Compact", request) == ANSWER
+        assert await handler(store, ANSWER)("etcdserverpb.KV", "Compact", request) == MINE
         assert store.compacted_to == [7]
 
     run(body)
@@ -122,7 +128,7 @@ def test_other_answers_do_not_wait_for_the_journals(method):
         service = "etcdserverpb.KV" if method == "Put" else "etcdserverpb.Auth"
         task = asyncio.ensure_future(handler(store, ANSWER)(service, method, b""))
         await settle()
-        assert task.done() and task.result() == ANSWER
+        assert task.done() and task.result() == MINE
 
     run(body)
 
