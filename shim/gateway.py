@@ -21,7 +21,6 @@ token's catch-up) runs before a route the follower serves itself.
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import grpc
 from google.protobuf import json_format
@@ -31,6 +30,7 @@ from proto import rpc_pb2 as pb
 from proto import v3election_pb2 as epb, v3lock_pb2 as lpb
 
 from . import gojson
+from .grpcserver import CallDetails
 from .handlers import too_large
 
 # grpc code -> HTTP status, as grpc-gateway maps them
@@ -192,7 +192,7 @@ class Gateway:
 
     def _in_front(self, full_method: str):
         """The method handler of a front handler that answers ``full_method`` now, if any."""
-        details = SimpleNamespace(method=full_method, invocation_metadata=())
+        details = CallDetails(full_method)
         for generic in self.front:
             if (handler := generic.service(details)) is not None:
                 return handler
@@ -244,14 +244,15 @@ class Gateway:
                 raw = handler.stream_stream(_aiter(r.SerializeToString() for r in requests), context)
                 return self._lines(_parsed(raw, pb.LeaseKeepAliveResponse))
             return self._keepalive(requests)
-        if self.gate is not None:
-            await self.gate(context)
-        if path == "/v3/watch":
-            return self._watch(self._stream_requests(body, pb.WatchRequest), authorization)
         if path == "/v3/election/observe":
             req = self.parse(body, epb.LeaderRequest)
             if (handler := self._in_front("/v3electionpb.Election/Observe")) is not None:
                 return self._lines(_parsed(handler.unary_stream(req.SerializeToString(), context), epb.LeaderResponse))
+        if self.gate is not None:  # served here, as unary routes the front does not take
+            await self.gate(context)
+        if path == "/v3/watch":
+            return self._watch(self._stream_requests(body, pb.WatchRequest), authorization)
+        if path == "/v3/election/observe":
             return self._lines(self.observe(req, context))
         return self._lines(self.snapshot(self.parse(body, pb.SnapshotRequest), context))
 
