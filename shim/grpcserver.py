@@ -25,7 +25,12 @@ What it implements of RFC 9113 and gRPC's HTTP/2 protocol:
   character in a value, unknown, repeated or misplaced pseudo-headers, a method other
   than POST, a grpc-timeout that is not one) has its stream reset with PROTOCOL_ERROR,
   DATA after the client's END_STREAM with STREAM_CLOSED; the connection's other calls go on;
-* gRPC framing: length-prefixed messages (gzip/deflate-compressed ones decompressed),
+  a second header block on a stream is checked as grpc-go checks it (a request that is not
+  gRPC's first: the stream reset; a gRPC request on a stream id used before ends the
+  connection); a client's GOAWAY changes nothing;
+* gRPC framing: length-prefixed messages (gzip-compressed ones inflated as Go reads gzip,
+  shim/gogzip.py; another grpc-encoding, a compressed flag without one, a payload format other
+  than 0 or 1, a request that ends within its message, each refused in grpc-go's words),
   ``grpc-timeout``, ``-bin`` metadata, status in trailers (trailers-only when nothing
   was sent), ``grpc-message`` percent-encoded;
 * server keepalive: an idle connection is pinged every ``keepalive_interval_s`` and
@@ -36,9 +41,10 @@ What it implements of RFC 9113 and gRPC's HTTP/2 protocol:
 * a connection that opens with an HTTP/1.1 request instead of the HTTP/2 preface goes to
   ``Server.http1`` (the shim's HTTP endpoint: etcd's /health, /metrics, /version and JSON
   gateway share its client port); our SETTINGS wait for the client's preface, so such a
-  client never sees an HTTP/2 byte. An HTTP/2 request whose content-type is not gRPC's
-  (curl over TLS negotiates h2) is answered as HTTP by ``Server.http2``, as etcd's Go
-  server answers it.
+  client never sees an HTTP/2 byte. An HTTP/2 request whose content-type is not gRPC's is
+  answered as HTTP by ``Server.http2`` on a TLS connection (curl over TLS negotiates h2; etcd's
+  Go server routes by content-type there), and reset with PROTOCOL_ERROR on a plain one (etcd
+  hands plain-text HTTP/2 to grpc-go, which does that).
 
 Response headers are written as HPACK literals without indexing, so the peer's dynamic
 table is never touched and nothing needs an encoder's state.
@@ -56,11 +62,13 @@ from types import SimpleNamespace
 import socket
 import ssl
 import time
-import zlib
 
 import grpc
 from hpack import Decoder
 from hpack.exceptions import HPACKError
+
+from .gogzip import GzipError, TooLarge, gunzip
+from .gojson import go_quote_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +91,7 @@ WRITE_BACKLOG = 64 << 20  # unread bytes past which a client's requests are not 
 LINGER_S = 1.0  # longest a closing connection reads (and drops) what its client still sends: Connection.close
 MAX_PING_STRIKES = 2  # grpc-go's: the third too-early ping closes the connection
 _HIGH_BIT_BYTES = bytes(range(128, 256))
+_DECOMPRESSED = (None, b"", b"identity", b"gzip")  # the grpc-encodings etcd's server takes
 UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 
@@ -165,8 +174,8 @@ def _read_fields(fields: list[tuple[bytes, bytes]]) -> tuple:
         elif name in (b"content-type", b"te", b"grpc-accept-encoding", b"user-agent"):
             if name == b"user-agent":
                 metadata.append(("user-agent", value.decode("latin-1")))
-            elif name == b"content-type":
-                grpc_content = value.startswith(b"application/grpc")
+            elif name == b"content-type":  # grpc-go's rule: application/grpc, or it and + or ; and more
+                grpc_content = value[:16] == b"application/grpc" and value[16:17] in (b"", b"+", b";")
         else:
             key = name.decode("latin-1")
             if key.endswith("-bin"):
@@ -232,7 +241,7 @@ class Call:
     __slots__ = ("conn", "sid", "method", "metadata", "handler", "task", "recv", "messages", "waiter",
                  "remote_done", "window", "pending", "drained", "headers_sent", "closed", "_code", "_details",
                  "deadline", "timer", "encoding", "unacked", "owed", "streaming_request", "expired", "serialize",
-                 "deserialize")
+                 "deserialize", "refusal")
 
     def __init__(self, conn: Connection, sid: int, method: str, metadata: tuple, handler, encoding: bytes | None):
         self.conn, self.sid, self.method, self.metadata, self.handler = conn, sid, method, metadata, handler
@@ -257,6 +266,11 @@ class Call:
         self.expired = False
         self.serialize = handler.response_serializer or _identity
         self.deserialize = handler.request_deserializer or _identity
+        # etcd's server decompresses gzip only: a call naming another grpc-encoding is refused
+        # before its messages are read, compressed or not
+        self.refusal: tuple[grpc.StatusCode, str] | None = None if encoding in _DECOMPRESSED else (
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"grpc: Decompressor is not installed for grpc-encoding {go_quote_bytes(encoding)}")
 
     # -- the ServicerContext the shim's handlers use ------------------------------------
 
@@ -341,14 +355,18 @@ class Call:
 
     def received(self, data: bytes) -> bool:
         """DATA for this call: complete messages queued; False if the call was refused."""
+        if self.refusal is not None:
+            self._end(*self.refusal)
+            return False
         recv = self.recv
         recv += data
         while len(recv) >= 5:
             size = int.from_bytes(recv[1:5], "big")
             options = self.conn.server.options
-            if size > options.max_receive_message_bytes:  # refused before it is held, in grpc-go's words
+            size_cap = options.max_receive_message_bytes
+            if size > size_cap:  # refused before it is held, in grpc-go's words
                 self._end(grpc.StatusCode.RESOURCE_EXHAUSTED, f"grpc: received message larger than max ({size} "
-                            f"vs. {options.receive_limit_bytes or options.max_receive_message_bytes})")
+                            f"vs. {options.receive_limit_bytes or size_cap})")
                 return False
             if len(recv) < 5 + size:
                 break
@@ -356,12 +374,11 @@ class Call:
             raw = bytes(recv[5:5 + size])
             del recv[:5 + size]
             if compressed:
-                try:
-                    raw = self._decompress(raw)
-                except (zlib.error, _Unsupported) as exc:
-                    self._end(grpc.StatusCode.UNIMPLEMENTED if isinstance(exc, _Unsupported)
-                                else grpc.StatusCode.INTERNAL, str(exc))
+                refused = self._decompress(raw, compressed, options.receive_limit_bytes or size_cap)
+                if type(refused) is not bytes:
+                    self._end(*refused)
                     return False
+                raw = refused
                 if self.streaming_request:  # taking it credits len(raw) + 5: what was sent is size + 5
                     self.unacked += size - len(raw)
             self.messages.append(raw)
@@ -369,12 +386,18 @@ class Call:
             self._wake()
         return True
 
-    def _decompress(self, raw: bytes) -> bytes:
-        if self.encoding == b"gzip":
-            return zlib.decompress(raw, 16 + zlib.MAX_WBITS)
-        if self.encoding == b"deflate":
-            return zlib.decompress(raw)
-        raise _Unsupported(f"grpc: Decompressor is not installed for grpc-encoding \"{(self.encoding or b'').decode()}\"")
+    def _decompress(self, raw: bytes, flag: int, limit: int) -> bytes | tuple[grpc.StatusCode, str]:
+        """The message inflated, or the status etcd's server refuses it with (grpc-go's words)."""
+        if flag != 1:
+            return grpc.StatusCode.INTERNAL, f"grpc: received unexpected payload format {flag}"
+        if self.encoding != b"gzip":  # none, or identity (any other was refused before)
+            return grpc.StatusCode.INTERNAL, "grpc: compressed flag set with identity or empty encoding"
+        try:
+            return gunzip(raw, limit)
+        except GzipError as exc:
+            return grpc.StatusCode.INTERNAL, f"grpc: failed to decompress the received message {exc}"
+        except TooLarge as exc:
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, f"grpc: received message larger than max ({exc.size} vs. {limit})"
 
     def _end(self, code: grpc.StatusCode, message: str) -> None:
         """The call ends now with this status, its handler cancelled (unless it is the caller)."""
@@ -587,15 +610,12 @@ def http_date() -> str:
     return _date[1]
 
 
-class _Unsupported(Exception):
-    pass
-
-
 class Connection(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
         self.loop = server.loop
         self.transport: asyncio.Transport | None = None
+        self.tls = False
         self.buffer = b""
         self.preface = False
         self.decoder = Decoder()
@@ -628,6 +648,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.tls = transport.get_extra_info("ssl_object") is not None
         self.server.connections.add(self)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -834,7 +855,7 @@ class Connection(asyncio.Protocol):
                 raise _ConnectionError(PROTOCOL_ERROR)
             self._data(flags, sid, payload)
         elif kind == HEADERS:
-            if sid == 0 or sid % 2 == 0:
+            if sid == 0:
                 raise _ConnectionError(PROTOCOL_ERROR)
             if flags & PADDED:
                 payload = _unpadded(payload)
@@ -893,9 +914,8 @@ class Connection(asyncio.Protocol):
                 raise _ConnectionError(PROTOCOL_ERROR)
             if len(payload) < 8:
                 raise _ConnectionError(FRAME_SIZE_ERROR)
-            self.going_away = True
-            if not self.calls:
-                self.close()
+            # a client's GOAWAY changes nothing: etcd's grpc-go server goes on serving its calls,
+            # those it opens after it too, until it closes the connection
         # PUSH_PROMISE (a client must not send it) and unknown types are ignored
 
     def _settings(self, payload: bytes) -> None:
@@ -970,13 +990,21 @@ class Connection(asyncio.Protocol):
 
     def _headers(self, sid: int, flags: int, block: bytes) -> None:
         decoded = self._decode(block)
-        call = self.calls.get(sid)
-        if call is not None:  # trailers from the client end its stream
-            if flags & END_STREAM:
-                self._half_closed(call)
-            return
-        if sid <= self.last_sid:
-            raise _ConnectionError(PROTOCOL_ERROR)
+        fields, read = decoded
+        if read is None:
+            read = decoded[1] = _read_fields(fields)
+        path, timeout, encoding, metadata, grpc_content, malformed = read
+        http = self.tls and self.server.http2 is not None  # HTTP requests are served over h2 (TLS only)
+        if sid <= self.last_sid or sid % 2 == 0:
+            call = self.calls.get(sid)
+            if http and call is not None:  # trailers from the client end its stream
+                if flags & END_STREAM:
+                    self._half_closed(call)
+                return
+            if not grpc_content or malformed == MALFORMED:
+                self._stream_error(sid, PROTOCOL_ERROR)  # grpc-go checks the request before the stream id
+                return
+            raise _ConnectionError(PROTOCOL_ERROR)  # a stream id used before, or the server's
         self.last_sid = sid
         if self.going_away or self.server.stopping:
             self.reset(sid, REFUSED_STREAM)
@@ -984,14 +1012,13 @@ class Connection(asyncio.Protocol):
         if len(self.calls) >= self.server.options.max_concurrent_streams:
             self.reset(sid, REFUSED_STREAM)
             return
-        fields, read = decoded
-        if read is None:
-            read = decoded[1] = _read_fields(fields)
-        path, timeout, encoding, metadata, grpc_content, malformed = read
         if malformed and (grpc_content or malformed == MALFORMED):
             self.reset(sid, PROTOCOL_ERROR)  # RFC 9113 8.1.1: a malformed request is a stream error
             return
-        if not grpc_content and self.server.http2 is not None:  # HTTP over h2, not a gRPC call
+        if not grpc_content:
+            if not http:  # etcd's plain-text client port hands HTTP/2 to grpc-go, which resets what is not gRPC
+                self.reset(sid, PROTOCOL_ERROR)
+                return
             call = self.calls[sid] = HttpStream(self, sid, fields)
             if flags & END_STREAM:
                 self._half_closed(call)
@@ -1007,6 +1034,11 @@ class Connection(asyncio.Protocol):
             call.deadline = self.loop.time() + timeout
             call.timer = self.loop.call_later(timeout, call.expire)
         if handler.request_streaming:
+            if call.refusal is not None:  # refused before its handler runs
+                call.finish(*call.refusal)
+                if not flags & END_STREAM:
+                    self.reset(sid, NO_ERROR)
+                return
             call.task = self.loop.create_task(self.server.run(call))
         if flags & END_STREAM:
             self._half_closed(call)
@@ -1014,12 +1046,21 @@ class Connection(asyncio.Protocol):
     def _half_closed(self, call: Call) -> None:
         """The client ended its side of ``call``: a unary call's request is complete, or missing."""
         call.half_closed()
-        if call.streaming_request or call.task is not None or call.closed:
+        if call.streaming_request:
+            if call.recv and not call.closed:  # in the middle of a message: a streaming Recv's error
+                call._end(grpc.StatusCode.INTERNAL, "unexpected EOF")
             return
-        if call.messages:
+        if call.task is not None or call.closed:
+            return
+        if call.refusal is not None:
+            call.finish(*call.refusal)
+        elif call.messages:
             call.task = self.loop.create_task(self.server.run(call))
-        else:
-            call.finish(grpc.StatusCode.INTERNAL, "grpc: the client sent no request message")
+        elif not call.recv:  # no request message: grpc-go's io.EOF, as its status
+            call.finish(grpc.StatusCode.UNKNOWN, "EOF")
+        else:  # the request ended within its message: io.ErrUnexpectedEOF, which a stream's RecvMsg makes INTERNAL
+            call.finish(grpc.StatusCode.INTERNAL if call.handler.response_streaming else grpc.StatusCode.UNKNOWN,
+                        "unexpected EOF")
 
     def _data(self, flags: int, sid: int, payload: bytes) -> None:
         length = len(payload)
@@ -1040,7 +1081,8 @@ class Connection(asyncio.Protocol):
             self._stream_error(sid, FLOW_CONTROL_ERROR)
             return
         if payload and not call.received(payload):
-            self.reset(sid, NO_ERROR)
+            if not flags & END_STREAM:  # answered: the client need not send more (grpc-go's reset)
+                self.reset(sid, NO_ERROR)
             return
         # a unary call's bytes are credited as they arrive, a stream's as its handler takes
         # each message (and the padding, which no handler takes, at once)

@@ -13,9 +13,12 @@ crashed on.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import random
 import socket
 import struct
 import time
+import zlib
 from dataclasses import dataclass
 
 import pytest
@@ -23,7 +26,7 @@ import pytest
 from proto import rpc_pb2 as pb
 from tests.conftest import require_etcd_binary
 from tests.integration.h2kit import (
-    ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PADDED, PING, PREFACE, RST_STREAM, SETTINGS,
+    ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PADDED, PING, PREFACE, RST_STREAM, SETTINGS,
     WINDOW_UPDATE,
     RawH2, frame, grpc_message, hpack_literals,
 )
@@ -36,6 +39,8 @@ PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, COMPRESSION_ERROR = 1, 3, 
 RANGE = "/etcdserverpb.KV/Range"
 REQUEST = grpc_message(pb.RangeRequest(key=b"h2-differential").SerializeToString())
 GOOD_STREAM = 101
+WATCH, SNAPSHOT = "/etcdserverpb.Watch/Watch", "/etcdserverpb.Maintenance/Snapshot"
+GZIPPED = gzip.compress(REQUEST[5:])
 
 
 @dataclass
@@ -55,8 +60,8 @@ def call(sid: int = 1, header_fields=None, path: str = RANGE, extra=()) -> bytes
     return frame(HEADERS, END_HEADERS, sid, block) + frame(DATA, END_STREAM, sid, REQUEST)
 
 
-def open_stream(sid: int = 1, path: str = RANGE) -> bytes:
-    return frame(HEADERS, END_HEADERS, sid, hpack_literals(fields(path)))
+def open_stream(sid: int = 1, path: str = RANGE, extra=()) -> bytes:
+    return frame(HEADERS, END_HEADERS, sid, hpack_literals(fields(path, extra)))
 
 
 BASE = fields()[:4]
@@ -120,6 +125,52 @@ CASES = {
     "max frame size of 100": (frame(SETTINGS, 0, 0, struct.pack(">HI", 5, 100)), None),
     "enable push of 2": (frame(SETTINGS, 0, 0, struct.pack(">HI", 2, 2)), None),
     "unknown frame type": (frame(0x20, 0, 0, b"xyz"), None),
+    "GOAWAY from the client": (frame(GOAWAY, 0, 0, bytes(8)) + call(), None),
+    # what is not a gRPC request: plain-text HTTP/2 goes to grpc-go, which resets it
+    "content-type text/plain": (call(header_fields=BASE + [("content-type", "text/plain")]), None),
+    "no content-type": (call(header_fields=BASE + [("te", "trailers")]), None),
+    "content-type application/grpc-web": (call(header_fields=BASE + [("content-type", "application/grpc-web")]), None),
+    "content-type application/grpcx": (call(header_fields=BASE + [("content-type", "application/grpcx")]), None),
+    "content-type Application/gRPC": (call(header_fields=BASE + [("content-type", "Application/gRPC")]), None),
+    "content-type application/grpc+proto": (call(header_fields=BASE + [("content-type", "application/grpc+proto")]),
+                                            None),
+    "content-type application/grpc;charset=utf-8": (
+        call(header_fields=BASE + [("content-type", "application/grpc;charset=utf-8")]), None),
+    # a second header block on a stream: grpc-go checks the request before the stream id
+    "trailers from the client": (open_stream() + frame(DATA, 0, 1, REQUEST)
+                                 + frame(HEADERS, END_HEADERS | END_STREAM, 1, hpack_literals([("x-t", "1")])), None),
+    "a gRPC request again on an open stream": (open_stream() + open_stream(), PROTOCOL_ERROR),
+    "a gRPC request again on an answered stream": (call(1) + call(1), PROTOCOL_ERROR),
+    "a non-gRPC request on an even stream": (frame(HEADERS, END_HEADERS, 2, hpack_literals(BASE)), None),
+    "a non-gRPC request on a lower stream": (call(5) + frame(HEADERS, END_HEADERS, 3, hpack_literals(BASE)), None),
+    # the request message: its framing, its compression
+    "no request message": (open_stream() + frame(DATA, END_STREAM, 1), None),
+    "half a message prefix": (open_stream() + frame(DATA, END_STREAM, 1, b"\0\0\0\0"), None),
+    "a message cut short": (open_stream() + frame(DATA, END_STREAM, 1, REQUEST[:-2]), None),
+    "payload format 2": (open_stream() + frame(DATA, END_STREAM, 1, b"\2" + REQUEST[1:]), None),
+    "compressed flag without grpc-encoding": (open_stream() + frame(DATA, END_STREAM, 1, grpc_message(GZIPPED, True)),
+                                              None),
+    "compressed flag with grpc-encoding identity": (
+        open_stream(extra=[("grpc-encoding", "identity")]) + frame(DATA, END_STREAM, 1, grpc_message(GZIPPED, True)),
+        None),
+    "gzip": (open_stream(extra=[("grpc-encoding", "gzip")]) + frame(DATA, END_STREAM, 1, grpc_message(GZIPPED, True)),
+             None),
+    "gzip of 7 bytes": (open_stream(extra=[("grpc-encoding", "gzip")]) + frame(DATA, END_STREAM, 1, grpc_message(
+        b"notgzip", True)), None),
+    "gzip with a bad header": (open_stream(extra=[("grpc-encoding", "gzip")]) + frame(DATA, END_STREAM, 1, grpc_message(
+        b"x" * 20, True)), None),
+    "gzip larger than the limit once inflated": (
+        open_stream(extra=[("grpc-encoding", "gzip")])
+        + frame(DATA, END_STREAM, 1, grpc_message(gzip.compress(b"\0" * (3 << 20)), True)), None),
+    "deflate": (open_stream(extra=[("grpc-encoding", "deflate")])
+                + frame(DATA, END_STREAM, 1, grpc_message(zlib.compress(REQUEST[5:]), True)), None),
+    "an unknown grpc-encoding, message not compressed": (
+        open_stream(extra=[("grpc-encoding", 'sn"a\\ppy')]) + frame(DATA, END_STREAM, 1, REQUEST), None),
+    "a Watch with an unknown grpc-encoding": (open_stream(path=WATCH, extra=[("grpc-encoding", "snappy")]), None),
+    "a Watch request cut short": (open_stream(path=WATCH) + frame(DATA, END_STREAM, 1, b"\0\0\0\0\x09ab"), None),
+    "a Watch request with payload format 2": (open_stream(path=WATCH) + frame(DATA, 0, 1, b"\2\0\0\0\0"), None),
+    "a Snapshot request cut short": (open_stream(path=SNAPSHOT) + frame(DATA, END_STREAM, 1, b"\0\0\0\0\x09ab"), None),
+    "no Snapshot request": (open_stream(path=SNAPSHOT) + frame(DATA, END_STREAM, 1), None),
 }
 
 
@@ -210,3 +261,58 @@ def test_a_client_that_sends_and_never_reads_is_not_read_either(servers):
     grown = rss_mib(shardetcd.pid) - before
     assert taken < 64 << 20 and grown < 64, (taken, grown)
     assert shardetcd.running() and shardetcd.answers_range(timeout=10), shardetcd.log_tail()
+
+
+def damaged_gzip(seed: int) -> list[tuple[str, bytes]]:
+    """A gzip request message damaged in random ways: bits flipped in its deflate data or CRC,
+    cut short, garbage or part of a second member after it; where the damage reaches the
+    trailer, its size field made small again, so that the inflating itself fails."""
+    r = random.Random(seed)
+    whole = gzip.compress(pb.RangeRequest(key=r.randbytes(300) + b"abc" * 200, range_end=b"zz").SerializeToString())
+    out = []
+    for i in range(24):
+        b, kind = bytearray(whole), ("flip", "flip", "cut", "garbage", "second member")[i % 5]
+        if kind == "flip":
+            for _ in range(r.randint(1, 8)):
+                b[r.randrange(10, len(b) - 8)] ^= 1 << r.randrange(8)
+        elif kind == "cut":
+            b = b[:r.randrange(11, len(b))]
+        elif kind == "garbage":
+            b += r.randbytes(r.randint(1, 20))
+        else:
+            b += gzip.compress(b"xyz")[:r.randint(1, 20)]
+        if kind != "flip" and len(b) > 14:
+            b[-4:] = r.randrange(3000).to_bytes(4, "little")
+        out.append((f"{i} {kind}", bytes(b)))
+    return out
+
+
+def test_damaged_gzip_refused_in_etcds_words(servers):
+    """etcd's server reads a gzip message with Go's compress/gzip: its header first, then the size
+    its trailer declares against the receive limit, then the data, member after member. Each damage
+    gets the same status and words from shardetcd (shim/gogzip.py), "flate: corrupt input before
+    offset N" included."""
+    etcd, shardetcd = servers["etcd"], servers["shardetcd"]
+    head = open_stream(extra=[("grpc-encoding", "gzip")])
+    kinds = set()
+    for name, damaged in damaged_gzip(11):
+        data = head + frame(DATA, END_STREAM, 1, grpc_message(damaged, True))
+        want, _ = outcome(Target("127.0.0.1", etcd.client_port), data)
+        got, _ = outcome(Target("127.0.0.1", shardetcd.port), data)
+        assert got == want, f"{name}: etcd {want}, shardetcd {got}"
+        kinds.add(want[2].split(" message ")[-1].split(" before ")[0])
+    # the damage reached each of Go's verdicts
+    assert {"flate: corrupt input", "gzip: invalid checksum", "unexpected EOF", "gzip: invalid header"} <= kinds, kinds
+
+
+def test_a_request_ended_with_its_headers_is_answered(servers):
+    """A unary request whose HEADERS frame ends the stream has no message: etcd 3.5.1's grpc-go
+    never answers it (its reader waits for an end of stream it already had); shardetcd answers
+    as grpc-go does a request ended by an empty DATA frame."""
+    conn = RawH2(Target("127.0.0.1", servers["shardetcd"].port), timeout=10).handshake()
+    try:
+        conn.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, hpack_literals(fields())))
+        conn.pump(lambda: 1 in conn.streams and conn.streams[1].ended, timeout=10)
+        assert conn.streams[1].status() == (2, "EOF")
+    finally:
+        conn.close()
