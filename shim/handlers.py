@@ -2,7 +2,8 @@
 
 Every method a service class defines is registered with a request
 deserializer that turns undecodable bytes into etcd's answer
-(INTERNAL "grpc: error unmarshalling request: …") instead of an UNKNOWN
+(INTERNAL "grpc: error unmarshalling request: …", the error in gogo/protobuf's words:
+shim/gogo.py) instead of an UNKNOWN
 crash report, and a serializer that passes pre-encoded response bytes
 through.  Methods a class does not define are not registered, so they
 answer UNIMPLEMENTED, as a Go server does for a method it lacks.
@@ -20,6 +21,7 @@ from google.protobuf.message import DecodeError
 from proto import rpc_pb2
 
 from .errors import NO_LEADER
+from .gogo import unmarshal_error
 from .gojson import go_quote_bytes
 
 logger = logging.getLogger(__name__)
@@ -68,8 +70,10 @@ def too_large(size: int, limit: int) -> str:
     return f"grpc: received message larger than max ({size} vs. {limit})"
 
 
-def _deserializer(cls, max_message: int | None):
+def _deserializer(cls, max_message: int | None, streaming: bool):
     parse = cls.FromString
+    # grpc-go's words for bytes its codec refuses: a unary call's request, a stream's message
+    refused = "grpc: failed to unmarshal the received message " if streaming else "grpc: error unmarshalling request: "
 
     def deserialize(data: bytes):
         Traffic.received += len(data)
@@ -77,8 +81,9 @@ def _deserializer(cls, max_message: int | None):
             return Malformed(grpc.StatusCode.RESOURCE_EXHAUSTED, too_large(len(data), max_message))
         try:
             return parse(data)
-        except DecodeError as exc:
-            return Malformed(grpc.StatusCode.INTERNAL, f"grpc: error unmarshalling request: {exc}")
+        except DecodeError as exc:  # in the words of etcd's generated code, where it refuses the bytes too
+            why = unmarshal_error(cls.DESCRIPTOR, data) or str(exc)
+            return Malformed(grpc.StatusCode.INTERNAL, refused + why)
 
     return deserialize
 
@@ -223,7 +228,8 @@ def service_handler(service: str, servicer, module=rpc_pb2, gate=None, max_messa
         fn = getattr(servicer, method.name, None)
         if fn is None:
             continue
-        des = _deserializer(getattr(module, method.input_type.name), max_message)
+        des = _deserializer(getattr(module, method.input_type.name), max_message,
+                            method.client_streaming or method.server_streaming)
         kind = ("bidi_stream" if method.client_streaming and method.server_streaming else "server_stream"
                 if method.server_streaming else "client_stream" if method.client_streaming else "unary")
         stats = RpcStats(desc.full_name, method.name, kind)
