@@ -19,8 +19,7 @@ import pytest
 from proto import auth_pb2, rpc_pb2 as pb, v3election_pb2 as epb
 from shim.gogo import camel_case, unmarshal_error
 from tests.conftest import require_etcd_binary
-from tests.etcd_fixture import start_etcd
-from tests.shardetcd_fixture import start_shardetcd
+from tests.shardetcd_fixture import etcd_and_shardetcd
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -113,16 +112,8 @@ def answer(channel: grpc.Channel, path: str, data: bytes) -> tuple | None:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     require_etcd_binary()
-    base = tmp_path_factory.mktemp("unmarshal")
-    etcd = start_etcd(base)
-    try:
-        shard = start_shardetcd(base)
-        try:
-            yield etcd, shard
-        finally:
-            shard.stop()
-    finally:
-        etcd.stop()
+    with etcd_and_shardetcd(tmp_path_factory.mktemp("unmarshal")) as both:
+        yield both
 
 
 def test_damaged_requests_refused_in_etcds_words(servers):
