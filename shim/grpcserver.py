@@ -512,6 +512,7 @@ class HttpStream(Call):
     cancellation and the connection's bookkeeping are a call's."""
 
     __slots__ = ("http_method", "headers", "tls")
+    framed = True  # a streamed answer ends with END_STREAM: the connection goes on
 
     def __init__(self, conn: Connection, sid: int, fields: list[tuple[bytes, bytes]]) -> None:
         method, path, headers = "GET", "/", {}

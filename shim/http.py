@@ -2,11 +2,17 @@
 
 Requests are read as Go's net/http reads them (etcd's client port; compared with a real
 etcd in tests/integration/test_http1_differential.py): HTTP/1.0 and 1.1, lines ending in
-CRLF or a bare LF, heads up to Go's 1 MiB, and what Go refuses before any handler (a
-bad header line or Content-Length, no Host in 1.1, an unknown transfer encoding, a head
-too large) answered with its status and words, then closed. A chunked body Go cannot read
-is the gateway's 400 on /v3/; any other handler reads no body, answers, and the connection
-closes (Go cannot skip the rest of it). Answers carry Go's Date header.
+CRLF or a bare LF, continued header lines, heads up to Go's 1 MiB, and what Go refuses before
+any handler (a target with a control character or a bad escape, a bad header line or
+Content-Length, an unknown transfer encoding, no Host in 1.1, two Hosts or a malformed one, a
+control character in a header value, an Expect other than 100-continue, a head too large)
+answered with its status and words, in Go's order, then closed. On the client port the first
+request line is held to the 4 KiB cmux reads. 100 Continue is sent only to a handler that
+reads the body, as Go sends it. The path is routed as Go's ServeMux routes it (decoded, and a
+path with empty, . or .. segments redirected to its clean form). A chunked body Go cannot
+read is the gateway's 400 on /v3/; any other handler reads no body, answers, and the
+connection closes (Go cannot skip the rest of it). Answers carry Go's Date header; /metrics
+is promhttp's (text format 0.0.4, gzip when accepted, streamed).
 
 etcd serves these beside gRPC on its client port; here they are served on
 --listen-metrics-urls, and on the client port by the native gRPC server, which hands
@@ -19,11 +25,15 @@ is HTTP/1.1's, the gRPC server's HTTP/2 stream the other.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
+import re
+from dataclasses import dataclass
+from urllib.parse import quote
 
 import grpc
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
 from shards.alarms import NAMES
 
@@ -34,12 +44,21 @@ from .grpcserver import http_date
 logger = logging.getLogger(__name__)
 
 HEAD_BYTES_MAX = (1 << 20) + 4096  # Go's http.DefaultMaxHeaderBytes and the 4 KiB it allows over it
+# etcd's client port tells HTTP/1 from HTTP/2 with cmux, which reads a connection's first request line
+# into 4 KiB: a longer one is not taken for HTTP and the connection is closed
+FIRST_LINE_MAX_CLIENT_PORT = 4096
+DISCARD_BYTES_MAX = 256 << 10  # what Go's server reads of an unread body to keep a connection (maxPostHandlerReadBytes)
 READER_LIMIT = HEAD_BYTES_MAX + 1  # a StreamReader's buffer for one line of the head
 IDLE_READ_S = 60.0  # a request line, head or chunk header not complete by then: the connection is closed
 _TOKEN_BYTES = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"  # a header name's
+_HOST_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ!$%&'()*+,-.:;=[]_~")  # httpguts
+_CTL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")  # what Go refuses in a header value (a tab is allowed)
+_BAD_ESCAPE = re.compile("%(?![0-9a-fA-F]{2})")
+_PERCENT = re.compile("%([0-9a-fA-F]{2})")
 
 
 TEXT = "text/plain; charset=utf-8"
+METRICS_TEXT = CONTENT_TYPE_PLAIN_0_0_4  # Prometheus' text format as etcd's promhttp labels it
 # etcd's client port answers every request with these (its --cors default, "*")
 CORS = (("Access-Control-Allow-Headers", "accept, content-type, authorization"),
         ("Access-Control-Allow-Methods", "POST, GET, OPTIONS, PUT, DELETE"),
@@ -104,29 +123,88 @@ async def _read_line(reader: asyncio.StreamReader) -> str:
     return line[:-2 if line.endswith(b"\r\n") else -1].decode("latin-1")
 
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, str, dict[str, str], list[str]]:
-    """(method, target, version, headers by lower-case name (the first of each), every
-    Content-Length given) of the next request."""
-    line = await _read_line(reader)
+@dataclass(slots=True)
+class _Head:
+    method: str
+    target: str
+    version: str
+    headers: dict[str, str]  # by lower-case name, the first of each (Go's Header.Get)
+    lengths: list[str]  # every Content-Length given
+    hosts: list[str]  # every Host given
+    bad_value: bool  # a header value with a control character
+
+
+async def _read_head(reader: asyncio.StreamReader, first_line_max: int | None = None) -> _Head:
+    """The head of the next request, read as Go's textproto reads it (a line beginning with a
+    space or tab continues the header before it)."""
+    if first_line_max is not None:  # cmux's look at a connection's first line
+        try:
+            raw = await _read_until(reader, b"\n")
+        except asyncio.LimitOverrunError:
+            raise ValueError("not an HTTP/1.x request") from None
+        if len(raw) > first_line_max:
+            raise ValueError("not an HTTP/1.x request")
+        line = raw[:-2 if raw.endswith(b"\r\n") else -1].decode("latin-1")
+    else:
+        line = await _read_line(reader)
     method, _, rest = line.partition(" ")
     target, _, version = rest.partition(" ")
     if not method or not target or version not in ("HTTP/1.1", "HTTP/1.0"):
         raise ValueError("not an HTTP/1.x request")  # etcd's port does not take it for HTTP: closed
-    headers, size, lengths = {}, len(line), []
+    size, fields = len(line), []
     while line := await _read_line(reader):
         size += len(line)
         if size > HEAD_BYTES_MAX:
             raise _Refused(431)
+        if line[0] in " \t":  # a continuation line (obs-fold): joined to the header before it
+            if not fields:
+                raise _bad_request()  # Go: malformed MIME header initial line
+            key, value = fields[-1]
+            more = line.strip(" \t")
+            fields[-1] = (key, f"{value} {more}" if value else more)
+            continue
         name, colon, value = line.partition(":")
         if not colon:
             raise _bad_request()  # Go: malformed MIME header line
         if not name or name.encode("latin-1", "replace").translate(None, _TOKEN_BYTES):
             raise _bad_request("invalid header name")
-        key, value = name.lower(), value.strip(" \t")
+        fields.append((name.lower(), value.strip(" \t")))
+    headers, lengths, hosts = {}, [], []
+    for key, value in fields:
         if key == "content-length":
             lengths.append(value)
-        headers.setdefault(key, value)  # the first, as Go's Header.Get
-    return method, target, version, headers, lengths
+        elif key == "host":
+            hosts.append(value)
+        headers.setdefault(key, value)
+    return _Head(method, target, version, headers, lengths, hosts, any(_CTL.search(v) for _, v in fields))
+
+
+def _has_token(value: str, token: str) -> bool:
+    """A comma-separated header value names ``token`` (any case), as Go's hasToken."""
+    return any(part.strip(" \t").lower() == token for part in value.split(","))
+
+
+def go_unescape_path(path: str) -> str | None:
+    """Go's URL.Path of a request target's path (%XX decoded, as Latin-1 like the rest); None
+    if a % is not followed by two hex digits (url.ParseRequestURI's "invalid URL escape")."""
+    if "%" not in path:
+        return path
+    if _BAD_ESCAPE.search(path):
+        return None
+    return _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), path)
+
+
+def go_clean_path(path: str) -> str:
+    """Go's ServeMux cleanPath: rooted, no empty, . or .. segments, a trailing slash kept."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part not in ("", "."):
+            parts.append(part)
+    clean = "/" + "/".join(parts)
+    return clean + "/" if path.endswith("/") and clean != "/" else clean
 
 
 class Http1Answer:
@@ -137,7 +215,8 @@ class Http1Answer:
                  extra: tuple = ()) -> None:
         self.writer, self.method, self.version, self.extra = writer, method, version, extra
         self.tls = writer.get_extra_info("ssl_object") is not None
-        self.chunked = version == "HTTP/1.1"
+        self.chunked = version == "HTTP/1.1" and method != "HEAD"
+        self.framed = version == "HTTP/1.1"  # a streamed answer's end is marked: the connection goes on
 
     async def whole(self, status: int, headers: tuple, payload: bytes) -> None:
         self.writer.write(_head(status, (*headers, *self.extra, ("Date", http_date()), ("Content-Length", len(payload))),
@@ -147,9 +226,12 @@ class Http1Answer:
 
     def start(self, status: int, headers: tuple) -> None:
         framing = (("Transfer-Encoding", "chunked"),) if self.chunked else ()  # 1.0: the close ends it
-        self.writer.write(_head(status, (*headers, ("Date", http_date()), *framing), self.version))
+        extra = self.extra if self.framed else ()  # (1.0: no keep-alive once a body runs to the close)
+        self.writer.write(_head(status, (*headers, *extra, ("Date", http_date()), *framing), self.version))
 
     async def chunk(self, data: bytes) -> None:
+        if self.method == "HEAD":
+            return
         self.writer.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
         await self.writer.drain()
 
@@ -176,9 +258,7 @@ class HttpEndpoint:
         return True, ""
 
     def route(self, method: str, path: str) -> tuple[int, tuple, bytes]:
-        """A request outside the gateway, answered as etcd's client port answers it."""
-        if path == "/metrics":  # any method, as Prometheus' handler
-            return 200, (("Content-Type", CONTENT_TYPE_LATEST),), generate_latest(self.metrics.registry)
+        """A request outside the gateway and /metrics, answered as etcd's client port answers it."""
         if path in ("/health", "/version", "/readyz", "/livez") and method != "GET":
             return _go_error(405, "Method Not Allowed", ("Allow", "GET"))
         if path == "/health":
@@ -197,12 +277,18 @@ class HttpEndpoint:
             return 200, (JSON,), body
         return NOT_FOUND
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle_client_port(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """``handle`` for an HTTP/1 connection on the client port (the native gRPC server hands it
+        over), whose first request line is held to cmux's limit as on etcd's client port."""
+        await self.handle(reader, writer, FIRST_LINE_MAX_CLIENT_PORT)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     first_line_max: int | None = None) -> None:
         """Serve requests on one connection until the client closes it (or sends what Go's HTTP
         server refuses: answered as it answers, then closed)."""
         try:
-            while await self._one(reader, writer):
-                pass
+            while await self._one(reader, writer, first_line_max):
+                first_line_max = None
         except _Refused as refused:
             writer.write(refused.answer)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError,
@@ -211,21 +297,32 @@ class HttpEndpoint:
         finally:
             writer.close()
 
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """One request read and answered; whether the connection takes another. Parsed as Go's
-        net/http parses it (etcd's client port): lines may end in CRLF or LF alone."""
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                   first_line_max: int | None = None) -> bool:
+        """One request read and answered; whether the connection takes another. Parsed and
+        checked as Go's net/http does it (etcd's client port), in its order: the target, the
+        body's framing, the Host, the header values; lines may end in CRLF or LF alone."""
         async with asyncio.timeout(IDLE_READ_S):  # the whole head, not each line: no slow trickle
-            method, target, version, headers, lengths = await _read_head(reader)
-        if version == "HTTP/1.1" and "host" not in headers:
-            raise _bad_request("missing required Host header")
-        if (encoding := headers.get("transfer-encoding")) is not None and encoding.lower() != "chunked":
-            raise _Refused(501, body="Unsupported transfer encoding")
-        if lengths and (len(set(lengths)) > 1 or not (lengths[0].isascii() and lengths[0].isdigit())):
-            raise _bad_request()  # Go: a Content-Length that is not a number, or two that differ
+            head = await _read_head(reader, first_line_max)
+        method, target, version, headers, lengths = head.method, head.target, head.version, head.headers, head.lengths
         if target.startswith(("http://", "https://")):  # the absolute form a proxy sends
             target = "/" + target.split("/", 3)[3] if target.count("/") >= 3 else "/"
         elif not target.startswith("/") and method != "CONNECT":
             raise _bad_request()
+        if _CTL.search(target) or "\t" in target or go_unescape_path(target.split("?", 1)[0]) is None:
+            raise _bad_request()  # url.ParseRequestURI: a control character, a bad escape
+        if (encoding := headers.get("transfer-encoding")) is not None and encoding.lower() != "chunked":
+            raise _Refused(501, body="Unsupported transfer encoding")
+        if lengths and (len(set(lengths)) > 1 or not (lengths[0].isascii() and lengths[0].isdigit())):
+            raise _bad_request()  # Go: a Content-Length that is not a number, or two that differ
+        if version == "HTTP/1.1" and not head.hosts and method != "CONNECT":
+            raise _bad_request("missing required Host header")
+        if len(head.hosts) > 1:
+            raise _bad_request("too many Host headers")
+        if head.hosts and not _HOST_CHARS.issuperset(head.hosts[0]):
+            raise _bad_request("malformed Host header")
+        if head.bad_value:
+            raise _bad_request("invalid header value")
         options = {token.strip() for token in headers.get("connection", "").lower().split(",")}
         if version == "HTTP/1.1":  # kept unless the client closes it, which Go's answer then says
             keep = "close" not in options
@@ -233,8 +330,20 @@ class HttpEndpoint:
         else:  # HTTP/1.0: one request unless the client asks to keep the connection
             keep = "keep-alive" in options
             extra = (("Connection", "keep-alive"),) if keep else ()
-        if headers.get("expect", "").lower() == "100-continue":  # curl asks before sending a larger body
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if expect := headers.get("expect", ""):
+            if not _has_token(expect, "100-continue"):  # Go answers any other expectation itself
+                writer.write(_head(417, (("Connection", "close"), ("Date", http_date()), ("Content-Length", 0)),
+                                   version))
+                return False
+            if version == "HTTP/1.1" and (encoding is not None or (lengths and int(lengths[0]) != 0)):
+                # Go says 100 Continue when the handler reads the body; a handler that reads none
+                # answers at once, and the connection closes once the client's body is read past
+                if not self._reads_body(method, target):
+                    await self.serve(method, target, headers, b"", Http1Answer(writer, method, version,
+                                                                               (("Connection", "close"),)))
+                    await _discard(reader, int(lengths[0]) if lengths and encoding is None else DISCARD_BYTES_MAX)
+                    return False
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
             body = await self._body(reader, headers)
         except _BadChunks as exc:
@@ -251,15 +360,20 @@ class HttpEndpoint:
     async def serve(self, method: str, path: str, headers: dict[str, str], body: bytes, answer) -> bool:
         """Answer one request (``headers`` with lower-case names) through ``answer``; whether
         the connection can take another request (not after a stream)."""
-        path = path.split("?", 1)[0]
+        raw_path, mark, query = path.partition("?")
+        path = go_unescape_path(raw_path)
+        if path is None:  # (over HTTP/2: HTTP/1 refused it before)
+            path = raw_path
         authorization = headers.get("authorization")
+        clean = path if method == "CONNECT" else go_clean_path(path)
         if method == "OPTIONS":  # etcd's CORS handler answers any preflight itself
             status, extra, payload = 200, (), b""
+        elif clean != path:  # Go's ServeMux sends a path with empty, . or .. segments to its clean form
+            status, extra, payload = _redirect(method, quote(clean, safe="/$&+,:;=@") + (mark + query if query else ""))
+        elif path == "/metrics":  # any method, as Prometheus' handler
+            return await self._metrics(method, headers, answer)
         elif self.gateway is not None and path == "/v3":  # Go's ServeMux: the subtree's slash
-            status, extra, payload = 301, (("Location", path + "/"),), b""
-            if method in ("GET", "HEAD"):
-                extra += (("Content-Type", "text/html; charset=utf-8"),)
-                payload = f'<a href="{path}/">Moved Permanently</a>.\n\n'.encode()
+            status, extra, payload = _redirect(method, path + "/")
         elif self.gateway is not None and path.startswith(GATEWAY_PREFIXES):
             route = "/v3/" + path.split("/", 2)[2]
             if route not in PATHS:
@@ -274,6 +388,27 @@ class HttpEndpoint:
             status, extra, payload = self.route(method, path)
         await answer.whole(status, (*CORS, *extra), payload)
         return True
+
+    def _reads_body(self, method: str, target: str) -> bool:
+        """Whether the handler ``target`` goes to reads the request body: the gateway's routes."""
+        path = go_unescape_path(target.split("?", 1)[0])
+        if self.gateway is None or method != "POST" or path is None or go_clean_path(path) != path:
+            return False
+        return path.startswith(GATEWAY_PREFIXES) and "/v3/" + path.split("/", 2)[2] in PATHS
+
+    async def _metrics(self, method: str, headers: dict[str, str], answer) -> bool:
+        """/metrics as etcd's promhttp handler writes it: Prometheus' text format 0.0.4, gzip when
+        the client takes it, streamed (chunked over HTTP/1.1). Whether the connection goes on."""
+        payload = generate_latest(self.metrics.registry)
+        extra = ()
+        if any(part.strip(" ") == "gzip" or part.strip(" ").startswith("gzip;")
+               for part in headers.get("accept-encoding", "").split(",")):
+            payload, extra = gzip.compress(payload, 6), (("Content-Encoding", "gzip"),)
+        answer.start(200, (*CORS, *extra, ("Content-Type", METRICS_TEXT)))
+        if method != "HEAD":
+            await answer.chunk(payload)
+        await answer.end()
+        return answer.framed
 
     async def _body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
         """The request body: Content-Length bytes, or chunked (``Transfer-Encoding: chunked``,
@@ -343,6 +478,25 @@ class HttpEndpoint:
             start(200)
         await answer.end()
         return False
+
+
+def _redirect(method: str, location: str) -> tuple[int, tuple, bytes]:
+    """Go's http.Redirect with 301: a short HTML body for GET and HEAD."""
+    if method not in ("GET", "HEAD"):
+        return 301, (("Location", location),), b""
+    return 301, (("Content-Type", "text/html; charset=utf-8"), ("Location", location)), \
+        f'<a href="{location}">Moved Permanently</a>.\n\n'.encode()
+
+
+async def _discard(reader: asyncio.StreamReader, limit: int) -> None:
+    """Read and drop up to ``limit`` bytes of a body nobody reads, as Go's server does before it
+    closes; give up after IDLE_READ_S."""
+    try:
+        async with asyncio.timeout(IDLE_READ_S):
+            while limit > 0 and (data := await reader.read(min(limit, 65536))):
+                limit -= len(data)
+    except (TimeoutError, ConnectionError):
+        pass
 
 
 def _gateway_error(route: str, exc: Exception) -> GatewayError:

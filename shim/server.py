@@ -478,7 +478,7 @@ async def start(config: ServerConfig) -> Running:
         gateway = Gateway(services | recipes, config.max_message_bytes, front, gate)  # as a gRPC call would go
         endpoint = HttpEndpoint(member, Metrics(member), gateway)
         if isinstance(server, grpcserver.Server):  # HTTP on the client port too, as etcd serves it
-            server.http1, server.http2 = endpoint.handle, endpoint.serve
+            server.http1, server.http2 = endpoint.handle_client_port, endpoint.serve
             server.http1_read_limit = READER_LIMIT
         running.http = await start_http(config.listen_metrics_urls, endpoint, parse_listen_url)
     except (OSError, ValueError) as exc:

@@ -61,6 +61,43 @@ CASES = {
     b"Transfer-Encoding: chunked\r\n\r\ne\r\n" + BODY + b"\r\n0\r\n\r\n" + HEALTH + b"\r\n",
     "a body to /version, then a request": b"POST /version HTTP/1.1\r\nHost: x\r\nContent-Length: 14\r\n\r\n"
     + BODY + HEALTH + b"\r\n",
+    # the head as Go's textproto and server check it
+    "a header continued on the next line": HEALTH + b"X-A: 1\r\n  2\r\n\r\n",
+    "a first header line beginning with a space": b"GET /health HTTP/1.1\r\n Host: x\r\n\r\n",
+    "a header value with a control byte": HEALTH + b"X-A: a\x01b\r\n\r\n",
+    "a Host with a space": b"GET /health HTTP/1.1\r\nHost: a b\r\n\r\n",
+    "a Host with a non-ASCII byte": b"GET /health HTTP/1.1\r\nHost: \xc3\xa9\r\n\r\n",
+    "an empty Host": b"GET /health HTTP/1.1\r\nHost:\r\n\r\n",
+    "two Host headers": b"GET /health HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n",
+    "two Host headers and a bad Content-Length": b"GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n"
+    b"Content-Length: x\r\n\r\n",
+    # Expect
+    "an Expect other than 100-continue": RANGE + b"Content-Length: 14\r\nExpect: foo\r\n\r\n" + BODY,
+    "100-Continue to the gateway": RANGE + b"Content-Length: 14\r\nExpect: 100-Continue\r\n\r\n" + BODY,
+    "100-continue to a handler that reads no body": HEALTH + b"Content-Length: 14\r\nExpect: 100-continue\r\n\r\n",
+    "100-continue to it, the body, then a request": HEALTH + b"Content-Length: 14\r\nExpect: 100-continue\r\n\r\n"
+    + BODY + HEALTH + b"\r\n",
+    "100-continue over HTTP/1.0": b"POST /v3/kv/range HTTP/1.0\r\nContent-Length: 14\r\nExpect: 100-continue\r\n\r\n"
+    + BODY,
+    "100-continue with an empty body": RANGE + b"Content-Length: 0\r\nExpect: 100-continue\r\n\r\n",
+    # the target: url.ParseRequestURI, then ServeMux's clean path
+    "a path with a bad escape": b"GET /health%zz HTTP/1.1\r\nHost: x\r\n\r\n",
+    "a tab in the target": b"GET /hea\tlth HTTP/1.1\r\nHost: x\r\n\r\n",
+    "a DEL in the target": b"GET /hea\x7flth HTTP/1.1\r\nHost: x\r\n\r\n",
+    "an escaped path": b"GET /h%65alth HTTP/1.1\r\nHost: x\r\n\r\n",
+    "a path with two slashes": b"GET //health HTTP/1.1\r\nHost: x\r\n\r\n",
+    "dot segments and a query": b"GET /v3/../health?x=1 HTTP/1.1\r\nHost: x\r\n\r\n",
+    "dot segments in a POST": b"POST /v3/../health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    "an unclean gateway path": b"POST /v3//kv/range HTTP/1.1\r\nHost: x\r\nContent-Length: 14\r\n\r\n" + BODY,
+    # cmux reads the first request line into 4 KiB; later ones are Go's alone
+    "a first request line of 4,096 bytes": b"GET /health?" + b"a" * 4073 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    "a first request line of 4,097 bytes": b"GET /health?" + b"a" * 4074 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    "a long request line after the first": HEALTH + b"\r\nGET /health?" + b"a" * 10000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    # /metrics as promhttp serves it
+    "/metrics": b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+    "/metrics over HTTP/1.0": b"GET /metrics HTTP/1.0\r\n\r\n",
+    "/metrics gzip": b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip;q=1.0, identity\r\n\r\n" + HEALTH
+    + b"\r\n",
 }
 
 
@@ -71,9 +108,9 @@ def servers(tmp_path_factory):
         yield {"etcd": etcd.client_port, "shardetcd": shardetcd.port, "process": shardetcd}
 
 
-def _responses(data: bytes) -> list[tuple[str, dict[str, str], bytes]] | None:
-    """The complete responses at the start of ``data`` (Content-Length bodies), or None if the
-    last one is not complete yet."""
+def _responses(data: bytes, ended: bool = False) -> list[tuple[str, dict[str, str], bytes]] | None:
+    """The complete responses at the start of ``data`` (Content-Length or chunked bodies, or one
+    that runs to the close the connection ``ended`` in), or None if the last one is not complete yet."""
     out = []
     while data:
         head, sep, rest = data.partition(b"\r\n\r\n")
@@ -81,12 +118,25 @@ def _responses(data: bytes) -> list[tuple[str, dict[str, str], bytes]] | None:
             return None
         lines = head.decode("latin-1").split("\r\n")
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-        if "content-length" in headers:
+        if lines[0].endswith(" 100 Continue"):
+            body, data = b"", rest
+        elif "content-length" in headers:
             n = int(headers["content-length"])
             if len(rest) < n:
                 return None
             body, data = rest[:n], rest[n:]
-        elif headers.get("connection") == "close":
+        elif headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while True:
+                size_line, sep, rest = rest.partition(b"\r\n")
+                if not sep or len(rest) < int(size_line, 16) + 2:
+                    return None
+                n = int(size_line, 16)
+                body, rest = body + rest[:n], rest[n + 2:]
+                if n == 0:
+                    break
+            data = rest
+        elif headers.get("connection") == "close" or (lines[0].startswith("HTTP/1.0") and ended):
             body, data = rest, b""  # Go's refusals: the body runs to the close
         else:
             return None
@@ -118,7 +168,7 @@ def exchange(port: int, data: bytes, settle: float = 0.7) -> tuple[list, bool]:
             if not chunk:
                 ended = True
             received += chunk
-    answers = _responses(received) or []
+    answers = _responses(received, ended) or []
     # what the handlers answer carries etcd's CORS headers and differs in versions and ids
     # (compared elsewhere): their header names are compared, and their Date is a date; Go's own
     # refusals carry none of that: their bodies and header values are compared too
