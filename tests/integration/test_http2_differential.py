@@ -19,6 +19,7 @@ import socket
 import struct
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
@@ -215,8 +216,9 @@ def test_malformed_input_answered_as_etcd_answers_it(servers, case):
     data, goaway_code = CASES[case]
     etcd, shardetcd = servers["etcd"], servers["shardetcd"]
     logged = shardetcd.log_path.stat().st_size
-    want, _ = outcome(Target("127.0.0.1", etcd.client_port), data)
-    got, goaway = outcome(Target("127.0.0.1", shardetcd.port), data)
+    with ThreadPoolExecutor(2) as pool:  # both at once: each outcome waits a while for its connection
+        (want, _), (got, goaway) = pool.map(lambda port: outcome(Target("127.0.0.1", port), data),
+                                            (etcd.client_port, shardetcd.port))
     assert got == want, f"etcd: {want}, shardetcd: {got}"
     assert goaway == goaway_code, f"GOAWAY code {goaway}, RFC 9113's for this fault is {goaway_code}"
     assert shardetcd.running() and shardetcd.answers_range(timeout=10), shardetcd.log_tail()
@@ -297,8 +299,9 @@ def test_damaged_gzip_refused_in_etcds_words(servers):
     kinds = set()
     for name, damaged in damaged_gzip(11):
         data = head + frame(DATA, END_STREAM, 1, grpc_message(damaged, True))
-        want, _ = outcome(Target("127.0.0.1", etcd.client_port), data)
-        got, _ = outcome(Target("127.0.0.1", shardetcd.port), data)
+        with ThreadPoolExecutor(2) as pool:
+            (want, _), (got, _) = pool.map(lambda port: outcome(Target("127.0.0.1", port), data),
+                                           (etcd.client_port, shardetcd.port))
         assert got == want, f"{name}: etcd {want}, shardetcd {got}"
         kinds.add(want[2].split(" message ")[-1].split(" before ")[0])
     # the damage reached each of Go's verdicts
