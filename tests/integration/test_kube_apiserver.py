@@ -65,11 +65,12 @@ class Backend:
 
 @pytest.fixture(scope="module", params=["shardetcd", "etcd", "shardetcd-followers"])
 def backend(request, tmp_path_factory) -> Iterator[Backend]:
-    """One kube-apiserver for the whole module, per backend: etcd 3.5.1, shardetcd
-    (local journal, default flags), and a shardetcd writer with two followers on a
-    JetStream journal, all three in kube-apiserver's --etcd-servers (its etcd
-    client spreads calls over them: reads and watches on followers, writes handed
-    on to the writer)."""
+    """One kube-apiserver for the whole module, per backend: etcd 3.5.1; shardetcd
+    (local journal, default flags otherwise) reached over mutual TLS, as kube-apiserver
+    reaches etcd in production (--etcd-cafile/--etcd-certfile/--etcd-keyfile against
+    --client-cert-auth); and a shardetcd writer with two followers on a JetStream journal,
+    all three in kube-apiserver's --etcd-servers (its etcd client spreads calls over them:
+    reads and watches on followers, writes handed on to the writer)."""
     require_kube_apiserver()
     tmp = tmp_path_factory.mktemp(request.param)
     extra = ["--watch-cache-sizes=configmaps#0"]
@@ -78,12 +79,15 @@ def backend(request, tmp_path_factory) -> Iterator[Backend]:
 
         require_etcd_binary()
         servers = [start_etcd(tmp / "etcd")]
+        urls = [servers[0].client_url]
     elif request.param == "shardetcd":
-        servers = [start_shardetcd(tmp)]  # local journal, default flags
+        servers, urls, tls = mutual_tls_shardetcd(tmp)
+        extra += tls
     else:
         servers = list(writer_and_followers(tmp))
+        urls = [s.client_url for s in servers if hasattr(s, "client_url")]
     try:
-        api = start_kube_apiserver(tmp, [s.client_url for s in servers if hasattr(s, "client_url")], extra_args=extra)
+        api = start_kube_apiserver(tmp, urls, extra_args=extra)
         try:
             yield Backend(request.param, api, servers[0].log_path)
         finally:
@@ -91,6 +95,24 @@ def backend(request, tmp_path_factory) -> Iterator[Backend]:
     finally:
         for s in servers:  # NATS, when there, last
             s.stop()
+
+
+def mutual_tls_shardetcd(tmp: Path):
+    """shardetcd serving https:// with --client-cert-auth (and http:// for the fixture's own
+    readiness check): ([process], kube-apiserver's --etcd-servers, its TLS flags)."""
+    from tests.etcd_fixture import free_port
+    from tests.shardetcd_fixture import ShardetcdProcess
+    from tests.tls_certs import make_pki
+
+    pki = make_pki(tmp / "pki")
+    port, tls_port = free_port(), free_port()
+    server = ShardetcdProcess(data_dir=tmp / "shardetcd" / "data", state_dir=tmp / "shardetcd" / "state", port=port,
+                              log_path=tmp / "shardetcd" / "shardetcd.log", extra_args=(
+        "--listen-client-urls", f"http://127.0.0.1:{port},https://127.0.0.1:{tls_port}",
+        "--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"]), "--client-cert-auth",
+        "--trusted-ca-file", str(pki["ca"]))).start()
+    return [server], [f"https://127.0.0.1:{tls_port}"], [
+        f"--etcd-cafile={pki['ca']}", f"--etcd-certfile={pki['client']}", f"--etcd-keyfile={pki['client-key']}"]
 
 
 def writer_and_followers(tmp: Path):
