@@ -44,8 +44,9 @@ from .grpcserver import http_date
 logger = logging.getLogger(__name__)
 
 HEAD_BYTES_MAX = (1 << 20) + 4096  # Go's http.DefaultMaxHeaderBytes and the 4 KiB it allows over it
-# etcd's client port tells HTTP/1 from HTTP/2 with cmux, which reads a connection's first request line
-# into 4 KiB: a longer one is not taken for HTTP and the connection is closed
+# etcd's plain-text client port tells HTTP/1 from HTTP/2 with cmux, which reads a connection's first
+# request line into 4 KiB: a longer one, or one that is not HTTP/1.x, is not taken and the connection
+# is closed (later requests, TLS connections and the metrics port: Go's server alone, which answers 400)
 FIRST_LINE_MAX_CLIENT_PORT = 4096
 DISCARD_BYTES_MAX = 256 << 10  # what Go's server reads of an unread body to keep a connection (maxPostHandlerReadBytes)
 READER_LIMIT = HEAD_BYTES_MAX + 1  # a StreamReader's buffer for one line of the head
@@ -55,6 +56,7 @@ _HOST_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRS
 _CTL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")  # what Go refuses in a header value (a tab is allowed)
 _BAD_ESCAPE = re.compile("%(?![0-9a-fA-F]{2})")
 _PERCENT = re.compile("%([0-9a-fA-F]{2})")
+_VERSION = re.compile(r"HTTP/\+?(\d+)\.\+?(\d+)", re.ASCII)
 
 
 TEXT = "text/plain; charset=utf-8"
@@ -147,10 +149,18 @@ async def _read_head(reader: asyncio.StreamReader, first_line_max: int | None = 
         line = raw[:-2 if raw.endswith(b"\r\n") else -1].decode("latin-1")
     else:
         line = await _read_line(reader)
-    method, _, rest = line.partition(" ")
-    target, _, version = rest.partition(" ")
-    if not method or not target or version not in ("HTTP/1.1", "HTTP/1.0"):
-        raise ValueError("not an HTTP/1.x request")  # etcd's port does not take it for HTTP: closed
+    method, sp1, rest = line.partition(" ")
+    target, sp2, version = rest.partition(" ")
+    proto = _http_version(version)
+    if first_line_max is not None and not (sp1 and sp2 and proto is not None and proto[0] == 1):
+        raise ValueError("not an HTTP/1.x request")  # cmux does not take it for HTTP: the connection is closed
+    if not (sp1 and sp2) or not method or method.encode("latin-1", "replace").translate(None, _TOKEN_BYTES):
+        raise _bad_request()  # Go: malformed HTTP request, invalid method
+    if proto is None:
+        raise _bad_request()  # Go: malformed HTTP version
+    if proto[0] != 1:
+        raise _Refused(505, "unsupported protocol version")
+    version = "HTTP/1.0" if proto == (1, 0) else "HTTP/1.1"  # (1.2 and up are served as 1.1, as Go serves them)
     size, fields = len(line), []
     while line := await _read_line(reader):
         size += len(line)
@@ -177,6 +187,15 @@ async def _read_head(reader: asyncio.StreamReader, first_line_max: int | None = 
             hosts.append(value)
         headers.setdefault(key, value)
     return _Head(method, target, version, headers, lengths, hosts, any(_CTL.search(v) for _, v in fields))
+
+
+def _http_version(version: str) -> tuple[int, int] | None:
+    """Go's ParseHTTPVersion: (major, minor) of "HTTP/M.N", None if it is not one."""
+    match = _VERSION.fullmatch(version)
+    if match is None:
+        return None
+    major, minor = int(match.group(1)), int(match.group(2))
+    return (major, minor) if major <= 1_000_000 and minor <= 1_000_000 else None
 
 
 def _has_token(value: str, token: str) -> bool:
@@ -279,8 +298,10 @@ class HttpEndpoint:
 
     async def handle_client_port(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """``handle`` for an HTTP/1 connection on the client port (the native gRPC server hands it
-        over), whose first request line is held to cmux's limit as on etcd's client port."""
-        await self.handle(reader, writer, FIRST_LINE_MAX_CLIENT_PORT)
+        over). A plain-text one's first request line is read as etcd's cmux reads it (at most 4 KiB,
+        HTTP/1.x, or the connection is closed); over TLS etcd's Go server reads every line itself."""
+        tls = writer.get_extra_info("ssl_object") is not None
+        await self.handle(reader, writer, None if tls else FIRST_LINE_MAX_CLIENT_PORT)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      first_line_max: int | None = None) -> None:

@@ -94,6 +94,12 @@ CASES = {
     "a first request line of 4,096 bytes": b"GET /health?" + b"a" * 4073 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
     "a first request line of 4,097 bytes": b"GET /health?" + b"a" * 4074 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
     "a long request line after the first": HEALTH + b"\r\nGET /health?" + b"a" * 10000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    "HTTP/1.2": b"GET /health HTTP/1.2\r\nHost: x\r\n\r\n",
+    "a request line of one word after the first": HEALTH + b"\r\nGARBAGE\r\nHost: x\r\n\r\n",
+    "two spaces in a request line after the first": HEALTH + b"\r\nGET  /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    "an invalid method after the first": HEALTH + b"\r\nG(T /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    "HTTP/1.x after the first": HEALTH + b"\r\nGET /health HTTP/1.x\r\nHost: x\r\n\r\n",
+    "HTTP/9.9 after the first": HEALTH + b"\r\nGET /health HTTP/9.9\r\nHost: x\r\n\r\n",
     # /metrics as promhttp serves it
     "/metrics": b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
     "/metrics over HTTP/1.0": b"GET /metrics HTTP/1.0\r\n\r\n",
