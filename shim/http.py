@@ -115,14 +115,17 @@ async def _read_until(reader: asyncio.StreamReader, separator: bytes) -> bytes:
         return await reader.readuntil(separator)
 
 
+def _text(raw: bytes) -> str:
+    """A line read up to its LF, without its CRLF (or bare LF, which Go takes too)."""
+    return raw[:-2 if raw.endswith(b"\r\n") else -1].decode("latin-1")
+
+
 async def _read_line(reader: asyncio.StreamReader) -> str:
-    """The next line without its CRLF (or bare LF, which Go takes too); a line longer than the
-    reader's limit is a head too large."""
+    """The next line (``_text``); a line longer than the reader's limit is a head too large."""
     try:
-        line = await _read_until(reader, b"\n")
+        return _text(await _read_until(reader, b"\n"))
     except asyncio.LimitOverrunError:
         raise _Refused(431) from None
-    return line[:-2 if line.endswith(b"\r\n") else -1].decode("latin-1")
 
 
 @dataclass(slots=True)
@@ -146,7 +149,7 @@ async def _read_head(reader: asyncio.StreamReader, first_line_max: int | None = 
             raise ValueError("not an HTTP/1.x request") from None
         if len(raw) > first_line_max:
             raise ValueError("not an HTTP/1.x request")
-        line = raw[:-2 if raw.endswith(b"\r\n") else -1].decode("latin-1")
+        line = _text(raw)
     else:
         line = await _read_line(reader)
     method, sp1, rest = line.partition(" ")
