@@ -15,14 +15,21 @@ from shards.snapshot import SnapshotError, restore_snapshot
 from shards.tokens import TokenOptionsError, parse_auth_token
 
 from .autocompact import AutoCompaction
-from .config import GRPC_SERVERS, ServerConfig
+from .config import ETCD_API_VERSION, GRPC_SERVERS, ServerConfig
+from .etcdflags import FlagError, go_duration, normalize, refusal
 from .loop import EVENT_LOOPS, default_event_loop, run as run_loop
 from .server import StartupError, StoreStopped, serve
+
+logger = logging.getLogger("shim.cli")
 
 DESCRIPTION = """\
 Serve the etcd v3 gRPC API from journaled, resource-sharded MVCC state.
 With no arguments: listen on http://127.0.0.1:2379, data in ./default.shardetcd.
-Flags follow etcd's names where etcd has the same knob.
+Flags follow etcd's names where etcd has the same knob, and etcd 3.5's command line is
+read as etcd reads it (Go's flag syntax, ETCD_* environment variables): etcd's flags for
+Raft, peers and bbolt are accepted and have no effect; the few whose loss would weaken
+security or split a cluster (e.g. --client-crl-file, a multi-member --initial-cluster with
+a local journal) stop the start with a line saying why.
 
 Other commands (each has --help):
   shardetcd cluster ...            one process per partition of a cluster layout, supervised
@@ -38,20 +45,23 @@ def _urls(text: str) -> tuple[str, ...]:
     return urls
 
 
-_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def _duration(text: str) -> float:
-    """A Go-style duration with one unit: 100ms, 5s, 10m, 1h."""
-    for unit in ("ms", "s", "m", "h"):
-        if text.endswith(unit):
-            try:
-                value = float(text[: -len(unit)]) * _UNITS_S[unit]
-            except ValueError:
-                break
-            if value > 0:
-                return value
-    raise argparse.ArgumentTypeError(f"invalid duration {text!r}: want e.g. 10m, 5s or 100ms")
+    """A positive Go duration (time.ParseDuration): 100ms, 5s, 10m, 1h30m."""
+    value = _duration_or_off(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: want a positive one, e.g. 10m, 5s or 100ms")
+    return value
+
+
+def _duration_or_off(text: str) -> float:
+    """A Go duration; 0 turns the knob off (etcd's keepalive flags)."""
+    try:
+        value = go_duration(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: want e.g. 10m, 5s or 100ms") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: negative")
+    return value
 
 
 def _bcrypt_cost(text: str) -> int:
@@ -103,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s, as etcd)")
     p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams, help="most concurrent gRPC streams per client connection (default: %(default)s, as etcd)")
     p.add_argument("--grpc-keepalive-min-time", type=_duration, default=f"{d.grpc_keepalive_min_time_s:g}s", help="shortest interval a client may ping at (default: %(default)s)")
-    p.add_argument("--grpc-keepalive-interval", type=_duration, default=f"{d.grpc_keepalive_interval_s / 3600:g}h", help="how often the server pings an idle connection (default: %(default)s)")
-    p.add_argument("--grpc-keepalive-timeout", type=_duration, default=f"{d.grpc_keepalive_timeout_s:g}s", help="how long the server waits for a ping answer before closing (default: %(default)s)")
+    p.add_argument("--grpc-keepalive-interval", type=_duration_or_off, default=f"{d.grpc_keepalive_interval_s / 3600:g}h", help="how often the server pings an idle connection; 0: never, as is 0 for the timeout (default: %(default)s)")
+    p.add_argument("--grpc-keepalive-timeout", type=_duration_or_off, default=f"{d.grpc_keepalive_timeout_s:g}s", help="how long the server waits for a ping answer before closing; 0: no pings (default: %(default)s)")
     p.add_argument("--grpc-server", choices=GRPC_SERVERS, default=d.grpc_server,
                    help="the gRPC server: native (HTTP/2 on asyncio, shim/grpcserver.py) or grpcio (grpc.aio's); "
                         "the same calls and answers, native at a fraction of the CPU (default: %(default)s)")
@@ -223,6 +233,19 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         auth_token=args.auth_token,
         auto_compaction=AutoCompaction.parse(args.auto_compaction_mode, args.auto_compaction_retention),
     )
+
+
+def version_text() -> str:
+    """``shardetcd --version``: etcd's four lines, for this program."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        own = version("shardetcd")
+    except PackageNotFoundError:
+        own = "unknown"
+    return (f"shardetcd Version: {own}\netcd API Version: {ETCD_API_VERSION}\n"
+            f"Python Version: {platform.python_version()}\nOS/Arch: {sys.platform}/{platform.machine()}")
 
 
 def setup_logging(level: str) -> None:
@@ -381,8 +404,26 @@ def main(argv: list[str] | None = None) -> int:
 
         return cluster_main(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        reading = normalize(argv, parser)
+    except FlagError as exc:
+        print(f"shardetcd: {exc} (see shardetcd --help)", file=sys.stderr)
+        return exc.code
+    if reading.help:
+        parser.print_help()
+        return 0
+    if reading.version:
+        print(version_text())
+        return 0
+    args = parser.parse_args(reading.argv)
     setup_logging(args.log_level)
+    for warning in reading.warnings:
+        logger.warning("%s", warning)
+    if (reason := refusal(reading, args.journal_urls)) is not None:
+        print(f"shardetcd: refusing to start: {reason}", file=sys.stderr)
+        return 1
+    if unused := reading.no_effect():
+        logger.info("etcd flags accepted with no effect here flags=%s", ",".join(unused))
     try:
         config = config_from_args(args)
     except ValueError as exc:  # e.g. an --auto-compaction-retention its mode cannot read

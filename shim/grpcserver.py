@@ -654,7 +654,9 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.keepalive = self.loop.call_later(self.server.options.keepalive_interval_s, self._keepalive)
+        opts = self.server.options
+        if opts.keepalive_interval_s > 0 and opts.keepalive_timeout_s > 0:  # either 0: no pings, as etcd
+            self.keepalive = self.loop.call_later(opts.keepalive_interval_s, self._keepalive)
         self.handshake = self.loop.call_later(self.server.options.handshake_timeout_s, self._handshake_expired)
 
     def _stop_timers(self) -> None:

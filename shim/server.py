@@ -145,7 +145,9 @@ def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
         ("grpc.http2.min_ping_interval_without_data_ms", int(config.grpc_keepalive_min_time_s * 1000)),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", int(config.grpc_keepalive_min_time_s * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.keepalive_time_ms", int(config.grpc_keepalive_interval_s * 1000)),
+        # either 0: no server pings, as etcd (grpc core's "never" is INT_MAX)
+        ("grpc.keepalive_time_ms", int(config.grpc_keepalive_interval_s * 1000)
+         if config.grpc_keepalive_interval_s > 0 and config.grpc_keepalive_timeout_s > 0 else 2**31 - 1),
         ("grpc.keepalive_timeout_ms", int(config.grpc_keepalive_timeout_s * 1000)),
         ("grpc.max_concurrent_streams", min(config.max_concurrent_streams, 2**31 - 1)),
     ]

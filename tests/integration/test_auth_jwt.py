@@ -176,7 +176,7 @@ def test_bad_auth_token_options_stop_the_start(tmp_path, keys):
                  "bogus"):
         p = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(tmp_path / "d"), "--auth-token", spec],
                            capture_output=True, text=True, timeout=30, cwd=REPO)
-        assert p.returncode != 0 and "--auth-token" in p.stderr, (spec, p.stderr)
+        assert p.returncode != 0 and " -auth-token: " in p.stderr, (spec, p.stderr)
 
 
 def test_verify_only_server_refuses_to_sign_as_etcd(tmp_path, keys):

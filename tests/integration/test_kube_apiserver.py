@@ -66,9 +66,9 @@ class Backend:
 @pytest.fixture(scope="module", params=["shardetcd", "etcd", "shardetcd-followers"])
 def backend(request, tmp_path_factory) -> Iterator[Backend]:
     """One kube-apiserver for the whole module, per backend: etcd 3.5.1; shardetcd
-    (local journal, default flags otherwise) reached over mutual TLS, as kube-apiserver
-    reaches etcd in production (--etcd-cafile/--etcd-certfile/--etcd-keyfile against
-    --client-cert-auth); and a shardetcd writer with two followers on a JetStream journal,
+    (local journal) started with kubeadm's etcd command line and reached over mutual TLS, as
+    kube-apiserver reaches etcd in production (--etcd-cafile/--etcd-certfile/--etcd-keyfile
+    against --client-cert-auth); and a shardetcd writer with two followers on a JetStream journal,
     all three in kube-apiserver's --etcd-servers (its etcd client spreads calls over them:
     reads and watches on followers, writes handed on to the writer)."""
     require_kube_apiserver()
@@ -98,19 +98,26 @@ def backend(request, tmp_path_factory) -> Iterator[Backend]:
 
 
 def mutual_tls_shardetcd(tmp: Path):
-    """shardetcd serving https:// with --client-cert-auth (and http:// for the fixture's own
+    """shardetcd started with kubeadm's etcd command line (etcd's flag syntax, peer and Raft flags
+    included), serving https:// with --client-cert-auth=true (and http:// for the fixture's own
     readiness check): ([process], kube-apiserver's --etcd-servers, its TLS flags)."""
-    from tests.etcd_fixture import free_port
+    from tests.etcd_fixture import free_ports
     from tests.shardetcd_fixture import ShardetcdProcess
     from tests.tls_certs import make_pki
 
     pki = make_pki(tmp / "pki")
-    port, tls_port = free_port(), free_port()
-    server = ShardetcdProcess(data_dir=tmp / "shardetcd" / "data", state_dir=tmp / "shardetcd" / "state", port=port,
+    port, tls_port, peer_port = free_ports(3)
+    data_dir, peer = tmp / "shardetcd" / "data", f"https://127.0.0.1:{peer_port}"
+    server = ShardetcdProcess(data_dir=data_dir, state_dir=tmp / "shardetcd" / "state", port=port,
                               log_path=tmp / "shardetcd" / "shardetcd.log", extra_args=(
-        "--listen-client-urls", f"http://127.0.0.1:{port},https://127.0.0.1:{tls_port}",
-        "--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"]), "--client-cert-auth",
-        "--trusted-ca-file", str(pki["ca"]))).start()
+        f"--advertise-client-urls=https://127.0.0.1:{tls_port}", f"--cert-file={pki['server']}",
+        "--client-cert-auth=true", f"--data-dir={data_dir}", "--experimental-initial-corrupt-check=true",
+        "--experimental-watch-progress-notify-interval=5s", f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=node1={peer}", f"--key-file={pki['server-key']}",
+        f"--listen-client-urls=http://127.0.0.1:{port},https://127.0.0.1:{tls_port}", f"--listen-peer-urls={peer}",
+        "--name=node1", f"--peer-cert-file={pki['server']}", "--peer-client-cert-auth=true",
+        f"--peer-key-file={pki['server-key']}", f"--peer-trusted-ca-file={pki['ca']}", "--snapshot-count=10000",
+        f"--trusted-ca-file={pki['ca']}")).start()
     return [server], [f"https://127.0.0.1:{tls_port}"], [
         f"--etcd-cafile={pki['ca']}", f"--etcd-certfile={pki['client']}", f"--etcd-keyfile={pki['client-key']}"]
 

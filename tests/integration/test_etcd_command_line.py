@@ -1,0 +1,222 @@
+"""etcd's own command line starts shardetcd: what etcd 3.5.1 refuses, shardetcd refuses with
+the same words and exit status; kubeadm's etcd command line, the same settings as ETCD_*
+variables, and the same settings as an etcd configuration file start both, and both then
+serve a TLS client and kubeadm's health probe."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.etcd_fixture import etcd_binary, free_ports
+from tests.tls_certs import make_pki
+
+REPO = Path(__file__).resolve().parents[2]
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+
+
+def etcd_cmd() -> list[str]:
+    return [etcd_binary()]
+
+
+def shardetcd_cmd() -> list[str]:
+    return [sys.executable, "-m", "shim"]
+
+
+def outcome(cmd: list[str], argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    """(exit status, the one line that says why) of a start that must be refused. One that is not
+    refused serves on free loopback ports until stopped by PID (a test failure, not a hang)."""
+    proc = subprocess.Popen([*cmd, *argv], env={**CLEAN_ENV, **env}, cwd=cwd if cmd == etcd_cmd() else REPO,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        proc.communicate(timeout=20)
+        return -1, f"started: {cmd} {argv} {env}"
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    if cmd == shardetcd_cmd():
+        last = lines[-1] if lines else ""
+        return proc.returncode, last.removeprefix("shardetcd: ").removesuffix(" (see shardetcd --help)")
+    for line in lines:  # etcd: its zap line (exit 1), or Go's flag error before the usage text (exit 2)
+        if line.startswith("{"):
+            entry = json.loads(line)
+            if entry.get("msg") == "failed to verify flags":
+                return proc.returncode, entry["error"]
+            if entry.get("level") == "fatal":
+                return proc.returncode, f"{entry['msg']} {entry.get('environment-variable', '')}"
+        elif not line.startswith("Usage"):
+            return proc.returncode, line
+    return proc.returncode, ""
+
+
+def own_ports(cmd: list[str], tmp: Path) -> list[str]:
+    """Flags that keep a server that does start on free loopback ports and under ``tmp``."""
+    client, peer = free_ports(2)
+    urls = [f"--listen-client-urls=http://127.0.0.1:{client}", f"--advertise-client-urls=http://127.0.0.1:{client}"]
+    if cmd == etcd_cmd():
+        return [*urls, f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=default=http://127.0.0.1:{peer}"]
+    return [*urls, f"--state-dir={tmp / 'state'}"]
+
+
+REFUSED = [  # (command line, environment)
+    (["--foo"], {}),
+    (["--data"], {}),
+    (["-name"], {}),
+    (["---name=x"], {}),
+    (["--snapshot-count=abc"], {}),
+    (["--client-cert-auth=yes"], {}),
+    (["--client-cert-auth", "true"], {}),
+    (["--name", "a", "extra"], {}),
+    (["--listen-client-urls=localhost:2379"], {}),
+    (["--listen-client-urls=http://localhost"], {}),
+    (["--listen-client-urls=http://127.0.0.1:2379/x"], {}),
+    (["--initial-cluster-state=old"], {}),
+    (["--max-request-bytes=-1"], {}),
+    (["--grpc-keepalive-timeout=5"], {}),
+    (["--heartbeat-interval=1e3"], {}),
+    (["--quota-backend-bytes=0x"], {}),
+    (["--v2-deprecation=bogus"], {}),
+    (["--experimental-compaction-batch-limit=9223372036854775808"], {}),
+    (["--cors=example.com"], {}),
+    (["--snapshot-count=abc", "--foo"], {}),
+    (["--foo", "--snapshot-count=abc"], {}),
+    ([], {"ETCD_SNAPSHOT_COUNT": "abc"}),
+    ([], {"ETCD_CLIENT_CERT_AUTH": "yes"}),
+    ([], {"ETCD_MAX_REQUEST_BYTES": "-1"}),
+]
+
+
+@pytest.mark.parametrize("argv, env", REFUSED, ids=[" ".join(a) or str(e) for a, e in REFUSED])
+def test_refused_as_etcd_refuses(tmp_path, argv, env):
+    got = {}
+    for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
+        got[name] = outcome(cmd, ["--data-dir", str(tmp_path / name), *own_ports(cmd, tmp_path / name), *argv],
+                            env, tmp_path)
+    assert got["shardetcd"] == got["etcd"] and got["etcd"][0] in (1, 2) and got["etcd"][1]
+
+
+def test_a_flag_and_its_variable_together_are_refused_as_etcd(tmp_path):
+    for cmd in (etcd_cmd(), shardetcd_cmd()):
+        code, why = outcome(cmd, ["--data-dir", str(tmp_path / "d"), *own_ports(cmd, tmp_path), "--name=a"],
+                            {"ETCD_NAME": "b"}, tmp_path)
+        assert code == 1 and "ETCD_NAME" in why and "shadowed" in why, (cmd, why)
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["--help"], ["--version"], ["-version=true"]])
+def test_help_and_version_exit_0_as_etcd(tmp_path, argv):
+    for cmd in (etcd_cmd(), shardetcd_cmd()):
+        r = subprocess.run([*cmd, *argv], env=CLEAN_ENV, cwd=tmp_path if cmd == etcd_cmd() else REPO,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and (r.stdout + r.stderr).strip(), (cmd, r.stderr)
+
+
+# -- kubeadm's command line, the environment, a configuration file -----------------------------
+
+def kubeadm_flags(pki: dict[str, Path], data_dir: Path, client: int, peer: int, metrics: int) -> dict[str, str]:
+    """kubeadm's etcd static pod flags (etcd 3.5), on this machine's loopback ports."""
+    return {
+        "advertise-client-urls": f"https://127.0.0.1:{client}", "cert-file": str(pki["server"]),
+        "client-cert-auth": "true", "data-dir": str(data_dir), "experimental-initial-corrupt-check": "true",
+        "experimental-watch-progress-notify-interval": "5s", "initial-advertise-peer-urls": f"https://127.0.0.1:{peer}",
+        "initial-cluster": f"node1=https://127.0.0.1:{peer}", "key-file": str(pki["server-key"]),
+        "listen-client-urls": f"https://127.0.0.1:{client}", "listen-metrics-urls": f"http://127.0.0.1:{metrics}",
+        "listen-peer-urls": f"https://127.0.0.1:{peer}", "name": "node1", "peer-cert-file": str(pki["server"]),
+        "peer-client-cert-auth": "true", "peer-key-file": str(pki["server-key"]),
+        "peer-trusted-ca-file": str(pki["ca"]), "snapshot-count": "10000", "trusted-ca-file": str(pki["ca"]),
+    }
+
+
+def config_file(flags: dict[str, str], path: Path) -> Path:
+    """The same settings as etcd's YAML configuration file (TLS nested, durations in nanoseconds)."""
+    security = ("cert-file", "key-file", "client-cert-auth", "trusted-ca-file")
+    lines = ["client-transport-security:"]
+    lines += [f"  {k}: {flags[k]}" for k in security]
+    lines += ["peer-transport-security:", f"  cert-file: {flags['peer-cert-file']}",
+              f"  key-file: {flags['peer-key-file']}", "  client-cert-auth: true",
+              f"  trusted-ca-file: {flags['peer-trusted-ca-file']}"]
+    for k, v in flags.items():
+        if k in security or k.startswith("peer-"):
+            continue
+        if k == "experimental-watch-progress-notify-interval":
+            v = "5000000000"
+        elif k == "snapshot-count" or v == "true":
+            pass
+        else:
+            v = json.dumps(v)
+        lines.append(f"{k}: {v}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def started(cmd: list[str], how: str, flags: dict[str, str], directory: Path) -> subprocess.Popen:
+    """``cmd`` given kubeadm's settings ``how``: as flags, as ETCD_* variables, or in a configuration file."""
+    argv, env = [], {}
+    if how == "flags":
+        argv = [f"--{k}={v}" for k, v in flags.items()]
+    elif how == "environment":
+        env = {"ETCD_" + k.upper().replace("-", "_"): v for k, v in flags.items()}
+    else:
+        argv = ["--config-file", str(config_file(flags, directory / "config.yaml"))]
+    with open(directory / "server.log", "wb") as log:
+        return subprocess.Popen([*cmd, *argv], env={**CLEAN_ENV, **env}, cwd=REPO, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
+def probe(metrics: int) -> tuple[int, dict]:
+    """kubeadm's liveness probe of etcd."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/health?exclude=NOSPACE&serializable=true",
+                                timeout=2) as r:
+        return r.status, json.load(r)
+
+
+def etcdctl(pki: dict[str, Path], client: int, *args: str, cert: bool = True) -> subprocess.CompletedProcess:
+    tls = [f"--cacert={pki['ca']}"] + ([f"--cert={pki['client']}", f"--key={pki['client-key']}"] if cert else [])
+    return subprocess.run(["etcdctl", f"--endpoints=https://127.0.0.1:{client}", f"--dial-timeout={3 if cert else 1}s",
+                           f"--command-timeout={5 if cert else 1}s", *tls, *args], env={**CLEAN_ENV, "ETCDCTL_API": "3"},
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("how", ["flags", "environment", "config-file"])
+def test_kubeadms_etcd_settings_start_both_and_serve_tls_clients(tmp_path, how):
+    pki = make_pki(tmp_path / "pki")
+    servers = {}
+    try:
+        for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
+            client, peer, metrics = free_ports(3)
+            flags = kubeadm_flags(pki, tmp_path / name / "data", client, peer, metrics)
+            (tmp_path / name).mkdir()
+            servers[name] = (started(cmd, how, flags, tmp_path / name), client, metrics)
+        for name, (proc, client, metrics) in servers.items():
+            deadline = time.monotonic() + 30
+            while True:
+                assert proc.poll() is None, (name, (tmp_path / name / "server.log").read_text()[-2000:])
+                try:
+                    status, body = probe(metrics)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, name
+                    time.sleep(0.1)
+            assert (status, body["health"]) == (200, "true"), (name, body)
+            put = etcdctl(pki, client, "put", "/registry/pods/default/p", "v")
+            assert put.stdout == "OK\n", (name, put.stderr)
+            got = etcdctl(pki, client, "get", "/registry/pods/default/p", "--print-value-only")
+            assert got.stdout == "v\n", (name, got.stderr)
+            refused = etcdctl(pki, client, "get", "k", cert=False)  # --client-cert-auth: no certificate, no call
+            assert refused.returncode != 0 and refused.stdout == "", name
+    finally:
+        for proc, _, _ in servers.values():
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
