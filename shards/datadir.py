@@ -64,6 +64,12 @@ class DataDir:
         try:
             path.mkdir(parents=True, exist_ok=True)
             if not (path / "meta.json").exists():
+                if (path / "member" / "snap" / "db").is_file():  # etcd's own data dir (a swapped manifest)
+                    raise DataDirError(
+                        f"data dir {path} is not empty and holds an etcd member, not shardetcd data: bring its "
+                        f"keys over into a new dir with `shardetcd migrate --from <etcd URL> --data-dir NEW` while "
+                        f"that etcd runs, or `shardetcd snapshot restore {path / 'member' / 'snap' / 'db'} "
+                        "--data-dir NEW` once it has stopped cleanly")
                 if any(p.name not in ("LOCK", "shards", "tmp") for p in path.iterdir()):
                     raise DataDirError(f"data dir {path} is not empty and holds no shardetcd data")
                 if (path / "shards").is_dir() and any((path / "shards").iterdir()):

@@ -220,3 +220,38 @@ def test_kubeadms_etcd_settings_start_both_and_serve_tls_clients(tmp_path, how):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def test_etcds_data_dir_is_refused_with_the_way_over_which_works(tmp_path):
+    """A swapped manifest keeps etcd's --data-dir: shardetcd refuses it and names the command
+    that brings its keys over; that command, run as printed, does."""
+    from tests.etcd_fixture import start_etcd
+    from tests.shardetcd_fixture import start_shardetcd
+
+    etcd = start_etcd(tmp_path / "etcd")
+    try:
+        put = subprocess.run(["etcdctl", f"--endpoints={etcd.endpoint}", "put", "/registry/pods/default/a", "1"],
+                             env={**CLEAN_ENV, "ETCDCTL_API": "3"}, capture_output=True, text=True, timeout=30)
+        assert put.stdout == "OK\n", put.stderr
+        etcd.proc.terminate()  # a clean stop: bbolt has every applied write
+        etcd.proc.wait(30)
+    finally:
+        etcd.stop()
+    r = subprocess.run([*shardetcd_cmd(), f"--data-dir={etcd.data_dir}", *own_ports(shardetcd_cmd(), tmp_path)],
+                       env=CLEAN_ENV, cwd=REPO, capture_output=True, text=True, timeout=30)
+    line = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "holds an etcd member" in line, r.stderr
+    restore = line.split("`")[3]  # the second command named: for a stopped etcd
+    assert restore.startswith("shardetcd snapshot restore ") and restore.endswith(" --data-dir NEW")
+    new = tmp_path / "new"
+    argv = [*shardetcd_cmd(), *restore.split()[1:-1], str(new)]
+    done = subprocess.run(argv, env=CLEAN_ENV, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    server = start_shardetcd(tmp_path, extra_args=("--data-dir", str(new)))
+    try:
+        got = subprocess.run(["etcdctl", f"--endpoints={server.endpoint}", "get", "/registry/pods/default/a",
+                              "--print-value-only"], env={**CLEAN_ENV, "ETCDCTL_API": "3"}, capture_output=True,
+                             text=True, timeout=30)
+        assert got.stdout == "1\n", got.stderr
+    finally:
+        server.stop()
