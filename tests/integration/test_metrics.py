@@ -184,7 +184,12 @@ def test_etcd_info_and_proposal_metrics_as_etcd(server, real_etcd):
                 for f in text_string_to_metric_families(text)}
     wanted = {"etcd_server_id", "etcd_server_version", "etcd_cluster_version", "etcd_server_leader_changes_seen",
               "etcd_server_proposals_pending", "etcd_server_proposals_failed", "etcd_server_has_leader",
-              "etcd_server_is_leader", "etcd_server_proposals_committed_total", "etcd_server_proposals_applied_total"}
+              "etcd_server_is_leader", "etcd_server_proposals_committed_total", "etcd_server_proposals_applied_total",
+              # what etcd's own dashboard and alerts (etcd-mixin) read besides
+              "etcd_server_is_learner", "etcd_disk_wal_fsync_duration_seconds", "etcd_disk_backend_commit_duration_seconds",
+              "etcd_disk_wal_write_bytes_total", "etcd_mvcc_db_total_size_in_bytes", "etcd_mvcc_db_total_size_in_use_in_bytes",
+              "etcd_server_quota_backend_bytes", "etcd_network_client_grpc_received_bytes",
+              "etcd_network_client_grpc_sent_bytes", "etcd_debugging_mvcc_keys_total", "process_resident_memory_bytes"}
     ours, theirs = ({n for n in names(u) if n[0] in wanted} for u in (base, real_etcd.client_url))
     assert ours == theirs and len(ours) == len(wanted)
     with grpc.insecure_channel(s.endpoint) as ch:
@@ -193,6 +198,13 @@ def test_etcd_info_and_proposal_metrics_as_etcd(server, real_etcd):
     assert m[("etcd_server_id", (("server_id", f"{member_id:x}"),))] == 1
     assert m[("etcd_cluster_version", (("cluster_version", "3.5"),))] == 1
     assert m[("etcd_server_leader_changes_seen_total", ())] == 1 and m[("etcd_server_proposals_failed_total", ())] == 0
+    assert m[("etcd_server_is_learner", ())] == 0
+    with grpc.insecure_channel(s.endpoint) as ch:  # a write: one more journal batch, its bytes written
+        pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/m", value=b"v" * 100))
+    after = scrape(base)
+    assert after[("etcd_disk_wal_write_bytes_total", ())] >= m[("etcd_disk_wal_write_bytes_total", ())] + 100
+    for name in ("etcd_disk_wal_fsync_duration_seconds_count", "etcd_disk_backend_commit_duration_seconds_count"):
+        assert after[(name, ())] == m[(name, ())] + 1, name
 
 
 def test_slow_requests_are_logged_and_counted(tmp_path):
