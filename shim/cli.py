@@ -16,7 +16,7 @@ from shards.tokens import TokenOptionsError, parse_auth_token
 
 from .autocompact import AutoCompaction
 from .config import ETCD_API_VERSION, GRPC_SERVERS, ServerConfig
-from .etcdflags import FlagError, go_duration, normalize, refusal
+from .etcdflags import FlagError, cipher_suites, go_duration, normalize, refusal
 from .loop import EVENT_LOOPS, default_event_loop, run as run_loop
 from .server import StartupError, StoreStopped, serve
 
@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cert-file", type=Path, default=None, help="server TLS certificate (PEM), used by https:// client URLs")
     p.add_argument("--key-file", type=Path, default=None, help="server TLS private key (PEM)")
     p.add_argument("--trusted-ca-file", type=Path, default=None, help="CA bundle (PEM) that client certificates must be signed by")
+    p.add_argument("--cipher-suites", type=cipher_suites, default=(),
+                   help="comma-separated TLS 1.2 cipher suites offered to clients, by Go's names as etcd takes them "
+                        "(e.g. TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256); TLS 1.3's are always offered "
+                        "(default: OpenSSL's)")
     p.add_argument("--client-cert-auth", action="store_true", help="refuse TLS clients without a certificate signed by --trusted-ca-file")
     p.add_argument("--listen-metrics-urls", type=_urls, default=(), help="comma-separated http:// URLs serving /metrics, /health, /readyz, /livez and /version")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"], help="log verbosity; logs go to stderr (default: %(default)s)")
@@ -220,6 +224,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         key_file=args.key_file,
         trusted_ca_file=args.trusted_ca_file,
         client_cert_auth=args.client_cert_auth,
+        cipher_suites=args.cipher_suites,
         listen_metrics_urls=args.listen_metrics_urls,
         max_concurrent_streams=args.max_concurrent_streams,
         grpc_server=args.grpc_server,

@@ -42,6 +42,7 @@ class ServerConfig:
     key_file: Path | None = None
     trusted_ca_file: Path | None = None
     client_cert_auth: bool = False
+    cipher_suites: tuple[str, ...] = ()  # Go's names (--cipher-suites); empty: OpenSSL's defaults
     listen_metrics_urls: tuple[str, ...] = ()
     grpc_keepalive_min_time_s: float = 5.0
     grpc_keepalive_interval_s: float = 2 * 60 * 60

@@ -36,6 +36,7 @@ from .concurrency import ElectionService, LockService
 from .auth import AuthService
 from .config import ServerConfig
 from .context import Member
+from .etcdflags import CIPHER_SUITES
 from . import handlers
 from .handlers import Slow, service_handler, unknown_methods
 from .health import HealthService
@@ -96,6 +97,23 @@ def _read(path: Path | None, what: str) -> bytes | None:
         raise StartupError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
+_HTTP2_REQUIRED = ("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256")
+
+
+def _restrict_ciphers(context: ssl.SSLContext, names: tuple[str, ...]) -> None:
+    """etcd's --cipher-suites: TLS 1.2 offers only these; TLS 1.3 offers its own three, as Go's
+    server does. As there, a list without one of the two suites HTTP/2 requires stops the start
+    (etcd 3.5.1's client listener fails on it)."""
+    if not any(n in _HTTP2_REQUIRED for n in names):
+        raise StartupError("--cipher-suites is missing an HTTP/2-required AES_128_GCM_SHA256 cipher (need at least "
+                           f"one of {' or '.join(_HTTP2_REQUIRED)})")
+    openssl = [CIPHER_SUITES[n] for n in names if CIPHER_SUITES[n] is not None]
+    try:
+        context.set_ciphers(":".join(dict.fromkeys(openssl)))
+    except ssl.SSLError:
+        raise StartupError(f"--cipher-suites: this machine's OpenSSL offers none of {', '.join(names)}") from None
+
+
 def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials | ssl.SSLContext:
     """etcd's client TLS: certificate and key; with --client-cert-auth, clients
     must present a certificate signed by --trusted-ca-file. grpcio's credentials, or
@@ -107,6 +125,8 @@ def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials | ssl.SSLCon
     cert, key = _read(config.cert_file, "--cert-file"), _read(config.key_file, "--key-file")
     ca = _read(config.trusted_ca_file, "--trusted-ca-file")
     if config.grpc_server == "grpcio":
+        if config.cipher_suites:
+            raise StartupError("--cipher-suites needs --grpc-server native (grpc.aio's server takes no cipher list)")
         return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
                                            require_client_auth=config.client_cert_auth)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -117,6 +137,8 @@ def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials | ssl.SSLCon
             context.load_verify_locations(cadata=ca.decode("latin-1"))
     except (ssl.SSLError, ValueError) as exc:
         raise StartupError(f"cannot use the TLS certificate, key or CA: {exc}") from None
+    if config.cipher_suites:
+        _restrict_ciphers(context, config.cipher_suites)
     context.verify_mode = (ssl.CERT_REQUIRED if config.client_cert_auth else
                            ssl.CERT_OPTIONAL if ca is not None else ssl.CERT_NONE)
     context.set_alpn_protocols(["h2"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -255,3 +257,76 @@ def test_etcds_data_dir_is_refused_with_the_way_over_which_works(tmp_path):
         assert got.stdout == "1\n", got.stderr
     finally:
         server.stop()
+
+
+def handshake(port: int, pki: dict[str, Path], tls12_cipher: str | None) -> str | None:
+    """The cipher a TLS client gets from 127.0.0.1:port (TLS 1.2 offering only ``tls12_cipher``,
+    or TLS 1.3 when None); None if the server refused the handshake."""
+    ctx = ssl.create_default_context(cafile=str(pki["ca"]))
+    ctx.load_cert_chain(str(pki["client"]), str(pki["client-key"]))
+    if tls12_cipher is not None:
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+        ctx.set_ciphers(tls12_cipher)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+                ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            return tls.cipher()[0]
+    except ssl.SSLError:
+        return None
+
+
+def test_cipher_suites_restrict_tls12_as_etcd(tmp_path):
+    """--cipher-suites (Go's names): a TLS 1.2 client offering only another suite is refused by both
+    servers, one offering the listed suite gets it, TLS 1.3 is not restricted; an unknown name stops
+    both starts."""
+    pki = make_pki(tmp_path / "pki")
+    suites = "--cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_AES_128_GCM_SHA256"  # the certs are ECDSA
+    servers, got = {}, {}
+    try:
+        for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
+            client, peer, metrics = free_ports(3)
+            flags = kubeadm_flags(pki, tmp_path / name / "data", client, peer, metrics)
+            (tmp_path / name).mkdir()
+            argv = [*(f"--{k}={v}" for k, v in flags.items()), suites]
+            with open(tmp_path / name / "server.log", "wb") as log:
+                servers[name] = (subprocess.Popen([*cmd, *argv], env=CLEAN_ENV, cwd=REPO, stdin=subprocess.DEVNULL,
+                                                  stdout=log, stderr=subprocess.STDOUT), client, metrics)
+        for name, (proc, client, metrics) in servers.items():
+            deadline = time.monotonic() + 30
+            while True:
+                assert proc.poll() is None, (name, (tmp_path / name / "server.log").read_text()[-2000:])
+                try:
+                    probe(metrics)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, name
+                    time.sleep(0.1)
+            got[name] = [handshake(client, pki, c) for c in ("ECDHE-ECDSA-AES256-GCM-SHA384",
+                                                              "ECDHE-ECDSA-AES128-GCM-SHA256")]
+            got[name].append(handshake(client, pki, None) is not None)  # TLS 1.3 (Go prefers AES-128, OpenSSL the
+            # client's first choice: which of the three is not compared)
+    finally:
+        for proc, _, _ in servers.values():
+            proc.terminate()
+            proc.wait(15)
+    assert got["shardetcd"] == got["etcd"]
+    assert got["etcd"][0] is None and got["etcd"][1] == "ECDHE-ECDSA-AES128-GCM-SHA256" and got["etcd"][2]
+    for cmd in (etcd_cmd(), shardetcd_cmd()):
+        r = subprocess.run([*cmd, f"--data-dir={tmp_path / 'bogus'}", *own_ports(cmd, tmp_path / "bogus"),
+                            "--cipher-suites=TLS_BOGUS"], env=CLEAN_ENV, cwd=tmp_path if cmd == etcd_cmd() else REPO,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0 and 'unexpected TLS cipher suite "TLS_BOGUS"' in r.stderr.replace('\\"', '"'), (
+            cmd, r.stderr)
+
+
+def test_cipher_suites_without_http2s_required_one_stop_both_starts(tmp_path):
+    """Go's HTTP/2 server needs an ECDHE AES_128_GCM_SHA256 suite in the list; etcd 3.5.1's client
+    listener fails without one, and shardetcd refuses to start."""
+    pki = make_pki(tmp_path / "pki")
+    for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
+        client, peer, metrics = free_ports(3)
+        argv = [f"--{k}={v}" for k, v in kubeadm_flags(pki, tmp_path / name / "data", client, peer, metrics).items()]
+        code, why = outcome(cmd, [*argv, "--cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"], {}, tmp_path)
+        assert code in (1, 2), (name, code, why)
+        if name == "shardetcd":
+            assert "missing an HTTP/2-required AES_128_GCM_SHA256 cipher" in why, why

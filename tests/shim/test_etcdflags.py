@@ -189,7 +189,6 @@ def test_kubeadms_command_line_is_applied():
     (["--client-crl-file=/pki/crl.pem"], "revocation"),
     (["--client-cert-allowed-hostname=host"], "hostname"),
     (["--auto-tls"], "no certificates"),
-    (["--cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"], "cipher"),
     (["--host-whitelist=example.com"], "Host header"),
     (["--cors=https://example.com:443"], "every origin"),
     (["--enable-grpc-gateway=false"], "gateway"),
@@ -199,6 +198,17 @@ def test_kubeadms_command_line_is_applied():
 def test_flags_whose_loss_would_matter_are_refused(argv, why):
     reason = refusal(read(argv), ())
     assert reason is not None and why in reason
+
+
+def test_cipher_suites_by_gos_names():
+    c = config(["--cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305,"
+                "TLS_AES_128_GCM_SHA256"])
+    assert c.cipher_suites == ("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305",
+                               "TLS_AES_128_GCM_SHA256")
+    e = refused(["--cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_BOGUS"])
+    assert (e.code, str(e)) == (2, 'invalid value "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_BOGUS" for flag '
+                                   '-cipher-suites: unexpected TLS cipher suite "TLS_BOGUS"')
+    assert "cipher-suites" in read(["--cipher-suites=TLS_AES_128_GCM_SHA256"]).applied
 
 
 def test_what_is_not_refused():
@@ -217,6 +227,7 @@ def test_every_etcd_flag_is_accepted_with_a_valid_value():
         value = {"initial-cluster-state": "new", "discovery-fallback": "exit", "proxy": "off",
                  "v2-deprecation": "not-yet", "log-level": "info", "auto-compaction-mode": "periodic",
                  "auto-compaction-retention": "1", "auth-token": "simple", "bcrypt-cost": "10",
+                 "cipher-suites": "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
                  "config-file": None}.get(name, samples.get(kind))
         if value is None:
             continue
@@ -271,3 +282,22 @@ def test_configuration_file_refusals(tmp_path, text, why):
     e = refused(["--config-file", str(f)])
     assert e.code == 1 and why in str(e), str(e)
     assert "cannot read" in str(refused(["--config-file", str(tmp_path / "missing.yaml")]))
+
+
+def test_cipher_suites_reach_the_tls_context(tmp_path):
+    import ssl
+
+    from shim.server import StartupError, tls_credentials
+    from tests.tls_certs import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    tls = ["--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"])]
+    ctx = tls_credentials(config([*tls, "--cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_RSA_WITH_RC4_128_SHA"]))
+    assert isinstance(ctx, ssl.SSLContext)
+    tls12 = {c["name"] for c in ctx.get_ciphers() if c["protocol"] == "TLSv1.2"}
+    assert tls12 == {"ECDHE-ECDSA-AES128-GCM-SHA256"}  # RC4: not in this OpenSSL, left out
+    for argv, why in ((["--cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"], "HTTP/2-required"),
+                      (["--cipher-suites=TLS_AES_128_GCM_SHA256"], "HTTP/2-required"),
+                      (["--cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "--grpc-server=grpcio"], "native")):
+        with pytest.raises(StartupError, match=why):
+            tls_credentials(config([*tls, *argv]))
