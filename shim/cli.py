@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated TLS 1.2 cipher suites offered to clients, by Go's names as etcd takes them "
                         "(e.g. TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256); TLS 1.3's are always offered "
                         "(default: OpenSSL's)")
+    p.add_argument("--client-crl-file", type=Path, default=None,
+                   help="certificate revocation list (PEM or DER): a TLS client whose certificate it names is cut "
+                        "off after the handshake; read again when the file changes (native gRPC server)")
+    p.add_argument("--client-cert-allowed-hostname", default=None,
+                   help="TLS clients' certificates must name this host among their subject alternative names "
+                        "(native gRPC server)")
     p.add_argument("--client-cert-auth", action="store_true", help="refuse TLS clients without a certificate signed by --trusted-ca-file")
     p.add_argument("--listen-metrics-urls", type=_urls, default=(), help="comma-separated http:// URLs serving /metrics, /health, /readyz, /livez and /version")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"], help="log verbosity; logs go to stderr (default: %(default)s)")
@@ -225,6 +231,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         trusted_ca_file=args.trusted_ca_file,
         client_cert_auth=args.client_cert_auth,
         cipher_suites=args.cipher_suites,
+        client_crl_file=args.client_crl_file,
+        client_cert_allowed_hostname=args.client_cert_allowed_hostname,
         listen_metrics_urls=args.listen_metrics_urls,
         max_concurrent_streams=args.max_concurrent_streams,
         grpc_server=args.grpc_server,

@@ -43,6 +43,8 @@ class ServerConfig:
     trusted_ca_file: Path | None = None
     client_cert_auth: bool = False
     cipher_suites: tuple[str, ...] = ()  # Go's names (--cipher-suites); empty: OpenSSL's defaults
+    client_crl_file: Path | None = None  # serials refused after the handshake (shim/peercheck.py)
+    client_cert_allowed_hostname: str | None = None  # a client certificate must name this host
     listen_metrics_urls: tuple[str, ...] = ()
     grpc_keepalive_min_time_s: float = 5.0
     grpc_keepalive_interval_s: float = 2 * 60 * 60

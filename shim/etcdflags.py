@@ -12,8 +12,8 @@ Each etcd flag is one of:
 
 * **applied**: shardetcd has the same knob under the same name (an option of the parser);
 * **refused**: ignoring it would weaken a security control or change what clients see
-  (a certificate revocation list, a client hostname check, a multi-member Raft bootstrap
-  with a local journal, ...): the start is refused with one line saying why;
+  (generated certificates, a Host header check, a multi-member Raft bootstrap with a local
+  journal, ...): the start is refused with one line saying why;
 * **no effect**: Raft's, peers', bbolt's and logging plumbing's knobs. They are checked
   as etcd checks them (a value etcd refuses is refused) and named in one log line.
 
@@ -474,12 +474,6 @@ _HANDLED = {"version", "unsafe-no-fsync", "config-file"}
 def refusal(reading: Reading, journal_urls: tuple[str, ...]) -> str | None:
     """Why shardetcd must not start with these etcd flags (None: it may)."""
     e = reading.etcd
-    if e.get("client-crl-file"):
-        return ("--client-crl-file: shardetcd does not check certificate revocation lists, and would accept a "
-                "revoked client certificate; remove the flag only if no certificate it lists can still reach this "
-                "server")
-    if e.get("client-cert-allowed-hostname"):
-        return "--client-cert-allowed-hostname: shardetcd does not restrict client certificates by hostname"
     if e.get("auto-tls"):
         return "--auto-tls: shardetcd generates no certificates; give --cert-file and --key-file"
     if e.get("host-whitelist") not in (None, [], ["*"]):

@@ -55,6 +55,7 @@ import asyncio
 import base64
 import binascii
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from email.utils import formatdate
 import logging
@@ -229,6 +230,8 @@ class ServerOptions:
     keepalive_interval_s: float = 7200.0
     keepalive_timeout_s: float = 20.0
     handshake_timeout_s: float = 120.0  # a connection that has not sent its preface by then is closed (grpc-go's)
+    # once a TLS handshake is done: the client's certificate (DER, or None) -> why it is refused, or None
+    check_client: Callable[[bytes | None], str | None] | None = None
 
 
 class _Ended(Exception):
@@ -658,6 +661,21 @@ class Connection(asyncio.Protocol):
         if opts.keepalive_interval_s > 0 and opts.keepalive_timeout_s > 0:  # either 0: no pings, as etcd
             self.keepalive = self.loop.call_later(opts.keepalive_interval_s, self._keepalive)
         self.handshake = self.loop.call_later(self.server.options.handshake_timeout_s, self._handshake_expired)
+        if self.tls and opts.check_client is not None:
+            self._check_client(transport, opts.check_client)
+
+    def _check_client(self, transport, check) -> None:
+        """etcd's checks of the client's certificate after the handshake (shim/peercheck.py): a
+        refused client's connection is closed before anything is read from it."""
+        der = transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        try:
+            why = check(der)
+        except Exception as exc:  # noqa: BLE001 - an unparsable certificate is refused, not a crash
+            why = f"cannot check the client certificate: {exc}"
+        if why is not None:
+            logger.warning("rejected connection remote_addr=%s error=%s",
+                           (transport.get_extra_info("peername") or ("?",))[0], why)
+            transport.close()
 
     def _stop_timers(self) -> None:
         """The connection is ending, or no longer ours (handed to the HTTP endpoint)."""

@@ -37,6 +37,7 @@ from .auth import AuthService
 from .config import ServerConfig
 from .context import Member
 from .etcdflags import CIPHER_SUITES
+from .peercheck import CertificateCheck
 from . import handlers
 from .handlers import Slow, service_handler, unknown_methods
 from .health import HealthService
@@ -125,8 +126,10 @@ def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials | ssl.SSLCon
     cert, key = _read(config.cert_file, "--cert-file"), _read(config.key_file, "--key-file")
     ca = _read(config.trusted_ca_file, "--trusted-ca-file")
     if config.grpc_server == "grpcio":
-        if config.cipher_suites:
-            raise StartupError("--cipher-suites needs --grpc-server native (grpc.aio's server takes no cipher list)")
+        for flag, value in (("--cipher-suites", config.cipher_suites), ("--client-crl-file", config.client_crl_file),
+                            ("--client-cert-allowed-hostname", config.client_cert_allowed_hostname)):
+            if value:
+                raise StartupError(f"{flag} needs --grpc-server native (grpc.aio's server has no such hook)")
         return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
                                            require_client_auth=config.client_cert_auth)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -154,7 +157,21 @@ def grpc_server(config: ServerConfig):
         max_concurrent_streams=min(config.max_concurrent_streams, 2**31 - 1),
         min_ping_interval_s=config.grpc_keepalive_min_time_s,
         keepalive_interval_s=config.grpc_keepalive_interval_s,
-        keepalive_timeout_s=config.grpc_keepalive_timeout_s))
+        keepalive_timeout_s=config.grpc_keepalive_timeout_s,
+        check_client=client_check(config)))
+
+
+def client_check(config: ServerConfig) -> CertificateCheck | None:
+    """--client-crl-file and --client-cert-allowed-hostname, checked per TLS connection."""
+    if config.client_crl_file is None and config.client_cert_allowed_hostname is None:
+        return None
+    try:
+        return CertificateCheck(config.client_crl_file, config.client_cert_allowed_hostname)
+    except OSError as exc:
+        raise StartupError(f"cannot read --client-crl-file {config.client_crl_file}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise StartupError(f"--client-crl-file {config.client_crl_file} is no certificate revocation list: "
+                           f"{exc}") from None
 
 
 def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:

@@ -42,14 +42,26 @@ def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool, us
     return b.sign(issuer_key, hashes.SHA256())
 
 
-def make_pki(directory: Path, name: str = "ca", client_cns: tuple[str, ...] = ()) -> dict[str, Path]:
-    """Files: ca.pem, server.pem/server-key.pem (127.0.0.1, localhost), client.pem/client-key.pem,
-    and for each CN in `client_cns` a client certificate with that Common Name ("client:CN", "client:CN-key")."""
+def make_pki(directory: Path, name: str = "ca", client_cns: tuple[str, ...] = (),
+             client_dns: tuple[str, ...] = ()) -> dict[str, Path]:
+    """Files: ca.pem (and its key, ca-key), server.pem/server-key.pem (127.0.0.1, localhost),
+    client.pem/client-key.pem, for each CN in `client_cns` a client certificate with that Common
+    Name ("client:CN", "client:CN-key"), and for each name in `client_dns` one whose subject
+    alternative name is that DNS name ("client-dns:NAME", "client-dns:NAME-key")."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
     ca = _cert(f"{name} test CA", ca_key, _name(f"{name} test CA"), ca_key, ca=True)
-    files = {"ca": directory / f"{name}.pem"}
+    files = {"ca": directory / f"{name}.pem", "ca-key": directory / f"{name}-key.pem"}
     files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files["ca-key"].write_bytes(_pem_key(ca_key))
+    for dns in client_dns:
+        key = _key()
+        cert = _cert(f"client {dns}", key, ca.subject, ca_key, ca=False, usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+                     sans=[x509.DNSName(dns)])
+        files[f"client-dns:{dns}"] = directory / f"{name}-client-dns-{dns}.pem"
+        files[f"client-dns:{dns}-key"] = directory / f"{name}-client-dns-{dns}-key.pem"
+        files[f"client-dns:{dns}"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        files[f"client-dns:{dns}-key"].write_bytes(_pem_key(key))
     for role, usage, sans in (
         ("server", [ExtendedKeyUsageOID.SERVER_AUTH],
          [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
@@ -69,3 +81,17 @@ def make_pki(directory: Path, name: str = "ca", client_cns: tuple[str, ...] = ()
         files[f"client:{cn}"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         files[f"client:{cn}-key"].write_bytes(_pem_key(key))
     return files
+
+
+def write_crl(path: Path, pki: dict[str, Path], revoked: tuple[Path, ...]) -> Path:
+    """A CRL (PEM) signed by the PKI's CA, revoking the certificates in the files ``revoked``."""
+    ca = x509.load_pem_x509_certificate(pki["ca"].read_bytes())
+    ca_key = serialization.load_pem_private_key(pki["ca-key"].read_bytes(), password=None)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    b = x509.CertificateRevocationListBuilder().issuer_name(ca.subject).last_update(now).next_update(
+        now + datetime.timedelta(days=1))
+    for f in revoked:
+        serial = x509.load_pem_x509_certificate(f.read_bytes()).serial_number
+        b = b.add_revoked_certificate(x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(now).build())
+    path.write_bytes(b.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    return path

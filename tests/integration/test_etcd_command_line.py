@@ -330,3 +330,81 @@ def test_cipher_suites_without_http2s_required_one_stop_both_starts(tmp_path):
         assert code in (1, 2), (name, code, why)
         if name == "shardetcd":
             assert "missing an HTTP/2-required AES_128_GCM_SHA256 cipher" in why, why
+
+
+def start_both(tmp_path: Path, pki: dict[str, Path], extra: list[str]) -> dict[str, tuple]:
+    """etcd and shardetcd from kubeadm's flags plus ``extra``, each serving: {name: (process, client port)}."""
+    servers = {}
+    try:
+        for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
+            client, peer, metrics = free_ports(3)
+            flags = kubeadm_flags(pki, tmp_path / name / "data", client, peer, metrics)
+            (tmp_path / name).mkdir()
+            with open(tmp_path / name / "server.log", "wb") as log:
+                proc = subprocess.Popen([*cmd, *(f"--{k}={v}" for k, v in flags.items()), *extra], env=CLEAN_ENV,
+                                        cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            servers[name] = (proc, client)
+            deadline = time.monotonic() + 30
+            while True:
+                assert proc.poll() is None, (name, (tmp_path / name / "server.log").read_text()[-2000:])
+                try:
+                    probe(metrics)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, name
+                    time.sleep(0.1)
+    except BaseException:
+        stop_all(servers)
+        raise
+    return servers
+
+
+def stop_all(servers: dict[str, tuple]) -> None:
+    for proc, *_ in servers.values():
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def served(pki: dict[str, Path], client: int, cert: Path, key: Path) -> bool:
+    """Whether a client with this certificate gets an answer."""
+    r = subprocess.run(["etcdctl", f"--endpoints=https://127.0.0.1:{client}", "--dial-timeout=2s",
+                        "--command-timeout=2s", f"--cacert={pki['ca']}", f"--cert={cert}", f"--key={key}", "get", "k"],
+                       env={**CLEAN_ENV, "ETCDCTL_API": "3"}, capture_output=True, text=True, timeout=30)
+    return r.returncode == 0
+
+
+def test_client_crl_file_cuts_off_revoked_certificates_as_etcd(tmp_path):
+    """--client-crl-file: a revoked client certificate is cut off and another served, on both
+    servers; a certificate revoked later (the file rewritten, no restart) is cut off from then on."""
+    from tests.tls_certs import write_crl
+
+    pki = make_pki(tmp_path / "pki", client_cns=("alice", "bob"))
+    alice, bob = (pki["client:alice"], pki["client:alice-key"]), (pki["client:bob"], pki["client:bob-key"])
+    crl = write_crl(tmp_path / "crl.pem", pki, (pki["client:alice"],))
+    servers = start_both(tmp_path, pki, [f"--client-crl-file={crl}"])
+    try:
+        got = {name: [served(pki, client, *alice), served(pki, client, *bob)] for name, (_, client) in servers.items()}
+        time.sleep(0.05)  # a new modification time for the rewritten list, however coarse the clock
+        write_crl(crl, pki, (pki["client:alice"], pki["client:bob"]))
+        for name, (_, client) in servers.items():
+            got[name].append(served(pki, client, *bob))
+    finally:
+        stop_all(servers)
+    assert got["shardetcd"] == got["etcd"] == [False, True, False]
+
+
+def test_client_cert_allowed_hostname_as_etcd(tmp_path):
+    """--client-cert-allowed-hostname: only a client certificate naming that host is served."""
+    pki = make_pki(tmp_path / "pki", client_dns=("client.example.com", "other.example.com"))
+    servers = start_both(tmp_path, pki, ["--client-cert-allowed-hostname=client.example.com"])
+    try:
+        got = {name: [served(pki, client, pki[f"client-dns:{d}"], pki[f"client-dns:{d}-key"])
+                      for d in ("client.example.com", "other.example.com")]
+               + [served(pki, client, pki["client"], pki["client-key"])] for name, (_, client) in servers.items()}
+    finally:
+        stop_all(servers)
+    assert got["shardetcd"] == got["etcd"] == [True, False, False]

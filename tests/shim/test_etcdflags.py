@@ -186,8 +186,6 @@ def test_kubeadms_command_line_is_applied():
 @pytest.mark.parametrize("argv, why", [
     (["--initial-cluster=a=https://h1:2380,b=https://h2:2380,c=https://h3:2380"], "a database of its own"),
     (["--discovery-srv=example.com"], "a database of its own"),
-    (["--client-crl-file=/pki/crl.pem"], "revocation"),
-    (["--client-cert-allowed-hostname=host"], "hostname"),
     (["--auto-tls"], "no certificates"),
     (["--host-whitelist=example.com"], "Host header"),
     (["--cors=https://example.com:443"], "every origin"),
@@ -301,3 +299,27 @@ def test_cipher_suites_reach_the_tls_context(tmp_path):
                       (["--cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "--grpc-server=grpcio"], "native")):
         with pytest.raises(StartupError, match=why):
             tls_credentials(config([*tls, *argv]))
+
+
+def test_certificate_checks(tmp_path):
+    from cryptography import x509
+
+    from shim.peercheck import CertificateCheck, names_host
+    from tests.tls_certs import make_pki, write_crl
+
+    pki = make_pki(tmp_path / "pki", client_dns=("a.example.com", "*.wild.example.com"))
+    der = {n: x509.load_pem_x509_certificate(pki[n].read_bytes()).public_bytes(
+        __import__("cryptography.hazmat.primitives.serialization", fromlist=["Encoding"]).Encoding.DER)
+        for n in ("client", "client-dns:a.example.com", "client-dns:*.wild.example.com")}
+    crl = write_crl(tmp_path / "crl.pem", pki, (pki["client"],))
+    check = CertificateCheck(crl_file=crl)
+    assert check(der["client"]).startswith("certificate serial ") and check(der["client-dns:a.example.com"]) is None
+    assert check(None) is None  # no certificate: nothing to revoke (--client-cert-auth refuses it)
+    host = CertificateCheck(allowed_hostname="A.example.com.")
+    assert host(der["client-dns:a.example.com"]) is None
+    assert host(der["client"]) == host(None) == "client certificate authentication failed"
+    wild = x509.load_pem_x509_certificate(pki["client-dns:*.wild.example.com"].read_bytes())
+    assert names_host(wild, "x.wild.example.com") and not names_host(wild, "wild.example.com")
+    assert not names_host(wild, "a.b.wild.example.com")
+    with pytest.raises(ValueError):
+        CertificateCheck(crl_file=pki["ca"])  # a certificate, not a revocation list
