@@ -28,8 +28,8 @@ With no arguments: listen on http://127.0.0.1:2379, data in ./default.shardetcd.
 Flags follow etcd's names where etcd has the same knob, and etcd 3.5's command line is
 read as etcd reads it (Go's flag syntax, ETCD_* environment variables): etcd's flags for
 Raft, peers and bbolt are accepted and have no effect; the few whose loss would weaken
-security or split a cluster (e.g. --client-crl-file, a multi-member --initial-cluster with
-a local journal) stop the start with a line saying why.
+security or split a cluster (e.g. --auto-tls, a multi-member --initial-cluster with a
+local journal) stop the start with a line saying why.
 
 Other commands (each has --help):
   shardetcd cluster ...            one process per partition of a cluster layout, supervised
