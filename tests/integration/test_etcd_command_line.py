@@ -159,15 +159,17 @@ def config_file(flags: dict[str, str], path: Path) -> Path:
     return path
 
 
-def started(cmd: list[str], how: str, flags: dict[str, str], directory: Path) -> subprocess.Popen:
-    """``cmd`` given kubeadm's settings ``how``: as flags, as ETCD_* variables, or in a configuration file."""
-    argv, env = [], {}
+def started(cmd: list[str], how: str, flags: dict[str, str], directory: Path, extra: tuple[str, ...] = ()
+            ) -> subprocess.Popen:
+    """``cmd`` given kubeadm's settings ``how`` (as flags, as ETCD_* variables, or in a
+    configuration file) and the command-line flags ``extra``."""
+    argv, env = list(extra), {}
     if how == "flags":
-        argv = [f"--{k}={v}" for k, v in flags.items()]
+        argv = [f"--{k}={v}" for k, v in flags.items()] + argv
     elif how == "environment":
         env = {"ETCD_" + k.upper().replace("-", "_"): v for k, v in flags.items()}
     else:
-        argv = ["--config-file", str(config_file(flags, directory / "config.yaml"))]
+        argv = ["--config-file", str(config_file(flags, directory / "config.yaml"))] + argv
     with open(directory / "server.log", "wb") as log:
         return subprocess.Popen([*cmd, *argv], env={**CLEAN_ENV, **env}, cwd=REPO, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT)
@@ -190,23 +192,10 @@ def etcdctl(pki: dict[str, Path], client: int, *args: str, cert: bool = True) ->
 @pytest.mark.parametrize("how", ["flags", "environment", "config-file"])
 def test_kubeadms_etcd_settings_start_both_and_serve_tls_clients(tmp_path, how):
     pki = make_pki(tmp_path / "pki")
-    servers = {}
+    servers = start_both(tmp_path, pki, how=how)
     try:
-        for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
-            client, peer, metrics = free_ports(3)
-            flags = kubeadm_flags(pki, tmp_path / name / "data", client, peer, metrics)
-            (tmp_path / name).mkdir()
-            servers[name] = (started(cmd, how, flags, tmp_path / name), client, metrics)
-        for name, (proc, client, metrics) in servers.items():
-            deadline = time.monotonic() + 30
-            while True:
-                assert proc.poll() is None, (name, (tmp_path / name / "server.log").read_text()[-2000:])
-                try:
-                    status, body = probe(metrics)
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, name
-                    time.sleep(0.1)
+        for name, (_, client, metrics) in servers.items():
+            status, body = probe(metrics)
             assert (status, body["health"]) == (200, "true"), (name, body)
             put = etcdctl(pki, client, "put", "/registry/pods/default/p", "v")
             assert put.stdout == "OK\n", (name, put.stderr)
@@ -215,13 +204,44 @@ def test_kubeadms_etcd_settings_start_both_and_serve_tls_clients(tmp_path, how):
             refused = etcdctl(pki, client, "get", "k", cert=False)  # --client-cert-auth: no certificate, no call
             assert refused.returncode != 0 and refused.stdout == "", name
     finally:
-        for proc, _, _ in servers.values():
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(servers)
+
+
+def start_both(tmp_path: Path, pki: dict[str, Path], extra: tuple[str, ...] = (), how: str = "flags"
+               ) -> dict[str, tuple]:
+    """etcd and shardetcd from kubeadm's settings (``how``, see ``started``) plus the flags
+    ``extra``, each serving its metrics URL: {name: (process, client port, metrics port)}."""
+    servers = {}
+    try:
+        for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
+            client, peer, metrics = free_ports(3)
+            flags = kubeadm_flags(pki, tmp_path / name / "data", client, peer, metrics)
+            (tmp_path / name).mkdir()
+            proc = started(cmd, how, flags, tmp_path / name, extra)
+            servers[name] = (proc, client, metrics)
+            deadline = time.monotonic() + 30
+            while True:
+                assert proc.poll() is None, (name, (tmp_path / name / "server.log").read_text()[-2000:])
+                try:
+                    probe(metrics)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, name
+                    time.sleep(0.1)
+    except BaseException:
+        stop_all(servers)
+        raise
+    return servers
+
+
+def stop_all(servers: dict[str, tuple]) -> None:
+    for proc, *_ in servers.values():
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def test_etcds_data_dir_is_refused_with_the_way_over_which_works(tmp_path):
@@ -281,34 +301,15 @@ def test_cipher_suites_restrict_tls12_as_etcd(tmp_path):
     both starts."""
     pki = make_pki(tmp_path / "pki")
     suites = "--cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_AES_128_GCM_SHA256"  # the certs are ECDSA
-    servers, got = {}, {}
+    servers, got = start_both(tmp_path, pki, (suites,)), {}
     try:
-        for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
-            client, peer, metrics = free_ports(3)
-            flags = kubeadm_flags(pki, tmp_path / name / "data", client, peer, metrics)
-            (tmp_path / name).mkdir()
-            argv = [*(f"--{k}={v}" for k, v in flags.items()), suites]
-            with open(tmp_path / name / "server.log", "wb") as log:
-                servers[name] = (subprocess.Popen([*cmd, *argv], env=CLEAN_ENV, cwd=REPO, stdin=subprocess.DEVNULL,
-                                                  stdout=log, stderr=subprocess.STDOUT), client, metrics)
-        for name, (proc, client, metrics) in servers.items():
-            deadline = time.monotonic() + 30
-            while True:
-                assert proc.poll() is None, (name, (tmp_path / name / "server.log").read_text()[-2000:])
-                try:
-                    probe(metrics)
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, name
-                    time.sleep(0.1)
+        for name, (_, client, _) in servers.items():
             got[name] = [handshake(client, pki, c) for c in ("ECDHE-ECDSA-AES256-GCM-SHA384",
                                                               "ECDHE-ECDSA-AES128-GCM-SHA256")]
             got[name].append(handshake(client, pki, None) is not None)  # TLS 1.3 (Go prefers AES-128, OpenSSL the
             # client's first choice: which of the three is not compared)
     finally:
-        for proc, _, _ in servers.values():
-            proc.terminate()
-            proc.wait(15)
+        stop_all(servers)
     assert got["shardetcd"] == got["etcd"]
     assert got["etcd"][0] is None and got["etcd"][1] == "ECDHE-ECDSA-AES128-GCM-SHA256" and got["etcd"][2]
     for cmd in (etcd_cmd(), shardetcd_cmd()):
@@ -332,43 +333,6 @@ def test_cipher_suites_without_http2s_required_one_stop_both_starts(tmp_path):
             assert "missing an HTTP/2-required AES_128_GCM_SHA256 cipher" in why, why
 
 
-def start_both(tmp_path: Path, pki: dict[str, Path], extra: list[str]) -> dict[str, tuple]:
-    """etcd and shardetcd from kubeadm's flags plus ``extra``, each serving: {name: (process, client port)}."""
-    servers = {}
-    try:
-        for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
-            client, peer, metrics = free_ports(3)
-            flags = kubeadm_flags(pki, tmp_path / name / "data", client, peer, metrics)
-            (tmp_path / name).mkdir()
-            with open(tmp_path / name / "server.log", "wb") as log:
-                proc = subprocess.Popen([*cmd, *(f"--{k}={v}" for k, v in flags.items()), *extra], env=CLEAN_ENV,
-                                        cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-            servers[name] = (proc, client)
-            deadline = time.monotonic() + 30
-            while True:
-                assert proc.poll() is None, (name, (tmp_path / name / "server.log").read_text()[-2000:])
-                try:
-                    probe(metrics)
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, name
-                    time.sleep(0.1)
-    except BaseException:
-        stop_all(servers)
-        raise
-    return servers
-
-
-def stop_all(servers: dict[str, tuple]) -> None:
-    for proc, *_ in servers.values():
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def served(pki: dict[str, Path], client: int, cert: Path, key: Path) -> bool:
     """Whether a client with this certificate gets an answer."""
     r = subprocess.run(["etcdctl", f"--endpoints=https://127.0.0.1:{client}", "--dial-timeout=2s",
@@ -385,12 +349,13 @@ def test_client_crl_file_cuts_off_revoked_certificates_as_etcd(tmp_path):
     pki = make_pki(tmp_path / "pki", client_cns=("alice", "bob"))
     alice, bob = (pki["client:alice"], pki["client:alice-key"]), (pki["client:bob"], pki["client:bob-key"])
     crl = write_crl(tmp_path / "crl.pem", pki, (pki["client:alice"],))
-    servers = start_both(tmp_path, pki, [f"--client-crl-file={crl}"])
+    servers = start_both(tmp_path, pki, (f"--client-crl-file={crl}",))
     try:
-        got = {name: [served(pki, client, *alice), served(pki, client, *bob)] for name, (_, client) in servers.items()}
+        got = {name: [served(pki, client, *alice), served(pki, client, *bob)]
+               for name, (_, client, _) in servers.items()}
         time.sleep(0.05)  # a new modification time for the rewritten list, however coarse the clock
         write_crl(crl, pki, (pki["client:alice"], pki["client:bob"]))
-        for name, (_, client) in servers.items():
+        for name, (_, client, _) in servers.items():
             got[name].append(served(pki, client, *bob))
     finally:
         stop_all(servers)
@@ -400,11 +365,11 @@ def test_client_crl_file_cuts_off_revoked_certificates_as_etcd(tmp_path):
 def test_client_cert_allowed_hostname_as_etcd(tmp_path):
     """--client-cert-allowed-hostname: only a client certificate naming that host is served."""
     pki = make_pki(tmp_path / "pki", client_dns=("client.example.com", "other.example.com"))
-    servers = start_both(tmp_path, pki, ["--client-cert-allowed-hostname=client.example.com"])
+    servers = start_both(tmp_path, pki, ("--client-cert-allowed-hostname=client.example.com",))
     try:
         got = {name: [served(pki, client, pki[f"client-dns:{d}"], pki[f"client-dns:{d}-key"])
                       for d in ("client.example.com", "other.example.com")]
-               + [served(pki, client, pki["client"], pki["client-key"])] for name, (_, client) in servers.items()}
+               + [served(pki, client, pki["client"], pki["client-key"])] for name, (_, client, _) in servers.items()}
     finally:
         stop_all(servers)
     assert got["shardetcd"] == got["etcd"] == [True, False, False]
