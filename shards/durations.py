@@ -8,10 +8,13 @@ _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
 def go_duration_s(text: str) -> float:
-    """Seconds in a Go duration string; ValueError if Go's time.ParseDuration would refuse it."""
-    if text == "0":
+    """Seconds in a Go duration string; ValueError if Go's time.ParseDuration would refuse it
+    (one sign at most, then "0" or parts of a number and a unit each)."""
+    body, sign = text, 1.0
+    if body[:1] in ("+", "-"):
+        sign, body = (-1.0 if body[0] == "-" else 1.0), body[1:]
+    if body == "0":
         return 0.0
-    sign, body = (-1.0, text[1:]) if text[:1] == "-" else (1.0, text.lstrip("+"))
     pos, total = 0, 0.0
     for m in _PART.finditer(body):
         if m.start() != pos:

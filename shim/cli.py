@@ -12,11 +12,12 @@ from journal.verify import repair, verify
 from shards.errors import DataDirError, LayoutError
 from shards.layout import load_layout
 from shards.snapshot import SnapshotError, restore_snapshot
+from shards.durations import go_duration_s
 from shards.tokens import TokenOptionsError, parse_auth_token
 
 from .autocompact import AutoCompaction
 from .config import ETCD_API_VERSION, GRPC_SERVERS, ServerConfig
-from .etcdflags import FlagError, cipher_suites, go_duration, normalize, refusal
+from .etcdflags import FlagError, cipher_suites, normalize, refusal
 from .loop import EVENT_LOOPS, default_event_loop, run as run_loop
 from .server import StartupError, StoreStopped, serve
 
@@ -56,7 +57,7 @@ def _duration(text: str) -> float:
 def _duration_or_off(text: str) -> float:
     """A Go duration; 0 turns the knob off (etcd's keepalive flags)."""
     try:
-        value = go_duration(text)
+        value = go_duration_s(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid duration {text!r}: want e.g. 10m, 5s or 100ms") from None
     if value < 0:

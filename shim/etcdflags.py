@@ -27,6 +27,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from shards.durations import go_duration_s
+
 # etcd 3.5.1's flags (etcdmain's flag set, probed against the binary), by kind.
 _KINDS = {
     "string": """config-file data-dir wal-dir name backend-bbolt-freelist-type discovery discovery-proxy
@@ -110,8 +112,6 @@ def cipher_suites(text: str) -> tuple[str, ...]:
 _GO_BOOLS = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
              "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False}
 _INT_BITS = {"int": (64, True), "int64": (64, True), "uint": (64, False), "uint64": (64, False)}
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_PART = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
 
 
 class FlagError(Exception):
@@ -156,26 +156,6 @@ def go_int(text: str, kind: str) -> int:
     return value
 
 
-def go_duration(text: str) -> float:
-    """Go's time.ParseDuration, in seconds: "0", or signed parts such as 1h30m, 1.5s, 300ms, 10us."""
-    s = text
-    sign = 1.0
-    if s[:1] in ("+", "-"):
-        sign, s = (-1.0 if s[0] == "-" else 1.0), s[1:]
-    if s == "0":
-        return 0.0
-    if not s:
-        raise ValueError("parse error")
-    total, pos = 0.0, 0
-    while pos < len(s):
-        m = _DURATION_PART.match(s, pos)
-        if m is None or m.group(1) in ("", "."):
-            raise ValueError("parse error")
-        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-        pos = m.end()
-    return sign * total
-
-
 def go_urls(text: str, allow_star: bool = False) -> list[str]:
     """etcd's URL list flags: comma-separated http, https, unix or unixs URLs of host:port, no path."""
     if allow_star and text in ("", "*"):
@@ -202,7 +182,10 @@ def check_value(name: str, kind: str, text: str) -> object:
     if kind in _INT_BITS:
         return go_int(text, kind)
     if kind == "duration":
-        return go_duration(text)
+        try:
+            return go_duration_s(text)
+        except ValueError:
+            raise ValueError("parse error") from None
     if kind == "urls":
         return go_urls(text) if text else []
     if kind == "origins":

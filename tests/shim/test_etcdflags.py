@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from shim.cli import build_parser, config_from_args
-from shim.etcdflags import FLAGS, FlagError, go_bool, go_duration, go_int, go_urls, normalize, refusal
+from shards.durations import go_duration_s as go_duration
+from shim.etcdflags import FLAGS, FlagError, go_bool, go_int, go_urls, normalize, refusal
 
 PARSER = build_parser()
 
@@ -57,12 +58,13 @@ def test_go_integers(text, kind, value):
 @pytest.mark.parametrize("text, seconds", [
     ("0", 0.0), ("5s", 5.0), ("100ms", 0.1), ("1h30m", 5400.0), ("1.5s", 1.5), ("1.s", 1.0), (".5s", 0.5),
     ("300us", 300e-6), ("300µs", 300e-6), ("7ns", 7e-9), ("-2s", -2.0), ("+2m", 120.0), ("2h45m30.5s", 9930.5),
+    ("-0", 0.0), ("+0", 0.0),
 ])
 def test_go_durations(text, seconds):
     assert go_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "5", "1d", "s", ".s", "5 s", "1h 30m", "--5s", "1.2.3s"])
+@pytest.mark.parametrize("text", ["", "5", "1d", "s", ".s", "5 s", "1h 30m", "--5s", "++5s", "+-5s", "1.2.3s", "-", "00"])
 def test_go_refuses_other_durations(text):
     with pytest.raises(ValueError):
         go_duration(text)
