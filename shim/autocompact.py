@@ -44,6 +44,8 @@ class AutoCompaction:
             number = int(retention)
         except ValueError:
             number = None
+        if number is not None and not -(2**63) <= number < 2**63:
+            number = None  # beyond Go's int64: etcd reads it as a duration, and refuses it
         if mode == "revision":
             if number is None or number < 0:
                 raise ValueError(f"invalid revision retention {retention!r}: want a whole number of revisions")

@@ -46,23 +46,17 @@ def _urls(text: str) -> tuple[str, ...]:
     return urls
 
 
-def _duration(text: str) -> float:
-    """A positive Go duration (time.ParseDuration): 100ms, 5s, 10m, 1h30m."""
-    value = _duration_or_off(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: want a positive one, e.g. 10m, 5s or 100ms")
-    return value
-
-
-def _duration_or_off(text: str) -> float:
-    """A Go duration; 0 turns the knob off (etcd's keepalive flags)."""
-    try:
-        value = go_duration_s(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: want e.g. 10m, 5s or 100ms") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: negative")
-    return value
+def _duration_or_zero(default_s: float):
+    """A Go duration where 0 (or less) means ``default_s``, as etcd and grpc-go read their knobs:
+    --grpc-keepalive-min-time 0 is grpc-go's 5 minutes, a progress interval of 0 etcd's 10, a
+    keepalive interval or timeout of 0 no pings, an apply warning after 0 every request."""
+    def parse(text: str) -> float:
+        try:
+            value = go_duration_s(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid duration {text!r}: want e.g. 10m, 5s or 100ms") from None
+        return value if value > 0 else default_s
+    return parse
 
 
 def _bcrypt_cost(text: str) -> int:
@@ -107,15 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes, help="largest write request accepted, in bytes (default: %(default)s = 1.5 MiB)")
     p.add_argument("--max-txn-ops", type=int, default=d.max_txn_ops, help="most operations in one txn (default: %(default)s)")
     p.add_argument("--quota-backend-bytes", type=int, default=d.quota_backend_bytes, help="state size that raises the NOSPACE alarm; 0 = etcd's default of 2 GiB (default: %(default)s)")
-    p.add_argument("--experimental-watch-progress-notify-interval", type=_duration, default="10m",
-                   help="how often idle watchers that asked for progress notifications get one, e.g. 10m, 5s, 100ms (default: %(default)s)")
-    p.add_argument("--experimental-warning-apply-duration", type=_duration, default="100ms",
+    p.add_argument("--experimental-watch-progress-notify-interval", type=_duration_or_zero(600.0), default="10m",
+                   help="how often idle watchers that asked for progress notifications get one, e.g. 10m, 5s, 100ms; "
+                        "0: the default, as etcd (default: %(default)s)")
+    p.add_argument("--experimental-warning-apply-duration", type=_duration_or_zero(0.0), default="100ms",
                    help="a request taking longer is logged as too long and counted in etcd_server_slow_apply_total "
                         "(default: %(default)s, as etcd)")
     p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams, help="most concurrent gRPC streams per client connection (default: %(default)s, as etcd)")
-    p.add_argument("--grpc-keepalive-min-time", type=_duration, default=f"{d.grpc_keepalive_min_time_s:g}s", help="shortest interval a client may ping at (default: %(default)s)")
-    p.add_argument("--grpc-keepalive-interval", type=_duration_or_off, default=f"{d.grpc_keepalive_interval_s / 3600:g}h", help="how often the server pings an idle connection; 0: never, as is 0 for the timeout (default: %(default)s)")
-    p.add_argument("--grpc-keepalive-timeout", type=_duration_or_off, default=f"{d.grpc_keepalive_timeout_s:g}s", help="how long the server waits for a ping answer before closing; 0: no pings (default: %(default)s)")
+    p.add_argument("--grpc-keepalive-min-time", type=_duration_or_zero(300.0), default=f"{d.grpc_keepalive_min_time_s:g}s", help="shortest interval a client may ping at; 0: grpc-go's 5 minutes, as etcd (default: %(default)s)")
+    p.add_argument("--grpc-keepalive-interval", type=_duration_or_zero(0.0), default=f"{d.grpc_keepalive_interval_s / 3600:g}h", help="how often the server pings an idle connection; 0: never, as is 0 for the timeout (default: %(default)s)")
+    p.add_argument("--grpc-keepalive-timeout", type=_duration_or_zero(0.0), default=f"{d.grpc_keepalive_timeout_s:g}s", help="how long the server waits for a ping answer before closing; 0: no pings (default: %(default)s)")
     p.add_argument("--grpc-server", choices=GRPC_SERVERS, default=d.grpc_server,
                    help="the gRPC server: native (HTTP/2 on asyncio, shim/grpcserver.py) or grpcio (grpc.aio's); "
                         "the same calls and answers, native at a fraction of the CPU (default: %(default)s)")

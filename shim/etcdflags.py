@@ -132,7 +132,7 @@ def go_bool(text: str) -> bool:
 
 def go_int(text: str, kind: str) -> int:
     """Go's strconv.ParseInt (int, int64) or ParseUint (uint, uint64) with base 0: 0x, 0o, 0b, or a
-    leading 0 (octal) as prefix, and then _ allowed between digits."""
+    leading 0 (octal) as prefix, and _ between digits (or after a prefix), as in Go's literals."""
     bits, signed = _INT_BITS[kind]
     s, negative = text, False
     if s[:1] in ("+", "-"):
@@ -143,7 +143,7 @@ def go_int(text: str, kind: str) -> int:
     if len(s) > 1 and s[0] == "0":
         base = {"x": 16, "o": 8, "b": 2}.get(s[1].lower(), 8)
         s, prefixed = (s[2:] if base != 8 or s[1].lower() == "o" else s[1:]), True
-    if not re.fullmatch(r"_?[0-9a-zA-Z]+(?:_[0-9a-zA-Z]+)*" if prefixed else r"[0-9]+", s):
+    if not re.fullmatch(r"_?[0-9a-zA-Z]+(?:_[0-9a-zA-Z]+)*" if prefixed else r"[0-9]+(?:_[0-9]+)*", s):
         raise ValueError("parse error")
     try:
         value = int(s.replace("_", ""), base)
@@ -278,7 +278,9 @@ def normalize(argv: list[str], parser: argparse.ArgumentParser, environ: dict[st
                 raise FlagError(f"flag needs an argument: -{name}", 2)
             text, has_value = args.pop(0), True
         given[name] = text if has_value else None
-        _take(Reading(), name, given[name], options, switches, "flag")  # checked in order, as Go sets each
+        # checked in order as Go's flag package sets each: its types here; what etcd checks of a
+        # value after parsing (an auth token's options, a log level) comes after the whole line
+        _take(Reading(), name, given[name], options, switches, "flag", meaning=kind is None)
     if args:  # etcd: anything after the flags is a mistake
         raise FlagError(f"'{args[0]}' is not a valid flag", 1)
 
@@ -302,9 +304,13 @@ def normalize(argv: list[str], parser: argparse.ArgumentParser, environ: dict[st
     return reading
 
 
-def _refused(source: str, name: str, kind: str | None, raw: str, reason: str) -> FlagError:
-    """A value refused, in the words etcd uses for where it came from."""
+def _refused(source: str, name: str, kind: str | None, raw: str, reason: str, after_parsing: bool = False
+             ) -> FlagError:
+    """A value refused, in the words etcd uses for where it came from; ``after_parsing``: by a check
+    etcd makes once its flags are parsed (exit 1, as etcd's "failed to verify flags")."""
     if source == "flag":  # Go's flag package
+        if after_parsing:
+            return FlagError(f'invalid value "{raw}" for flag -{name}: {reason}', 1)
         if kind == "bool":
             return FlagError(f'invalid boolean value "{raw}" for -{name}: {reason}', 2)
         return FlagError(f'invalid value "{raw}" for flag -{name}: {reason}', 2)
@@ -313,8 +319,10 @@ def _refused(source: str, name: str, kind: str | None, raw: str, reason: str) ->
     return FlagError(f'{source}: invalid value "{raw}" for {name}: {reason}', 1)
 
 
-def _take(reading: Reading, name: str, text: str | None, options, switches, source: str) -> None:
-    """Record one flag's value (``text`` None: a switch given bare) and hand an option here its text."""
+def _take(reading: Reading, name: str, text: str | None, options, switches, source: str,
+          meaning: bool = True) -> None:
+    """Record one flag's value (``text`` None: a switch given bare) and hand an option here its
+    text; ``meaning``: also check it with the option's own type (what etcd checks after parsing)."""
     kind = FLAGS.get(name)
     raw = "true" if text is None else text
     if kind is not None:
@@ -341,10 +349,12 @@ def _take(reading: Reading, name: str, text: str | None, options, switches, sour
     if kind == "urls" and raw == "":
         return  # etcd: an empty list, which is the default here
     canonical = _canonical(name, kind, raw)
+    if not meaning:
+        return
     try:
         _convert(action, canonical)
     except ValueError as exc:
-        raise _refused(source, name, None, raw, str(exc)) from None
+        raise _refused(source, name, None, raw, str(exc), after_parsing=kind is not None) from None
     reading.argv.append(f"--{name}={canonical}")
 
 

@@ -91,6 +91,9 @@ REFUSED = [  # (command line, environment)
     (["--cors=example.com"], {}),
     (["--snapshot-count=abc", "--foo"], {}),
     (["--foo", "--snapshot-count=abc"], {}),
+    (["-proxy-failure-wait", "1_000", "--cluster-sync-interval", "yes"], {}),  # found by a random probe
+    (["--auto-compaction-mode", "-x", "1e3"], {}),
+    (["--auth-token=bogus", "--enable-pprof=0x10"], {}),
     ([], {"ETCD_SNAPSHOT_COUNT": "abc"}),
     ([], {"ETCD_CLIENT_CERT_AUTH": "yes"}),
     ([], {"ETCD_MAX_REQUEST_BYTES": "-1"}),

@@ -41,7 +41,7 @@ def test_go_refuses_other_bools(text):
 
 @pytest.mark.parametrize("text, kind, value", [
     ("10000", "uint64", 10000), ("0x10", "uint", 16), ("0X1f", "uint", 31), ("017", "uint", 15), ("0o17", "uint", 15),
-    ("0b101", "uint", 5), ("1_000", "int", None), ("0x_1F", "int", 31), ("0_7", "int", 7), ("-5", "int64", -5),
+    ("0b101", "uint", 5), ("1_000", "int", 1000), ("1__0", "int", None), ("_1", "int", None), ("1_", "int", None), ("0x_1F", "int", 31), ("0_7", "int", 7), ("-5", "int64", -5),
     ("+5", "int64", 5), ("-5", "uint", None), ("+5", "uint", None), ("08", "int", None), ("", "int", None),
     ("0x", "int", None), (" 5", "int", None), ("5 ", "int", None), ("1e3", "int", None), ("0", "uint", 0),
     ("18446744073709551615", "uint64", 2**64 - 1), ("18446744073709551616", "uint64", None),
@@ -113,6 +113,11 @@ def test_flag_syntax_is_gos():
     (["--max-request-bytes=-1"], 2, 'invalid value "-1" for flag -max-request-bytes: parse error'),
     (["--max-txn-ops=x", "--foo"], 2, 'invalid value "x" for flag -max-txn-ops: parse error'),  # in order, as Go
     (["--snapshot-count=abc", "--snapshot-count=5"], 2, 'invalid value "abc" for flag -snapshot-count: parse error'),
+    # what etcd checks once the line is parsed comes after every flag's own type (exit 1)
+    (["--auth-token=bogus", "--snapshot-count=x"], 2, 'invalid value "x" for flag -snapshot-count: parse error'),
+    (["--log-level=5s", "--enable-pprof=*"], 2, 'invalid boolean value "*" for -enable-pprof: parse error'),
+    (["--auto-compaction-mode", "-x", "1e3"], 1, "'1e3' is not a valid flag"),
+    (["--log-level=loud"], 1, 'invalid value "loud" for flag -log-level: want one of debug, info, warn, error'),
 ])
 def test_command_line_refusals_in_gos_words(argv, code, message):
     e = refused(argv)
@@ -156,6 +161,10 @@ def test_etcd_log_levels_and_zero_keepalives():
     assert config(["--log-level=fatal"]) is not None and read(["--log-level=panic"]).argv == ["--log-level=error"]
     c = config(["--grpc-keepalive-interval=0", "--grpc-keepalive-timeout=0s"])
     assert (c.grpc_keepalive_interval_s, c.grpc_keepalive_timeout_s) == (0, 0)
+    c = config(["--grpc-keepalive-min-time=0", "--experimental-watch-progress-notify-interval=0s",
+                "--experimental-warning-apply-duration=0"])  # etcd's and grpc-go's defaults; 0: every request
+    assert (c.grpc_keepalive_min_time_s, c.watch_progress_notify_interval_s, c.warning_apply_duration_s) == (
+        300, 600, 0)
     assert config(["--experimental-watch-progress-notify-interval=1m30s"]).watch_progress_notify_interval_s == 90
 
 
@@ -206,7 +215,7 @@ def test_cipher_suites_by_gos_names():
     assert c.cipher_suites == ("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305",
                                "TLS_AES_128_GCM_SHA256")
     e = refused(["--cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_BOGUS"])
-    assert (e.code, str(e)) == (2, 'invalid value "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_BOGUS" for flag '
+    assert (e.code, str(e)) == (1, 'invalid value "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_BOGUS" for flag '
                                    '-cipher-suites: unexpected TLS cipher suite "TLS_BOGUS"')
     assert "cipher-suites" in read(["--cipher-suites=TLS_AES_128_GCM_SHA256"]).applied
 
