@@ -69,7 +69,6 @@ CHOICES = {
     "proxy": ("off", "readonly", "on"),
     "v2-deprecation": ("not-yet", "write-only", "write-only-drop-data", "gone"),
 }
-BOOL_FLAGS = {name for name, kind in FLAGS.items() if kind in ("bool", "ignored")}
 # etcd's log levels beyond shardetcd's four: the process logs errors and worse alike
 LOG_LEVELS = {"debug": "debug", "info": "info", "warn": "warn", "error": "error",
               "dpanic": "error", "panic": "error", "fatal": "error"}
