@@ -64,11 +64,26 @@ class LoopHistogram:
         return child
 
     def collect(self):
-        family = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
+        yield self.family(self.name, self.doc)
+
+    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+        """The observations so far, as a histogram family of that name."""
+        family = HistogramMetricFamily(name, doc, labels=self.labelnames)
         for values, child in list(self._children.items()):
             # a consistent enough copy: observers run on the loop
             family.add_metric(list(values), _cumulative(self.bounds, list(child.counts)), child.sum)
-        yield family
+        return family
+
+
+class _SameObservations:
+    """A LoopHistogram's observations under a second name, built when scraped (nothing is
+    observed twice)."""
+
+    def __init__(self, source: LoopHistogram, name: str, doc: str) -> None:
+        self.source, self.name, self.doc = source, name, doc
+
+    def collect(self):
+        yield self.source.family(self.name, self.doc)
 
 
 def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:
@@ -231,9 +246,9 @@ class Metrics:
         # etcd's backend commit makes applied writes durable in bbolt; here the state is a cache
         # and a write is durable once its journal batch is: the same observation, under the name
         # etcd's dashboards and alerts (etcdHighCommitDurations) read for the backend's disk
-        self.commit = self._histogram("etcd_disk_backend_commit_duration_seconds", "Journal batch write + fsync "
-                                      "latency: the journal is the backend of record (the state is rebuilt from it).",
-                                      FSYNC_BUCKETS_S)
+        self.registry.register(_SameObservations(
+            self.fsync, "etcd_disk_backend_commit_duration_seconds",
+            "Journal batch write + fsync latency: the journal is the backend of record (the state is rebuilt from it)."))
         self.shard_batch = self._histogram("shardetcd_shard_journal_batch_seconds",
                                            "Journal batch write + fsync latency.", FSYNC_BUCKETS_S, ("shard",))
         self.shard_batch_bytes = self._histogram("shardetcd_shard_journal_batch_bytes",
@@ -254,11 +269,10 @@ class Metrics:
 
     def _batch_observer(self, name: str):
         child, sizes = self.shard_batch.labels(name), self.shard_batch_bytes.labels(name)
-        fsync, commit = self.fsync, self.commit
+        fsync = self.fsync
 
         def observe(nbytes: int, seconds: float) -> None:
             fsync.observe(seconds)
-            commit.observe(seconds)
             child.observe(seconds)
             sizes.observe(nbytes)
 
