@@ -32,6 +32,8 @@ def verify(directory: Path, config: JournalConfig = JournalConfig()) -> list[Fil
     reports = []
     listed = list_segments(directory) if directory.is_dir() else []  # a restored shard has no journal yet
     prev_rev = 0
+    gaps = {path: f"segment sequence gap: expected seq {before + 1}, found {seq}"
+            for (before, _), (seq, path) in zip(listed, listed[1:]) if seq != before + 1}  # start-up refuses these
     for index, (seq, path) in enumerate(listed):
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -48,9 +50,16 @@ def verify(directory: Path, config: JournalConfig = JournalConfig()) -> list[Fil
                     detail = f"{size - bad.offset} bytes from offset {bad.offset} ({bad.reason}); `journal repair` cuts them"
                 else:
                     status, detail = "corrupt", f"offset {bad.offset}: {bad.reason}"
+        if path in gaps:
+            status, detail = "corrupt", "; ".join(filter(None, (gaps[path], detail)))
         prev_rev = info.last_rev or prev_rev
         reports.append(FileReport(path, status, info.count, info.first_rev, info.last_rev, detail))
-    return reports + verify_checkpoints(directory.parent)
+    checkpoints = verify_checkpoints(directory.parent)
+    if listed and listed[0][0] > 0 and not any(r.status == "ok" for r in checkpoints):
+        reports.append(FileReport(directory, "corrupt", detail=(
+            f"the records before segment {listed[0][0]} were released up to a checkpoint, and no sound checkpoint "
+            "is left: start-up refuses this shard (restore from a snapshot)")))
+    return reports + checkpoints
 
 
 def verify_checkpoints(directory: Path, config: CheckpointConfig = CheckpointConfig()) -> list[FileReport]:

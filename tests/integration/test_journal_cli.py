@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.shardetcd_fixture import start_shardetcd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,3 +85,36 @@ def test_every_subcommand_answers_odd_dirs_in_one_line(shardetcd, tmp_path):
         r = subprocess.run([sys.executable, "-m", "shim", "snapshot", "restore", str(snap), "--data-dir",
                             str(tmp_path / target)], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_verify_reports_what_start_up_refuses(tmp_path):
+    """A missing middle segment and a released prefix whose checkpoint is gone: verify
+    calls both damage (exit 1) in the words start-up refuses them with."""
+    server = start_shardetcd(tmp_path, extra_args=("--journal-segment-bytes", "4096"))
+    try:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            for i in range(60):
+                kv.Put(pb.PutRequest(key=b"/registry/pods/p%d" % i, value=b"v" * 200), timeout=10)
+    finally:
+        server.stop()
+    data = server.data_dir
+    segments = sorted((data / "shards" / "pods" / "journal").glob("*.wal"))
+    assert len(segments) >= 3, segments
+    assert cli("verify", "--data-dir", str(data)).returncode == 0
+    segments[1].unlink()
+    gap = cli("verify", "--data-dir", str(data))
+    assert gap.returncode == 1, gap.stdout
+    line = next(x for x in gap.stdout.splitlines() if x.startswith(f"pods: {segments[2].name}: "))
+    assert line.startswith(f"pods: {segments[2].name}: corrupt") and "segment sequence gap: expected seq 1, found 2" in line
+    refused = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(data), "--state-dir", str(tmp_path / "s2"),
+                              "--listen-client-urls", "http://127.0.0.1:1"], cwd=REPO, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2 and "segment sequence gap: expected seq 1, found 2" in refused.stderr, refused.stderr[-800:]
+    segments[0].unlink()  # now the journal starts at seq 2 with no checkpoint: records were "released" and lost
+    lost = cli("verify", "--data-dir", str(data))
+    assert lost.returncode == 1 and "pods: journal: corrupt" in lost.stdout and "no sound checkpoint" in lost.stdout, lost.stdout
+    refused = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(data), "--state-dir", str(tmp_path / "s3"),
+                              "--listen-client-urls", "http://127.0.0.1:1"], cwd=REPO, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2 and "checkpoint that is missing" in refused.stderr, refused.stderr[-800:]
