@@ -4,7 +4,9 @@
       meta.json                      format, layout fingerprint, ids, start count
       LOCK                           flock()ed while a server uses the dir
     <state-dir>/LOCK                 flock()ed too: a second server must not wipe the first's RocksDB
-      shards/<name>/journal/*.wal    the shard's journal segments
+      shards/<name>/journal/*.wal    the shard's journal segments; with --wal-dir W, ``journal`` is a
+                                     symbolic link to W/<name> (W recorded in meta.json; W/LOCK
+                                     flock()ed, W/DATA_DIR names the data dir W belongs to)
       shards/<name>/checkpoint-*.ckpt
       tmp/                           scratch, emptied at every start (snapshots are streamed without
                                      it now; the former format was written here first)
@@ -21,19 +23,23 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from journal.fsutil import fsync_dir
+
 from .errors import DataDirError
 from .layout import Layout
 
 FORMAT = 1
+WAL_OWNER = "DATA_DIR"  # in a --wal-dir: which data dir its journals belong to
 
 logger = logging.getLogger(__name__)
 
 
 class DataDir:
-    def __init__(self, path: Path, meta: dict, lock_fd: int) -> None:
+    def __init__(self, path: Path, meta: dict, lock_fd: int, wal: tuple[Path, int] | None = None) -> None:
         self.path = path
         self.meta = meta
         self._lock_fd = lock_fd
+        self._wal = wal  # (--wal-dir, its LOCK's fd) when the journals live there
         self._default_state_base: Path | None = None  # set when state lives in the default place
         self._state_lock: tuple[Path, int] | None = None
 
@@ -59,7 +65,9 @@ class DataDir:
         return self.meta["starts"] + 1
 
     @classmethod
-    def open(cls, path: Path, layout: Layout) -> DataDir:
+    def open(cls, path: Path, layout: Layout, wal_dir: Path | None = None) -> DataDir:
+        """Open (or create) the data dir and lock it. ``wal_dir``: the local journals' place
+        (etcd's --wal-dir), recorded at the first start and required to stay the same."""
         path = path.absolute()
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -78,13 +86,19 @@ class DataDir:
         except OSError as exc:
             raise DataDirError(f"data dir {path} is not writable: {exc.strerror}") from None
         lock_fd = _lock(path, "data dir")
+        wal = None
         try:
             meta = _load_or_create_meta(path, layout)
+            if wal_dir is not None or "wal_dir" in meta:
+                wal = _open_wal_dir(path, meta, layout, wal_dir)
+            _write_atomic(path / "meta.json", json.dumps(meta, indent=1).encode())
             _empty_scratch(path / "tmp")
         except BaseException:
+            if wal is not None:
+                os.close(wal[1])
             os.close(lock_fd)
             raise
-        return cls(path, meta, lock_fd)
+        return cls(path, meta, lock_fd, wal)
 
     def check_journal(self, name: str) -> None:
         """The journal backend must be the one this dir was started with ("local"
@@ -103,6 +117,8 @@ class DataDir:
     def shard_dir(self, name: str) -> Path:
         d = self.path / "shards" / name
         d.mkdir(parents=True, exist_ok=True)
+        if self._wal is not None:
+            _link_journal(d / "journal", self._wal[0] / name)
         return d
 
     def state_dir(self, base: Path | None, name: str) -> Path:
@@ -127,7 +143,83 @@ class DataDir:
                 self._default_state_base.rmdir()
             except OSError:  # not empty (a shard still open elsewhere) or already gone
                 pass
+        if self._wal is not None:
+            os.close(self._wal[1])
+            self._wal = None
         os.close(self._lock_fd)
+
+
+def _open_wal_dir(path: Path, meta: dict, layout: Layout, wal_dir: Path | None) -> tuple[Path, int]:
+    """Check ``wal_dir`` against what the data dir recorded (recording it on its first use), lock it
+    and check it is this data dir's (``WAL_OWNER``); the journals are linked in by ``shard_dir``."""
+    had = meta.get("wal_dir")
+    want = str(wal_dir.absolute()) if wal_dir is not None else None
+    if had is not None and had != want:
+        given = f"--wal-dir {want}" if want else "no --wal-dir"
+        raise DataDirError(f"data dir {path} keeps its journal in {had} (its --wal-dir), but this start has {given}: "
+                           f"give --wal-dir {had}")
+    if had is None:
+        kept = [n for n in layout.names if os.path.lexists(path / "shards" / n / "journal")]
+        if kept:
+            raise DataDirError(
+                f"data dir {path} keeps its journal in itself (shards {', '.join(kept)}), so --wal-dir {want} "
+                "cannot be taken up: start without it, or move the keys into a new data dir that starts with it "
+                "(`etcdctl snapshot save`, then `shardetcd snapshot restore FILE --data-dir NEW`)")
+        meta["wal_dir"] = want
+    wal = Path(meta["wal_dir"])
+    try:
+        wal.mkdir(mode=0o700, parents=True, exist_ok=True)  # etcd makes its wal dir private too
+    except OSError as exc:
+        raise DataDirError(f"wal dir {wal} is not writable: {exc.strerror}") from None
+    fd = _lock(wal, "wal dir")
+    try:
+        _claim(wal, path, meta["member_id"])
+    except BaseException:
+        os.close(fd)
+        raise
+    return wal, fd
+
+
+def _claim(wal: Path, path: Path, member_id: int) -> None:
+    """A wal dir holds one data dir's journals: the first start marks it with the data dir's member id,
+    and a wal dir marked by another data dir, or holding anything unmarked, is refused."""
+    owner = wal / WAL_OWNER
+    try:
+        others = sorted(p.name for p in wal.iterdir() if p.name not in ("LOCK", WAL_OWNER, WAL_OWNER + ".tmp"))
+        if owner.exists():
+            mark = json.loads(owner.read_text())
+            if mark.get("member_id") == member_id:
+                return
+            if others:  # (a mark alone: a first start that stopped before its data dir was written)
+                raise DataDirError(f"wal dir {wal} holds the journal of another data dir ({mark.get('data_dir')}): "
+                                   "give an empty --wal-dir")
+        elif others:
+            raise DataDirError(f"wal dir {wal} is not empty ({', '.join(others[:3])}) and is not this data dir's: "
+                               "give an empty --wal-dir")
+        _write_atomic(owner, json.dumps({"data_dir": str(path), "member_id": member_id}, indent=1).encode())
+    except (OSError, ValueError) as exc:
+        raise DataDirError(f"wal dir {wal}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _link_journal(link: Path, target: Path) -> None:
+    """``link`` (a shard's journal) is a symbolic link to ``target`` in the wal dir, made here the first
+    time; a target that is gone (a disk not mounted) is refused, never replaced by an empty journal."""
+    if link.is_symlink():
+        if os.readlink(link) != str(target):
+            raise DataDirError(f"{link} links to {os.readlink(link)}, not to {target} in the wal dir")
+        if not target.is_dir():
+            raise DataDirError(f"the journal {link} links to {target}, which is missing: is the wal dir's disk "
+                               "mounted? (refusing to start: the acknowledged writes are in that journal)")
+        return
+    if os.path.lexists(link):
+        raise DataDirError(f"{link} is a journal inside the data dir, but the data dir's journals are in the wal dir")
+    try:
+        target.mkdir(mode=0o700, exist_ok=True)
+        fsync_dir(target.parent)
+        os.symlink(target, link)
+        fsync_dir(link.parent)
+    except OSError as exc:
+        raise DataDirError(f"cannot place the journal of {link.parent.name} in {target}: {exc.strerror}") from None
 
 
 def _empty_scratch(tmp: Path) -> None:
@@ -196,7 +288,6 @@ def _load_or_create_meta(path: Path, layout: Layout) -> dict:
             "member_id": secrets.randbits(63) or 1,
             "starts": 1,
         }
-    _write_atomic(meta_path, json.dumps(meta, indent=1).encode())
     return meta
 
 

@@ -75,6 +75,7 @@ class StoreConfig:
     auth_token_ttl_s: float = 300.0  # etcd's --auth-token-ttl
     auth_token: str = "simple"  # etcd's --auth-token: "simple" or "jwt,sign-method=...,priv-key=...,..."
     jetstream: JetStreamConfig | None = None  # journals on NATS JetStream instead of local segments
+    wal_dir: Path | None = None  # the local journals in this dir (etcd's --wal-dir) instead of the data dir
 
 
 class Store:
@@ -132,7 +133,7 @@ class Store:
         (``follow_journals``) until ``take_over``."""
         from .recovery import recover, recover_to_follow
 
-        datadir = DataDir.open(config.data_dir, config.layout)
+        datadir = DataDir.open(config.data_dir, config.layout, config.wal_dir)
         collector.store_opened()
         shards: list[Shard] = []
         owns_log = log is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -141,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local journal: on: a lone writer's batch (one write, quick fsyncs, no other call in flight) is written and synced on the "
                         "event loop, saving a thread hand-off; off: every batch goes to the journal's writer thread, so a disk "
                         "that stalls in fdatasync holds back writes only, never reads, watches or /health (default: %(default)s)")
+    p.add_argument("--wal-dir", type=Path, default=None,
+                   help="keep the local journal (etcd's WAL) in this dir, e.g. on a disk of its own, instead of the data "
+                        "dir: each shard's journal dir becomes a link to WAL_DIR/<shard>. Recorded at the first start; "
+                        "later starts must give the same dir (default: in the data dir)")
     p.add_argument("--state-dir", type=Path, default=None, help="where the in-memory RocksDB state lives (default: a directory under /dev/shm); rebuilt on every start")
     p.add_argument("--cluster-layout", type=Path, default=None, help="with --partition: the `shardetcd cluster` layout this process is one partition of")
     p.add_argument("--partition", default=None, help="serve this partition of --cluster-layout: writes to other partitions' resources are refused")
@@ -209,6 +214,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         quota_backend_bytes=args.quota_backend_bytes,
         shard_layout=args.shard_layout,
         state_dir=args.state_dir,
+        wal_dir=args.wal_dir,
         journal_fsync=args.journal_fsync,
         journal_inline_writes=args.journal_inline_writes == "on",
         journal_segment_bytes=args.journal_segment_bytes,
@@ -389,7 +395,11 @@ def _journal_command(command: str, shards: list[Path]) -> int:
             except JournalCorrupt as exc:
                 print(f"{shard.name}: cannot repair: {exc}")
                 worst = 1
-        if not (shard / "journal").is_dir():
+        journal = shard / "journal"
+        if journal.is_symlink() and not journal.is_dir():  # in a --wal-dir that is not there (a disk not mounted?)
+            print(f"{shard.name}: journal: missing; {journal} links to {os.readlink(journal)}, which is not there")
+            worst = 1
+        elif not journal.is_dir():
             print(f"{shard.name}: no journal yet")
         for r in verify(shard / "journal"):
             revs = f"revs {r.first_rev}..{r.last_rev}" if r.first_rev is not None else "empty"

@@ -52,7 +52,7 @@ LISTEN_FAILED = b"cannot listen on "
 # server flags the supervisor sets for each partition, which a user may not pass to all
 PER_PARTITION_FLAGS = frozenset({
     "--name", "--listen-client-urls", "--advertise-client-urls", "--listen-metrics-urls",
-    "--cluster-layout", "--partition", "--shard-layout", "--state-dir",
+    "--cluster-layout", "--partition", "--shard-layout", "--state-dir", "--wal-dir",
 })
 
 
@@ -137,7 +137,8 @@ def exit_reason(code: int) -> str:
 class Supervisor:
     def __init__(self, layout: ClusterLayout, layout_path: Path, data_dir: Path, host: str, base_port: int,
                  server_args: list[str], state_dir: Path | None = None, quota_backend_bytes: int | None = None,
-                 standbys: bool = False, followers: int = 0, local_journal: bool = True) -> None:
+                 standbys: bool = False, followers: int = 0, local_journal: bool = True,
+                 wal_dir: Path | None = None) -> None:
         self.layout = layout
         self.data_dir = data_dir
         self.stopping = False
@@ -154,6 +155,8 @@ class Supervisor:
                     argv.append("--standby")
                 if state_dir is not None:
                     argv += ["--state-dir", str(state_dir / label)]
+                if wal_dir is not None:
+                    argv += ["--wal-dir", str(wal_dir / label)]
                 quota = p.quota_backend_bytes if p.quota_backend_bytes is not None else quota_backend_bytes
                 if quota is not None:
                     argv += ["--quota-backend-bytes", str(quota)]
@@ -282,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address every partition listens on (default: %(default)s)")
     p.add_argument("--base-port", type=int, default=2379, help="the default partition's port; the others take base+2, base+3, … unless the layout sets port (default: %(default)s)")
     p.add_argument("--state-dir", type=Path, default=None, help="each partition keeps its in-memory state in STATE_DIR/<name> (default: under /dev/shm)")
+    p.add_argument("--wal-dir", type=Path, default=None,
+                   help="each partition keeps its local journal in WAL_DIR/<name> (e.g. a disk of its own; default: in its data dir)")
     p.add_argument("--quota-backend-bytes", type=int, default=None, help="quota of partitions whose layout entry sets none (default: etcd's 2 GiB)")
     p.add_argument("--flags-file", type=Path, default=None, help="where to write the kube-apiserver flags (default: DIR/kube-apiserver.flags)")
     p.add_argument("--standbys", action="store_true",
@@ -304,6 +309,8 @@ def cluster_main(argv: list[str]) -> int:
     jetstream = any(a.split("=")[0] == "--journal-url" for a in server_args)
     if args.standbys and not jetstream:
         parser.error("--standbys needs --journal-url: a standby takes over a replicated journal")
+    if args.wal_dir is not None and jetstream:
+        parser.error("--wal-dir places local journals: not with --journal-url (the journals are in JetStream)")
     from .cli import setup_logging
 
     setup_logging(args.log_level)
@@ -311,7 +318,8 @@ def cluster_main(argv: list[str]) -> int:
         layout = load_cluster_layout(args.layout)
         args.data_dir.mkdir(parents=True, exist_ok=True)
         sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir,
-                         args.quota_backend_bytes, args.standbys, args.followers, local_journal=not jetstream)
+                         args.quota_backend_bytes, args.standbys, args.followers, local_journal=not jetstream,
+                         wal_dir=args.wal_dir)
     except LayoutError as exc:
         print(f"shardetcd cluster: {exc}", file=sys.stderr)
         return 2

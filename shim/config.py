@@ -25,6 +25,7 @@ class ServerConfig:
     quota_backend_bytes: int = 0
     shard_layout: Path | None = None
     state_dir: Path | None = None
+    wal_dir: Path | None = None  # the local journals here (etcd's --wal-dir), e.g. on a disk of their own
     journal_fsync: str = "always"
     journal_inline_writes: bool = True  # a lone writer's batches written on the event loop (JournalConfig.inline_lone_writes)
     journal_segment_bytes: int = 64 * 1024 * 1024

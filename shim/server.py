@@ -214,6 +214,7 @@ def store_config(config: ServerConfig) -> StoreConfig:
         auth_token_ttl_s=config.auth_token_ttl_s,
         auth_token=config.auth_token,
         jetstream=jetstream_config(config),
+        wal_dir=config.wal_dir,
     )
 
 
@@ -401,6 +402,9 @@ async def start(config: ServerConfig) -> Running:
     link = following = None
     if config.follow_data_dir is not None and not config.follow:
         raise StartupError("--follow-data-dir goes with --follow")
+    if config.wal_dir is not None and (config.journal_urls or config.follow):
+        raise StartupError("--wal-dir places a local journal written by this process: not with "
+                           + ("--journal-url (the journal is in JetStream)" if config.journal_urls else "--follow"))
     if config.follow and config.standby:  # a follower now, the writer once the writer lease is free
         if config.follow_data_dir is not None:
             raise StartupError("--follow --standby takes over a replicated journal: give --journal-url, "

@@ -33,7 +33,9 @@ class Cluster:
         self.data_dir = tmp_path / "cluster"
         self.out_path = tmp_path / "supervisor.out"
         self.argv = [sys.executable, "-m", "shim", "cluster", "--layout", str(self.layout), "--data-dir", str(self.data_dir),
-                     "--state-dir", str(tmp_path / "state"), "--journal-fsync", "always"]
+                     "--state-dir", str(tmp_path / "state"), "--journal-fsync", "always",
+                     "--wal-dir", str(tmp_path / "wal")]
+        self.wal_dir = tmp_path / "wal"
         self.proc: subprocess.Popen | None = None
         self.child_pids: dict[str, int] = {}
 
@@ -238,6 +240,9 @@ def test_sigkill_of_one_partition_restarts_it_losing_nothing_while_the_others_ke
         have = {x.key: x.mod_revision for x in got.kvs}
         missing = {k: r for k, r in written.items() if have.get(k) != r}
         assert not missing, f"{name}: {len(missing)} acknowledged writes lost or changed, e.g. {list(missing.items())[:3]}"
+        # each partition's journal is in the cluster's --wal-dir, under the partition's name
+        assert list((cluster.wal_dir / name / name).glob("*.wal")), name
+        assert (cluster.data_dir / name / "shards" / name / "journal").is_symlink()
     # SIGTERM to the supervisor stops every partition
     pids = [cluster.child_pids[n] for n in ("leases", "main")] + [new_pid]
     assert cluster.stop() == 0
