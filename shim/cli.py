@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TLS clients' certificates must name this host among their subject alternative names "
                         "(native gRPC server)")
     p.add_argument("--client-cert-auth", action="store_true", help="refuse TLS clients without a certificate signed by --trusted-ca-file")
-    p.add_argument("--listen-metrics-urls", type=_urls, default=(), help="comma-separated http:// URLs serving /metrics, /health, /readyz, /livez and /version")
+    p.add_argument("--listen-metrics-urls", type=_urls, default=(), help="comma-separated URLs serving /metrics, /health, /readyz, /livez and /version; https:// ones "
+                        "with the client TLS settings (--cert-file, --key-file, --client-cert-auth, ...), as etcd")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"], help="log verbosity; logs go to stderr (default: %(default)s)")
     p.add_argument("--shard-layout", type=Path, default=None, help="TOML file naming which Kubernetes resources each shard owns (default: built-in leases/events/pods/nodes/default)")
     p.add_argument("--journal-fsync", choices=["always", "batch", "off"], default=d.journal_fsync,

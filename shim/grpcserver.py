@@ -70,6 +70,7 @@ from hpack.exceptions import HPACKError
 
 from .gogzip import GzipError, TooLarge, gunzip
 from .gojson import go_quote_bytes
+from .peercheck import rejects
 
 logger = logging.getLogger(__name__)
 
@@ -661,21 +662,8 @@ class Connection(asyncio.Protocol):
         if opts.keepalive_interval_s > 0 and opts.keepalive_timeout_s > 0:  # either 0: no pings, as etcd
             self.keepalive = self.loop.call_later(opts.keepalive_interval_s, self._keepalive)
         self.handshake = self.loop.call_later(self.server.options.handshake_timeout_s, self._handshake_expired)
-        if self.tls and opts.check_client is not None:
-            self._check_client(transport, opts.check_client)
-
-    def _check_client(self, transport, check) -> None:
-        """etcd's checks of the client's certificate after the handshake (shim/peercheck.py): a
-        refused client's connection is closed before anything is read from it."""
-        der = transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
-        try:
-            why = check(der)
-        except Exception as exc:  # noqa: BLE001 - an unparsable certificate is refused, not a crash
-            why = f"cannot check the client certificate: {exc}"
-        if why is not None:
-            logger.warning("rejected connection remote_addr=%s error=%s",
-                           (transport.get_extra_info("peername") or ("?",))[0], why)
-            transport.close()
+        if self.tls and opts.check_client is not None:  # etcd's checks of the client's certificate
+            rejects(opts.check_client, transport)
 
     def _stop_timers(self) -> None:
         """The connection is ending, or no longer ours (handed to the HTTP endpoint)."""

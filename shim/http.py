@@ -28,6 +28,7 @@ import asyncio
 import gzip
 import logging
 import re
+import ssl
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -38,6 +39,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from shards.alarms import NAMES
 
 from .config import ETCD_API_VERSION
+from .peercheck import CertificateCheck, rejects
 from .gateway import PATHS, REASONS, STREAMS, Gateway, GatewayError, compact_json
 from .grpcserver import http_date
 
@@ -533,12 +535,22 @@ def _gateway_error(route: str, exc: Exception) -> GatewayError:
     return GatewayError(grpc.StatusCode.UNKNOWN, str(exc))
 
 
-async def start_http(urls: tuple[str, ...], endpoint: HttpEndpoint, parse_url) -> list[asyncio.base_events.Server]:
+async def start_http(urls: tuple[str, ...], endpoint: HttpEndpoint, parse_url, tls: ssl.SSLContext | None = None,
+                     check: CertificateCheck | None = None) -> list[asyncio.base_events.Server]:
+    """Serve ``endpoint`` on each URL: https:// ones with ``tls``, each client's certificate
+    then checked by ``check`` (etcd's CRL and allowed hostname) before a request is read."""
+
+    async def checked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not rejects(check, writer.transport):
+            await endpoint.handle(reader, writer)
+
     servers = []
     for url in urls:
-        hostport, tls = parse_url(url)
-        if tls:
-            raise ValueError(f"metrics URL {url!r}: only http:// is supported")
+        hostport, secure = parse_url(url)
+        if secure and tls is None:
+            raise ValueError(f"metrics URL {url!r}: https:// needs the client TLS settings")
         host, _, port = hostport.rpartition(":")
-        servers.append(await asyncio.start_server(endpoint.handle, host.strip("[]"), int(port), limit=READER_LIMIT))
+        handler = checked if secure and check is not None else endpoint.handle
+        servers.append(await asyncio.start_server(handler, host.strip("[]"), int(port), limit=READER_LIMIT,
+                                                  ssl=tls if secure else None))
     return servers

@@ -63,6 +63,22 @@ class CertificateCheck:
         return None
 
 
+def rejects(check: CertificateCheck, transport) -> bool:
+    """Run ``check`` on a TLS connection whose handshake is done; a refused client is logged
+    (etcd's "rejected connection") and its connection closed before anything is read from it."""
+    der = transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    try:
+        why = check(der)
+    except Exception as exc:  # noqa: BLE001 - an unparsable certificate is refused, not a crash
+        why = f"cannot check the client certificate: {exc}"
+    if why is None:
+        return False
+    logger.warning("rejected connection remote_addr=%s error=%s", (transport.get_extra_info("peername") or ("?",))[0],
+                   why)
+    transport.close()
+    return True
+
+
 def names_host(cert: x509.Certificate, host: str) -> bool:
     """Go's x509 VerifyHostname: an IP against the IP SANs, a name against the DNS SANs (case
     aside, a trailing dot aside, ``*.`` standing for one whole leftmost label)."""

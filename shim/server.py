@@ -123,15 +123,23 @@ def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials | ssl.SSLCon
         raise StartupError("https:// client URLs need --cert-file and --key-file")
     if config.client_cert_auth and config.trusted_ca_file is None:
         raise StartupError("--client-cert-auth needs --trusted-ca-file")
-    cert, key = _read(config.cert_file, "--cert-file"), _read(config.key_file, "--key-file")
-    ca = _read(config.trusted_ca_file, "--trusted-ca-file")
     if config.grpc_server == "grpcio":
+        cert, key = _read(config.cert_file, "--cert-file"), _read(config.key_file, "--key-file")
         for flag, value in (("--cipher-suites", config.cipher_suites), ("--client-crl-file", config.client_crl_file),
                             ("--client-cert-allowed-hostname", config.client_cert_allowed_hostname)):
             if value:
                 raise StartupError(f"{flag} needs --grpc-server native (grpc.aio's server has no such hook)")
-        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=_read(config.trusted_ca_file,
+                                                                                  "--trusted-ca-file"),
                                            require_client_auth=config.client_cert_auth)
+    return tls_context(config, "h2")
+
+
+def tls_context(config: ServerConfig, alpn: str) -> ssl.SSLContext:
+    """The client TLS of etcd's --cert-file, --key-file, --trusted-ca-file, --client-cert-auth and
+    --cipher-suites as an SSL context offering ``alpn``."""
+    _read(config.cert_file, "--cert-file"), _read(config.key_file, "--key-file")  # readable, or one line
+    ca = _read(config.trusted_ca_file, "--trusted-ca-file")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -144,8 +152,28 @@ def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials | ssl.SSLCon
         _restrict_ciphers(context, config.cipher_suites)
     context.verify_mode = (ssl.CERT_REQUIRED if config.client_cert_auth else
                            ssl.CERT_OPTIONAL if ca is not None else ssl.CERT_NONE)
-    context.set_alpn_protocols(["h2"])
+    context.set_alpn_protocols([alpn])
     return context
+
+
+async def serve_metrics(config: ServerConfig, endpoint) -> list:
+    """--listen-metrics-urls; an https:// one with the client port's TLS, as etcd serves it (client
+    certificates required with --client-cert-auth, the CRL and allowed hostname checked)."""
+    if not config.listen_metrics_urls:
+        return []
+    tls = check = None
+    for url in config.listen_metrics_urls:
+        hostport, secure = parse_listen_url(url)
+        if secure and (config.cert_file is None or config.key_file is None):  # etcd's words
+            raise StartupError(f"cannot listen on TLS for {hostport}: KeyFile and CertFile are not presented")
+        if secure and tls is None:
+            if config.client_cert_auth and config.trusted_ca_file is None:
+                raise StartupError("--client-cert-auth needs --trusted-ca-file")
+            tls, check = tls_context(config, "http/1.1"), client_check(config)
+    try:
+        return await start_http(config.listen_metrics_urls, endpoint, parse_listen_url, tls, check)
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"cannot serve metrics on {', '.join(config.listen_metrics_urls)}: {exc}") from None
 
 
 def grpc_server(config: ServerConfig):
@@ -341,7 +369,7 @@ async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
     over and return the store, ready to serve.  /health on the metrics URLs
     says "standby" meanwhile."""
     status = StandbyStatus(config)
-    http = await start_http(config.listen_metrics_urls, status, parse_listen_url) if config.listen_metrics_urls else []
+    http = await serve_metrics(config, status)
     try:
         while True:
             store = await open_store(config, lease.log, follow=True)
@@ -525,10 +553,10 @@ async def start(config: ServerConfig) -> Running:
         if isinstance(server, grpcserver.Server):  # HTTP on the client port too, as etcd serves it
             server.http1, server.http2 = endpoint.handle_client_port, endpoint.serve
             server.http1_read_limit = READER_LIMIT
-        running.http = await start_http(config.listen_metrics_urls, endpoint, parse_listen_url)
-    except (OSError, ValueError) as exc:
+        running.http = await serve_metrics(config, endpoint)
+    except BaseException:
         await stop(running)
-        raise StartupError(f"cannot serve metrics on {', '.join(config.listen_metrics_urls)}: {exc}") from None
+        raise
     return running
 
 

@@ -4,6 +4,7 @@ variables, and the same settings as an etcd configuration file start both, and b
 serve a TLS client and kubeadm's health probe."""
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -178,11 +179,19 @@ def started(cmd: list[str], how: str, flags: dict[str, str], directory: Path, ex
                                 stdout=log, stderr=subprocess.STDOUT)
 
 
-def probe(metrics: int) -> tuple[int, dict]:
-    """kubeadm's liveness probe of etcd."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/health?exclude=NOSPACE&serializable=true",
-                                timeout=2) as r:
+def probe(metrics: int, tls: ssl.SSLContext | None = None) -> tuple[int, dict]:
+    """kubeadm's liveness probe of etcd (``tls``: on an https:// metrics URL)."""
+    scheme = "https" if tls else "http"
+    with urllib.request.urlopen(f"{scheme}://127.0.0.1:{metrics}/health?exclude=NOSPACE&serializable=true",
+                                timeout=2, context=tls) as r:
         return r.status, json.load(r)
+
+
+def client_tls(pki: dict[str, Path], cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=pki["ca"])
+    if cert is not None:
+        context.load_cert_chain(cert, key)
+    return context
 
 
 def etcdctl(pki: dict[str, Path], client: int, *args: str, cert: bool = True) -> subprocess.CompletedProcess:
@@ -210,15 +219,19 @@ def test_kubeadms_etcd_settings_start_both_and_serve_tls_clients(tmp_path, how):
         stop_all(servers)
 
 
-def start_both(tmp_path: Path, pki: dict[str, Path], extra: tuple[str, ...] = (), how: str = "flags"
-               ) -> dict[str, tuple]:
+def start_both(tmp_path: Path, pki: dict[str, Path], extra: tuple[str, ...] = (), how: str = "flags",
+               metrics_tls: bool = False) -> dict[str, tuple]:
     """etcd and shardetcd from kubeadm's settings (``how``, see ``started``) plus the flags
-    ``extra``, each serving its metrics URL: {name: (process, client port, metrics port)}."""
+    ``extra``, each serving its metrics URL (https:// with ``metrics_tls``): {name: (process,
+    client port, metrics port)}."""
     servers = {}
+    tls = client_tls(pki, pki["client"], pki["client-key"]) if metrics_tls else None
     try:
         for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
             client, peer, metrics = free_ports(3)
             flags = kubeadm_flags(pki, tmp_path / name / "data", client, peer, metrics)
+            if metrics_tls:
+                flags["listen-metrics-urls"] = f"https://127.0.0.1:{metrics}"
             (tmp_path / name).mkdir()
             proc = started(cmd, how, flags, tmp_path / name, extra)
             servers[name] = (proc, client, metrics)
@@ -226,7 +239,7 @@ def start_both(tmp_path: Path, pki: dict[str, Path], extra: tuple[str, ...] = ()
             while True:
                 assert proc.poll() is None, (name, (tmp_path / name / "server.log").read_text()[-2000:])
                 try:
-                    probe(metrics)
+                    probe(metrics, tls)
                     break
                 except OSError:
                     assert time.monotonic() < deadline, name
@@ -376,3 +389,39 @@ def test_client_cert_allowed_hostname_as_etcd(tmp_path):
     finally:
         stop_all(servers)
     assert got["shardetcd"] == got["etcd"] == [True, False, False]
+
+
+def test_https_metrics_urls_serve_with_the_client_tls_as_etcd(tmp_path):
+    """--listen-metrics-urls=https://...: /health and /metrics over the client port's TLS, a client
+    certificate required (--client-cert-auth) and checked against --client-crl-file, as etcd does."""
+    from tests.tls_certs import write_crl
+
+    pki = make_pki(tmp_path / "pki", client_cns=("alice",))
+    crl = write_crl(tmp_path / "crl.pem", pki, (pki["client:alice"],))
+    servers = start_both(tmp_path, pki, (f"--client-crl-file={crl}",), metrics_tls=True)
+
+    def answers(metrics: int, path: str, tls: ssl.SSLContext | None) -> str:
+        scheme = "https" if tls else "http"
+        try:
+            with urllib.request.urlopen(f"{scheme}://127.0.0.1:{metrics}{path}", timeout=3, context=tls) as r:
+                body = r.read().decode()
+        except (OSError, http.client.HTTPException):  # a refused handshake, a closed connection
+            return "refused"
+        return "has_leader" if "etcd_server_has_leader 1" in body else body
+
+    clients = {"client": client_tls(pki, pki["client"], pki["client-key"]), "none": client_tls(pki),
+               "revoked": client_tls(pki, pki["client:alice"], pki["client:alice-key"]), "plain http": None}
+    try:
+        got = {name: {who: [answers(metrics, path, tls) for path in ("/health", "/metrics")]
+                      for who, tls in clients.items()} for name, (_, _, metrics) in servers.items()}
+    finally:
+        stop_all(servers)
+    assert got["etcd"]["client"] == ['{"health":"true","reason":""}', "has_leader"], got
+    assert got["shardetcd"] == got["etcd"], got
+    for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):  # no certificate to serve TLS with
+        metrics = free_ports(1)[0]
+        code, why = outcome(cmd, ["--data-dir", str(tmp_path / f"{name}-2"), *own_ports(cmd, tmp_path / f"{name}-2"),
+                                  f"--listen-metrics-urls=https://127.0.0.1:{metrics}"], {}, tmp_path)
+        assert code != 0, (name, why)
+        if name == "shardetcd":  # in etcd's words (its zap line says them beside "discovery failed")
+            assert why == f"cannot listen on TLS for 127.0.0.1:{metrics}: KeyFile and CertFile are not presented"
