@@ -118,6 +118,23 @@ class WatermarkWriter:
         self._mm.close()
 
 
+def acknowledged_revision(path: Path, member_id: int) -> int:
+    """The committed revision a writer of this data dir (``member_id``) last published, read before
+    a new writer resets the file: every revision up to it was acknowledged, so durable. 0 when
+    unknown (no file, another data dir's, torn, or written by a writer that was recovering)."""
+    try:
+        reader = WatermarkReader(path)
+    except (OSError, ValueError):
+        return 0
+    try:
+        mark = reader.read()
+    finally:
+        reader.close()
+    if mark is None or mark.member_id != member_id or mark.generation == 0:
+        return 0
+    return mark.committed
+
+
 class WatermarkReader:
     """A follower's side: read-only, never blocks the writer."""
 

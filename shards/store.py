@@ -25,7 +25,7 @@ from journal.errors import JournalFailed, JournalGap
 from journal.jetstream import JetStreamConfig
 from journal.journal import LocalLog
 from journal.tasks import cancel_and_wait
-from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter
+from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter, acknowledged_revision
 
 from . import collector
 from .auth import AuthStore
@@ -119,6 +119,7 @@ class Store:
         self.read_guard: Callable[[], Awaitable[None] | None] | None = None
         self.follow_stats = FollowStats()
         self.watermark: WatermarkWriter | None = None  # a local journal's durable position, for local followers
+        self.acknowledged = 0  # the revision up to which the last writer acknowledged writes (0: unknown)
         self.lease_renewals = 0  # keep-alive requests handled (etcd_debugging_lease_renewed_total)
         for state in self.states:
             state.on_failure = self._fail
@@ -142,7 +143,9 @@ class Store:
             datadir.check_journal(journal_name(config))
             if log is None:
                 log = await open_log(config)
+            acknowledged = 0
             if isinstance(log, LocalLog) and not follow:  # before recovery touches a segment
+                acknowledged = _acknowledged_before(datadir, config.journal)
                 watermark = WatermarkWriter(datadir.path / WATERMARK_FILE, len(config.layout.shards),
                                             datadir.member_id)
             for sid, spec in enumerate(config.layout.shards):
@@ -153,6 +156,7 @@ class Store:
                 shards.append(Shard(sid, spec.name, shard_dir, state_dir, journal))
             store = cls(config, datadir, shards)
             store.log, store._owns_log, store.watermark = log, owns_log, watermark
+            store.acknowledged = acknowledged
             if hasattr(log, "agree"):  # a replicated journal keeps the cluster's identity
                 key = f"cluster-id.{journal_role(config)}"
                 datadir.adopt_cluster_id(int(await log.agree(key, str(datadir.cluster_id))))
@@ -809,6 +813,17 @@ def _txn_leases(req: TxnReq):
                 yield op.lease
         elif isinstance(op, TxnReq):
             yield from _txn_leases(op)
+
+
+def _acknowledged_before(datadir: DataDir, journal: JournalConfig) -> int:
+    """The revision up to which the last writer of this data dir acknowledged writes (its watermark),
+    when its journal policy synced them (``meta.json`` keeps the policy of the last start: with
+    fsync off an OS crash may lose acknowledged writes by design); 0 when unknown."""
+    synced = datadir.meta.get("journal_fsync", "off") != "off"
+    if datadir.meta.get("journal_fsync") != journal.fsync:
+        datadir.meta["journal_fsync"] = journal.fsync
+        datadir.save_meta()
+    return acknowledged_revision(datadir.path / WATERMARK_FILE, datadir.member_id) if synced else 0
 
 
 def _durable_callback(store: Store, shard: Shard) -> Callable[[int], None]:

@@ -1,0 +1,86 @@
+"""Journal records that were acknowledged and are gone: found at start, and nothing is cut.
+
+A restart keeps the longest prefix of revisions whole on every shard and cuts what is above it,
+which is right after a crash: above the prefix, nothing was acknowledged. It is wrong when
+acknowledged records are missing (a segment deleted, a journal disk replaced or restored from an
+older copy): the cut would destroy more acknowledged writes on the other shards, and the server
+would serve a past state as the present. The writer's watermark says up to which revision writes
+were acknowledged; a start whose journals do not reach it is refused.
+"""
+from __future__ import annotations
+
+import shutil
+
+import grpc
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.shardetcd_fixture import ShardetcdStartError, start_shardetcd
+
+
+def put_both(server, first: int, last: int) -> None:
+    """Alternate a pods key (shard pods) and a plain key (shard default): each shard's records
+    interleave in the one revision sequence."""
+    with grpc.insecure_channel(server.endpoint) as ch:
+        kv = pbg.KVStub(ch)
+        for i in range(first, last):
+            kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % i, value=b"v"), timeout=10)
+            kv.Put(pb.PutRequest(key=b"k%d" % i, value=b"v"), timeout=10)
+
+
+def keys(server) -> list[bytes]:
+    with grpc.insecure_channel(server.endpoint) as ch:
+        return [kv.key for kv in pbg.KVStub(ch).Range(pb.RangeRequest(key=b"\0", range_end=b"\0"), timeout=10).kvs]
+
+
+def journal_bytes(data, shard: str) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((data / "shards" / shard / "journal").glob("*.wal"))}
+
+
+def older_pods_journal(tmp_path, extra_args=()):
+    """A server whose pods journal is put back to a copy taken after 5 of 8 rounds of writes
+    (and killed with SIGKILL: no checkpoint on the way out covers the lost records)."""
+    server = start_shardetcd(tmp_path, extra_args=extra_args)
+    journal = server.data_dir / "shards" / "pods" / "journal"
+    try:
+        put_both(server, 0, 5)
+        shutil.copytree(journal, tmp_path / "pods-journal-copy")
+        put_both(server, 5, 8)
+    finally:
+        server.kill()
+    shutil.rmtree(journal)
+    shutil.copytree(tmp_path / "pods-journal-copy", journal)
+    return server
+
+
+def test_acknowledged_records_missing_stop_the_start_and_nothing_is_cut(tmp_path):
+    server = older_pods_journal(tmp_path)
+    data = server.data_dir.absolute()
+    default_before = journal_bytes(data, "default")
+    try:
+        server.start()
+        raise AssertionError("started with acknowledged writes missing")
+    except ShardetcdStartError:
+        pass
+    last = server.log_tail(1)
+    assert last.startswith(f"shardetcd: data dir {data}: writes were acknowledged up to revision 17, but the "
+                           "journals hold every revision only up to 11"), last
+    assert "pods 10," in last and "default 17)" in last and f"delete {data}/watermark" in last, last
+    assert journal_bytes(data, "default") == default_before, "the other shard's acknowledged records are all kept"
+    # the operator's choice, as the line says: serve what is left
+    (data / "watermark").unlink()
+    server.start()
+    try:
+        assert keys(server) == sorted([b"/registry/pods/ns/p%d" % i for i in range(5)] +
+                                      [b"k%d" % i for i in range(5)])
+    finally:
+        server.stop()
+
+
+def test_with_fsync_off_a_shorter_journal_is_what_an_os_crash_may_leave(tmp_path):
+    """fsync off loses acknowledged writes in an OS crash by design: the start is not refused."""
+    server = older_pods_journal(tmp_path, ("--journal-fsync", "off"))
+    server.start()
+    try:
+        assert len(keys(server)) == 10
+    finally:
+        server.stop()
