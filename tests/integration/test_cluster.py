@@ -33,9 +33,14 @@ class Cluster:
         self.data_dir = tmp_path / "cluster"
         self.out_path = tmp_path / "supervisor.out"
         self.argv = [sys.executable, "-m", "shim", "cluster", "--layout", str(self.layout), "--data-dir", str(self.data_dir),
-                     "--state-dir", str(tmp_path / "state"), "--journal-fsync", "always",
-                     "--wal-dir", str(tmp_path / "wal")]
-        self.wal_dir = tmp_path / "wal"
+                     "--state-dir", str(tmp_path / "state"), "--journal-fsync", "always"]
+        self.wal_dir: Path | None = None
+
+    def with_wal_dir(self, wal_dir: Path) -> Cluster:
+        """Local journals in ``wal_dir``/<partition> (not with --journal-url)."""
+        self.argv += ["--wal-dir", str(wal_dir)]
+        self.wal_dir = wal_dir
+        return self
         self.proc: subprocess.Popen | None = None
         self.child_pids: dict[str, int] = {}
 
@@ -109,7 +114,7 @@ port = {self.ports["main"]}
 
 @pytest.fixture
 def cluster(tmp_path):
-    c = Cluster(tmp_path).start()
+    c = Cluster(tmp_path).with_wal_dir(tmp_path / "wal").start()
     try:
         yield c
     finally:
