@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experimental-watch-progress-notify-interval", type=_duration_or_zero(600.0), default="10m",
                    help="how often idle watchers that asked for progress notifications get one, e.g. 10m, 5s, 100ms; "
                         "0: the default, as etcd (default: %(default)s)")
+    p.add_argument("--metrics", default=ServerConfig().metrics,
+                   help="etcd's metrics level: 'extensive' also observes every gRPC call's handling time "
+                        "(grpc_server_handling_seconds); anything else is 'basic', as etcd reads it (default: %(default)s)")
     p.add_argument("--experimental-warning-apply-duration", type=_duration_or_zero(0.0), default="100ms",
                    help="a request taking longer is logged as too long and counted in etcd_server_slow_apply_total "
                         "(default: %(default)s, as etcd)")
@@ -229,6 +232,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         follow_data_dir=args.follow_data_dir,
         watch_progress_notify_interval_s=args.experimental_watch_progress_notify_interval,
         warning_apply_duration_s=args.experimental_warning_apply_duration,
+        metrics=args.metrics,
         cert_file=args.cert_file,
         key_file=args.key_file,
         trusted_ca_file=args.trusted_ca_file,

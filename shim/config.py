@@ -38,6 +38,7 @@ class ServerConfig:
     follow: bool = False  # serve reads and watches from the writer's journals; hand everything else to it
     follow_data_dir: Path | None = None  # with follow: the data dir of a writer on this machine (its local journal)
     watch_progress_notify_interval_s: float = 600.0
+    metrics: str = "basic"  # etcd's --metrics: "extensive" adds grpc_server_handling_seconds
     warning_apply_duration_s: float = 0.1  # a unary call slower than this is logged and counted, as etcd's
     cert_file: Path | None = None
     key_file: Path | None = None

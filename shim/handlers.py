@@ -11,6 +11,7 @@ answer UNIMPLEMENTED, as a Go server does for a method it lacks.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import inspect
 import logging
 from time import perf_counter
@@ -104,17 +105,36 @@ GO_CODE_NAMES = ("OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceed
                  "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated")
 
 
+# go-grpc-prometheus's handling-time buckets (Prometheus' default ones)
+HANDLING_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Handling:
+    """etcd's --metrics=extensive: each call's handling time is observed (grpc_server_handling_seconds,
+    which etcd's etcdGRPCRequestsSlow alert reads); with basic, the default, it is not."""
+
+    on = False
+
+
 class RpcStats:
     """One method's counters as etcd's gRPC metrics keep them (go-grpc-prometheus:
-    started, messages received and sent, calls handled by status code); plain
-    integers on the request path, read when /metrics is scraped."""
+    started, messages received and sent, calls handled by status code, and with
+    --metrics=extensive their handling time); plain integers on the request path,
+    read when /metrics is scraped."""
 
-    __slots__ = ("service", "method", "kind", "started", "received", "sent", "handled")
+    __slots__ = ("service", "method", "kind", "started", "received", "sent", "handled", "took", "took_sum")
 
     def __init__(self, service: str, method: str, kind: str) -> None:
         self.service, self.method, self.kind = service, method, kind
         self.started = self.received = self.sent = 0
         self.handled = [0] * len(GO_CODE_NAMES)
+        self.took = [0] * (len(HANDLING_BUCKETS_S) + 1)  # calls per bucket, the last above every bound
+        self.took_sum = 0.0
+
+    def handled_in(self, seconds: float) -> None:
+        """A call ended (any status) this long after it started: for --metrics=extensive."""
+        self.took[bisect.bisect_left(HANDLING_BUCKETS_S, seconds)] += 1
+        self.took_sum += seconds
 
     def ended(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
         """A call that ended in ``exc`` (one that succeeded counts itself as OK)."""
@@ -175,6 +195,8 @@ def _unary(fn, gate, stats: RpcStats):
             Traffic.calls -= 1
             if (took := perf_counter() - start) > Slow.threshold_s:
                 Slow.noted(stats, took, request)
+            if Handling.on:
+                stats.handled_in(took)
         stats.handled[0] += 1
         stats.sent += 1
         return result
@@ -196,6 +218,7 @@ def _streaming(fn, gate, stats: RpcStats, client_streams: bool):
         if Leader.missing and requires_a_leader(context):
             await context.abort(*NO_LEADER)
         stats.started += 1
+        start = perf_counter()
         try:
             if client_streams:
                 request = _checked(request, context, stats)
@@ -211,6 +234,9 @@ def _streaming(fn, gate, stats: RpcStats, client_streams: bool):
         except BaseException as exc:
             stats.ended(context, exc)
             raise
+        finally:
+            if Handling.on:
+                stats.handled_in(perf_counter() - start)
         stats.handled[0] += 1
 
     return handle

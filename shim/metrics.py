@@ -15,7 +15,7 @@ from prometheus_client.utils import floatToGoString
 from shards import collector
 
 from .config import ETCD_API_VERSION
-from .handlers import GO_CODE_NAMES, RPC_STATS, Slow, Traffic
+from .handlers import GO_CODE_NAMES, HANDLING_BUCKETS_S, RPC_STATS, Handling, Slow, Traffic
 
 FSYNC_BUCKETS_S = tuple(0.001 * 2**i for i in range(14))  # etcd's WAL fsync buckets
 BATCH_BYTES_BUCKETS = tuple(256 * 4**i for i in range(9))  # 256 B .. 16 MiB
@@ -86,10 +86,17 @@ class _SameObservations:
         yield self.source.family(self.name, self.doc)
 
 
-def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:
+def _go_float(bound: float) -> str:
+    """A bucket bound as Go's client writes it ('g', shortest): 1 and 10, not prometheus_client's 1.0
+    and 10.0 (for a family etcd shows with integral bounds, whose series must be the same)."""
+    text = floatToGoString(bound)
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _cumulative(bounds: tuple[float, ...], counts: list[int], bound_text=floatToGoString) -> list[tuple[str, int]]:
     """A histogram's buckets as Prometheus shows them, from counts per bucket (the last: +Inf)."""
     cumulative, buckets = 0, []
-    for le, n in zip([*(floatToGoString(b) for b in bounds), "+Inf"], counts):
+    for le, n in zip([*(bound_text(b) for b in bounds), "+Inf"], counts):
         cumulative += n
         buckets.append((le, cumulative))
     return buckets
@@ -133,20 +140,29 @@ class _GrpcCollector:
                                    labels=labels)
         handled = CounterMetricFamily("grpc_server_handled", "Total number of RPCs completed on the server, "
                                       "regardless of success or failure.", labels=["grpc_code", *labels])
+        handling = HistogramMetricFamily("grpc_server_handling_seconds", "Histogram of response latency (seconds) "
+                                         "of gRPC that had been application-level handled by the server.",
+                                         labels=labels)
         totals: dict[tuple[str, str, str], list] = {}
         for st in RPC_STATS:  # a server set up twice in one process (a takeover) adds its counts up
-            t = totals.setdefault((st.method, st.service, st.kind), [0, 0, 0, [0] * len(GO_CODE_NAMES)])
+            t = totals.setdefault((st.method, st.service, st.kind),
+                                  [0, 0, 0, [0] * len(GO_CODE_NAMES), [0] * len(st.took), 0.0])
             t[0] += st.started
             t[1] += st.received
             t[2] += st.sent
             t[3] = [a + b for a, b in zip(t[3], st.handled)]
-        for key, (n_started, n_received, n_sent, by_code) in totals.items():
+            t[4] = [a + b for a, b in zip(t[4], st.took)]
+            t[5] += st.took_sum
+        for key, (n_started, n_received, n_sent, by_code, took, took_sum) in totals.items():
             started.add_metric(list(key), n_started)
             received.add_metric(list(key), n_received)
             sent.add_metric(list(key), n_sent)
             for name, n in zip(GO_CODE_NAMES, by_code):
                 handled.add_metric([name, *key], n)
+            handling.add_metric(list(key), _cumulative(HANDLING_BUCKETS_S, took, _go_float), took_sum)
         yield from (handled, received, sent, started)
+        if Handling.on:  # --metrics=extensive, as etcd enables go-grpc-prometheus's histogram
+            yield handling
 
 
 class _StateCollector:

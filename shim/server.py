@@ -39,7 +39,7 @@ from .context import Member
 from .etcdflags import CIPHER_SUITES
 from .peercheck import CertificateCheck
 from . import handlers
-from .handlers import Slow, service_handler, unknown_methods
+from .handlers import Handling, Slow, service_handler, unknown_methods
 from .health import HealthService
 from .gateway import Gateway
 from .http import READER_LIMIT, HttpEndpoint, start_http
@@ -497,6 +497,7 @@ async def start(config: ServerConfig) -> Running:
     }
     limit = config.max_message_bytes
     Slow.threshold_s = config.warning_apply_duration_s
+    Handling.on = config.metrics == "extensive"
     server.add_generic_rpc_handlers([service_handler(name, svc, gate=gate, max_message=limit)
                                      for name, svc in services.items()])
     recipes = {"Lock": LockService(member), "Election": ElectionService(member)}

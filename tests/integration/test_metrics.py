@@ -231,3 +231,53 @@ def test_slow_requests_are_logged_and_counted(tmp_path):
         assert "took too long" not in quiet.log_path.read_text()
     finally:
         quiet.stop()
+
+
+def test_metrics_extensive_adds_the_handling_time_histogram_as_etcd(tmp_path):
+    """--metrics=extensive (etcd's etcdGRPCRequestsSlow alert reads grpc_server_handling_seconds):
+    every method listed with etcd's buckets from the start, and the same calls counted as etcd
+    counts them, failed ones and a cancelled stream included; basic (the default) has no such family."""
+    from tests.etcd_fixture import start_etcd
+
+    port = free_port()
+    ours = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}",
+                                                 "--metrics=extensive"))
+    etcd = start_etcd(tmp_path / "etcd", extra_args=("--metrics=extensive",))
+    try:
+        def handling(url: str) -> dict:
+            return {(name, labels): v for (name, labels), v in scrape(url).items()
+                    if name.startswith("grpc_server_handling_seconds") and not name.endswith("_sum")}
+
+        fresh = [handling(f"http://127.0.0.1:{port}"), handling(etcd.client_url)]
+        put_key = ("grpc_server_handling_seconds_bucket", (("grpc_method", "Put"), ("grpc_service", "etcdserverpb.KV"),
+                                                          ("grpc_type", "unary"), ("le", "0.005")))
+        assert fresh[0][put_key] == fresh[1][put_key] == 0
+        kv_series = [{k for k in f if ("grpc_service", "etcdserverpb.KV") in k[1]} for f in fresh]
+        assert kv_series[0] == kv_series[1] and len(kv_series[0]) == 5 * (11 + 2)  # 5 methods, 11 bounds, +Inf, count
+        for endpoint in (ours.endpoint, etcd.endpoint):
+            with grpc.insecure_channel(endpoint) as ch:
+                kv = pbg.KVStub(ch)
+                for _ in range(3):
+                    kv.Put(pb.PutRequest(key=b"a", value=b"1"))
+                with pytest.raises(grpc.RpcError):
+                    kv.Range(pb.RangeRequest(key=b""))
+                stream = pbg.WatchStub(ch).Watch(iter([pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"a"))]))
+                next(stream)
+                stream.cancel()
+            time.sleep(0.5)
+        after = [handling(f"http://127.0.0.1:{port}"), handling(etcd.client_url)]
+        counts = [{k: v - f[k] for k, v in a.items() if k[0].endswith("_count") and v - f[k]}  # the readiness probes
+                  for a, f in zip(after, fresh)]                                            # were calls too
+        assert counts[0] == counts[1], counts
+        assert {dict(k[1])["grpc_method"]: v for k, v in counts[0].items()} == {"Put": 3, "Range": 1, "Watch": 1}
+    finally:
+        ours.stop()
+        etcd.stop()
+    basic_port = free_port()
+    basic = start_shardetcd(tmp_path, name="basic", extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{basic_port}"))
+    try:
+        with grpc.insecure_channel(basic.endpoint) as ch:
+            pbg.KVStub(ch).Put(pb.PutRequest(key=b"a", value=b"1"))
+        assert not handling(f"http://127.0.0.1:{basic_port}")
+    finally:
+        basic.stop()
