@@ -36,6 +36,10 @@ class JournalFenced(JournalFailed):
     """Another process appended to the journal: this one must not write (or acknowledge) again."""
 
 
+class JournalGone(JournalFailed):
+    """A replicated journal's stream disappeared while in use (deleted by hand, or lost by NATS)."""
+
+
 class JournalGap(JournalError):
     """A follower found messages missing before the next one it could read (they
     were released up to a checkpoint newer than the one it loaded)."""

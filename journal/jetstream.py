@@ -51,7 +51,7 @@ from typing import Awaitable, Callable, Iterable, Iterator
 from journal.appender import Appender
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
-from journal.errors import JournalCorrupt, JournalFailed, JournalFenced, JournalGap, JournalUnreachable
+from journal.errors import JournalCorrupt, JournalFailed, JournalFenced, JournalGap, JournalGone, JournalUnreachable
 from journal.follow import Message  # noqa: F401 - one stream message, as a follower sees it
 from journal.record import HEADER_BYTES, FrameError, Record, decode_frame, frame_header
 
@@ -494,7 +494,7 @@ class JetStreamJournal(Appender):
                 return
             except JournalFenced:
                 logger.warning("journal changed while being fenced, reading it again stream=%s", self.stream)
-                info = await retrying("stream info", lambda: js.stream_info(self.stream))
+                info = await self._info()
         raise JournalUnreachable(f"journal {self.stream} keeps changing: another writer is active on it")
 
     async def _fence(self) -> None:
@@ -600,7 +600,7 @@ class JetStreamJournal(Appender):
         if not self.following:
             return
         js = self.log.js
-        info = await retrying("stream info", lambda: js.stream_info(self.stream))
+        info = await self._info()
         self.released_before = info.state.first_seq > 1
         await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
         self._tail = max(self._tail, info.state.last_seq)
@@ -676,13 +676,24 @@ class JetStreamJournal(Appender):
 
     async def _stored(self):
         """The stream's state now: its first and last sequence."""
-        info = await retrying("stream info", lambda: self.log.js.stream_info(self.stream), deadline_s=5.0)
+        info = await self._info(deadline_s=5.0)
         return info.state
+
+    async def _info(self, **retry):
+        """The stream's info; a stream found at open and gone since (deleted by hand, or lost by NATS)
+        is JournalGone: what it held is not for a writer or follower to guess."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            return await retrying("stream info", lambda: self.log.js.stream_info(self.stream), **retry)
+        except NotFoundError:
+            raise JournalGone(f"journal stream {self.stream} is gone (deleted, or lost by NATS) since it was "
+                              "opened, with every record it held") from None
 
     async def unread_gap(self) -> tuple[int, int] | None:
         """(the next message to read, the first one stored) when messages after those
         read so far were released before this process read them; None if not."""
-        info = await retrying("stream info", lambda: self.log.js.stream_info(self.stream))
+        info = await self._info()
         return self._gap(info.state.first_seq, info.state.last_seq)
 
     def _gap(self, first: int, last: int) -> tuple[int, int] | None:
@@ -702,7 +713,7 @@ class JetStreamJournal(Appender):
                 self.following = False
                 return
             except JournalFenced:
-                info = await retrying("stream info", lambda: js.stream_info(self.stream))
+                info = await self._info()
                 last = info.state.last_seq
                 gap = self._gap(info.state.first_seq, last)
                 if gap is not None and not await on_gap(*gap):

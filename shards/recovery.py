@@ -11,7 +11,6 @@ import time
 from typing import TYPE_CHECKING
 
 from journal.errors import JournalGap
-from journal.watermark import FILE_NAME as WATERMARK_FILE
 
 from . import collector
 from .errors import DataDirError
@@ -64,20 +63,22 @@ def _check_complete(store: Store, found: list[Recovered]) -> None:
         )
 
 
-def _check_acknowledged(store: Store, found: list[Recovered], rev: int) -> None:
+def check_acknowledged(store: Store, rev: int, found: list[Recovered] | None = None) -> None:
     """Every revision the last writer acknowledged must be whole again: if not, journal records it
     made durable are gone (a segment deleted, a disk replaced or restored from an older copy), and
     cutting what is above the hole would destroy more acknowledged writes. Nothing is cut."""
     if rev >= store.acknowledged:
         return
-    ends = ", ".join(f"{shard.name} {max([f.checkpoint_rev, *(w[0] for w in f.writes)]) or 'none'}"
-                     for shard, f in zip(store.shards, found))
+    ends = "" if found is None else " (newest revision per shard: " + ", ".join(
+        f"{shard.name} {max([f.checkpoint_rev, *(w[0] for w in f.writes)]) or 'none'}"
+        for shard, f in zip(store.shards, found)) + ")"
+    where, drop = store.acknowledged_where
     raise DataDirError(
-        f"data dir {store.datadir.path}: writes were acknowledged up to revision {store.acknowledged}, but the "
-        f"journals hold every revision only up to {rev} (newest revision per shard: {ends}): journal records "
-        "were lost (a segment deleted, a disk replaced or restored from an older copy?). Refusing to start, and "
-        "nothing was cut. Put the missing journal files back; or, to serve what is left and lose the rest, "
-        f"delete {store.datadir.path / WATERMARK_FILE} and start again")
+        f"writes were acknowledged up to revision {store.acknowledged} ({where}), but the journals hold every "
+        f"revision only up to {rev}{ends}: acknowledged journal records are gone "
+        "(a segment or stream deleted, a disk replaced or restored from an older copy?). Refusing to start, and "
+        f"nothing was cut. Put the missing records back; or, to serve what is left and lose the rest, {drop} and "
+        "start again")
 
 
 async def recover(store: Store) -> None:
@@ -88,7 +89,7 @@ async def recover(store: Store) -> None:
         found = [await shard.read_disk() for shard in store.shards]
         _check_complete(store, found)
         rev = recovered_revision(found)
-        _check_acknowledged(store, found, rev)
+        check_acknowledged(store, rev, found)
         for shard in store.shards:
             cut = shard.journal.truncate_after(rev)
             if cut:

@@ -54,6 +54,7 @@ from .steps import Steps, T
 from .write import STEP_KEYS, WriteTxn
 
 logger = logging.getLogger(__name__)
+ACKNOWLEDGED_EVERY_S = 1.0  # how often a replicated journal's writer publishes its committed revision
 
 # A fresh etcd 3.5's backend file before any key: 20,480 bytes, 16,384 of them in use (bbolt's
 # meta, freelist and bucket pages; etcdctl endpoint status). Reported on an empty store too, so
@@ -120,6 +121,8 @@ class Store:
         self.follow_stats = FollowStats()
         self.watermark: WatermarkWriter | None = None  # a local journal's durable position, for local followers
         self.acknowledged = 0  # the revision up to which the last writer acknowledged writes (0: unknown)
+        self.acknowledged_where = ("", "")  # where that was read, and how an operator drops it
+        self._acknowledging: asyncio.Task | None = None  # a replicated journal's writer: publishes it
         self.lease_renewals = 0  # keep-alive requests handled (etcd_debugging_lease_renewed_total)
         for state in self.states:
             state.on_failure = self._fail
@@ -156,10 +159,15 @@ class Store:
                 shards.append(Shard(sid, spec.name, shard_dir, state_dir, journal))
             store = cls(config, datadir, shards)
             store.log, store._owns_log, store.watermark = log, owns_log, watermark
-            store.acknowledged = acknowledged
+            if watermark is not None:
+                store.acknowledged = acknowledged
+                store.acknowledged_where = (f"the writer's watermark {datadir.path / WATERMARK_FILE}",
+                                            f"delete {datadir.path / WATERMARK_FILE}")
             if hasattr(log, "agree"):  # a replicated journal keeps the cluster's identity
                 key = f"cluster-id.{journal_role(config)}"
                 datadir.adopt_cluster_id(int(await log.agree(key, str(datadir.cluster_id))))
+                if not follow:
+                    await store.read_acknowledged()
             if follow:
                 store.follower = await recover_to_follow(store)
             else:
@@ -187,6 +195,33 @@ class Store:
             shard.journal.on_failure = self._fail
             await shard.journal.start()
         self._expiry_task = asyncio.get_running_loop().create_task(self._expire_leases())
+        if hasattr(self.log, "put_meta"):
+            self._acknowledging = asyncio.get_running_loop().create_task(self._publish_acknowledged())
+
+    async def read_acknowledged(self) -> None:
+        """A replicated journal: the revision up to which its last writer (this process, or another on
+        any machine) said it acknowledged writes (``_publish_acknowledged``)."""
+        key, bucket = acknowledged_key(self.config), f"{self.config.jetstream.prefix}-meta"
+        self.acknowledged = int(await self.log.get_meta(key) or 0)
+        self.acknowledged_where = (f"key {key} of the JetStream bucket {bucket}",
+                                   f"delete that key (`nats kv del {bucket} {key}`)")
+
+    async def _publish_acknowledged(self) -> None:
+        """A replicated journal's writer: the committed revision into the meta bucket, at most once
+        every ACKNOWLEDGED_EVERY_S. A writer that starts later can then tell journal records that were
+        acknowledged and are gone (a stream deleted or lost) from records never acknowledged, instead
+        of cutting the other streams' acknowledged records above the hole (recovery)."""
+        key, published = acknowledged_key(self.config), self.acknowledged
+        while True:
+            await asyncio.sleep(ACKNOWLEDGED_EVERY_S)
+            committed = self.committed
+            if committed <= published:
+                continue
+            try:
+                await self.log.put_meta(key, str(committed))
+                published = committed
+            except Exception as exc:  # noqa: BLE001 - NATS away: the writes wait too; tried again next time
+                logger.debug("acknowledged revision not published rev=%d error=%s", committed, exc)
 
     # -- following another writer ------------------------------------------
 
@@ -240,7 +275,7 @@ class Store:
         the writer lease): fence each journal after what was read, apply what
         was stored meanwhile, cut what is not whole (recorded in every journal),
         and start writing.  Returns the revision taken over at."""
-        from .recovery import settle_leases
+        from .recovery import check_acknowledged, settle_leases
 
         started = time.monotonic()
         await self._catch_up_with_checkpoints()
@@ -249,6 +284,9 @@ class Store:
             await shard.journal.take_over(lambda msg, sid=sid: follower.on_message(sid, msg),
                                           self._covered_by_checkpoint(shard))
         rev = follower.applied
+        if hasattr(self.log, "put_meta"):
+            await self.read_acknowledged()
+            check_acknowledged(self, rev)  # before anything is cut
         dropped = follower.pending()
         for shard in self.shards:
             shard.journal.truncate_after(rev)
@@ -270,9 +308,10 @@ class Store:
         self.hub.close()
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
-        if self._expiry_task is not None:
-            self._expiry_task.cancel()
-            await asyncio.gather(self._expiry_task, return_exceptions=True)
+        for task in (self._expiry_task, self._acknowledging):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._compaction is not None:
             self._compaction.cancel()
             await asyncio.gather(self._compaction, return_exceptions=True)
@@ -789,6 +828,11 @@ class Store:
 def journal_role(config: StoreConfig) -> str:
     """Which writer's journals these are: the default shard's name (a partition's name under ``cluster``)."""
     return config.layout.shards[-1].name
+
+
+def acknowledged_key(config: StoreConfig) -> str:
+    """The meta bucket's key for the revision a replicated journal's writer acknowledged writes up to."""
+    return f"acknowledged.{journal_role(config)}"
 
 
 def journal_name(config: StoreConfig) -> str:

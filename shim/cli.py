@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from journal import JournalCorrupt
+from journal.errors import JournalGone
 from journal.verify import repair, verify
 from shards.errors import DataDirError, LayoutError
 from shards.layout import load_layout
@@ -459,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return run_loop(serve(config, ready), args.event_loop)
-    except (StartupError, DataDirError, LayoutError) as exc:
+    except (StartupError, DataDirError, LayoutError, JournalGone) as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
     except JournalCorrupt as exc:

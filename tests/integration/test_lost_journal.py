@@ -10,11 +10,18 @@ were acknowledged; a start whose journals do not reach it is refused.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.nats_fixture import shardetcd_on, wait_standing_by
 from tests.shardetcd_fixture import ShardetcdStartError, start_shardetcd
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def put_both(server, first: int, last: int) -> None:
@@ -62,8 +69,8 @@ def test_acknowledged_records_missing_stop_the_start_and_nothing_is_cut(tmp_path
     except ShardetcdStartError:
         pass
     last = server.log_tail(1)
-    assert last.startswith(f"shardetcd: data dir {data}: writes were acknowledged up to revision 17, but the "
-                           "journals hold every revision only up to 11"), last
+    assert last.startswith(f"shardetcd: writes were acknowledged up to revision 17 (the writer's watermark "
+                           f"{data}/watermark), but the journals hold every revision only up to 11"), last
     assert "pods 10," in last and "default 17)" in last and f"delete {data}/watermark" in last, last
     assert journal_bytes(data, "default") == default_before, "the other shard's acknowledged records are all kept"
     # the operator's choice, as the line says: serve what is left
@@ -84,3 +91,82 @@ def test_with_fsync_off_a_shorter_journal_is_what_an_os_crash_may_leave(tmp_path
         assert len(keys(server)) == 10
     finally:
         server.stop()
+
+
+# -- a replicated journal: a JetStream stream deleted --------------------------------------------
+
+def delete_stream(nats, name: str) -> None:
+    import asyncio
+
+    import nats as nats_client
+
+    async def delete() -> None:
+        nc = await nats_client.connect(nats.urls.split(","))
+        try:
+            await nc.jetstream().delete_stream(name)
+        finally:
+            await nc.close()
+
+    asyncio.run(delete())
+
+
+def wait_published() -> None:
+    """Until the writer's acknowledged revision reached the meta bucket (once a second)."""
+    from shards.store import ACKNOWLEDGED_EVERY_S
+
+    time.sleep(2 * ACKNOWLEDGED_EVERY_S + 0.5)
+
+
+def cuts(nats, stream: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "shim", "journal", "verify", "--journal-url", nats.urls], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    line = next(x for x in r.stdout.splitlines() if f": stream {stream}: " in x)
+    return line.split(" fences, ")[1].split(",")[0]
+
+
+def test_a_deleted_stream_stops_the_next_writer_and_nothing_is_cut(nats, tmp_path):
+    writer = shardetcd_on(nats, tmp_path / "w").start()
+    try:
+        put_both(writer, 0, 5)
+        wait_published()
+    finally:
+        writer.kill()
+    before = cuts(nats, "shardetcd_default")
+    delete_stream(nats, "shardetcd_pods")
+    nxt = shardetcd_on(nats, tmp_path / "w2")
+    try:
+        nxt.start()
+        raise AssertionError("a writer started with acknowledged writes missing")
+    except ShardetcdStartError:
+        pass
+    last = nxt.log_tail(1)
+    assert last.startswith("shardetcd: writes were acknowledged up to revision 11 (key acknowledged.default of the "
+                           "JetStream bucket shardetcd-meta), but the journals hold every revision only up to 1 "), last
+    assert "`nats kv del shardetcd-meta acknowledged.default`" in last, last
+    standby = shardetcd_on(nats, tmp_path / "s", "--standby").start(wait=False)  # the takeover path checks it too
+    try:
+        assert standby.proc.wait(60) == 2
+    finally:
+        standby.kill()
+    assert standby.log_tail(1).startswith("shardetcd: writes were acknowledged up to revision 11 (key "
+                                          "acknowledged.default"), standby.log_tail(20)
+    assert cuts(nats, "shardetcd_default") == before, "the other streams' acknowledged records are all kept"
+
+
+def test_a_standby_does_not_take_over_a_journal_that_lost_acknowledged_writes(nats, tmp_path):
+    writer = shardetcd_on(nats, tmp_path / "w").start()
+    standby = shardetcd_on(nats, tmp_path / "s", "--standby").start(wait=False)
+    try:
+        wait_standing_by(standby)
+        put_both(writer, 0, 5)
+        wait_published()
+        writer.kill()
+        before = cuts(nats, "shardetcd_default")
+        delete_stream(nats, "shardetcd_pods")
+        assert standby.proc.wait(60) == 2
+        assert standby.log_tail(1) == ("shardetcd: journal stream shardetcd_pods is gone (deleted, or lost by NATS) "
+                                       "since it was opened, with every record it held"), standby.log_tail(20)
+    finally:
+        writer.kill()
+        standby.kill()
+    assert cuts(nats, "shardetcd_default") == before
