@@ -43,6 +43,16 @@ def journal_bytes(data, shard: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((data / "shards" / shard / "journal").glob("*.wal"))}
 
 
+def refused_start(server) -> str:
+    """The line a start that must be refused ends with."""
+    try:
+        server.start()
+    except ShardetcdStartError:
+        return server.log_tail(1)
+    server.kill()
+    raise AssertionError("started with acknowledged writes missing")
+
+
 def older_pods_journal(tmp_path, extra_args=()):
     """A server whose pods journal is put back to a copy taken after 5 of 8 rounds of writes
     (and killed with SIGKILL: no checkpoint on the way out covers the lost records)."""
@@ -63,12 +73,7 @@ def test_acknowledged_records_missing_stop_the_start_and_nothing_is_cut(tmp_path
     server = older_pods_journal(tmp_path)
     data = server.data_dir.absolute()
     default_before = journal_bytes(data, "default")
-    try:
-        server.start()
-        raise AssertionError("started with acknowledged writes missing")
-    except ShardetcdStartError:
-        pass
-    last = server.log_tail(1)
+    last = refused_start(server)
     assert last.startswith(f"shardetcd: writes were acknowledged up to revision 17 (the writer's watermark "
                            f"{data}/watermark), but the journals hold every revision only up to 11"), last
     assert "pods 10," in last and "default 17)" in last and f"delete {data}/watermark" in last, last
@@ -133,13 +138,7 @@ def test_a_deleted_stream_stops_the_next_writer_and_nothing_is_cut(nats, tmp_pat
         writer.kill()
     before = cuts(nats, "shardetcd_default")
     delete_stream(nats, "shardetcd_pods")
-    nxt = shardetcd_on(nats, tmp_path / "w2")
-    try:
-        nxt.start()
-        raise AssertionError("a writer started with acknowledged writes missing")
-    except ShardetcdStartError:
-        pass
-    last = nxt.log_tail(1)
+    last = refused_start(shardetcd_on(nats, tmp_path / "w2"))
     assert last.startswith("shardetcd: writes were acknowledged up to revision 11 (key acknowledged.default of the "
                            "JetStream bucket shardetcd-meta), but the journals hold every revision only up to 1 "), last
     assert "`nats kv del shardetcd-meta acknowledged.default`" in last, last
