@@ -17,6 +17,7 @@ from shards.snapshot import SnapshotError, restore_snapshot
 from shards.durations import go_duration_s
 from shards.tokens import TokenOptionsError, parse_auth_token
 
+from . import logs
 from .autocompact import AutoCompaction
 from .config import ETCD_API_VERSION, GRPC_SERVERS, ServerConfig
 from .etcdflags import FlagError, cipher_suites, normalize, refusal
@@ -135,7 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--client-cert-auth", action="store_true", help="refuse TLS clients without a certificate signed by --trusted-ca-file")
     p.add_argument("--listen-metrics-urls", type=_urls, default=(), help="comma-separated URLs serving /metrics, /health, /readyz, /livez and /version; https:// ones "
                         "with the client TLS settings (--cert-file, --key-file, --client-cert-auth, ...), as etcd")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"], help="log verbosity; logs go to stderr (default: %(default)s)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"], help="log verbosity (default: %(default)s)")
+    p.add_argument("--log-outputs", type=lambda text: tuple(t for t in text.split(",") if t), default=("default",),
+                   help="comma-separated, as etcd's: default or stderr, stdout, systemd/journal (the journal's socket), "
+                        "or file paths appended to (default: default)")
     p.add_argument("--shard-layout", type=Path, default=None, help="TOML file naming which Kubernetes resources each shard owns (default: built-in leases/events/pods/nodes/default)")
     p.add_argument("--journal-fsync", choices=["always", "batch", "off"], default=d.journal_fsync,
                    help="always: fdatasync every group-commit batch before acknowledging; batch: the same, gathering writes for up to 2 ms per fsync; "
@@ -269,12 +273,10 @@ def version_text() -> str:
             f"Python Version: {platform.python_version()}\nOS/Arch: {sys.platform}/{platform.machine()}")
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper().replace("WARN", "WARNING")),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
-        stream=sys.stderr,
-    )
+def setup_logging(level: str, outputs: tuple[str, ...] = ("default",)) -> None:
+    """Structured log lines at ``level`` to etcd's --log-outputs (shim/logs.py; OutputError if one
+    cannot be opened)."""
+    logs.setup(level, outputs)
 
 
 def snapshot_main(argv: list[str]) -> int:
@@ -441,7 +443,11 @@ def main(argv: list[str] | None = None) -> int:
         print(version_text())
         return 0
     args = parser.parse_args(reading.argv)
-    setup_logging(args.log_level)
+    try:
+        setup_logging(args.log_level, args.log_outputs)
+    except logs.OutputError as exc:  # etcd: "failed to verify flags", exit 1
+        print(f"shardetcd: {exc}", file=sys.stderr)
+        return 1
     for warning in reading.warnings:
         logger.warning("%s", warning)
     if (reason := refusal(reading, args.journal_urls)) is not None:

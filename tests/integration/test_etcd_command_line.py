@@ -95,6 +95,7 @@ REFUSED = [  # (command line, environment)
     (["-proxy-failure-wait", "1_000", "--cluster-sync-interval", "yes"], {}),  # found by a random probe
     (["--auto-compaction-mode", "-x", "1e3"], {}),
     (["--auth-token=bogus", "--enable-pprof=0x10"], {}),
+    (["--log-outputs=stderr,no-such-dir/etcd.log"], {}),
     ([], {"ETCD_SNAPSHOT_COUNT": "abc"}),
     ([], {"ETCD_CLIENT_CERT_AUTH": "yes"}),
     ([], {"ETCD_MAX_REQUEST_BYTES": "-1"}),
@@ -425,3 +426,25 @@ def test_https_metrics_urls_serve_with_the_client_tls_as_etcd(tmp_path):
         assert code != 0, (name, why)
         if name == "shardetcd":  # in etcd's words (its zap line says them beside "discovery failed")
             assert why == f"cannot listen on TLS for 127.0.0.1:{metrics}: KeyFile and CertFile are not presented"
+
+
+def test_log_outputs_send_the_log_lines_where_etcd_sends_them(tmp_path):
+    """--log-outputs=FILE,stdout: each server's log lines are appended to the file and written to
+    standard output (etcd's JSON lines, shardetcd's key=value ones)."""
+    for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
+        log = tmp_path / f"{name}.log"
+        log.write_text("kept\n")  # appended to, as etcd's file sink appends
+        argv = ["--data-dir", str(tmp_path / name), *own_ports(cmd, tmp_path / name), f"--log-outputs={log},stdout"]
+        proc = subprocess.Popen([*cmd, *argv], env=CLEAN_ENV, cwd=tmp_path if name == "etcd" else REPO,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while log.read_text().count("\n") < 3:
+                assert proc.poll() is None and time.monotonic() < deadline, name
+                time.sleep(0.1)
+        finally:
+            proc.terminate()
+            out, _ = proc.communicate(timeout=30)
+        lines = log.read_text().splitlines()
+        assert lines[0] == "kept" and len(lines) >= 3, (name, lines)
+        assert lines[1] in out.splitlines(), (name, lines[1], out[:500])  # the same line on standard output

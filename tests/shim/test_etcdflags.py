@@ -270,7 +270,8 @@ journal-fsync: batch
         == ("fromfile", "/from/file", 256, 5.0, 1.5)
     assert (str(c.cert_file), str(c.trusted_ca_file), c.client_cert_auth) == ("/pki/server.crt", "/pki/ca.crt", True)
     assert c.journal_fsync == "batch" and str(c.shard_layout) == "/l.toml"  # shardetcd's own, file and flag
-    assert r.no_effect() == ["log-outputs", "peer-client-cert-auth", "snapshot-count"]
+    assert r.no_effect() == ["peer-client-cert-auth", "snapshot-count"]
+    assert PARSER.parse_args(r.argv).log_outputs == ("stderr",)  # a YAML list, as etcd's file gives it
     assert any("key=unknown-key" in w for w in r.warnings) and any("flags=name" in w for w in r.warnings)
     assert read([], {"ETCD_CONFIG_FILE": str(f)}).config_file == str(f)
 
