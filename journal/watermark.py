@@ -60,6 +60,20 @@ def _size(shards: int) -> int:
     return _crc_at(shards) + _U64.size
 
 
+def _mark(raw: bytes) -> Mark | None:
+    """The watermark in ``raw`` if it is whole (magic, an even counter, its CRC), else None."""
+    if len(raw) < _HEAD.size or raw[:8] != MAGIC:
+        return None
+    _, counter, generation, member_id, committed, shards = _HEAD.unpack_from(raw, 0)
+    if counter & 1 or _size(shards) > len(raw):
+        return None
+    crc_at = _crc_at(shards)
+    if zlib.crc32(raw[GENERATION_AT:crc_at]) != _U64.unpack_from(raw, crc_at)[0]:
+        return None
+    tails = tuple(_POS.unpack_from(raw, POSITIONS_AT + i * _POS.size) for i in range(shards))
+    return Mark(counter, generation, member_id, committed, tails)
+
+
 class WatermarkWriter:
     """The writer's side: one per data dir, updated from the event loop."""
 
@@ -78,11 +92,15 @@ class WatermarkWriter:
         self._shards = shards
         self._member_id = member_id
         self._crc_at = _crc_at(shards)
+        previous = _mark(self._mm[:])
+        # what the last writer of this data dir acknowledged stays readable while this one recovers (and
+        # after a start that refused to recover): see acknowledged_revision
+        self._kept = previous.committed if previous is not None and previous.member_id == member_id else 0
         self.recovering()
 
     def recovering(self) -> None:
-        """Before recovery changes any segment: readers stop until ``publish_all``."""
-        self._update(lambda mm: _HEAD.pack_into(mm, 0, MAGIC, self._counter + 1, 0, self._member_id, 0,
+        """Before recovery changes any segment: readers stop until ``publish_all`` (generation 0)."""
+        self._update(lambda mm: _HEAD.pack_into(mm, 0, MAGIC, self._counter + 1, 0, self._member_id, self._kept,
                                                 self._shards))
 
     def publish_all(self, generation: int, committed: int, tails: list[tuple[int, int]]) -> None:
@@ -121,7 +139,7 @@ class WatermarkWriter:
 def acknowledged_revision(path: Path, member_id: int) -> int:
     """The committed revision a writer of this data dir (``member_id``) last published, read before
     a new writer resets the file: every revision up to it was acknowledged, so durable. 0 when
-    unknown (no file, another data dir's, torn, or written by a writer that was recovering)."""
+    unknown (no file, another data dir's, torn)."""
     try:
         reader = WatermarkReader(path)
     except (OSError, ValueError):
@@ -130,9 +148,9 @@ def acknowledged_revision(path: Path, member_id: int) -> int:
         mark = reader.read()
     finally:
         reader.close()
-    if mark is None or mark.member_id != member_id or mark.generation == 0:
+    if mark is None or mark.member_id != member_id:
         return 0
-    return mark.committed
+    return mark.committed  # generation 0 too: a writer that was recovering (or refused to) kept it
 
 
 class WatermarkReader:
@@ -166,14 +184,10 @@ class WatermarkReader:
             raw = mm[:]
             if _U64.unpack_from(mm, COUNTER_AT)[0] != c1:
                 continue
-            _, _, generation, member_id, committed, shards = _HEAD.unpack_from(raw, 0)
-            if _size(shards) > len(raw):
-                return None
-            crc_at = _crc_at(shards)
-            if zlib.crc32(raw[GENERATION_AT:crc_at]) != _U64.unpack_from(raw, crc_at)[0]:
-                continue  # torn: stores seen out of order (or a writer that died in an update)
-            tails = tuple(_POS.unpack_from(raw, POSITIONS_AT + i * _POS.size) for i in range(shards))
-            return Mark(c1, generation, member_id, committed, tails)
+            mark = _mark(raw)
+            if mark is not None:
+                return mark
+            # torn: stores seen out of order (or a writer that died in an update)
         return None
 
     def close(self) -> None:

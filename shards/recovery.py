@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from journal.config import JournalConfig
 from journal.errors import JournalGap
+from journal.reader import iter_frames
+from journal.record import FrameError
+from journal.segment import list_segments
 
 from . import collector
 from .errors import DataDirError
@@ -18,7 +24,7 @@ from .follow import Follower
 from .lease import GRANT, decode_lease_record
 from .progress import Progress
 from .shard import YIELD_EVERY
-from .record import AUTH, TOKEN, WRITE, decode_compact, decode_extra_meta, decode_write
+from .record import AUTH, TOKEN, WRITE, decode_compact, decode_extra_meta, decode_write, write_participants
 
 if TYPE_CHECKING:
     from .shard import Recovered
@@ -40,6 +46,30 @@ def recovered_revision(found: list[Recovered]) -> int:
             break
         rev += 1
     return rev
+
+
+def whole_on_disk(data_dir: Path, names: list[str], checkpoint_revs: list[int],
+                  config: JournalConfig = JournalConfig()) -> int:
+    """For ``journal verify`` (reads, changes nothing): the revision up to which the local journals
+    of ``names`` (in layout order) above their checkpoints hold every revision whole, as a start
+    would find it; frames from a bad one on are left out (verify reports those)."""
+    from .shard import Recovered
+
+    found = []
+    for name, ckpt_rev in zip(names, checkpoint_revs):
+        directory = data_dir / "shards" / name / "journal"
+        writes = []
+        for _, path in list_segments(directory) if directory.is_dir() else []:
+            with open(path, "rb") as f:
+                try:
+                    for frame in iter_frames(f, 0, os.fstat(f.fileno()).st_size, config.record_bytes_max,
+                                             config.read_chunk_bytes):
+                        if frame.rtype == WRITE and frame.rev > ckpt_rev:
+                            writes.append((frame.rev, write_participants(frame.payload), b"", 0))
+                except FrameError:
+                    pass
+        found.append(Recovered(ckpt_rev, -1, writes, [], [], b""))
+    return recovered_revision(found)
 
 
 def _check_complete(store: Store, found: list[Recovered]) -> None:

@@ -362,7 +362,7 @@ def journal_main(argv: list[str]) -> int:
         print(f"shardetcd: {args.data_dir} holds no shard journals", file=sys.stderr)
         return 2
     try:
-        return _journal_command(args.command, shards)
+        return _journal_command(args.command, shards, args.data_dir)
     except OSError as exc:
         print(f"shardetcd: {args.data_dir}: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
         return 2
@@ -394,8 +394,9 @@ def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str)
     return 1 if damaged else 0
 
 
-def _journal_command(command: str, shards: list[Path]) -> int:
+def _journal_command(command: str, shards: list[Path], data_dir: Path) -> int:
     worst = 0
+    checkpoints: dict[str, int] = {}  # the newest sound checkpoint's revision, by shard
     for shard in shards:
         if command == "repair":
             try:
@@ -413,7 +414,35 @@ def _journal_command(command: str, shards: list[Path]) -> int:
             revs = f"revs {r.first_rev}..{r.last_rev}" if r.first_rev is not None else "empty"
             print(f"{shard.name}: {r.path.name}: {r.status}, {r.records} records, {revs}" + (f"; {r.detail}" if r.detail else ""))
             worst = max(worst, {"ok": 0, "torn tail": 0, "corrupt": 1}[r.status])
-    return worst
+            if r.detail == "checkpoint" and r.status == "ok":
+                checkpoints[shard.name] = max(checkpoints.get(shard.name, 0), r.first_rev)
+    return max(worst, _acknowledged(data_dir, checkpoints))
+
+
+def _acknowledged(data_dir: Path, checkpoints: dict[str, int]) -> int:
+    """The writer's watermark against the journals, as a start checks it: one line when known."""
+    import json
+
+    from journal.watermark import FILE_NAME, acknowledged_revision
+    from shards.recovery import whole_on_disk
+
+    try:
+        meta = json.loads((data_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    if meta.get("journal", "local") != "local" or meta.get("journal_fsync", "off") == "off":
+        return 0
+    acked = acknowledged_revision(data_dir / FILE_NAME, meta.get("member_id"))
+    if not acked:
+        return 0
+    names = list(meta.get("shards", []))
+    whole = whole_on_disk(data_dir, names, [checkpoints.get(n, 0) for n in names])
+    if whole >= acked:
+        print(f"acknowledged: writes up to revision {acked} (the writer's watermark), every one in the journals")
+        return 0
+    print(f"acknowledged: writes up to revision {acked} (the writer's watermark), but the journals hold every "
+          f"revision only up to {whole}: acknowledged records are gone, and a start refuses this data dir")
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:

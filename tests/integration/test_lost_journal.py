@@ -78,6 +78,11 @@ def test_acknowledged_records_missing_stop_the_start_and_nothing_is_cut(tmp_path
                            f"{data}/watermark), but the journals hold every revision only up to 11"), last
     assert "pods 10," in last and "default 17)" in last and f"delete {data}/watermark" in last, last
     assert journal_bytes(data, "default") == default_before, "the other shard's acknowledged records are all kept"
+    verify = subprocess.run([sys.executable, "-m", "shim", "journal", "verify", "--data-dir", str(data)], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)  # says so too, before any start
+    assert verify.returncode == 1 and "acknowledged: writes up to revision 17 (the writer's watermark), but the " \
+        "journals hold every revision only up to 11" in verify.stdout, verify.stdout
+    assert refused_start(server) == last, "a refused start keeps what it refused on: the next one refuses too"
     # the operator's choice, as the line says: serve what is left
     (data / "watermark").unlink()
     server.start()
@@ -86,6 +91,10 @@ def test_acknowledged_records_missing_stop_the_start_and_nothing_is_cut(tmp_path
                                       [b"k%d" % i for i in range(5)])
     finally:
         server.stop()
+    verify = subprocess.run([sys.executable, "-m", "shim", "journal", "verify", "--data-dir", str(data)], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0 and "acknowledged: writes up to revision 11 (the writer's watermark), every one " \
+        "in the journals" in verify.stdout, verify.stdout
 
 
 def test_with_fsync_off_a_shorter_journal_is_what_an_os_crash_may_leave(tmp_path):
