@@ -77,7 +77,9 @@ def _mark(raw: bytes) -> Mark | None:
 class WatermarkWriter:
     """The writer's side: one per data dir, updated from the event loop."""
 
-    def __init__(self, path: Path, shards: int, member_id: int) -> None:
+    def __init__(self, path: Path, shards: int, member_id: int, acknowledged: int = 0) -> None:
+        """``acknowledged``: what the last writer acknowledged, as ``acknowledged_revision`` read it
+        (0 when its journal policy did not sync), published again until this writer recovered."""
         self.path = path
         size = _size(shards)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -92,10 +94,9 @@ class WatermarkWriter:
         self._shards = shards
         self._member_id = member_id
         self._crc_at = _crc_at(shards)
-        previous = _mark(self._mm[:])
         # what the last writer of this data dir acknowledged stays readable while this one recovers (and
         # after a start that refused to recover): see acknowledged_revision
-        self._kept = previous.committed if previous is not None and previous.member_id == member_id else 0
+        self._kept = acknowledged
         self.recovering()
 
     def recovering(self) -> None:

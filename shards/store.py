@@ -150,7 +150,7 @@ class Store:
             if isinstance(log, LocalLog) and not follow:  # before recovery touches a segment
                 acknowledged = _acknowledged_before(datadir, config.journal)
                 watermark = WatermarkWriter(datadir.path / WATERMARK_FILE, len(config.layout.shards),
-                                            datadir.member_id)
+                                            datadir.member_id, acknowledged)
             for sid, spec in enumerate(config.layout.shards):
                 state_dir = datadir.state_dir(config.state_dir, spec.name)
                 shard_dir = datadir.shard_dir(spec.name)
