@@ -325,9 +325,11 @@ def test_cluster_starts_local_followers_per_partition(tmp_path):
     """`shardetcd cluster --followers 1` on the local journal: each partition gets a follower of its
     writer's data dir on a port of its own, listed after the writer in the kube-apiserver flags;
     a follower reads and writes its own partition, and hands a write to another partition's
-    resource to its writer, which refuses it."""
+    resource to its writer, which refuses it. The writers keep their journals in a --wal-dir: the
+    followers read them through the data dirs' links."""
     from tests.integration.test_cluster import Cluster
 
-    cluster = Cluster(tmp_path)
+    cluster = Cluster(tmp_path).with_wal_dir(tmp_path / "wal")
     cluster.argv += ["--followers", "1"]
     cluster_followers_serve_their_partition(cluster)
+    assert list((tmp_path / "wal" / "main" / "main").glob("*.wal"))
