@@ -124,11 +124,27 @@ def delete_stream(nats, name: str) -> None:
     asyncio.run(delete())
 
 
-def wait_published() -> None:
-    """Until the writer's acknowledged revision reached the meta bucket (once a second)."""
-    from shards.store import ACKNOWLEDGED_EVERY_S
+def wait_published(nats, revision: int, key: str = "acknowledged.default") -> None:
+    """Until the writer's acknowledged revision (published at most once a second) reached the meta bucket."""
+    import asyncio
 
-    time.sleep(2 * ACKNOWLEDGED_EVERY_S + 0.5)
+    import nats as nats_client
+
+    async def published() -> int:
+        nc = await nats_client.connect(nats.urls.split(","))
+        try:
+            kv = await nc.jetstream().key_value("shardetcd-meta")
+            try:
+                return int((await kv.get(key)).value)
+            except Exception:  # noqa: BLE001 - not there yet
+                return 0
+        finally:
+            await nc.close()
+
+    deadline = time.monotonic() + 30
+    while asyncio.run(published()) < revision:
+        assert time.monotonic() < deadline, f"{key} never reached {revision}"
+        time.sleep(0.2)
 
 
 def cuts(nats, stream: str) -> str:
@@ -142,7 +158,7 @@ def test_a_deleted_stream_stops_the_next_writer_and_nothing_is_cut(nats, tmp_pat
     writer = shardetcd_on(nats, tmp_path / "w").start()
     try:
         put_both(writer, 0, 5)
-        wait_published()
+        wait_published(nats, 11)
     finally:
         writer.kill()
     before = cuts(nats, "shardetcd_default")
@@ -167,7 +183,7 @@ def test_a_standby_does_not_take_over_a_journal_that_lost_acknowledged_writes(na
     try:
         wait_standing_by(standby)
         put_both(writer, 0, 5)
-        wait_published()
+        wait_published(nats, 11)
         writer.kill()
         before = cuts(nats, "shardetcd_default")
         delete_stream(nats, "shardetcd_pods")
