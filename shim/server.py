@@ -138,7 +138,8 @@ def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials | ssl.SSLCon
 def tls_context(config: ServerConfig, alpn: str) -> ssl.SSLContext:
     """The client TLS of etcd's --cert-file, --key-file, --trusted-ca-file, --client-cert-auth and
     --cipher-suites as an SSL context offering ``alpn``."""
-    _read(config.cert_file, "--cert-file"), _read(config.key_file, "--key-file")  # readable, or one line
+    for path, flag in ((config.cert_file, "--cert-file"), (config.key_file, "--key-file")):
+        _read(path, flag)  # readable, or one line saying which is not
     ca = _read(config.trusted_ca_file, "--trusted-ca-file")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
