@@ -62,10 +62,16 @@ def _make_durable(infos: list[SegmentInfo], directory: Path) -> None:
     fsync_dir(directory)
 
 
+def sequence_gaps(listed: list[tuple[int, Path]]) -> dict[Path, str]:
+    """Each listed segment whose number does not follow the one before it, with why (``journal
+    verify`` reports them all; opening a journal refuses at the first)."""
+    return {path: f"segment sequence gap: expected seq {prev_seq + 1}, found {seq}"
+            for (prev_seq, _), (seq, path) in zip(listed, listed[1:]) if seq != prev_seq + 1}
+
+
 def _check_contiguous(listed: list[tuple[int, Path]]) -> None:
-    for (prev_seq, _), (seq, path) in zip(listed, listed[1:]):
-        if seq != prev_seq + 1:
-            raise JournalCorrupt(path, 0, f"segment sequence gap: expected seq {prev_seq + 1}, found {seq}")
+    for path, why in sequence_gaps(listed).items():
+        raise JournalCorrupt(path, 0, why)
 
 
 def _recover_segment(path: Path, seq: int, prev_rev: int, is_last: bool,

@@ -14,7 +14,7 @@ from journal.checkpoint import _list_checkpoints, _load
 from journal.config import CheckpointConfig, JournalConfig
 from journal.errors import JournalCorrupt
 from journal.reader import find_valid_frame
-from journal.recovery import recover, scan_segment
+from journal.recovery import recover, scan_segment, sequence_gaps
 from journal.segment import list_segments
 
 
@@ -32,8 +32,7 @@ def verify(directory: Path, config: JournalConfig = JournalConfig()) -> list[Fil
     reports = []
     listed = list_segments(directory) if directory.is_dir() else []  # a restored shard has no journal yet
     prev_rev = 0
-    gaps = {path: f"segment sequence gap: expected seq {before + 1}, found {seq}"
-            for (before, _), (seq, path) in zip(listed, listed[1:]) if seq != before + 1}  # start-up refuses these
+    gaps = sequence_gaps(listed)  # start-up refuses these
     for index, (seq, path) in enumerate(listed):
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size

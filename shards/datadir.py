@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from journal.fsutil import fsync_dir
+from journal.watermark import FILE_NAME as WATERMARK_FILE, acknowledged_revision
 
 from .errors import DataDirError
 from .layout import Layout
@@ -147,6 +148,16 @@ class DataDir:
             os.close(self._wal[1])
             self._wal = None
         os.close(self._lock_fd)
+
+
+def acknowledged_on_disk(path: Path, meta: dict) -> int:
+    """The revision up to which the last writer of the data dir at ``path`` (``meta``: its meta.json)
+    acknowledged writes (its watermark), when its journal policy synced them (meta.json keeps the
+    policy of the last start: with fsync off an OS crash may lose acknowledged writes by design);
+    0 when unknown."""
+    if meta.get("journal_fsync", "off") == "off":
+        return 0
+    return acknowledged_revision(path / WATERMARK_FILE, meta.get("member_id"))
 
 
 def _open_wal_dir(path: Path, meta: dict, layout: Layout, wal_dir: Path | None) -> tuple[Path, int]:

@@ -25,12 +25,12 @@ from journal.errors import JournalFailed, JournalGap
 from journal.jetstream import JetStreamConfig
 from journal.journal import LocalLog
 from journal.tasks import cancel_and_wait
-from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter, acknowledged_revision
+from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter
 
 from . import collector
 from .auth import AuthStore
 from .tokens import parse_auth_token
-from .datadir import DataDir
+from .datadir import DataDir, acknowledged_on_disk
 from .follow import FollowStats
 from .errors import (
     CompactedError,
@@ -860,14 +860,13 @@ def _txn_leases(req: TxnReq):
 
 
 def _acknowledged_before(datadir: DataDir, journal: JournalConfig) -> int:
-    """The revision up to which the last writer of this data dir acknowledged writes (its watermark),
-    when its journal policy synced them (``meta.json`` keeps the policy of the last start: with
-    fsync off an OS crash may lose acknowledged writes by design); 0 when unknown."""
-    synced = datadir.meta.get("journal_fsync", "off") != "off"
+    """What the last writer of this data dir acknowledged (``acknowledged_on_disk``), read before
+    this start's journal policy is recorded in its place."""
+    acknowledged = acknowledged_on_disk(datadir.path, datadir.meta)
     if datadir.meta.get("journal_fsync") != journal.fsync:
         datadir.meta["journal_fsync"] = journal.fsync
         datadir.save_meta()
-    return acknowledged_revision(datadir.path / WATERMARK_FILE, datadir.member_id) if synced else 0
+    return acknowledged
 
 
 def _durable_callback(store: Store, shard: Shard) -> Callable[[int], None]:

@@ -410,7 +410,7 @@ def _journal_command(command: str, shards: list[Path], data_dir: Path) -> int:
             worst = 1
         elif not journal.is_dir():
             print(f"{shard.name}: no journal yet")
-        for r in verify(shard / "journal"):
+        for r in verify(journal):
             revs = f"revs {r.first_rev}..{r.last_rev}" if r.first_rev is not None else "empty"
             print(f"{shard.name}: {r.path.name}: {r.status}, {r.records} records, {revs}" + (f"; {r.detail}" if r.detail else ""))
             worst = max(worst, {"ok": 0, "torn tail": 0, "corrupt": 1}[r.status])
@@ -423,16 +423,14 @@ def _acknowledged(data_dir: Path, checkpoints: dict[str, int]) -> int:
     """The writer's watermark against the journals, as a start checks it: one line when known."""
     import json
 
-    from journal.watermark import FILE_NAME, acknowledged_revision
+    from shards.datadir import acknowledged_on_disk
     from shards.recovery import whole_on_disk
 
     try:
         meta = json.loads((data_dir / "meta.json").read_text())
     except (OSError, ValueError):
         return 0
-    if meta.get("journal", "local") != "local" or meta.get("journal_fsync", "off") == "off":
-        return 0
-    acked = acknowledged_revision(data_dir / FILE_NAME, meta.get("member_id"))
+    acked = acknowledged_on_disk(data_dir, meta) if meta.get("journal", "local") == "local" else 0
     if not acked:
         return 0
     names = list(meta.get("shards", []))
