@@ -165,6 +165,7 @@ class ShardState:
         self._log_keys: list[bytes] = []
         self.last_main = 0  # highest revision applied here, pending ones included
         self.bytes_in_use = 0  # row keys + values held (history included)
+        self.rows_compacted = 0  # revisions compaction dropped (etcd_debugging_mvcc_db_compaction_keys_total)
         self.bytes_high = 0  # high-water mark of bytes_in_use since the last defragment
         self._bulk: WriteBatch | None = None  # set while recovery loads rows (see begin_bulk)
         self._sst: SstFileWriter | None = None  # where bulk rows go while their keys ascend (see begin_bulk)
@@ -506,6 +507,7 @@ class ShardState:
         if i < 0:
             return
         drop = i + 1 if revs[i] & 1 else i
+        self.rows_compacted += drop
         for e in revs[:drop]:
             rk = row_key(e)
             try:

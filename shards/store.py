@@ -51,6 +51,7 @@ from .shard import Shard
 from .types import DeleteReq, DeleteResult, PutReq, PutResult, RangeReq, RangeResult, TxnReq, TxnResult
 from .watch import WatchHub
 from .steps import Steps, T
+from .counts import MvccCounts
 from .write import STEP_KEYS, WriteTxn
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,8 @@ class Store:
         self.acknowledged_where = ("", "")  # where that was read, and how an operator drops it
         self._acknowledging: asyncio.Task | None = None  # a replicated journal's writer: publishes it
         self.lease_renewals = 0  # keep-alive requests handled (etcd_debugging_lease_renewed_total)
+        self.counts = MvccCounts()
+        self.on_lease_granted: Callable[[int], None] | None = None  # told each granted TTL (a histogram)
         for state in self.states:
             state.on_failure = self._fail
 
@@ -371,6 +374,7 @@ class Store:
     def range(self, req: RangeReq) -> RangeResult:
         if self.failure is not None and isinstance(self.failure, StateStoreError):
             raise StoreFailedError(str(self.failure))  # the index may no longer match the rows
+        self.counts.ranges += 1
         return range_at(self, req, self.committed)
 
     async def range_async(self, req: RangeReq, current: int | None = None) -> RangeResult:
@@ -382,6 +386,7 @@ class Store:
         revision (the rows it is about to fetch stay)."""
         if self.failure is not None and isinstance(self.failure, StateStoreError):
             raise StoreFailedError(str(self.failure))
+        self.counts.ranges += 1
         current = self.committed if current is None else min(current, self.committed)
         steps = range_steps(self, req, current)
         rev = req.revision if req.revision > 0 else current
@@ -422,6 +427,8 @@ class Store:
         w = WriteTxn(self)
         w.check_put(req)
         result = w.put(req)
+        if w.ops > 1:  # it read the previous value: etcd counts a txn (counts.py)
+            self.counts.txns += 1
         await self.wait_committed(self._append(w))
         return result
 
@@ -487,6 +494,7 @@ class Store:
                     deadline = time.perf_counter() + slice_s
             rev = self._append(w)
         finally:
+            w.end_metrics_txn()
             if gate is not None:
                 self._gate = None
                 gate.set_result(None)
@@ -511,6 +519,7 @@ class Store:
         header = self.committed
         await asyncio.gather(*(s.journal.sync() for s in self.shards))
         await self.wait_committed(tag)
+        self.counts.ranges += 1  # etcd reads the key "compaction" for the answer's header
         task = self._start_compaction()
         if physical:
             await asyncio.shield(task)
@@ -682,6 +691,9 @@ class Store:
         elif lease_id in self.leases:
             raise LeaseExistsError
         lease = self.leases.grant(lease_id, ttl, tag=self.rev)
+        self.counts.leases_granted += 1
+        if self.on_lease_granted is not None:
+            self.on_lease_granted(lease.ttl)
         durable = self._grants_in_flight[lease_id] = asyncio.get_running_loop().create_future()
         try:
             await self._journal_lease(encode_lease_record(GRANT, lease_id, lease.ttl))
@@ -719,6 +731,7 @@ class Store:
         if lease is None:
             raise LeaseNotFoundError
         record = encode_lease_record(REVOKE, lease_id)
+        self.counts.leases_revoked += 1
         if not lease.keys:
             self.leases.remove(lease_id, tag=self.rev)
             await self._journal_lease(record)
@@ -790,7 +803,9 @@ class Store:
                 continue
             results = await asyncio.gather(*(self.lease_revoke(i) for i in expired), return_exceptions=True)
             for lease_id, r in zip(expired, results):
-                if isinstance(r, BaseException) and not isinstance(r, LeaseNotFoundError):
+                if not isinstance(r, BaseException):
+                    self.counts.leases_expired += 1
+                elif not isinstance(r, LeaseNotFoundError):
                     logger.warning("lease expiry failed lease=%x error=%r", lease_id, r)
 
     # -- compaction -----------------------------------------------------
@@ -822,6 +837,7 @@ class Store:
                         break
                     await self._pause()
             self._compacted_through = target
+            self.counts.compacted_at = int(time.time())
             logger.info("compaction finished rev=%d", target)
 
 

@@ -206,6 +206,7 @@ class WatchStream:
         n = len(msg.events)
         if n:
             self.outbox_events += n
+            self.hub.events_queued += n
             if self.outbox_events >= self.hub.outbox_events_max:
                 self._drained.clear()
         self._ready.set()
@@ -293,6 +294,7 @@ class WatchHub:
         self._by_key: dict[bytes, set[Watcher]] = {}
         self._ranges: list[set[Watcher]] = [set() for _ in store.states]
         self._count = 0
+        self.events_queued = 0  # events put in outboxes, every watcher's (etcd_debugging_mvcc_events_total)
 
     def open_stream(self) -> WatchStream:
         s = WatchStream(self)
@@ -310,6 +312,16 @@ class WatchHub:
     @property
     def watcher_count(self) -> int:
         return sum(len(s.watchers) for s in self.streams)
+
+    @property
+    def unsynced_count(self) -> int:
+        """Watchers behind the committed revision (etcd's slow watchers: its unsynced and victims)."""
+        return sum(len(s.unsynced) for s in self.streams)
+
+    @property
+    def pending_events(self) -> int:
+        """Events in outboxes, not yet taken by the gRPC layer to be sent."""
+        return sum(s.outbox_events for s in self.streams)
 
     # -- the synced index -----------------------------------------------
 

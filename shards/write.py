@@ -53,7 +53,7 @@ STEP_KEYS = 256  # keys a compare or delete handles between two yields
 class WriteTxn:
     """Changes made at main revision ``rev`` (= the store's latest + 1)."""
 
-    __slots__ = ("store", "rev", "sub", "parts")
+    __slots__ = ("store", "rev", "sub", "parts", "ops")
 
     def __init__(self, store: Store) -> None:
         if store.follower is not None:
@@ -62,6 +62,7 @@ class WriteTxn:
         self.rev = store.rev + 1
         self.sub = 0
         self.parts: dict[int, list[Change]] = {}
+        self.ops = 0  # operations of etcd's current metrics transaction (counts.py)
 
     @property
     def changed(self) -> bool:
@@ -74,12 +75,33 @@ class WriteTxn:
     # -- put ------------------------------------------------------------
 
     def check_put(self, req: PutReq) -> None:
+        """A Put's checks, in etcd's order: the lease, then the key that ignore_value or
+        ignore_lease needs (etcd's apply reads it: a range, counted even if it is missing)."""
+        if req.lease and not self.store.lease_exists(req.lease):
+            raise LeaseNotFoundError
+        if (req.ignore_value or req.ignore_lease) and self._missing(req.key):
+            self.store.counts.ranges += 1
+            raise KeyNotFoundError
+
+    def _check_put_in_txn(self, req: PutReq) -> None:
+        """A Txn's put on its chosen path (etcd's checkRequestPut): the key first, read in
+        the txn's read phase, then the lease."""
         if req.ignore_value or req.ignore_lease:
-            state = self.store.states[self.store.router.shard_for_key(req.key)]
-            if state.latest_entry(req.key) is None:
+            self.store.counts.ranges += 1
+            self.ops += 1
+            if self._missing(req.key):
                 raise KeyNotFoundError
         if req.lease and not self.store.lease_exists(req.lease):
             raise LeaseNotFoundError
+
+    def _missing(self, key: bytes) -> bool:
+        return self.store.states[self.store.router.shard_for_key(key)].latest_entry(key) is None
+
+    def end_metrics_txn(self) -> None:
+        """etcd counts a metrics transaction of more than one operation as a txn."""
+        if self.ops > 1:
+            self.store.counts.txns += 1
+        self.ops = 0
 
     def put(self, req: PutReq) -> PutResult:
         key = req.key
@@ -98,6 +120,14 @@ class WriteTxn:
                 value = old.value
             if req.ignore_lease:
                 lease = old.lease
+        counts = self.store.counts
+        if req.prev_kv or req.ignore_value or req.ignore_lease:  # etcd reads the previous value first
+            counts.ranges += 1
+            self.ops += 2
+        else:
+            self.ops += 1
+        counts.puts += 1
+        counts.put_bytes += len(key) + len(value)
         row = KeyValue(
             key=key, create_revision=create, mod_revision=self.rev, version=version, value=value, lease=lease
         ).SerializeToString()
@@ -113,6 +143,13 @@ class WriteTxn:
 
     def delete_steps(self, req: DeleteReq) -> Steps[DeleteResult]:
         rev = self.rev
+        counts = self.store.counts
+        counts.deletes += 1
+        if req.prev_kv:
+            counts.ranges += 1
+            self.ops += 2
+        else:
+            self.ops += 1
         items = list(scan_shards(self.store, req.key, normalize_end(req.range_end), self.read_rev()))
         prev = []
         for i, (key, e, sid) in enumerate(items, 1):
@@ -141,9 +178,13 @@ class WriteTxn:
         return drain(self.txn_steps(req))
 
     def txn_steps(self, req: TxnReq) -> Steps[TxnResult]:
-        """Evaluate compares, check the chosen path, then apply it."""
+        """Evaluate compares, check the chosen path, then apply it. A Txn that can write
+        applies in a metrics transaction of its own, as etcd's does (counts.py)."""
         path = yield from self._path(req)
-        self._check(req, path, is_write(req))
+        writes = is_write(req)
+        self._check(req, path, writes)
+        if writes:
+            self.end_metrics_txn()
         result = yield from self._apply(req, iter(path))
         result.revision = self.rev if self.sub else self.rev - 1
         return result
@@ -175,7 +216,7 @@ class WriteTxn:
 
     def _check_put_op(self, op) -> None:
         if isinstance(op, PutReq):
-            self.check_put(op)
+            self._check_put_in_txn(op)
 
     def _check_range_op(self, op) -> None:
         if isinstance(op, RangeReq) and op.revision:
@@ -189,6 +230,8 @@ class WriteTxn:
         responses = []
         for op in req.success if ok else req.failure:
             if isinstance(op, RangeReq):
+                self.store.counts.ranges += 1
+                self.ops += 1
                 responses.append((yield from range_steps(self.store, op, self.read_rev())))
             elif isinstance(op, PutReq):
                 responses.append(self.put(op))
@@ -204,6 +247,8 @@ class WriteTxn:
 
     def _compare(self, c: Compare) -> Steps[bool]:
         store = self.store
+        store.counts.ranges += 1  # etcd reads each compare's key or range
+        self.ops += 1
         if not c.range_end:  # one key: kube-apiserver's every txn
             state = store.states[store.router.shard_for_key(c.key)]
             e = state.latest_entry(c.key)  # compares run before the txn changes anything

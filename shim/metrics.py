@@ -7,19 +7,23 @@ reports each batch's write + sync time, which is what etcd's
 from __future__ import annotations
 
 import bisect
+import os
+import resource
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from shards import collector
 
 from .config import ETCD_API_VERSION
 from .handlers import GO_CODE_NAMES, HANDLING_BUCKETS_S, RPC_STATS, Handling, Slow, Traffic
+from .http import HealthChecks
 
 FSYNC_BUCKETS_S = tuple(0.001 * 2**i for i in range(14))  # etcd's WAL fsync buckets
 BATCH_BYTES_BUCKETS = tuple(256 * 4**i for i in range(9))  # 256 B .. 16 MiB
 LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+LEASE_TTL_BUCKETS_S = tuple(float(2**i) for i in range(24))  # etcd's etcd_debugging_lease_ttl_total: 1 s .. 2^23 s
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -28,6 +32,25 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+class _CounterType(str):
+    """The type of a counter whose name has no ``_total`` (etcd has a few, e.g.
+    etcd_server_health_success): prometheus_client's text writer appends ``_total`` to
+    every counter's name it recognises; this type reads "counter" in the ``# TYPE`` line
+    but is not recognised, so the name stays as etcd writes it."""
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = str.__hash__
+
+
+def _bare_counter(name: str, doc: str, value: float) -> Metric:
+    family = Metric(name, doc, "gauge")
+    family.type = _CounterType("counter")
+    family.add_sample(name, {}, value)
+    return family
 
 
 def _labelled(name: str, doc: str, label: str, value: str) -> GaugeMetricFamily:
@@ -47,9 +70,11 @@ class LoopHistogram:
     buckets are built when scraped. The exposition is the same
     (``_bucket{le=...}``, ``_count``, ``_sum``)."""
 
-    def __init__(self, name: str, doc: str, buckets: tuple[float, ...], labelnames: tuple[str, ...] = ()) -> None:
+    def __init__(self, name: str, doc: str, buckets: tuple[float, ...], labelnames: tuple[str, ...] = (),
+                 bound_text=floatToGoString) -> None:
         self.name, self.doc, self.labelnames = name, doc, tuple(labelnames)
         self.bounds = tuple(sorted(buckets))
+        self.bound_text = bound_text  # how a bucket's bound is written (_go_float: as etcd writes integral ones)
         self._children: dict[tuple[str, ...], _LoopHistogramChild] = {}
         if not self.labelnames:
             self._unlabelled = self.labels()
@@ -71,7 +96,7 @@ class LoopHistogram:
         family = HistogramMetricFamily(name, doc, labels=self.labelnames)
         for values, child in list(self._children.items()):
             # a consistent enough copy: observers run on the loop
-            family.add_metric(list(values), _cumulative(self.bounds, list(child.counts)), child.sum)
+            family.add_metric(list(values), _cumulative(self.bounds, list(child.counts), self.bound_text), child.sum)
         return family
 
 
@@ -201,6 +226,7 @@ class _StateCollector:
         yield _gauge("etcd_debugging_mvcc_watcher_total", "Watchers.", store.hub.watcher_count)
         yield _gauge("shardetcd_leases", "Leases granted and not yet revoked or expired.", len(store.leases.leases))
         yield _counter("etcd_debugging_lease_renewed", "Keep-alive requests handled.", store.lease_renewals)
+        yield from self._as_etcd_counts()
         yield _counter("etcd_network_client_grpc_received_bytes", "Bytes received from gRPC clients.", Traffic.received)
         yield _counter("etcd_network_client_grpc_sent_bytes", "Bytes sent to gRPC clients.", Traffic.sent)
         yield from self._per_shard()
@@ -209,6 +235,45 @@ class _StateCollector:
         else:  # etcd's pair (raft indexes there; revisions here): committed - applied is the apply lag
             yield _gauge("etcd_server_proposals_committed_total", "Committed revision.", store.committed)
             yield _gauge("etcd_server_proposals_applied_total", "Applied revision.", store.committed)
+
+    def _as_etcd_counts(self):
+        """etcd's mvcc, lessor, watch and health counters, counted as etcd counts them
+        (shards/counts.py); a follower counts the reads it serves, the writer the writes."""
+        store = self.m.store
+        c, hub = store.counts, store.hub
+        yield _counter("etcd_mvcc_range", "Total number of ranges seen by this member.", c.ranges)
+        yield _counter("etcd_mvcc_put", "Total number of puts seen by this member.", c.puts)
+        yield _counter("etcd_mvcc_delete", "Total number of deletes seen by this member.", c.deletes)
+        yield _counter("etcd_mvcc_txn", "Total number of txns seen by this member.", c.txns)
+        yield _counter("etcd_debugging_mvcc_range", "Total number of ranges seen by this member.", c.ranges)
+        yield _gauge("etcd_debugging_mvcc_total_put_size_in_bytes", "The total size of put kv pairs seen by "
+                     "this member.", c.put_bytes)
+        yield _counter("etcd_debugging_mvcc_events", "Total number of events sent by this member.",
+                       hub.events_queued)
+        yield _gauge("etcd_debugging_mvcc_pending_events_total", "Total number of pending events to be sent.",
+                     hub.pending_events)
+        yield _gauge("etcd_debugging_mvcc_slow_watcher_total", "Total number of unsynced slow watchers.",
+                     hub.unsynced_count)
+        yield _gauge("etcd_debugging_mvcc_watch_stream_total", "Total number of watch streams.", len(hub.streams))
+        yield _counter("etcd_debugging_mvcc_db_compaction_keys", "Total number of db keys compacted.",
+                       sum(state.rows_compacted for state in store.states))
+        yield _gauge("etcd_debugging_mvcc_db_compaction_last", "The unix time of the last db compaction. "
+                     "Resets to 0 on start.", c.compacted_at)
+        yield _counter("etcd_debugging_lease_granted", "The total number of granted leases.", c.leases_granted)
+        yield _counter("etcd_debugging_lease_revoked", "The total number of revoked leases.", c.leases_revoked)
+        yield _counter("etcd_debugging_server_lease_expired", "The total number of expired leases.",
+                       c.leases_expired)
+        yield _gauge("etcd_debugging_auth_revision", "The current revision of auth store.",
+                     store.auth.state.revision)
+        yield _bare_counter("etcd_server_health_success", "The total number of successful health checks",
+                            HealthChecks.success)
+        yield _bare_counter("etcd_server_health_failures", "The total number of failed health checks",
+                            HealthChecks.failures)
+        yield _gauge("os_fd_used", "The number of used file descriptors.", len(os.listdir("/proc/self/fd")))
+        yield _gauge("os_fd_limit", "The file descriptor limit.", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        max_vm = resource.getrlimit(resource.RLIMIT_AS)[0]
+        yield _gauge("process_virtual_memory_max_bytes", "Maximum amount of virtual memory available in bytes.",
+                     float(2**64) if max_vm == resource.RLIM_INFINITY else max_vm)
 
     def _follower(self):
         store = self.m.store
@@ -276,6 +341,10 @@ class Metrics:
                                          "Per journal message a follower applied: from when the journal stored it "
                                          "to when every revision in it was applied here.", LAG_BUCKETS_S)
         member.store.follow_stats.on_lag = self.apply_lag.observe
+        self.lease_ttl = LoopHistogram("etcd_debugging_lease_ttl_total", "Bucketed histogram of lease TTLs.",
+                                       LEASE_TTL_BUCKETS_S, bound_text=_go_float)
+        self.registry.register(self.lease_ttl)
+        member.store.on_lease_granted = self.lease_ttl.observe
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...],
                    labelnames: tuple[str, ...] = ()) -> LoopHistogram:

@@ -281,3 +281,132 @@ def test_metrics_extensive_adds_the_handling_time_histogram_as_etcd(tmp_path):
         assert not handling(f"http://127.0.0.1:{basic_port}")
     finally:
         basic.stop()
+
+
+ETCD_COUNTS = ("etcd_mvcc_range_total", "etcd_mvcc_put_total", "etcd_mvcc_delete_total", "etcd_mvcc_txn_total",
+               "etcd_debugging_mvcc_range_total", "etcd_debugging_mvcc_total_put_size_in_bytes",
+               "etcd_debugging_mvcc_events_total", "etcd_debugging_mvcc_pending_events_total",
+               "etcd_debugging_mvcc_slow_watcher_total", "etcd_debugging_mvcc_watch_stream_total",
+               "etcd_debugging_mvcc_db_compaction_keys_total", "etcd_debugging_lease_granted_total",
+               "etcd_debugging_lease_revoked_total", "etcd_debugging_server_lease_expired_total",
+               "etcd_debugging_lease_ttl_total_count", "etcd_debugging_lease_ttl_total_sum",
+               # etcd's two without _total (the parser adds it; the text has none, checked below)
+               "etcd_server_health_success_total", "etcd_server_health_failures_total", "etcd_debugging_auth_revision")
+
+
+def _drive_counted_requests(endpoint: str, metrics_url: str) -> list:
+    """Requests whose counting differs by shape (see shards/counts.py), each followed by the
+    change it made to etcd's counters; with the status code of those refused."""
+    def put(k, v=b"v", **kw):
+        return pb.RequestOp(request_put=pb.PutRequest(key=k, value=v, **kw))
+
+    def rng(k, **kw):
+        return pb.RequestOp(request_range=pb.RangeRequest(key=k, **kw))
+
+    def value_is(k, v):
+        return pb.Compare(key=k, target=pb.Compare.VALUE, result=pb.Compare.EQUAL, value=v)
+
+    def counts():
+        m = scrape(metrics_url)
+        return {name: m.get((name, ()), 0) for name in ETCD_COUNTS}
+
+    steps = []
+    with grpc.insecure_channel(endpoint) as ch:
+        kv, lease = pbg.KVStub(ch), pbg.LeaseStub(ch)
+        txn = lambda **kw: kv.Txn(pb.TxnRequest(**kw))  # noqa: E731
+        calls = [
+            lambda: kv.Put(pb.PutRequest(key=b"a", value=b"1")),
+            lambda: kv.Put(pb.PutRequest(key=b"a", value=b"22", prev_kv=True)),
+            lambda: kv.Put(pb.PutRequest(key=b"a", ignore_value=True)),
+            lambda: kv.Put(pb.PutRequest(key=b"nokey", ignore_value=True)),
+            lambda: kv.Put(pb.PutRequest(key=b"nokey", ignore_value=True, lease=999)),  # the lease is checked first
+            lambda: kv.Range(pb.RangeRequest(key=b"a", range_end=b"b", count_only=True, serializable=True)),
+            lambda: kv.Range(pb.RangeRequest(key=b"a", revision=10**6)),
+            lambda: kv.DeleteRange(pb.DeleteRangeRequest(key=b"a", prev_kv=True)),
+            lambda: kv.DeleteRange(pb.DeleteRangeRequest(key=b"missing")),
+            lambda: txn(),
+            lambda: txn(success=[put(b"x", b"12"), put(b"y", b"1"), rng(b"x")]),
+            lambda: txn(success=[rng(b"x"), rng(b"y")]),
+            lambda: txn(compare=[value_is(b"x", b"12"), value_is(b"y", b"1")], success=[put(b"z")]),
+            lambda: txn(compare=[value_is(b"x", b"no"), value_is(b"y", b"1")], success=[put(b"z")],
+                        failure=[rng(b"z")]),
+            lambda: txn(success=[put(b"x", b"", ignore_value=True)]),
+            lambda: txn(success=[put(b"nokey", b"", ignore_value=True, lease=999)]),
+            lambda: txn(success=[pb.RequestOp(request_txn=pb.TxnRequest(success=[put(b"n1"), put(b"n2")]))]),
+            lambda: txn(success=[pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=b"n", range_end=b"o",
+                                                                                        prev_kv=True))]),
+            lambda: lease.LeaseGrant(pb.LeaseGrantRequest(TTL=100, ID=7)),
+            lambda: (kv.Put(pb.PutRequest(key=b"l1", lease=7)), kv.Put(pb.PutRequest(key=b"l2", lease=7))),
+            lambda: lease.LeaseRevoke(pb.LeaseRevokeRequest(ID=7)),
+            lambda: lease.LeaseRevoke(pb.LeaseRevokeRequest(ID=7)),
+            lambda: kv.Compact(pb.CompactionRequest(revision=kv.Range(pb.RangeRequest(key=b"x")).header.revision,
+                                                    physical=True)),
+            lambda: get(metrics_url + "/health"),
+        ]
+        before = counts()
+        for call in calls:
+            code = None
+            try:
+                call()
+            except grpc.RpcError as e:
+                code = e.code()
+            after = counts()
+            steps.append((code, {k: after[k] - before[k] for k in after if after[k] != before[k]}))
+            before = after
+
+        # two watchers on one stream, a txn of three puts: four events sent
+        from tests.watch_client import WatchClient
+        watcher = WatchClient(ch)
+        watcher.create(b"w")
+        watcher.create(b"w", b"x")
+        watcher.wait_for(lambda rs: sum(r.created for r in rs) == 2)
+        txn(success=[put(b"w", b"1"), put(b"wa", b"2"), put(b"wb", b"3")])
+        watcher.wait_for(lambda rs: sum(len(r.events) for r in rs) == 4)
+        during = counts()
+        watcher.close()
+        steps.append(("watch", {k: during[k] - before[k] for k in during if during[k] != before[k]}))
+        before = during
+
+        lease.LeaseGrant(pb.LeaseGrantRequest(TTL=1, ID=8))  # expires
+        deadline = time.monotonic() + 15
+        while counts()["etcd_debugging_server_lease_expired_total"] == before["etcd_debugging_server_lease_expired_total"]:
+            assert time.monotonic() < deadline, "the lease did not expire"
+            time.sleep(0.1)
+        after = counts()
+        steps.append(("expiry", {k: after[k] - before[k] for k in after if after[k] != before[k]
+                                 and k != "etcd_debugging_mvcc_watch_stream_total"}))  # the watch stream's end
+    return steps
+
+
+def test_mvcc_lease_watch_and_health_counters_count_as_etcds(server, real_etcd):
+    """etcd's mvcc counters (ranges, puts, deletes, txns and put bytes, counted per metrics
+    transaction: a compare, a prev_kv and an ignore_value each read), the lessor's, the watch
+    gauges, compaction and /health: the same requests change them by the same amounts as on etcd,
+    and their families have etcd's names, types and buckets."""
+    s, base = server
+    start = time.time()
+    ours = _drive_counted_requests(s.endpoint, base)
+    theirs = _drive_counted_requests(real_etcd.endpoint, real_etcd.client_url)
+    assert ours == theirs
+    changed = {name for _, delta in ours for name in delta}
+    assert changed >= set(ETCD_COUNTS) - {"etcd_server_health_failures_total", "etcd_debugging_auth_revision",
+                                          "etcd_debugging_mvcc_pending_events_total",
+                                          "etcd_debugging_mvcc_slow_watcher_total"}
+    m = scrape(base)
+    assert start - 1 <= m[("etcd_debugging_mvcc_db_compaction_last", ())] <= time.time()
+    assert m[("os_fd_used", ())] == pytest.approx(len(__import__("os").listdir(f"/proc/{s.pid}/fd")), abs=10)
+
+    def families(url):
+        status, text = get(url + "/metrics")
+        return {(f.name, f.type, tuple(sorted({(k, v if k == "le" else "") for smp in f.samples
+                                               for k, v in smp.labels.items()})))
+                for f in text_string_to_metric_families(text)
+                if f.name.startswith(("etcd_mvcc_", "etcd_debugging_mvcc_", "etcd_debugging_lease_",
+                                      "etcd_debugging_server_lease_", "etcd_server_health_", "os_fd_",
+                                      "etcd_debugging_auth_", "process_virtual_memory_max"))
+                and not f.name.startswith(("etcd_mvcc_hash", "etcd_mvcc_db_open", "etcd_debugging_mvcc_db_compaction_"
+                                           "pause", "etcd_debugging_mvcc_db_compaction_total",
+                                           "etcd_debugging_mvcc_index_compaction"))}
+    assert families(base) == families(real_etcd.client_url)
+    status, text = get(base + "/metrics")
+    assert "\n# TYPE etcd_server_health_success counter\netcd_server_health_success " in text  # no _total, as etcd
