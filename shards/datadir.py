@@ -207,9 +207,14 @@ def _claim(wal: Path, path: Path, member_id: int) -> None:
         elif others:
             raise DataDirError(f"wal dir {wal} is not empty ({', '.join(others[:3])}) and is not this data dir's: "
                                "give an empty --wal-dir")
-        _write_atomic(owner, json.dumps({"data_dir": str(path), "member_id": member_id}, indent=1).encode())
+        claim_wal_dir(wal, path, member_id)
     except (OSError, ValueError) as exc:
         raise DataDirError(f"wal dir {wal}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def claim_wal_dir(wal: Path, path: Path, member_id: int) -> None:
+    """Mark ``wal`` as the journals' place of the data dir at ``path`` (its member id decides)."""
+    _write_atomic(wal / WAL_OWNER, json.dumps({"data_dir": str(path), "member_id": member_id}, indent=1).encode())
 
 
 def _link_journal(link: Path, target: Path) -> None:

@@ -38,7 +38,7 @@ from journal.fsutil import fsync_dir
 
 from .auth import encode_table as encode_auth_table
 from .bbolt import PAGE_SIZE, BoltError, BoltPlan, BoltReader, plan_file, write_file
-from .datadir import DataDir
+from .datadir import DataDir, claim_wal_dir
 from .errors import DataDirError, SnapshotError
 from .etcd_snapshot import HASH_BYTES, Content, Imported, buckets, import_db
 from .layout import Layout, Router
@@ -106,29 +106,43 @@ class SnapshotStream:
 
 # -- restore -------------------------------------------------------------------
 
-def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout) -> dict:
+def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Path | None = None,
+                     skip_hash_check: bool = False) -> dict:
     """Make a new shardetcd ``data_dir`` of an etcd snapshot; returns what it held.
 
     Everything is read and checked before anything is written.  The data dir
     is built beside its final place, fsynced, and renamed into place only when
     complete, so a restore killed part-way leaves no data dir a server would
     start on.  Its meta.json records the restored revision (``floor_revision``):
-    a server refuses the dir if any shard lacks a checkpoint at or above it."""
+    a server refuses the dir if any shard lacks a checkpoint at or above it.
+
+    ``wal_dir`` (etcd's --wal-dir, which must not exist yet, as etcdutl wants it): the
+    journals' place, made, marked as this data dir's and recorded in its meta.json, so
+    the server is started with the same --wal-dir.  ``skip_hash_check``: a SHA-256 at
+    the snapshot's end is not checked (a bare database, a copy of member/snap/db, is
+    taken either way)."""
     data_dir = data_dir.absolute()
     if data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
         raise DataDirError(f"data dir {data_dir} is not empty: restore needs a new one")
-    view, hashed = _mapped(snapshot)
+    if wal_dir is not None:
+        wal_dir = wal_dir.absolute()
+        if os.path.lexists(wal_dir):
+            raise DataDirError(f"wal dir {wal_dir} exists: restore needs a new one")
+        if wal_dir == data_dir or data_dir in wal_dir.parents:
+            raise DataDirError(f"wal dir {wal_dir} is inside the data dir {data_dir}: give one outside it, "
+                               "or no --wal-dir (the journals then live in the data dir)")
+    view, hashed = _mapped(snapshot, skip_hash_check)
     try:
         imported = import_db(BoltReader(view), Router(layout))
     except (BoltError, SnapshotError) as exc:
         raise SnapshotError(f"{snapshot}: {exc}") from None
-    _build(imported, data_dir, layout)
+    _build(imported, data_dir, layout, wal_dir)
     return {"revision": imported.revision, "compact_revision": imported.compact_rev,
             "keys": imported.keys_live, "rows": len(imported.route), "leases": len(imported.leases),
             "users": len(imported.auth.users), "roles": len(imported.auth.roles), "hashed": hashed}
 
 
-def _mapped(snapshot: Path) -> tuple[memoryview, bool]:
+def _mapped(snapshot: Path, skip_hash_check: bool = False) -> tuple[memoryview, bool]:
     """The database part of ``snapshot``, memory-mapped, and whether a SHA-256
     followed it (checked here); SnapshotError for a file that is neither an
     etcd snapshot nor a bbolt database.  The mapping goes away with the last
@@ -141,11 +155,11 @@ def _mapped(snapshot: Path) -> tuple[memoryview, bool]:
             view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
     except OSError as exc:
         raise SnapshotError(f"{snapshot}: {exc.strerror}") from None
-    hashed = _check_frame(snapshot, view, size)
+    hashed = _check_frame(snapshot, view, size, skip_hash_check)
     return (view[: size - HASH_BYTES] if hashed else view), hashed
 
 
-def _check_frame(snapshot: Path, view: memoryview, size: int) -> bool:
+def _check_frame(snapshot: Path, view: memoryview, size: int, skip_hash_check: bool = False) -> bool:
     """Whether the file is a database + SHA-256 (checked) or a bare database."""
     if size > 262 and bytes(view[257:262]) == b"ustar":
         raise SnapshotError(f"{snapshot} is a snapshot in shardetcd's former format (a tar of checkpoints); "
@@ -157,7 +171,7 @@ def _check_frame(snapshot: Path, view: memoryview, size: int) -> bool:
     except BoltError as exc:
         raise SnapshotError(f"{snapshot} is not an etcd snapshot: {exc}") from None
     if hashed:
-        if hashlib.sha256(db).digest() != bytes(view[size - HASH_BYTES :]):
+        if not skip_hash_check and hashlib.sha256(db).digest() != bytes(view[size - HASH_BYTES :]):
             raise SnapshotError(f"{snapshot}: the SHA-256 at its end does not match its content: "
                                 "the file is damaged or was cut short")
     elif size % page_size:
@@ -167,8 +181,10 @@ def _check_frame(snapshot: Path, view: memoryview, size: int) -> bool:
     return hashed
 
 
-def _build(imported: Imported, data_dir: Path, layout: Layout) -> None:
-    """Write the data dir beside ``data_dir``, then rename it into place."""
+def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | None = None) -> None:
+    """Write the data dir beside ``data_dir``, then rename it into place; then make and mark
+    ``wal_dir``, which its meta.json names (a restore stopped before that leaves no wal dir:
+    the server's first start makes it, as any first start with --wal-dir does)."""
     rev, compact = imported.revision, imported.compact_rev
     tables = encode_extra_meta(encode_lease_table(imported.leases), encode_auth_table(imported.auth))
     default = len(layout.shards) - 1  # the lease and auth tables live in the default shard's checkpoints
@@ -177,6 +193,8 @@ def _build(imported: Imported, data_dir: Path, layout: Layout) -> None:
         new = Path(building) / "data"
         datadir = DataDir.open(new, layout)  # meta.json with fresh ids
         datadir.meta["floor_revision"] = rev
+        if wal_dir is not None:
+            datadir.meta["wal_dir"] = str(wal_dir)
         datadir.save_meta()
         for sid, spec in enumerate(layout.shards):
             meta = checkpoint_meta(rev, compact, sid, tables if sid == default else b"")
@@ -189,6 +207,10 @@ def _build(imported: Imported, data_dir: Path, layout: Layout) -> None:
             data_dir.rmdir()  # empty, checked above
         os.rename(new, data_dir)
         fsync_dir(data_dir.parent)
+        if wal_dir is not None:
+            wal_dir.mkdir(mode=0o700, parents=True)  # private, as etcd makes its wal dir
+            claim_wal_dir(wal_dir, data_dir, datadir.member_id)
+            fsync_dir(wal_dir.parent)
 
 
 def _fsync_tree(root: Path) -> None:

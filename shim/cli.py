@@ -291,17 +291,36 @@ def snapshot_main(argv: list[str]) -> int:
     r.add_argument("file", type=Path)
     r.add_argument("--data-dir", type=Path, required=True, help="the new data dir (must not exist or be empty)")
     r.add_argument("--shard-layout", type=Path, default=None, help="the layout the server will run with (default: built-in)")
+    r.add_argument("--wal-dir", type=Path, default=None,
+                   help="where the journals go (must not exist; etcd's --wal-dir): start the server with the same "
+                        "--wal-dir (default: in the data dir)")
+    r.add_argument("--skip-hash-check", action="store_true",
+                   help="do not check the SHA-256 at the snapshot's end (a copy of member/snap/db, which has none, "
+                        "is taken without this flag too)")
+    # etcdutl's member flags, taken so that its restore command lines work unchanged: the name must be
+    # one of --initial-cluster's, as etcdutl checks; the member's name is then the server's --name
+    r.add_argument("--name", default="default", help="this member's name, one of --initial-cluster's (default: %(default)s)")
+    r.add_argument("--initial-cluster", default="default=http://localhost:2380", help="as etcdutl's (checked only)")
+    r.add_argument("--initial-cluster-token", default="etcd-cluster", help="as etcdutl's (not used: no Raft)")
+    r.add_argument("--initial-advertise-peer-urls", default="http://localhost:2380",
+                   help="as etcdutl's (not used: no Raft)")
     args = p.parse_args(argv)
     setup_logging("warn")
+    if args.name not in [e.partition("=")[0] for e in args.initial_cluster.split(",")]:
+        print(f'shardetcd: couldn\'t find local name "{args.name}" in the initial cluster configuration',
+              file=sys.stderr)
+        return 2
     try:
-        got = restore_snapshot(args.file, args.data_dir, load_layout(args.shard_layout))
+        got = restore_snapshot(args.file, args.data_dir, load_layout(args.shard_layout), args.wal_dir,
+                               args.skip_hash_check)
     except (SnapshotError, DataDirError, LayoutError) as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"shardetcd: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    print(f"restored {args.file} at revision {got['revision']} into {args.data_dir.absolute()}: {restored(got)}")
+    into = f"{args.data_dir.absolute()}" + (f" (journals in {args.wal_dir.absolute()})" if args.wal_dir else "")
+    print(f"restored {args.file} at revision {got['revision']} into {into}: {restored(got)}")
     return 0
 
 

@@ -147,3 +147,74 @@ def test_only_a_data_dir_without_a_journal_takes_up_a_wal_dir(tmp_path):
     finally:
         moved.stop()
     assert list((tmp_path / "w" / "pods").glob("*.wal")) and (restored / "shards" / "pods" / "journal").is_symlink()
+
+
+def test_snapshot_restore_takes_etcdutls_command_line_and_its_wal_dir(tmp_path):
+    """`shardetcd snapshot restore` with etcdutl's restore command line (--name, --initial-cluster,
+    --initial-cluster-token, --initial-advertise-peer-urls, --wal-dir, --skip-hash-check), refused and
+    taken as etcdutl 3.5.1 refuses and takes it: the journals then go to the --wal-dir, which the
+    server must be started with."""
+    from tests.integration.snapkit import ETCDUTL35
+    server = start_shardetcd(tmp_path)
+    put_pods(server, 0, 7)
+    snap = tmp_path / "snap.db"
+    with grpc.insecure_channel(server.endpoint) as ch:
+        snap.write_bytes(b"".join(r.blob for r in pbg.MaintenanceStub(ch).Snapshot(pb.SnapshotRequest(), timeout=30)))
+    server.stop()
+    damaged_hash = tmp_path / "damaged-hash.db"
+    damaged_hash.write_bytes(snap.read_bytes()[:-1] + bytes([snap.read_bytes()[-1] ^ 1]))
+    member = ("--name", "m1", "--initial-cluster", "m1=http://127.0.0.1:2380", "--initial-cluster-token", "tok",
+              "--initial-advertise-peer-urls", "http://127.0.0.1:2380")
+    existing = tmp_path / "existing-wal"
+    existing.mkdir()
+
+    def both(snapshot: Path, *args: str) -> list[tuple[bool, str]]:
+        """Each tool's (taken, message) for one command line; its own dirs under tmp_path."""
+        got = []
+        for tool in ("etcdutl", "shardetcd"):
+            argv = [a.replace("TOOL", tool) for a in args]
+            cmd = [ETCDUTL35] if tool == "etcdutl" else [sys.executable, "-m", "shim"]
+            r = subprocess.run([*cmd, "snapshot", "restore", str(snapshot), *argv], cwd=REPO, capture_output=True,
+                               text=True, timeout=60)
+            got.append((r.returncode == 0, (r.stderr.strip().splitlines() or [""])[-1]))
+        return got
+
+    name_missing = both(snap, "--data-dir", str(tmp_path / "TOOL-a"), "--name", "m2",
+                        "--initial-cluster", "m1=http://127.0.0.1:2380")
+    assert [taken for taken, _ in name_missing] == [False, False]
+    assert name_missing[0][1] == 'Error: couldn\'t find local name "m2" in the initial cluster configuration'
+    assert name_missing[1][1] == 'shardetcd: couldn\'t find local name "m2" in the initial cluster configuration'
+    wal_exists = both(snap, "--data-dir", str(tmp_path / "TOOL-b"), "--wal-dir", str(existing))
+    assert [taken for taken, _ in wal_exists] == [False, False], wal_exists
+    assert wal_exists[0][1] == f'Error: wal-dir "{existing}" exists'
+    assert wal_exists[1][1] == f"shardetcd: wal dir {existing} exists: restore needs a new one"
+    assert not (tmp_path / "shardetcd-b").exists() and list(existing.iterdir()) == []
+    bad_hash = both(damaged_hash, "--data-dir", str(tmp_path / "TOOL-c"))
+    assert [taken for taken, _ in bad_hash] == [False, False], bad_hash
+    assert [taken for taken, _ in both(damaged_hash, "--data-dir", str(tmp_path / "TOOL-d"), "--skip-hash-check")] \
+        == [True, True]
+    killed = subprocess.run([sys.executable, "-m", "shim", "snapshot", "restore", str(snap), "--data-dir",
+                             str(tmp_path / "shardetcd-e"), "--wal-dir", str(tmp_path / "shardetcd-wal")], cwd=REPO,
+                            env={**os.environ, "SHARDETCD_FAILPOINTS": "snapshot.restore_between_shards=exit@2"},
+                            capture_output=True, text=True, timeout=60)
+    assert killed.returncode == 70 and not (tmp_path / "shardetcd-e").exists()
+    assert not (tmp_path / "shardetcd-wal").exists(), "a restore cut short leaves no wal dir to refuse the next one"
+    taken = both(snap, "--data-dir", str(tmp_path / "TOOL-e"), "--wal-dir", str(tmp_path / "TOOL-wal"), *member)
+    assert [t for t, _ in taken] == [True, True], taken
+    assert list((tmp_path / "etcdutl-wal").glob("*.wal")), "etcdutl's WAL went to its --wal-dir"
+
+    data, wal = tmp_path / "shardetcd-e", tmp_path / "shardetcd-wal"
+    assert refused(data, tmp_path) == (f"shardetcd: data dir {data} keeps its journal in {wal} (its --wal-dir), "
+                                       f"but this start has no --wal-dir: give --wal-dir {wal}")
+    restored = ShardetcdProcess(data_dir=data, state_dir=tmp_path / "restored-state", port=free_port(),
+                                log_path=tmp_path / "restored.log", extra_args=("--wal-dir", str(wal))).start()
+    try:
+        assert pods(restored) == expected(7)
+        put_pods(restored, 7, 1)
+        assert pods(restored) == expected(8)
+    finally:
+        restored.stop()
+    assert list((wal / "pods").glob("*.wal")) and (data / "shards" / "pods" / "journal").is_symlink()
+    assert refused(tmp_path / "other-data", tmp_path, "--wal-dir", str(wal)) == \
+        f"shardetcd: wal dir {wal} holds the journal of another data dir ({data}): give an empty --wal-dir"
+    assert not list(tmp_path.glob(".shardetcd-d.restoring-*"))
