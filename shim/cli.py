@@ -140,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-outputs", type=lambda text: tuple(t for t in text.split(",") if t), default=("default",),
                    help="comma-separated, as etcd's: default or stderr, stdout, systemd/journal (the journal's socket), "
                         "or file paths appended to (default: default)")
+    p.add_argument("--enable-log-rotation", action="store_true",
+                   help="rotate the one file of --log-outputs as etcd does (see --log-rotation-config-json)")
+    p.add_argument("--log-rotation-config-json", default=logs.ROTATION_DEFAULT,
+                   help="etcd's: maxsize (MiB), maxage (days), maxbackups, localtime, compress (default: %(default)s)")
+    p.add_argument("--logger", default="zap", help="etcd's; zap, the only one etcd 3.5 has (default: %(default)s)")
     p.add_argument("--shard-layout", type=Path, default=None, help="TOML file naming which Kubernetes resources each shard owns (default: built-in leases/events/pods/nodes/default)")
     p.add_argument("--journal-fsync", choices=["always", "batch", "off"], default=d.journal_fsync,
                    help="always: fdatasync every group-commit batch before acknowledging; batch: the same, gathering writes for up to 2 ms per fsync; "
@@ -273,10 +278,10 @@ def version_text() -> str:
             f"Python Version: {platform.python_version()}\nOS/Arch: {sys.platform}/{platform.machine()}")
 
 
-def setup_logging(level: str, outputs: tuple[str, ...] = ("default",)) -> None:
+def setup_logging(level: str, outputs: tuple[str, ...] = ("default",), rotate: logs.Rotation | None = None) -> None:
     """Structured log lines at ``level`` to etcd's --log-outputs (shim/logs.py; OutputError if one
-    cannot be opened)."""
-    logs.setup(level, outputs)
+    cannot be opened); ``rotate``: the file output rotated."""
+    logs.setup(level, outputs, rotate)
 
 
 def snapshot_main(argv: list[str]) -> int:
@@ -490,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parser.parse_args(reading.argv)
     try:
-        setup_logging(args.log_level, args.log_outputs)
+        logs.check_logger(args.logger)
+        rotate = logs.rotation(args.log_outputs, args.log_rotation_config_json) if args.enable_log_rotation else None
+        setup_logging(args.log_level, args.log_outputs, rotate)
     except logs.OutputError as exc:  # etcd: "failed to verify flags", exit 1
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 1

@@ -289,7 +289,7 @@ def next_value(data: bytes, start: int) -> tuple[bytes, int] | None:
 
 # -- values (types) ---------------------------------------------------------
 
-def _kind(raw: bytes) -> str:
+def kind_of(raw: bytes) -> str:
     c = raw[:1]
     if c == b"{":
         return "object"
@@ -310,8 +310,13 @@ def _type_error(value: str, go_type: str) -> GoJSONError:
 
 def _members(raw: bytes) -> dict[bytes, bytes]:
     """A valid object's members: unescaped key -> raw value; a repeated key keeps its last value."""
+    return dict(member_list(raw))
+
+
+def member_list(raw: bytes) -> list[tuple[bytes, bytes]]:
+    """A valid object's members in their order, repeated keys included: (unescaped key, raw value)."""
     s = _Scanner(raw)
-    out: dict[bytes, bytes] = {}
+    out: list[tuple[bytes, bytes]] = []
     i = s.skip_ws(1)
     if raw[i] == 0x7D:
         return out
@@ -320,7 +325,7 @@ def _members(raw: bytes) -> dict[bytes, bytes]:
         key = _unquote(raw[i:end])
         i = s.skip_ws(s.skip_ws(end) + 1)
         vend = s.value(i)
-        out[key] = raw[i:vend]
+        out.append((key, raw[i:vend]))
         i = s.skip_ws(vend)
         if raw[i] == 0x7D:
             return out
@@ -447,7 +452,7 @@ def _integer(raw: bytes, go_type: str, lo: int, hi: int) -> int | None:
     """json.Unmarshal of ``raw`` into a Go integer; None for null (unchanged)."""
     check_valid(raw)
     raw = raw.strip(_WS)
-    kind = _kind(raw)
+    kind = kind_of(raw)
     if kind == "null":
         return None
     if kind != "number":
@@ -466,7 +471,7 @@ def _trim_quote(raw: bytes) -> bytes:
 
 
 def _bytes(raw: bytes) -> bytes | None:
-    kind = _kind(raw)
+    kind = kind_of(raw)
     if kind == "null":
         return None
     if kind == "string":
@@ -482,7 +487,7 @@ def _bytes(raw: bytes) -> bytes | None:
 
 def _literal(raw: bytes, kind: str, value):
     """A Go bool or string from ``raw``: None for null, ``value()`` when ``raw`` is of that kind."""
-    got = _kind(raw)
+    got = kind_of(raw)
     if got == "null":
         return None
     if got != kind:
@@ -515,7 +520,7 @@ def _fill(msg: Message, raw: bytes) -> None:
     """jsonpb's unmarshalMessage: ``raw`` (a valid JSON value) into ``msg``."""
     if raw == b"null":
         return
-    kind = _kind(raw)
+    kind = kind_of(raw)
     if kind != "object":
         raise _type_error(kind, "map[string]json.RawMessage")
     members = _members(raw)
@@ -526,8 +531,8 @@ def _fill(msg: Message, raw: bytes) -> None:
         if value is None or value == b"null":
             continue
         if fd.is_repeated:
-            if _kind(value) != "array":
-                raise _type_error(_kind(value), "[]json.RawMessage")
+            if kind_of(value) != "array":
+                raise _type_error(kind_of(value), "[]json.RawMessage")
             target = getattr(msg, fd.name)
             for element in _elements(value):
                 if fd.type == FieldDescriptor.TYPE_MESSAGE:

@@ -1,16 +1,34 @@
-"""Where the server's log lines go: etcd's --log-outputs.
+"""Where the server's log lines go: etcd's --log-outputs, --enable-log-rotation, --logger.
 
 ``default`` and ``stderr`` are standard error, ``stdout`` standard output, ``systemd/journal``
 the journal's native socket (one entry per line, its priority from the level), and anything
 else a file appended to. As etcd, a target that cannot be opened stops the start in etcd's
 words (exit 1), and several targets all get every line.
+
+With --enable-log-rotation the one file target is rotated as etcd's lumberjack rotates it
+(--log-rotation-config-json: maxsize in MiB, maxage in days, maxbackups, localtime, compress):
+before a line would take the file past maxsize it is renamed ``NAME-<time>.EXT`` (the time of
+the rotation, UTC unless localtime, to the millisecond) and a new one is started; backups past
+maxbackups or older than maxage days are deleted, and with compress gzipped, in a thread of their
+own. The config is read as etcd reads it (Go's JSON, its error words); ``null`` is the defaults
+(etcd crashes on it), and a maxsize of 0 or less is the default 100 MiB (etcd's would refuse
+every line).
 """
 from __future__ import annotations
 
+import datetime
+import gzip
 import logging
+import logging.handlers
+import os
+import shutil
 import socket
 import struct
 import sys
+import threading
+from dataclasses import dataclass
+
+from .gojson import GoJSONError, check_valid, kind_of, member_list
 
 FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s"
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
@@ -62,8 +80,161 @@ def _go_errno(exc: OSError) -> str:
     return text[:1].lower() + text[1:]
 
 
-def handlers(outputs: tuple[str, ...]) -> list[logging.Handler]:
-    """A handler per target of --log-outputs (OutputError when one cannot be opened)."""
+ROTATION_DEFAULT = '{"maxsize": 100, "maxage": 0, "maxbackups": 0, "localtime": false, "compress": false}'
+_STREAMS = ("default", "stderr", "stdout")
+
+
+@dataclass
+class Rotation:
+    """etcd's log rotation config (lumberjack's settings)."""
+
+    max_mb: int = 100
+    max_age_days: int = 0  # 0: backups are kept whatever their age
+    max_backups: int = 0  # 0: every backup is kept
+    local_time: bool = False
+    compress: bool = False
+
+
+_ROTATION_FIELDS = {"filename": "string", "maxsize": "int", "maxage": "int", "maxbackups": "int",
+                    "localtime": "bool", "compress": "bool"}
+
+
+def rotation(outputs: tuple[str, ...], config_json: str) -> Rotation:
+    """--log-rotation-config-json for these --log-outputs, checked as etcd checks them (OutputError)."""
+    targets = list(dict.fromkeys(outputs or ("default",)))
+    files = [t for t in targets if t not in _STREAMS]
+    if (len(targets) == 1 and not files) or len(files) > 1:
+        raise OutputError("--log-outputs requires a single file path when --log-rotate-config-json is defined")
+    raw = config_json.encode()
+    try:
+        check_valid(raw)
+    except GoJSONError as exc:
+        raise OutputError(f"improperly formatted log rotation config: {exc}") from None
+    raw = raw.strip(b" \t\r\n")
+    kind = kind_of(raw)
+    if kind == "null":
+        return Rotation()
+    if kind != "object":
+        raise OutputError(f"invalid log rotation config: json: cannot unmarshal {kind} into Go value of type "
+                          "embed.logRotationConfig")
+    got: dict[str, object] = {}
+    for key, value in member_list(raw):  # Go matches a field's name ignoring case; the first wrong type is told
+        name = key.decode("utf-8", "replace").lower()
+        want = _ROTATION_FIELDS.get(name)
+        if want is None or kind_of(value) == "null":
+            continue
+        have = kind_of(value)
+        text = value.decode()
+        if want == "int" and have == "number" and text.lstrip("-").isdigit() and -2**63 <= int(text) < 2**63:
+            got[name] = int(text)
+        elif want == "bool" and have == "bool":
+            got[name] = text == "true"
+        elif want == "string" and have == "string":
+            pass  # the file name is --log-outputs' (etcd sets it from there too)
+        else:
+            told = f"number {text}" if have == "number" and want == "int" else have
+            raise OutputError(f"invalid log rotation config: json: cannot unmarshal {told} into Go struct field "
+                              f"logRotationConfig.{name} of type {want}")
+    r = Rotation()
+    if got.get("maxsize", 0) > 0:
+        r.max_mb = got["maxsize"]
+    r.max_age_days = max(got.get("maxage", 0), 0)
+    r.max_backups = max(got.get("maxbackups", 0), 0)
+    r.local_time = bool(got.get("localtime", False))
+    r.compress = bool(got.get("compress", False))
+    return r
+
+
+class RotatingFile(logging.handlers.BaseRotatingHandler):
+    """A log file rotated as etcd's lumberjack rotates it (see the module's doc)."""
+
+    def __init__(self, path: str, config: Rotation) -> None:
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, mode=0o744, exist_ok=True)  # lumberjack makes the file's dir (etcd's mode)
+        super().__init__(path, "a", encoding="utf-8")
+        self.config = config
+        self.max_bytes = config.max_mb * 1024 * 1024
+        self._mill = threading.Lock()
+
+    def shouldRollover(self, record: logging.LogRecord) -> bool:  # noqa: N802 - logging's name
+        if self.stream is None:
+            self.stream = self._open()
+        size = len((self.format(record) + self.terminator).encode("utf-8"))
+        return self.stream.tell() > 0 and self.stream.tell() + size > self.max_bytes
+
+    def doRollover(self) -> None:  # noqa: N802 - logging's name
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+        if os.path.exists(self.baseFilename):
+            mode = os.stat(self.baseFilename).st_mode & 0o777
+            os.rename(self.baseFilename, self.backup_name(self._now()))
+        else:
+            mode = None
+        self.stream = self._open()
+        if mode is not None:
+            os.chmod(self.baseFilename, mode)
+        threading.Thread(target=self.mill, name="log-rotation", daemon=True).start()
+
+    def _now(self) -> datetime.datetime:
+        return datetime.datetime.now() if self.config.local_time else datetime.datetime.now(datetime.timezone.utc)
+
+    def backup_name(self, when: datetime.datetime) -> str:
+        stem, ext = os.path.splitext(self.baseFilename)
+        return f"{stem}-{when.strftime('%Y-%m-%dT%H-%M-%S')}.{when.microsecond // 1000:03d}{ext}"
+
+    def backups(self) -> list[tuple[datetime.datetime, str]]:
+        """The backups beside the file, newest first: (time in their name, path)."""
+        directory = os.path.dirname(self.baseFilename)
+        stem, ext = os.path.splitext(os.path.basename(self.baseFilename))
+        found = []
+        for name in os.listdir(directory):
+            core = name[:-3] if name.endswith(".gz") else name
+            if not (core.startswith(stem + "-") and core.endswith(ext)):
+                continue
+            stamp = core[len(stem) + 1: len(core) - len(ext)] if ext else core[len(stem) + 1:]
+            try:
+                when = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H-%M-%S.%f")
+            except ValueError:
+                continue
+            found.append((when, os.path.join(directory, name)))
+        return sorted(found, reverse=True)
+
+    def mill(self) -> None:
+        """Delete backups past maxbackups and maxage, then gzip the rest when compress is set."""
+        with self._mill:
+            try:
+                cutoff = (self._now().replace(tzinfo=None) - datetime.timedelta(days=self.config.max_age_days)
+                          if self.config.max_age_days else None)
+                names: set[str] = set()  # a backup and its gzipped copy count once
+                keep = []
+                for when, path in self.backups():
+                    names.add(path.removesuffix(".gz"))
+                    if (self.config.max_backups and len(names) > self.config.max_backups) or \
+                            (cutoff is not None and when < cutoff):
+                        os.remove(path)
+                    else:
+                        keep.append(path)
+                if self.config.compress:
+                    for path in keep:
+                        if not path.endswith(".gz"):
+                            _gzip(path)
+            except OSError as exc:
+                sys.stderr.write(f"shardetcd: log rotation: {exc}\n")
+
+
+def _gzip(path: str) -> None:
+    """``path`` to ``path.gz`` (its mode kept), then ``path`` removed."""
+    with open(path, "rb") as src, gzip.open(path + ".gz.tmp", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.chmod(path + ".gz.tmp", os.stat(path).st_mode & 0o777)
+    os.rename(path + ".gz.tmp", path + ".gz")
+    os.remove(path)
+
+
+def handlers(outputs: tuple[str, ...], rotate: Rotation | None = None) -> list[logging.Handler]:
+    """A handler per target of --log-outputs (OutputError when one cannot be opened); with
+    ``rotate``, the file target rotated."""
     made: list[logging.Handler] = []
     try:
         for target in dict.fromkeys(outputs or ("default",)):
@@ -75,7 +246,8 @@ def handlers(outputs: tuple[str, ...]) -> list[logging.Handler]:
                 made.append(JournalHandler())
             else:
                 try:
-                    made.append(logging.FileHandler(target, mode="a", encoding="utf-8"))
+                    made.append(RotatingFile(target, rotate) if rotate is not None
+                                else logging.FileHandler(target, mode="a", encoding="utf-8"))
                 except OSError as exc:
                     raise OutputError(f'couldn\'t open sink "{target}": open {target}: {_go_errno(exc)}') from None
     except BaseException:
@@ -85,9 +257,17 @@ def handlers(outputs: tuple[str, ...]) -> list[logging.Handler]:
     return made
 
 
-def setup(level: str, outputs: tuple[str, ...] = ("default",)) -> None:
+def check_logger(name: str) -> None:
+    """etcd 3.5's --logger: zap only."""
+    if name == "capnslog":
+        raise OutputError("--logger=capnslog is removed in v3.5")
+    if name != "zap":
+        raise OutputError(f'unknown logger option "{name}"')
+
+
+def setup(level: str, outputs: tuple[str, ...] = ("default",), rotate: Rotation | None = None) -> None:
     """The root logger at ``level`` (debug, info, warn, error) writing to ``outputs``."""
-    made = handlers(outputs)
+    made = handlers(outputs, rotate)
     formatter = logging.Formatter(FORMAT)
     for h in made:
         h.setFormatter(formatter)

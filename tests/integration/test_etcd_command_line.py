@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -96,6 +97,14 @@ REFUSED = [  # (command line, environment)
     (["--auto-compaction-mode", "-x", "1e3"], {}),
     (["--auth-token=bogus", "--enable-pprof=0x10"], {}),
     (["--log-outputs=stderr,no-such-dir/etcd.log"], {}),
+    (["--enable-log-rotation"], {}),  # on standard error: not a file
+    (["--enable-log-rotation", "--log-outputs=a.log,b.log"], {}),
+    (["--logger=capnslog"], {}),
+    (["--logger=foo"], {}),
+    *((["--enable-log-rotation", "--log-outputs=a.log", f"--log-rotation-config-json={config}"], {}) for config in (
+        "{bad", "", '{"maxsize": 1}x', "[1]", '"str"', '{"MaxSize": "x"}', '{"maxsize": 1.5}', '{"maxsize": 1e2}',
+        '{"maxsize": 99999999999999999999}', '{"maxsize": {}}', '{"compress": 1}', '{"maxsize": null, "localtime": "x"}',
+        '{"maxsize": "y", "maxsize": 1}', '{"filename": 3}')),
     ([], {"ETCD_SNAPSHOT_COUNT": "abc"}),
     ([], {"ETCD_CLIENT_CERT_AUTH": "yes"}),
     ([], {"ETCD_MAX_REQUEST_BYTES": "-1"}),
@@ -448,3 +457,31 @@ def test_log_outputs_send_the_log_lines_where_etcd_sends_them(tmp_path):
         lines = log.read_text().splitlines()
         assert lines[0] == "kept" and len(lines) >= 3, (name, lines)
         assert lines[1] in out.splitlines(), (name, lines[1], out[:500])  # the same line on standard output
+
+
+def test_log_rotation_rotates_the_file_as_etcd_does(tmp_path):
+    """--enable-log-rotation with maxsize 1 (MiB): a log file already at 1 MiB is renamed
+    NAME-<UTC time to the ms>.log at the first line, with its content, and the lines go to a new
+    file, on etcd and on shardetcd."""
+    for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
+        log = tmp_path / name / "logs" / "server.log"
+        log.parent.mkdir(parents=True)
+        full = b"old line\n" * (1024 * 1024 // 9) + b"x" * (1024 * 1024 % 9)
+        log.write_bytes(full)
+        argv = ["--data-dir", str(tmp_path / name / "data"), *own_ports(cmd, tmp_path / name),
+                f"--log-outputs={log}", "--enable-log-rotation", '--log-rotation-config-json={"maxsize": 1}']
+        proc = subprocess.Popen([*cmd, *argv], env=CLEAN_ENV, cwd=tmp_path if name == "etcd" else REPO,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not (log.exists() and log.stat().st_size and len(list(log.parent.iterdir())) == 2):
+                assert proc.poll() is None and time.monotonic() < deadline, (name, list(log.parent.iterdir()))
+                time.sleep(0.1)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        backups = [p for p in log.parent.iterdir() if p != log]
+        assert len(backups) == 1 and re.fullmatch(r"server-\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{3}\.log", backups[0].name), \
+            (name, backups)
+        assert backups[0].read_bytes() == full, name
+        assert b"old line" not in log.read_bytes() and log.stat().st_size < 1024 * 1024, name

@@ -59,3 +59,60 @@ def test_every_target_gets_every_line(tmp_path):
             log.removeHandler(h)
             h.close()
     assert a.read_text() == b.read_text() == "one\n"
+
+
+def test_rotation_keeps_maxbackups_drops_old_ones_and_gzips(tmp_path):
+    """maxsize 1 MiB, maxbackups 2, maxage 1 day, compress: four rotations leave the two newest
+    backups, gzipped with their lines whole; a backup named older than a day goes; files that are
+    not this log's backups stay."""
+    import gzip
+    import os
+    import time
+
+    path = tmp_path / "logs" / "server.log"  # the dir is made, as etcd's rotating sink makes it
+    config = logs.rotation((str(path),), '{"maxsize": 1, "maxbackups": 2, "maxage": 1, "compress": true}')
+    assert config == logs.Rotation(max_mb=1, max_age_days=1, max_backups=2, compress=True)
+    handler = logs.RotatingFile(str(path), config)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    old = path.parent / "server-2001-02-03T04-05-06.789.log"  # named two decades ago
+    old.write_text("old\n")
+    other = path.parent / "server-notes.log"
+    other.write_text("not a backup\n")
+    log = logging.getLogger("test_logs.rotation")
+    log.propagate, log.level = False, logging.INFO
+    log.addHandler(handler)
+    line = "x" * 1000
+    try:
+        for i in range(4 * 1048 + 10):  # a rotation about every 1,048 lines
+            log.info("%d %s", i, line)
+            if i % 1048 == 1047:
+                time.sleep(0.002)  # each backup its own millisecond
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    deadline = time.monotonic() + 10
+    while True:  # the mill runs in a thread of its own
+        names = sorted(os.listdir(path.parent))
+        backups = [n for n in names if n.startswith("server-2") or n.startswith("server-1")]
+        if len(backups) == 2 and all(n.endswith(".log.gz") for n in backups) and not old.exists():
+            break
+        assert time.monotonic() < deadline, names
+        time.sleep(0.05)
+    assert other.exists() and path.exists() and path.stat().st_size < 1024 * 1024
+    numbers = []
+    for name in backups:
+        lines = gzip.decompress((path.parent / name).read_bytes()).decode().splitlines()
+        assert all(len(x.split(" ")[1]) == 1000 for x in lines)  # whole lines
+        numbers.append([int(x.split(" ")[0]) for x in lines])
+    first = min(n[0] for n in numbers)
+    assert first > 1000 and sorted(sum(numbers, [])) == list(range(first, first + sum(map(len, numbers))))
+
+
+def test_rotation_config_is_read_as_etcd_reads_it():
+    assert logs.rotation(("stderr", "a.log"), logs.ROTATION_DEFAULT) == logs.Rotation()  # one file among streams
+    assert logs.rotation(("a.log",), "null") == logs.Rotation()  # etcd crashes on it; the defaults here
+    assert logs.rotation(("a.log",), '{"maxsize": 0, "MaxBackups": 3, "LOCALTIME": true, "other": [1]}') == \
+        logs.Rotation(max_backups=3, local_time=True)
+    for outputs in (("default",), ("stdout",), ("a.log", "b.log")):
+        with pytest.raises(logs.OutputError, match="requires a single file path"):
+            logs.rotation(outputs, logs.ROTATION_DEFAULT)
