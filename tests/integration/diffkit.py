@@ -489,8 +489,9 @@ def make_bad(kind: str, g: Generator | None = None):
         if rng.random() < 0.5:
             return put
         return pb.TxnRequest(success=[pb.RequestOp(request_put=put)])
-    if kind == "ignore_value_missing_key":
-        return pb.PutRequest(key=b"/registry/configmaps/never/written", ignore_value=True)
+    if kind == "ignore_value_missing_key":  # with a missing lease too, which a Put checks first
+        return pb.PutRequest(key=b"/registry/configmaps/never/written", ignore_value=True,
+                             lease=rng.choice([0, 0, 12345]))
     if kind == "future_rev":
         rng_rev = state.rev + rng.randint(1, 100)
         if rng.random() < 0.5:
