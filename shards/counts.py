@@ -13,7 +13,10 @@ requests open them so:
   that fails), together with the reads that check ignore_value/ignore_lease puts on
   the chosen path; a Txn that can write then applies its chosen path in a second txn,
   a read-only one in the same;
-* a lease revoked (or expired): one write txn, one delete per key it held.
+* a lease revoked (or expired): one write txn, one delete per key it held;
+* a watcher with prev_kv: one range per event it is sent whose previous value is read
+  (every event but a key's creation);
+* a Txn holding a nested txn is a write, whatever the nested one does.
 
 The request path increments plain ints here; the metrics collector reads them when
 scraped.

@@ -374,6 +374,8 @@ class WatchHub:
             if events is None:
                 w.stream.fall_behind(w)
             elif events:
+                if w.prev_kv:
+                    self._count_prev_reads(events)
                 w.stream.put(Message(w.id, last, events, fragment=w.fragment))
                 w.sent_since_tick = True
 
@@ -397,6 +399,11 @@ class WatchHub:
             if ev is None:
                 ev = shared[i] = self._event(w, rev, change.key, change.kind, change.row)
             events.append(ev)
+
+    def _count_prev_reads(self, events: list[Event]) -> None:
+        """etcd reads each previous value a prev_kv watcher is sent (not for a key's creation):
+        a range each, in its etcd_mvcc_range_total."""
+        self.store.counts.ranges += sum(1 for ev in events if ev.kind == DELETE or ev.prev_kv is not None)
 
     def _event(self, w: Watcher, rev: int, key: bytes, kind: int, row: bytes) -> Event:
         if kind == DELETE:  # tombstone rows hold the key alone; events carry the revision
@@ -424,6 +431,8 @@ class WatchHub:
         last = min(store.committed, w.next_rev + self.catchup_revs_max - 1)
         events = self.history(w, w.next_rev, last)
         if events:
+            if w.prev_kv:
+                self._count_prev_reads(events)
             stream.put(Message(w.id, store.committed, events, fragment=w.fragment))
             w.sent_since_tick = True
         w.next_rev = last + 1
