@@ -124,7 +124,7 @@ class Store:
         self.acknowledged = 0  # the revision up to which the last writer acknowledged writes (0: unknown)
         self.acknowledged_where = ("", "")  # where that was read, and how an operator drops it
         self._acknowledging: asyncio.Task | None = None  # a replicated journal's writer: publishes it
-        self.lease_renewals = 0  # keep-alive requests handled (etcd_debugging_lease_renewed_total)
+        self.lease_renewals = 0  # leases renewed by keep-alives (etcd_debugging_lease_renewed_total)
         self.counts = MvccCounts()
         self.on_lease_granted: Callable[[int], None] | None = None  # told each granted TTL (a histogram)
         for state in self.states:
@@ -778,8 +778,10 @@ class Store:
         await self.wait_committed(tag)
 
     def lease_renew(self, lease_id: int) -> int:
-        self.lease_renewals += 1
-        return self.leases.renew(lease_id)
+        ttl = self.leases.renew(lease_id)
+        if ttl:  # etcd counts the leases renewed, not the keep-alives of unknown ones
+            self.lease_renewals += 1
+        return ttl
 
     async def _expire_leases(self, interval_s: float = 0.5, per_tick: int = 500) -> None:
         """Revoke expired leases; at most ``per_tick`` per tick, so a mass expiry

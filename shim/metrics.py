@@ -225,7 +225,7 @@ class _StateCollector:
         yield _gauge("etcd_debugging_mvcc_compact_revision", "Compacted revision.", max(store.compact_rev, 0))
         yield _gauge("etcd_debugging_mvcc_watcher_total", "Watchers.", store.hub.watcher_count)
         yield _gauge("shardetcd_leases", "Leases granted and not yet revoked or expired.", len(store.leases.leases))
-        yield _counter("etcd_debugging_lease_renewed", "Keep-alive requests handled.", store.lease_renewals)
+        yield _counter("etcd_debugging_lease_renewed", "The number of renewed leases seen by the leader.", store.lease_renewals)
         yield from self._as_etcd_counts()
         yield _counter("etcd_network_client_grpc_received_bytes", "Bytes received from gRPC clients.", Traffic.received)
         yield _counter("etcd_network_client_grpc_sent_bytes", "Bytes sent to gRPC clients.", Traffic.sent)

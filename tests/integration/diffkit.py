@@ -628,3 +628,36 @@ def _short(text: str, limit: int = 6000) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + f"... [{len(text) - limit} more chars]"
+
+
+# -- etcd's counters, compared ------------------------------------------------------------
+
+MVCC_COUNTERS = ("etcd_mvcc_range_total", "etcd_mvcc_put_total", "etcd_mvcc_delete_total", "etcd_mvcc_txn_total",
+                 "etcd_debugging_mvcc_total_put_size_in_bytes", "etcd_debugging_mvcc_db_compaction_keys_total")
+
+
+def counters(url: str, names: tuple[str, ...] = MVCC_COUNTERS) -> dict[str, float]:
+    """These unlabelled metrics of the server whose /metrics is at ``url``."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+    return {n: got[n] for n in names}
+
+
+def same_counts(urls: tuple[str, str], before: list[dict[str, float]], wait_s: float = 10.0) -> list[dict]:
+    """Both servers' changes since ``before`` (read with ``counters``), once they agree or ``wait_s``
+    has passed (a compaction may still be dropping rows, an expiry still running)."""
+    import time
+
+    names = tuple(before[0])
+    deadline = time.monotonic() + wait_s
+    while True:
+        deltas = [{k: v - b[k] for k, v in counters(u, names).items()} for u, b in zip(urls, before)]
+        if deltas[0] == deltas[1] or time.monotonic() > deadline:
+            return deltas
+        time.sleep(0.2)
+

@@ -13,6 +13,7 @@ A remaining TTL may differ by one second.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import grpc
@@ -20,7 +21,7 @@ import pytest
 from google.protobuf import text_format
 
 from proto import kv_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests.integration.diffkit import Outcome, prefix_end
+from tests.integration.diffkit import MVCC_COUNTERS, Outcome, counters, prefix_end, same_counts
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -182,7 +183,29 @@ def _txn(compare=(), success=(), failure=()):
     return pb.TxnRequest(compare=list(compare), success=[op(o) for o in success], failure=[op(o) for o in failure])
 
 
-def test_grant_attach_compare_timetolive_list_keepalive_revoke(pair):
+LEASE_COUNTERS = (*MVCC_COUNTERS, "etcd_debugging_lease_granted_total", "etcd_debugging_lease_revoked_total",
+                  "etcd_debugging_lease_renewed_total", "etcd_debugging_lease_ttl_total_count",
+                  "etcd_debugging_lease_ttl_total_sum", "etcd_debugging_server_lease_expired_total")
+
+
+@contextlib.contextmanager
+def counted_as_etcd(real_etcd, server, names: tuple[str, ...] = LEASE_COUNTERS):
+    """etcd's lease and mvcc counters change alike on both (the writer's: a follower counts the
+    reads it serves, the writer what it is handed)."""
+    urls = (real_etcd.client_url, f"http://{server.endpoint}")
+    before = [counters(u, names) for u in urls]
+    yield
+    if "--follow" not in server.extra_args:
+        deltas = same_counts(urls, before)
+        assert deltas[0] == deltas[1], deltas
+
+
+def test_grant_attach_compare_timetolive_list_keepalive_revoke(pair, real_etcd, shardetcd_or_follower):
+    with counted_as_etcd(real_etcd, shardetcd_or_follower):
+        _grant_attach_compare_timetolive_list_keepalive_revoke(pair)
+
+
+def _grant_attach_compare_timetolive_list_keepalive_revoke(pair):
     p = pair
     p.put(KEYS[0], b"before")  # revision 2: lease answers carry a non-trivial revision
     # -- grants
@@ -267,9 +290,15 @@ def test_grant_attach_compare_timetolive_list_keepalive_revoke(pair):
     p.check()
 
 
-def test_expiry_deletes_attached_keys(pair):
+def test_expiry_deletes_attached_keys(pair, real_etcd, shardetcd_or_follower):
     """A lease at the 2 s minimum expires with its keys on both (one revision),
     leaving a key moved to another lease and a detached one."""
+    polled = "etcd_mvcc_range_total"  # the test polls each side until the expiry shows
+    with counted_as_etcd(real_etcd, shardetcd_or_follower, tuple(n for n in LEASE_COUNTERS if n != polled)):
+        _expiry_deletes_attached_keys(pair)
+
+
+def _expiry_deletes_attached_keys(pair):
     p = pair
     p.grant("short", 1)
     p.grant("long", 600)

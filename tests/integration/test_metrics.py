@@ -415,24 +415,12 @@ def test_mvcc_lease_watch_and_health_counters_count_as_etcds(server, real_etcd):
 def test_the_differential_streams_requests_count_as_on_etcd(server, real_etcd):
     """The differential test's seeded request stream (puts, deletes, ranges, nested txns, compactions,
     refused requests of every kind) sent to both: etcd's mvcc counters end up the same."""
-    from tests.integration.diffkit import has_bad_sort, run_differential
+    from tests.integration.diffkit import counters, has_bad_sort, run_differential, same_counts
 
     s, base = server
-    names = ("etcd_mvcc_range_total", "etcd_mvcc_put_total", "etcd_mvcc_delete_total", "etcd_mvcc_txn_total",
-             "etcd_debugging_mvcc_total_put_size_in_bytes", "etcd_debugging_mvcc_db_compaction_keys_total")
-
-    def counts(url):
-        m = scrape(url)
-        return {n: m[(n, ())] for n in names}
-
-    before = counts(base), counts(real_etcd.client_url)
+    urls = (base, real_etcd.client_url)
+    before = [counters(u) for u in urls]
     run_differential(real_etcd.endpoint, s.endpoint, 20261128, 2000, skip=has_bad_sort)
-    deadline = time.monotonic() + 10
-    while True:  # a physical compaction may still be dropping rows on either
-        after = counts(base), counts(real_etcd.client_url)
-        deltas = [{n: a[n] - b[n] for n in names} for a, b in zip(after, before)]
-        if deltas[0] == deltas[1] or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    deltas = same_counts(urls, before)
     assert deltas[0] == deltas[1]
-    assert all(deltas[0][n] > 0 for n in names), deltas[0]
+    assert all(v > 0 for v in deltas[0].values()), deltas[0]

@@ -37,7 +37,8 @@ import pytest
 from google.protobuf import text_format
 
 from proto import kv_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests.integration.diffkit import Client, Outcome, describe, normalise, prefix_end, same
+from tests.integration.diffkit import (MVCC_COUNTERS, Client, Outcome, counters, describe, normalise, prefix_end, same,
+                                      same_counts)
 from tests.watch_client import WatchClient
 
 pytestmark = pytest.mark.timeout(120)
@@ -420,15 +421,6 @@ def _first_diff(what: str, a: list, b: list) -> str:
     return f"{what}: etcd has {len(a)}, shardetcd {len(b)}; {name} has extra from #{n}: {fmt(longer[n])}"
 
 
-def _counters(url: str) -> dict[str, float]:
-    from tests.integration.test_metrics import scrape
-
-    m = scrape(url)
-    return {n: m[(n, ())] for n in ("etcd_debugging_mvcc_events_total", "etcd_mvcc_range_total", "etcd_mvcc_put_total",
-                                    "etcd_mvcc_delete_total", "etcd_mvcc_txn_total",
-                                    "etcd_debugging_mvcc_db_compaction_keys_total")}
-
-
 @pytest.fixture
 def harness(real_etcd, shardetcd):
     h = Harness(real_etcd.endpoint, shardetcd.endpoint)
@@ -738,17 +730,13 @@ class Script:
                                                   (204, 400, 50)])  # 204: reuses and cancels compacted watchers' ids
 def test_seeded_random_script(harness, seed, writes, watches, real_etcd, shardetcd):
     urls = (real_etcd.client_url, f"http://{shardetcd.endpoint}")  # /metrics on the client port of both
-    before = [_counters(u) for u in urls]
+    names = (*MVCC_COUNTERS, "etcd_debugging_mvcc_events_total")
+    before = [counters(u, names) for u in urls]
     Script(harness, seed).run(n_writes=writes, n_watches=watches)
     _check(harness)
     # etcd's counters saw the same: events sent to watchers, the previous values read for prev_kv
     # watchers (a range each), puts, deletes, txns, compacted revisions
-    deadline = time.monotonic() + 10
-    while True:
-        deltas = [{k: v - b[k] for k, v in _counters(u).items()} for u, b in zip(urls, before)]
-        if deltas[0] == deltas[1] or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    deltas = same_counts(urls, before)
     assert deltas[0] == deltas[1] and deltas[0]["etcd_debugging_mvcc_events_total"] > 300, deltas
     h = harness
     kinds = {
