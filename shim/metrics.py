@@ -6,18 +6,18 @@ reports each batch's write + sync time, which is what etcd's
 """
 from __future__ import annotations
 
-import bisect
 import os
 import resource
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
 from shards import collector
 
 from .config import ETCD_API_VERSION
 from .handlers import GO_CODE_NAMES, HANDLING_BUCKETS_S, RPC_STATS, Handling, Slow, Traffic
+from .histogram import LoopHistogram, cumulative, go_float
+from .maintenance import DEFRAG_S, HASH_REV_S, HASH_S, SNAPSHOT_S, Defragmenting
 from .http import HealthChecks
 
 FSYNC_BUCKETS_S = tuple(0.001 * 2**i for i in range(14))  # etcd's WAL fsync buckets
@@ -60,46 +60,6 @@ def _labelled(name: str, doc: str, label: str, value: str) -> GaugeMetricFamily:
     return family
 
 
-class LoopHistogram:
-    """A Prometheus histogram observed from the event loop's thread only.
-
-    prometheus_client's Histogram takes a lock for its sum and for the bucket
-    it counts (~1.9 µs an observation on this machine); three of them run per
-    journal batch, which is one per write for a lone client. Here an
-    observation is a bisect and two additions (~0.4 µs); the cumulative
-    buckets are built when scraped. The exposition is the same
-    (``_bucket{le=...}``, ``_count``, ``_sum``)."""
-
-    def __init__(self, name: str, doc: str, buckets: tuple[float, ...], labelnames: tuple[str, ...] = (),
-                 bound_text=floatToGoString) -> None:
-        self.name, self.doc, self.labelnames = name, doc, tuple(labelnames)
-        self.bounds = tuple(sorted(buckets))
-        self.bound_text = bound_text  # how a bucket's bound is written (_go_float: as etcd writes integral ones)
-        self._children: dict[tuple[str, ...], _LoopHistogramChild] = {}
-        if not self.labelnames:
-            self._unlabelled = self.labels()
-            self.observe = self._unlabelled.observe
-
-    def labels(self, *values: str) -> _LoopHistogramChild:
-        if len(values) != len(self.labelnames):
-            raise ValueError(f"{self.name}: labels {self.labelnames}, got {values}")
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = _LoopHistogramChild(self.bounds)
-        return child
-
-    def collect(self):
-        yield self.family(self.name, self.doc)
-
-    def family(self, name: str, doc: str) -> HistogramMetricFamily:
-        """The observations so far, as a histogram family of that name."""
-        family = HistogramMetricFamily(name, doc, labels=self.labelnames)
-        for values, child in list(self._children.items()):
-            # a consistent enough copy: observers run on the loop
-            family.add_metric(list(values), _cumulative(self.bounds, list(child.counts), self.bound_text), child.sum)
-        return family
-
-
 class _SameObservations:
     """A LoopHistogram's observations under a second name, built when scraped (nothing is
     observed twice)."""
@@ -111,35 +71,6 @@ class _SameObservations:
         yield self.source.family(self.name, self.doc)
 
 
-def _go_float(bound: float) -> str:
-    """A bucket bound as Go's client writes it ('g', shortest): 1 and 10, not prometheus_client's 1.0
-    and 10.0 (for a family etcd shows with integral bounds, whose series must be the same)."""
-    text = floatToGoString(bound)
-    return text[:-2] if text.endswith(".0") else text
-
-
-def _cumulative(bounds: tuple[float, ...], counts: list[int], bound_text=floatToGoString) -> list[tuple[str, int]]:
-    """A histogram's buckets as Prometheus shows them, from counts per bucket (the last: +Inf)."""
-    cumulative, buckets = 0, []
-    for le, n in zip([*(bound_text(b) for b in bounds), "+Inf"], counts):
-        cumulative += n
-        buckets.append((le, cumulative))
-    return buckets
-
-
-class _LoopHistogramChild:
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-
 class _GcCollector:
     """The garbage collector's pauses (shards/collector.py): the event loop waits through each."""
 
@@ -148,7 +79,7 @@ class _GcCollector:
                                        "collector took, by generation (2: a full collection).",
                                        labels=["generation"])
         for generation, (counts, total) in enumerate(zip(collector.Pauses.counts, collector.Pauses.sums)):
-            family.add_metric([str(generation)], _cumulative(collector.PAUSE_BUCKETS_S, list(counts)), total)
+            family.add_metric([str(generation)], cumulative(collector.PAUSE_BUCKETS_S, list(counts)), total)
         yield family
 
 
@@ -184,7 +115,7 @@ class _GrpcCollector:
             sent.add_metric(list(key), n_sent)
             for name, n in zip(GO_CODE_NAMES, by_code):
                 handled.add_metric([name, *key], n)
-            handling.add_metric(list(key), _cumulative(HANDLING_BUCKETS_S, took, _go_float), took_sum)
+            handling.add_metric(list(key), cumulative(HANDLING_BUCKETS_S, took, go_float), took_sum)
         yield from (handled, received, sent, started)
         if Handling.on:  # --metrics=extensive, as etcd enables go-grpc-prometheus's histogram
             yield handling
@@ -269,6 +200,8 @@ class _StateCollector:
                             HealthChecks.success)
         yield _bare_counter("etcd_server_health_failures", "The total number of failed health checks",
                             HealthChecks.failures)
+        yield _gauge("etcd_disk_defrag_inflight", "Whether or not defrag is active on the member. 1 means active, "
+                     "0 means not.", 1 if Defragmenting.now else 0)
         yield _gauge("os_fd_used", "The number of used file descriptors.", len(os.listdir("/proc/self/fd")))
         yield _gauge("os_fd_limit", "The file descriptor limit.", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         max_vm = resource.getrlimit(resource.RLIMIT_AS)[0]
@@ -342,9 +275,11 @@ class Metrics:
                                          "to when every revision in it was applied here.", LAG_BUCKETS_S)
         member.store.follow_stats.on_lag = self.apply_lag.observe
         self.lease_ttl = LoopHistogram("etcd_debugging_lease_ttl_total", "Bucketed histogram of lease TTLs.",
-                                       LEASE_TTL_BUCKETS_S, bound_text=_go_float)
+                                       LEASE_TTL_BUCKETS_S, bound_text=go_float)
         self.registry.register(self.lease_ttl)
         member.store.on_lease_granted = self.lease_ttl.observe
+        for timing in (DEFRAG_S, SNAPSHOT_S, HASH_S, HASH_REV_S):
+            self.registry.register(timing)
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...],
                    labelnames: tuple[str, ...] = ()) -> LoopHistogram:

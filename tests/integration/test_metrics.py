@@ -401,11 +401,12 @@ def test_mvcc_lease_watch_and_health_counters_count_as_etcds(server, real_etcd):
         return {(f.name, f.type, tuple(sorted({(k, v if k == "le" else "") for smp in f.samples
                                                for k, v in smp.labels.items()})))
                 for f in text_string_to_metric_families(text)
-                if f.name.startswith(("etcd_mvcc_", "etcd_debugging_mvcc_", "etcd_debugging_lease_",
+                if f.name.startswith(("etcd_mvcc_", "etcd_debugging_mvcc_", "etcd_debugging_lease_", "etcd_disk_backend_defrag",
+                                      "etcd_disk_backend_snapshot", "etcd_disk_defrag",
                                       "etcd_debugging_server_lease_", "etcd_server_health_", "os_fd_",
                                       "etcd_debugging_auth_", "process_virtual_memory_max"))
-                and not f.name.startswith(("etcd_mvcc_hash", "etcd_mvcc_db_open", "etcd_debugging_mvcc_db_compaction_"
-                                           "pause", "etcd_debugging_mvcc_db_compaction_total",
+                and not f.name.startswith(("etcd_mvcc_db_open", "etcd_debugging_mvcc_db_compaction_pause",
+                                           "etcd_debugging_mvcc_db_compaction_total",
                                            "etcd_debugging_mvcc_index_compaction"))}
     assert families(base) == families(real_etcd.client_url)
     status, text = get(base + "/metrics")
@@ -424,3 +425,27 @@ def test_the_differential_streams_requests_count_as_on_etcd(server, real_etcd):
     deltas = same_counts(urls, before)
     assert deltas[0] == deltas[1]
     assert all(v > 0 for v in deltas[0].values()), deltas[0]
+
+
+def test_maintenance_timings_count_as_etcds(server, real_etcd):
+    """Hash, HashKV, Defragment and Snapshot are timed in etcd's histograms (a refused HashKV is not):
+    the same calls add the same counts on both."""
+    s, base = server
+    from tests.integration.diffkit import counters, same_counts
+
+    names = tuple(f"{n}_count" for n in ("etcd_mvcc_hash_duration_seconds", "etcd_mvcc_hash_rev_duration_seconds",
+                                         "etcd_disk_backend_defrag_duration_seconds",
+                                         "etcd_disk_backend_snapshot_duration_seconds")) + ("etcd_disk_defrag_inflight",)
+    urls = (base, real_etcd.client_url)
+    before = [counters(u, names) for u in urls]
+    for endpoint in (s.endpoint, real_etcd.endpoint):
+        with grpc.insecure_channel(endpoint) as ch:
+            m = pbg.MaintenanceStub(ch)
+            m.Hash(pb.HashRequest())
+            m.HashKV(pb.HashKVRequest())
+            with pytest.raises(grpc.RpcError):
+                m.HashKV(pb.HashKVRequest(revision=10**6))
+            m.Defragment(pb.DefragmentRequest())
+            b"".join(r.blob for r in m.Snapshot(pb.SnapshotRequest()))
+    deltas = same_counts(urls, before)
+    assert deltas[0] == deltas[1] == {**{n: 1 for n in names[:4]}, "etcd_disk_defrag_inflight": 0}, deltas
