@@ -35,6 +35,7 @@ POINTS = (
     "store.between_txn_parts",
     "state.write",
     "snapshot.restore_between_shards",
+    "snapshot.restore_between_uploads",  # a restore into JetStream, after a shard's checkpoint went up
 )
 
 _armed: dict[str, str] = {}

@@ -377,13 +377,31 @@ async def retrying(what: str, op, deadline_s: float = 30.0):
             await asyncio.sleep(min(0.05 * attempt, 1.0))
 
 
+REPLICAS_NEED_A_CLUSTER = 10074  # JetStream's "replicas > 1 not supported in non-clustered mode"
+
+
 async def open_or_create(what: str, get, create, missing: type[Exception]):
-    """``get()``, or ``create()`` when it raises ``missing``; both retried while JetStream is unavailable."""
+    """``get()``, or ``create()`` when it raises ``missing``; both retried while JetStream is unavailable.
+    A create JetStream refuses, or never answers, is JournalUnreachable: one line, nothing to retry."""
+    from nats.js.errors import APIError
+
     try:
         return await retrying(what, get)
     except missing:
-        logger.info("jetstream %s created", what)
-        return await retrying(f"create {what}", create)
+        pass
+    try:
+        made = await retrying(f"create {what}", create)
+    except APIError as exc:
+        hint = ""
+        if getattr(exc, "err_code", None) == REPLICAS_NEED_A_CLUSTER:
+            hint = (": --journal-replicas (default 3) needs a NATS cluster of that many JetStream servers; "
+                    "with a single NATS server give --journal-replicas 1")
+        raise JournalUnreachable(f"JetStream refused to create the {what} ({exc.description}){hint}") from None
+    except JournalFailed as exc:  # never answered: e.g. fewer JetStream servers than the replicas asked
+        raise JournalUnreachable(f"JetStream did not create the {what}: {exc} (fewer JetStream servers than "
+                                 "--journal-replicas?)") from None
+    logger.info("jetstream %s created", what)
+    return made
 
 
 class PublishRetries:
@@ -915,18 +933,24 @@ class JetStreamJournal(Appender):
 
     async def save_checkpoint(self, rev: int, meta: bytes, rows: Iterable[bytes]) -> str:
         """Write the checkpoint file locally (in a thread), then store it in the bucket; older ones go."""
+        with tempfile.TemporaryDirectory(dir=self._scratch_dir()) as tmp:
+            path = await asyncio.to_thread(write_checkpoint, Path(tmp), rev, meta, rows)
+            return await self.store_checkpoint(path, rev)
+
+    async def store_checkpoint(self, path: Path, rev: int, only: bool = False) -> str:
+        """Store the checkpoint file ``path`` (of revision ``rev``) in the bucket; older ones go, and
+        with ``only`` every other one (a restore's: newer ones left by a restore cut short too)."""
         from nats.js.errors import NotFoundError
 
         bucket = await self._bucket_store()
-        with tempfile.TemporaryDirectory(dir=self._scratch_dir()) as tmp:
-            path = await asyncio.to_thread(write_checkpoint, Path(tmp), rev, meta, rows)
-            async def store():
-                with open(path, "rb") as f:
-                    await bucket.put(path.name, f)
 
-            await retrying("store checkpoint", store)
-        for name, older in await self._checkpoint_objects(bucket):
-            if older < rev:
+        async def store():
+            with open(path, "rb") as f:
+                await bucket.put(path.name, f)
+
+        await retrying("store checkpoint", store)
+        for name, other in await self._checkpoint_objects(bucket):
+            if other < rev or (only and name != path.name):
                 try:
                     await bucket.delete(name)
                 except NotFoundError:

@@ -109,8 +109,10 @@ class DataDir:
             self.meta["journal"] = name
             self.save_meta()
         elif had != name:
+            how = (" (a snapshot restores into JetStream with `shardetcd snapshot restore FILE --data-dir NEW "
+                   "--journal-url URLS`)" if name.startswith("nats:") and "floor_revision" in self.meta else "")
             raise DataDirError(f"data dir {self.path} keeps its journal in {had}, not {name}: "
-                               "a data dir cannot change journal backends")
+                               f"a data dir cannot change journal backends{how}")
 
     def save_meta(self) -> None:
         _write_atomic(self.path / "meta.json", json.dumps(self.meta, indent=1).encode())

@@ -24,6 +24,7 @@ state).  Revisions are kept exactly.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import heapq
 import mmap
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from journal import failpoints, write_checkpoint
+from journal.checkpoint import checkpoint_name
+from journal.jetstream import JetStreamConfig, JetStreamLog, retrying
 from journal.fsutil import fsync_dir
 
 from .auth import encode_table as encode_auth_table
@@ -45,6 +48,7 @@ from .layout import Layout, Router
 from .lease import encode_lease_table
 from .record import encode_extra_meta
 from .shard import checkpoint_meta
+from .store import acknowledged_key
 from .state import checkpoint_row
 
 if TYPE_CHECKING:
@@ -107,7 +111,7 @@ class SnapshotStream:
 # -- restore -------------------------------------------------------------------
 
 def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Path | None = None,
-                     skip_hash_check: bool = False) -> dict:
+                     skip_hash_check: bool = False, jetstream: JetStreamConfig | None = None) -> dict:
     """Make a new shardetcd ``data_dir`` of an etcd snapshot; returns what it held.
 
     Everything is read and checked before anything is written.  The data dir
@@ -120,8 +124,15 @@ def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Pa
     journals' place, made, marked as this data dir's and recorded in its meta.json, so
     the server is started with the same --wal-dir.  ``skip_hash_check``: a SHA-256 at
     the snapshot's end is not checked (a bare database, a copy of member/snap/db, is
-    taken either way)."""
+    taken either way).
+
+    ``jetstream``: the journals are JetStream's (the server's --journal-url and --journal-prefix):
+    each shard's checkpoint goes to its stream's checkpoint bucket instead of the data dir, the
+    writer's acknowledged revision becomes the restored one, and the data dir records that journal.
+    The streams must hold no message yet (a new prefix, as a new data dir)."""
     data_dir = data_dir.absolute()
+    if jetstream is not None and wal_dir is not None:
+        raise DataDirError("--wal-dir places a local journal: not with --journal-url (the journal is in JetStream)")
     if data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
         raise DataDirError(f"data dir {data_dir} is not empty: restore needs a new one")
     if wal_dir is not None:
@@ -132,11 +143,13 @@ def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Pa
             raise DataDirError(f"wal dir {wal_dir} is inside the data dir {data_dir}: give one outside it, "
                                "or no --wal-dir (the journals then live in the data dir)")
     view, hashed = _mapped(snapshot, skip_hash_check)
+    if jetstream is not None:
+        asyncio.run(_jetstream_unused(jetstream, layout))
     try:
         imported = import_db(BoltReader(view), Router(layout))
     except (BoltError, SnapshotError) as exc:
         raise SnapshotError(f"{snapshot}: {exc}") from None
-    _build(imported, data_dir, layout, wal_dir)
+    _build(imported, data_dir, layout, wal_dir, jetstream)
     return {"revision": imported.revision, "compact_revision": imported.compact_rev,
             "keys": imported.keys_live, "rows": len(imported.route), "leases": len(imported.leases),
             "users": len(imported.auth.users), "roles": len(imported.auth.roles), "hashed": hashed}
@@ -181,7 +194,8 @@ def _check_frame(snapshot: Path, view: memoryview, size: int, skip_hash_check: b
     return hashed
 
 
-def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | None = None) -> None:
+def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | None = None,
+           jetstream: JetStreamConfig | None = None) -> None:
     """Write the data dir beside ``data_dir``, then rename it into place; then make and mark
     ``wal_dir``, which its meta.json names (a restore stopped before that leaves no wal dir:
     the server's first start makes it, as any first start with --wal-dir does)."""
@@ -195,6 +209,8 @@ def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | N
         datadir.meta["floor_revision"] = rev
         if wal_dir is not None:
             datadir.meta["wal_dir"] = str(wal_dir)
+        # the journal the checkpoints are in: a first start with another one is refused
+        datadir.meta["journal"] = "local" if jetstream is None else f"nats:{jetstream.prefix}"
         datadir.save_meta()
         for sid, spec in enumerate(layout.shards):
             meta = checkpoint_meta(rev, compact, sid, tables if sid == default else b"")
@@ -202,6 +218,8 @@ def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | N
             write_checkpoint(new / "shards" / spec.name, rev, meta, rows)
             failpoints.hit("snapshot.restore_between_shards")
         datadir.close()
+        if jetstream is not None:  # the checkpoints go to JetStream, and only there
+            asyncio.run(_to_jetstream(jetstream, layout, new, rev))
         _fsync_tree(new)
         if data_dir.exists():
             data_dir.rmdir()  # empty, checked above
@@ -211,6 +229,43 @@ def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | N
             wal_dir.mkdir(mode=0o700, parents=True)  # private, as etcd makes its wal dir
             claim_wal_dir(wal_dir, data_dir, datadir.member_id)
             fsync_dir(wal_dir.parent)
+
+
+async def _jetstream_unused(config: JetStreamConfig, layout: Layout) -> None:
+    """Refuse journal streams that hold any message: they are another deployment's (or this
+    one's, running), and a restore starts a journal anew."""
+    from nats.js.errors import NotFoundError
+
+    log = await JetStreamLog(config).connect()
+    try:
+        for spec in layout.shards:
+            stream = log.stream_name(spec.name)
+            try:
+                info = await retrying(f"stream {stream}", lambda: log.js.stream_info(stream))
+            except NotFoundError:
+                continue
+            if info.state.last_seq:
+                raise DataDirError(f"JetStream stream {stream} already holds a journal ({info.state.messages} "
+                                   f"messages): restore needs a new --journal-prefix, or that one's streams deleted")
+    finally:
+        await log.close()
+
+
+async def _to_jetstream(config: JetStreamConfig, layout: Layout, built: Path, rev: int) -> None:
+    """Move each shard's checkpoint from the data dir being built to its stream's bucket, then
+    set the writer's acknowledged revision to the restored one."""
+    log = await JetStreamLog(config).connect()
+    try:
+        for spec in layout.shards:
+            shard_dir = built / "shards" / spec.name
+            path = shard_dir / checkpoint_name(rev)
+            journal = await log.open_journal(spec.name, shard_dir / "upload", follow=True)  # made if missing
+            await journal.store_checkpoint(path, rev, only=True)
+            path.unlink()
+            failpoints.hit("snapshot.restore_between_uploads")
+        await log.put_meta(acknowledged_key(layout), str(rev))
+    finally:
+        await log.close()
 
 
 def _fsync_tree(root: Path) -> None:

@@ -167,7 +167,7 @@ class Store:
                 store.acknowledged_where = (f"the writer's watermark {datadir.path / WATERMARK_FILE}",
                                             f"delete {datadir.path / WATERMARK_FILE}")
             if hasattr(log, "agree"):  # a replicated journal keeps the cluster's identity
-                key = f"cluster-id.{journal_role(config)}"
+                key = f"cluster-id.{journal_role(config.layout)}"
                 datadir.adopt_cluster_id(int(await log.agree(key, str(datadir.cluster_id))))
                 if not follow:
                     await store.read_acknowledged()
@@ -204,7 +204,7 @@ class Store:
     async def read_acknowledged(self) -> None:
         """A replicated journal: the revision up to which its last writer (this process, or another on
         any machine) said it acknowledged writes (``_publish_acknowledged``)."""
-        key, bucket = acknowledged_key(self.config), f"{self.config.jetstream.prefix}-meta"
+        key, bucket = acknowledged_key(self.config.layout), f"{self.config.jetstream.prefix}-meta"
         self.acknowledged = int(await self.log.get_meta(key) or 0)
         self.acknowledged_where = (f"key {key} of the JetStream bucket {bucket}",
                                    f"delete that key (`nats kv del {bucket} {key}`)")
@@ -214,7 +214,7 @@ class Store:
         every ACKNOWLEDGED_EVERY_S. A writer that starts later can then tell journal records that were
         acknowledged and are gone (a stream deleted or lost) from records never acknowledged, instead
         of cutting the other streams' acknowledged records above the hole (recovery)."""
-        key, published = acknowledged_key(self.config), self.acknowledged
+        key, published = acknowledged_key(self.config.layout), self.acknowledged
         while True:
             await asyncio.sleep(ACKNOWLEDGED_EVERY_S)
             committed = self.committed
@@ -843,14 +843,14 @@ class Store:
             logger.info("compaction finished rev=%d", target)
 
 
-def journal_role(config: StoreConfig) -> str:
+def journal_role(layout: Layout) -> str:
     """Which writer's journals these are: the default shard's name (a partition's name under ``cluster``)."""
-    return config.layout.shards[-1].name
+    return layout.shards[-1].name
 
 
-def acknowledged_key(config: StoreConfig) -> str:
+def acknowledged_key(layout: Layout) -> str:
     """The meta bucket's key for the revision a replicated journal's writer acknowledged writes up to."""
-    return f"acknowledged.{journal_role(config)}"
+    return f"acknowledged.{journal_role(layout)}"
 
 
 def journal_name(config: StoreConfig) -> str:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from journal import JournalCorrupt
-from journal.errors import JournalGone
+from journal.errors import JournalError, JournalGone
 from journal.verify import repair, verify
 from shards.errors import DataDirError, LayoutError
 from shards.layout import load_layout
@@ -299,6 +299,13 @@ def snapshot_main(argv: list[str]) -> int:
     r.add_argument("--wal-dir", type=Path, default=None,
                    help="where the journals go (must not exist; etcd's --wal-dir): start the server with the same "
                         "--wal-dir (default: in the data dir)")
+    r.add_argument("--journal-url", type=_nats_urls, default=(), dest="journal_urls",
+                   help="the journals are in JetStream at these NATS URLs (the server's --journal-url): the checkpoints "
+                        "go to its buckets; the streams must hold no message yet")
+    r.add_argument("--journal-prefix", default=ServerConfig().journal_prefix,
+                   help="with --journal-url: the server's --journal-prefix (default: %(default)s)")
+    r.add_argument("--journal-replicas", type=_positive_int, default=ServerConfig().journal_replicas,
+                   help="with --journal-url: replicas of the streams and buckets it makes (default: %(default)s)")
     r.add_argument("--skip-hash-check", action="store_true",
                    help="do not check the SHA-256 at the snapshot's end (a copy of member/snap/db, which has none, "
                         "is taken without this flag too)")
@@ -315,16 +322,22 @@ def snapshot_main(argv: list[str]) -> int:
         print(f'shardetcd: couldn\'t find local name "{args.name}" in the initial cluster configuration',
               file=sys.stderr)
         return 2
+    jetstream = None
+    if args.journal_urls:
+        from journal.jetstream import JetStreamConfig
+
+        jetstream = JetStreamConfig(urls=args.journal_urls, prefix=args.journal_prefix, replicas=args.journal_replicas)
     try:
         got = restore_snapshot(args.file, args.data_dir, load_layout(args.shard_layout), args.wal_dir,
-                               args.skip_hash_check)
-    except (SnapshotError, DataDirError, LayoutError) as exc:
+                               args.skip_hash_check, jetstream)
+    except (SnapshotError, DataDirError, LayoutError, JournalError) as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"shardetcd: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    into = f"{args.data_dir.absolute()}" + (f" (journals in {args.wal_dir.absolute()})" if args.wal_dir else "")
+    into = f"{args.data_dir.absolute()}" + (f" (journals in {args.wal_dir.absolute()})" if args.wal_dir else "") + (
+        f" (journals in JetStream, prefix {args.journal_prefix})" if jetstream else "")
     print(f"restored {args.file} at revision {got['revision']} into {into}: {restored(got)}")
     return 0
 

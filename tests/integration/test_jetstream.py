@@ -382,3 +382,28 @@ def test_cluster_standbys_take_over_their_partition_on_the_same_url(nats, tmp_pa
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_more_replicas_than_a_lone_nats_server_has_is_refused_in_one_line(tmp_path):
+    """A single NATS server (not clustered) refuses a stream of 3 replicas, the default: the start
+    says so in one line, naming --journal-replicas 1 (it was a traceback); with it, it serves."""
+    from tests.nats_fixture import start_nats_cluster
+
+    lone = start_nats_cluster(tmp_path / "nats", size=1)
+    try:
+        server = server_on(lone, tmp_path / "s")
+        r = subprocess.run(server.args(), capture_output=True, text=True, timeout=60,
+                           cwd=Path(__file__).resolve().parents[2])  # killed by run() if it serves
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and lines[-1].startswith("shardetcd: JetStream refused to create the ") and \
+            "replicas > 1 not supported in non-clustered mode" in lines[-1] and \
+            "give --journal-replicas 1" in lines[-1] and "Traceback" not in r.stderr, r.stderr[-3000:]
+        server.extra_args = (*server.extra_args, "--journal-replicas", "1")
+        server.start()
+        try:
+            with grpc.insecure_channel(server.endpoint) as ch:
+                assert pbg.KVStub(ch).Put(pb.PutRequest(key=b"k", value=b"v"), timeout=10).header.revision == 2
+        finally:
+            server.stop()
+    finally:
+        lone.stop()

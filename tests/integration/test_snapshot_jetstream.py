@@ -1,0 +1,105 @@
+"""An etcd snapshot restored into a JetStream journal (three real NATS servers).
+
+A replicated deployment keeps its state in JetStream, not in a data dir: the restore puts each
+shard's checkpoint in its stream's bucket and records the journal in the new data dir, so the
+writer (and a follower, which loads the same checkpoints) serves the snapshot's keys at its
+revision and writes on from there. A prefix whose streams already hold a journal is refused;
+a restore cut short leaves nothing a second try would refuse; a data dir restored for the local
+journal and started on JetStream is refused with the way over.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.etcd_fixture import free_port
+from tests.nats_fixture import shardetcd_on
+from tests.shardetcd_fixture import ShardetcdProcess, start_shardetcd
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = [b"/registry/pods/ns/p%d" % i for i in range(30)] + [b"/registry/leases/kube-node-lease/n%d" % i for i in range(5)] \
+    + [b"/registry/configmaps/ns/c%d" % i for i in range(5)]
+
+
+def restore(snap: Path, data: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shim", "snapshot", "restore", str(snap), "--data-dir", str(data),
+                           *args], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+
+
+def everything(endpoint: str) -> tuple[int, list[tuple[bytes, bytes, int, int]]]:
+    with grpc.insecure_channel(endpoint) as ch:
+        r = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"\x00", range_end=b"\x00"), timeout=10)
+    return r.header.revision, [(kv.key, kv.value, kv.mod_revision, kv.lease) for kv in r.kvs]
+
+
+def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, tmp_path):
+    source = start_shardetcd(tmp_path, name="source")
+    try:
+        with grpc.insecure_channel(source.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            lease = pbg.LeaseStub(ch).LeaseGrant(pb.LeaseGrantRequest(TTL=600), timeout=10).ID
+            for i, key in enumerate(KEYS):
+                kv.Put(pb.PutRequest(key=key, value=b"v%d" % i, lease=lease if i % 7 == 0 else 0), timeout=10)
+            kv.DeleteRange(pb.DeleteRangeRequest(key=KEYS[1]), timeout=10)
+            snap = tmp_path / "snap.db"
+            snap.write_bytes(b"".join(r.blob for r in pbg.MaintenanceStub(ch).Snapshot(pb.SnapshotRequest(),
+                                                                                        timeout=30)))
+        want = everything(source.endpoint)
+    finally:
+        source.stop()
+
+    js = ("--journal-url", nats.urls, "--journal-prefix", "restored")
+    r = restore(snap, tmp_path / "w" / "data", *js)
+    assert r.returncode == 0 and "journals in JetStream, prefix restored" in r.stdout, r.stderr
+    assert not list((tmp_path / "w" / "data").rglob("*.ckpt")), "the checkpoints are in JetStream only"
+    writer = shardetcd_on(nats, tmp_path / "w", "--journal-prefix", "restored").start()
+    follower = shardetcd_on(nats, tmp_path / "f", "--journal-prefix", "restored", "--follow").start()
+    try:
+        assert everything(writer.endpoint) == want
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            rev = pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/after", value=b"x"), timeout=10).header.revision
+            assert rev == want[0] + 1
+            ttl = pbg.LeaseStub(ch).LeaseTimeToLive(pb.LeaseTimeToLiveRequest(ID=lease, keys=True), timeout=10)
+            assert ttl.TTL > 0 and sorted(ttl.keys) == sorted(KEYS[i] for i in range(0, len(KEYS), 7))
+        deadline_rev = rev
+        for _ in range(100):  # the follower catches up through the journal
+            got_rev, got = everything(follower.endpoint)
+            if got_rev >= deadline_rev:
+                break
+            time.sleep(0.1)
+        assert got_rev == rev and [k for k in got if k[0] != b"/registry/pods/ns/after"] == want[1]
+    finally:
+        follower.stop()
+        writer.stop()
+
+    again = restore(snap, tmp_path / "again", *js)
+    assert again.returncode == 2 and "JetStream stream restored_" in again.stderr and "already holds a journal" in \
+        again.stderr and not (tmp_path / "again").exists(), again.stderr
+
+    # cut short after the first shard's checkpoint went up: nothing in place, a second try goes through
+    cut = ("--journal-url", nats.urls, "--journal-prefix", "cut")
+    env = {**os.environ, "SHARDETCD_FAILPOINTS": "snapshot.restore_between_uploads=exit@1"}
+    assert restore(snap, tmp_path / "c" / "data", *cut, env=env).returncode == 70
+    assert not (tmp_path / "c" / "data").exists()
+    assert restore(snap, tmp_path / "c" / "data", *cut).returncode == 0
+    server = shardetcd_on(nats, tmp_path / "c", "--journal-prefix", "cut").start()
+    try:
+        assert everything(server.endpoint) == want
+    finally:
+        server.stop()
+
+    # restored for the local journal, started on JetStream: refused, saying how
+    assert restore(snap, tmp_path / "l" / "data").returncode == 0
+    local = ShardetcdProcess(data_dir=tmp_path / "l" / "data", state_dir=tmp_path / "l" / "state", port=free_port(),
+                             log_path=tmp_path / "l.log", extra_args=("--journal-url", nats.urls, "--journal-prefix",
+                                                                      "other"))
+    r = subprocess.run(local.args(), cwd=REPO, capture_output=True, text=True, timeout=60)  # killed if it serves
+    assert r.returncode == 2 and "keeps its journal in local, not nats:other" in r.stderr and \
+        "snapshot restore FILE --data-dir NEW --journal-url URLS" in r.stderr, r.stderr[-2000:]
+    assert restore(snap, tmp_path / "x", "--journal-url", nats.urls, "--wal-dir", str(tmp_path / "wal")).returncode == 2
