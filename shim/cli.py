@@ -299,13 +299,7 @@ def snapshot_main(argv: list[str]) -> int:
     r.add_argument("--wal-dir", type=Path, default=None,
                    help="where the journals go (must not exist; etcd's --wal-dir): start the server with the same "
                         "--wal-dir (default: in the data dir)")
-    r.add_argument("--journal-url", type=_nats_urls, default=(), dest="journal_urls",
-                   help="the journals are in JetStream at these NATS URLs (the server's --journal-url): the checkpoints "
-                        "go to its buckets; the streams must hold no message yet")
-    r.add_argument("--journal-prefix", default=ServerConfig().journal_prefix,
-                   help="with --journal-url: the server's --journal-prefix (default: %(default)s)")
-    r.add_argument("--journal-replicas", type=_positive_int, default=ServerConfig().journal_replicas,
-                   help="with --journal-url: replicas of the streams and buckets it makes (default: %(default)s)")
+    add_jetstream_target(r)
     r.add_argument("--skip-hash-check", action="store_true",
                    help="do not check the SHA-256 at the snapshot's end (a copy of member/snap/db, which has none, "
                         "is taken without this flag too)")
@@ -322,11 +316,7 @@ def snapshot_main(argv: list[str]) -> int:
         print(f'shardetcd: couldn\'t find local name "{args.name}" in the initial cluster configuration',
               file=sys.stderr)
         return 2
-    jetstream = None
-    if args.journal_urls:
-        from journal.jetstream import JetStreamConfig
-
-        jetstream = JetStreamConfig(urls=args.journal_urls, prefix=args.journal_prefix, replicas=args.journal_replicas)
+    jetstream = jetstream_target(args)
     try:
         got = restore_snapshot(args.file, args.data_dir, load_layout(args.shard_layout), args.wal_dir,
                                args.skip_hash_check, jetstream)
@@ -340,6 +330,26 @@ def snapshot_main(argv: list[str]) -> int:
         f" (journals in JetStream, prefix {args.journal_prefix})" if jetstream else "")
     print(f"restored {args.file} at revision {got['revision']} into {into}: {restored(got)}")
     return 0
+
+
+def add_jetstream_target(p: argparse.ArgumentParser) -> None:
+    """The JetStream journal a restore (or migrate) puts its checkpoints in."""
+    p.add_argument("--journal-url", type=_nats_urls, default=(), dest="journal_urls",
+                   help="the journals are in JetStream at these NATS URLs (the server's --journal-url): the checkpoints "
+                        "go to its buckets; the streams must hold no message yet")
+    p.add_argument("--journal-prefix", default=ServerConfig().journal_prefix,
+                   help="with --journal-url: the server's --journal-prefix (default: %(default)s)")
+    p.add_argument("--journal-replicas", type=_positive_int, default=ServerConfig().journal_replicas,
+                   help="with --journal-url: replicas of the streams and buckets it makes (default: %(default)s)")
+
+
+def jetstream_target(args: argparse.Namespace):
+    """``add_jetstream_target``'s JetStreamConfig, or None (the local journal)."""
+    if not args.journal_urls:
+        return None
+    from journal.jetstream import JetStreamConfig
+
+    return JetStreamConfig(urls=args.journal_urls, prefix=args.journal_prefix, replicas=args.journal_replicas)
 
 
 def restored(got: dict) -> str:

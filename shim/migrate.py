@@ -25,7 +25,10 @@ import grpc
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shards.errors import DataDirError, LayoutError
 from shards.layout import load_layout
+from journal.errors import JournalError
 from shards.snapshot import SnapshotError, restore_snapshot
+
+from .cli import add_jetstream_target, jetstream_target
 
 PROGRESS_S = 2.0
 
@@ -48,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", type=Path, default=None, help="client certificate's key")
     p.add_argument("--user", default=None, help="user:password, when etcd has auth enabled (root or a user with its role)")
     p.add_argument("--dial-timeout", type=float, default=10.0, help="seconds to wait for a connection (default: %(default)s)")
+    add_jetstream_target(p)
     return p
 
 
@@ -144,8 +148,8 @@ def migrate_main(argv: list[str]) -> int:
             os.fsync(tmp.fileno())
             check_hash(Path(tmp.name))
             print(f"snapshot from {target}: {size:,} bytes, SHA-256 checked; restoring", flush=True)
-            got = restore_snapshot(Path(tmp.name), data_dir, layout)
-    except (MigrateError, SnapshotError, DataDirError, LayoutError) as exc:
+            got = restore_snapshot(Path(tmp.name), data_dir, layout, jetstream=jetstream_target(args))
+    except (MigrateError, SnapshotError, DataDirError, LayoutError, JournalError) as exc:
         print(f"shardetcd migrate: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
@@ -153,6 +157,8 @@ def migrate_main(argv: list[str]) -> int:
         return 2
     from .cli import restored
 
+    journal = f" --journal-url {','.join(args.journal_urls)} --journal-prefix {args.journal_prefix}" \
+        if args.journal_urls else ""
     print(f"migrated {target} at revision {got['revision']} into {data_dir} in {time.monotonic() - started:.1f} s: "
-          f"{restored(got)}; start it with: shardetcd --data-dir {data_dir}")
+          f"{restored(got)}; start it with: shardetcd --data-dir {data_dir}{journal}")
     return 0

@@ -52,6 +52,32 @@ def test_migrate_a_live_etcd_keeps_every_revision_lease_and_user(tmp_path):
         server.stop()
 
 
+def test_migrate_into_a_jetstream_journal(nats, tmp_path):
+    """--journal-url: the live etcd's data lands in JetStream (the checkpoints in its buckets), and a
+    writer on those streams serves the same view and history."""
+    from tests.nats_fixture import shardetcd_on as on_nats
+
+    etcd = start_etcd(tmp_path / "etcd", binary=ETCD35)
+    try:
+        with grpc.insecure_channel(etcd.endpoint) as ch:
+            loaded = load(ch)
+            before = view(ch, loaded)
+            events = watch_events(ch, loaded.compact + 1, loaded.latest)
+        r = migrate("--from", etcd.client_url, "--data-dir", str(tmp_path / "j" / "data"), "--user", "root:rootpw",
+                    "--journal-url", nats.urls, "--journal-prefix", "migrated")
+        assert r.returncode == 0, r.stderr
+        assert f"--journal-url {nats.urls} --journal-prefix migrated" in r.stdout, r.stdout
+    finally:
+        etcd.stop()
+    server = on_nats(nats, tmp_path / "j", "--journal-prefix", "migrated").start()
+    try:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            assert view(ch, loaded) == before
+            assert watch_events(ch, loaded.compact + 1, loaded.latest) == events
+    finally:
+        server.stop()
+
+
 def test_migrate_refusals_are_one_line(tmp_path):
     unreachable = migrate("--from", f"http://127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "d"),
                           "--dial-timeout", "1")
