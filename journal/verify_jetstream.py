@@ -93,8 +93,9 @@ async def connect(urls: tuple[str, ...], timeout_s: float = 5.0):
 
 
 async def verify_jetstream(urls: tuple[str, ...], prefix: str,
-                           config: JournalConfig = JournalConfig()) -> list[StreamReport]:
-    """One report per journal stream of ``prefix``, in name order."""
+                           config: JournalConfig = JournalConfig()) -> tuple[list[StreamReport], dict[str, int]]:
+    """One report per journal stream of ``prefix``, in name order; and the revision each writer
+    (by role: its default shard's or partition's name) said it acknowledged writes up to."""
     from nats.errors import Error as NatsError
 
     nc = await connect(urls)
@@ -112,9 +113,46 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str,
             except (NatsError, asyncio.TimeoutError) as exc:
                 raise JournalUnreachable(f"NATS at {','.join(urls)} stopped answering while stream "
                                          f"{info.config.name} was read: {exc!r}") from None
-        return reports
+        return reports, await _acknowledged(js, prefix)
     finally:
         await nc.close()
+
+
+async def _acknowledged(js, prefix: str) -> dict[str, int]:
+    """``acknowledged.<role>`` of the meta bucket (journal/jetstream.py, shards/store.py)."""
+    from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
+
+    try:
+        kv = await js.key_value(f"{prefix}-meta")
+        keys = await kv.keys()
+    except (BucketNotFoundError, NoKeysError, NotFoundError):
+        return {}
+    found = {}
+    for key in keys:
+        if key.startswith("acknowledged."):
+            try:
+                found[key.removeprefix("acknowledged.")] = int((await kv.get(key)).value.decode())
+            except (NotFoundError, ValueError):
+                continue
+    return found
+
+
+def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int], prefix: str) -> tuple[list[str], bool]:
+    """What the writers said they acknowledged, against what the streams and checkpoints hold; and
+    whether acknowledged records are certainly gone (no stream nor checkpoint reaches that far).
+    Which streams are a role's needs its layout: a revision some stream holds is not checked to be
+    whole on every shard (a start checks that)."""
+    held = max([0, *(r.last_rev or 0 for r in reports), *(c.rev for r in reports for c in r.checkpoints)])
+    lines, gone = [], False
+    for role, rev in sorted(acknowledged.items()):
+        where = f"key acknowledged.{role} of {prefix}-meta"
+        if rev > held:
+            gone = True
+            lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but no stream or checkpoint "
+                         f"holds a revision past {held}: acknowledged records are gone, and a start refuses them")
+        else:
+            lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}); the streams reach {held}")
+    return lines, gone
 
 
 def _is_journal(cfg, prefix: str) -> bool:

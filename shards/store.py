@@ -124,6 +124,7 @@ class Store:
         self.acknowledged = 0  # the revision up to which the last writer acknowledged writes (0: unknown)
         self.acknowledged_where = ("", "")  # where that was read, and how an operator drops it
         self._acknowledging: asyncio.Task | None = None  # a replicated journal's writer: publishes it
+        self._published = 0  # the acknowledged revision last published
         self.lease_renewals = 0  # leases renewed by keep-alives (etcd_debugging_lease_renewed_total)
         self.counts = MvccCounts()
         self.on_lease_granted: Callable[[int], None] | None = None  # told each granted TTL (a histogram)
@@ -214,17 +215,20 @@ class Store:
         every ACKNOWLEDGED_EVERY_S. A writer that starts later can then tell journal records that were
         acknowledged and are gone (a stream deleted or lost) from records never acknowledged, instead
         of cutting the other streams' acknowledged records above the hole (recovery)."""
-        key, published = acknowledged_key(self.config.layout), self.acknowledged
+        self._published = self.acknowledged
         while True:
             await asyncio.sleep(ACKNOWLEDGED_EVERY_S)
-            committed = self.committed
-            if committed <= published:
-                continue
-            try:
-                await self.log.put_meta(key, str(committed))
-                published = committed
-            except Exception as exc:  # noqa: BLE001 - NATS away: the writes wait too; tried again next time
-                logger.debug("acknowledged revision not published rev=%d error=%s", committed, exc)
+            await self._publish_committed()
+
+    async def _publish_committed(self) -> None:
+        committed = self.committed
+        if committed <= self._published:
+            return
+        try:
+            await self.log.put_meta(acknowledged_key(self.config.layout), str(committed))
+            self._published = committed
+        except Exception as exc:  # noqa: BLE001 - NATS away: the writes wait too; tried again next time
+            logger.debug("acknowledged revision not published rev=%d error=%s", committed, exc)
 
     # -- following another writer ------------------------------------------
 
@@ -315,6 +319,11 @@ class Store:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if self._acknowledging is not None and self.failure is None:  # a clean stop: the last second's too
+            try:
+                await asyncio.wait_for(self._publish_committed(), ACKNOWLEDGED_EVERY_S)
+            except asyncio.TimeoutError:
+                pass
         if self._compaction is not None:
             self._compaction.cancel()
             await asyncio.gather(self._compaction, return_exceptions=True)

@@ -417,7 +417,7 @@ def journal_main(argv: list[str]) -> int:
 
 def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str) -> int:
     from journal.errors import JournalUnreachable
-    from journal.verify_jetstream import report_lines, verify_jetstream
+    from journal.verify_jetstream import acknowledged_lines, report_lines, verify_jetstream
 
     if command == "repair":
         print("shardetcd: journal repair is for local segment files only: JetStream stores each message whole "
@@ -426,19 +426,22 @@ def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str)
         return 2
     where = f"prefix {prefix} at {','.join(urls)}"
     try:
-        reports = asyncio.run(verify_jetstream(urls, prefix))
+        reports, acknowledged = asyncio.run(verify_jetstream(urls, prefix))
     except JournalUnreachable as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
-    if not reports:
+    if not reports and not acknowledged:
         print(f"shardetcd: no journal streams with {where}", file=sys.stderr)
         return 2
-    for line in report_lines(reports):
+    ack_lines, gone = acknowledged_lines(reports, acknowledged, prefix)
+    for line in [*report_lines(reports), *ack_lines]:
         print(line)
     damaged = [r.shard for r in reports if not r.sound]
     verdict = f"{len(damaged)} damaged ({', '.join(damaged)})" if damaged else "all sound"
+    if gone:
+        verdict += "; acknowledged records are gone"
     print(f"summary: {len(reports)} streams, {where}: {verdict}")
-    return 1 if damaged else 0
+    return 1 if damaged or gone else 0
 
 
 def _journal_command(command: str, shards: list[Path], data_dir: Path) -> int:

@@ -45,6 +45,15 @@ def on_nats(urls: str, fn):
     return asyncio.run(go())
 
 
+async def acknowledged(js) -> int:
+    from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+
+    try:
+        return int((await (await js.key_value("shardetcd-meta")).get("acknowledged.default")).value)
+    except (BucketNotFoundError, KeyNotFoundError):
+        return 0
+
+
 async def stream_states(js) -> dict[str, tuple[int, int, int]]:
     return {i.config.name: (i.state.first_seq, i.state.last_seq, i.state.messages)
             for i in await js.streams_info() if i.config.name.startswith("shardetcd_")}
@@ -78,6 +87,10 @@ def test_verify_a_jetstream_journal(nats, tmp_path):
                 kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (i % 40), value=b"v" * 1000), timeout=10)
             kv.Put(pb.PutRequest(key=b"/registry/leases/ns/l", value=b"l"), timeout=10)
             before = settled(nats.urls)  # the server's last checkpoint and purge done
+            deadline = time.monotonic() + 30
+            while on_nats(nats.urls, acknowledged) < 302:  # the writer publishes it about once a second
+                assert time.monotonic() < deadline, "the writer never published its acknowledged revision"
+                time.sleep(0.2)
             assert before["shardetcd_pods"][0] > 1, "the pods stream was never purged up to a checkpoint"
 
             healthy = journal("verify", "--journal-url", nats.urls)  # while the server runs
@@ -98,6 +111,8 @@ def test_verify_a_jetstream_journal(nats, tmp_path):
             assert "leases: stream shardetcd_leases: ok, 3 messages (seq 1..3), 1 records, 1 fences, 1 cuts, " \
                    "revs 302..302" in out, out
             assert out.strip().splitlines()[-1] == (f"summary: 5 streams, prefix shardetcd at {nats.urls}: all sound")
+            assert line_of(out, "acknowledged: ") == ("acknowledged: default: writes up to revision 302 (key "
+                                                     "acknowledged.default of shardetcd-meta); the streams reach 302")
 
             assert on_nats(nats.urls, stream_states) == before, "verify must change nothing"
             after = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/after", value=b"v"), timeout=10)
@@ -124,6 +139,18 @@ def test_verify_a_jetstream_journal(nats, tmp_path):
     assert "were purged, but shardetcd_pods-checkpoints holds no checkpoint" in pods
     assert "pods: shardetcd_pods-checkpoints: no checkpoint" in out.splitlines()
     assert out.strip().splitlines()[-1] == f"summary: 5 streams, prefix shardetcd at {nats.urls}: 2 damaged (nodes, pods)"
+
+    async def delete_streams(js):  # the journals lost, the writer's word on what it acknowledged kept
+        for name in ("leases", "events", "pods", "nodes", "default"):
+            await js.delete_stream(f"shardetcd_{name}")
+
+    on_nats(nats.urls, delete_streams)
+    lost = journal("verify", "--journal-url", nats.urls)
+    assert lost.returncode == 1, (lost.stdout, lost.stderr)
+    assert lost.stdout.strip().splitlines() == [
+        "acknowledged: default: writes up to revision 303 (key acknowledged.default of shardetcd-meta), but no stream "
+        "or checkpoint holds a revision past 0: acknowledged records are gone, and a start refuses them",
+        f"summary: 0 streams, prefix shardetcd at {nats.urls}: all sound; acknowledged records are gone"]
 
 
 def test_verify_and_repair_answer_in_one_line(nats, tmp_path):
