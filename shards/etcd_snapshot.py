@@ -144,9 +144,13 @@ class Imported:
 
     def rows(self, sid: int) -> Iterator[tuple[bytes, bytes]]:
         """(row key, serialized KeyValue) of shard ``sid``, in revision order."""
+        return self.rows_of((sid,))
+
+    def rows_of(self, routes: tuple[int, ...]) -> Iterator[tuple[bytes, bytes]]:
+        """The rows routed to any of ``routes``, in revision order."""
         route = self.route
         for i, (k, v) in enumerate(_bucket_items(self.db, KEY)):
-            if route[i] == sid:
+            if route[i] in routes:
                 yield to_row_key(k), v
 
 

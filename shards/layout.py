@@ -70,6 +70,11 @@ class Layout:
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
+def partition_layout(name: str) -> Layout:
+    """The layout of one ``shardetcd cluster`` partition's process: one shard, named after it."""
+    return Layout((ShardSpec(name, ()),))
+
+
 def parse_layout(text: str, source: str = "<layout>") -> Layout:
     try:
         doc = tomllib.loads(text)

@@ -213,6 +213,26 @@ def load_cluster_layout(path: Path) -> ClusterLayout:
     return parse_cluster_layout(text, str(path))
 
 
+def everyones(key: bytes) -> bool:
+    """A key that names no resource (``compact_rev_key``, ``/registry/health``): every partition
+    keeps its own, as kube-apiserver sends it to each endpoint it uses."""
+    return not key.startswith(REGISTRY) or key.find(b"/", len(REGISTRY)) < 0
+
+
+class PartitionRouter:
+    """A key's partition, by index in the layout, or ``EVERY`` for a key each keeps (a snapshot's
+    rows into partitions: shards/snapshot.py)."""
+
+    EVERY = 0xFE
+
+    def __init__(self, layout: ClusterLayout) -> None:
+        self.router = Router(layout.key_layout())
+        self.default = self.router.default
+
+    def shard_for_key(self, key: bytes) -> int:
+        return self.EVERY if everyones(key) else self.router.shard_for_key(key)
+
+
 class PartitionGuard:
     """Answers whether a key may be written on one partition.
 
@@ -229,7 +249,7 @@ class PartitionGuard:
 
     def owner(self, key: bytes) -> str | None:
         """The partition ``key`` must live on, or None if it is not ours to refuse."""
-        if not key.startswith(REGISTRY) or key.find(b"/", len(REGISTRY)) < 0:
+        if everyones(key):
             return None
         pid = self.router.shard_for_key(key)
         return None if pid == self.mine else self.layout.partitions[pid].name

@@ -44,7 +44,8 @@ from .bbolt import PAGE_SIZE, BoltError, BoltPlan, BoltReader, plan_file, write_
 from .datadir import DataDir, claim_wal_dir
 from .errors import DataDirError, SnapshotError
 from .etcd_snapshot import HASH_BYTES, Content, Imported, buckets, import_db
-from .layout import Layout, Router
+from .layout import Layout, Router, partition_layout
+from .partition import ClusterLayout, PartitionRouter
 from .lease import encode_lease_table
 from .record import encode_extra_meta
 from .shard import checkpoint_meta
@@ -111,7 +112,8 @@ class SnapshotStream:
 # -- restore -------------------------------------------------------------------
 
 def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Path | None = None,
-                     skip_hash_check: bool = False, jetstream: JetStreamConfig | None = None) -> dict:
+                     skip_hash_check: bool = False, jetstream: JetStreamConfig | None = None,
+                     cluster: ClusterLayout | None = None) -> dict:
     """Make a new shardetcd ``data_dir`` of an etcd snapshot; returns what it held.
 
     Everything is read and checked before anything is written.  The data dir
@@ -129,7 +131,14 @@ def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Pa
     ``jetstream``: the journals are JetStream's (the server's --journal-url and --journal-prefix):
     each shard's checkpoint goes to its stream's checkpoint bucket instead of the data dir, the
     writer's acknowledged revision becomes the restored one, and the data dir records that journal.
-    The streams must hold no message yet (a new prefix, as a new data dir)."""
+    The streams must hold no message yet (a new prefix, as a new data dir).
+
+    ``cluster``: a ``shardetcd cluster`` layout instead of ``layout``: ``data_dir`` is the cluster's
+    (each partition's data dir ``data_dir/<name>``, its journal ``wal_dir/<name>`` or its stream
+    ``<prefix>_<name>``), and each partition gets the keys of its resources, the keys every
+    partition keeps (those naming no resource), every lease and the auth state, at the snapshot's
+    revision: each is the etcd that kube-apiserver's --etcd-servers-overrides send those resources
+    to. The dirs are built beside ``data_dir`` and renamed into place together."""
     data_dir = data_dir.absolute()
     if jetstream is not None and wal_dir is not None:
         raise DataDirError("--wal-dir places a local journal: not with --journal-url (the journal is in JetStream)")
@@ -144,15 +153,19 @@ def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Pa
                                "or no --wal-dir (the journals then live in the data dir)")
     view, hashed = _mapped(snapshot, skip_hash_check)
     if jetstream is not None:
-        asyncio.run(_jetstream_unused(jetstream, layout))
+        asyncio.run(_jetstream_unused(jetstream, layout.names if cluster is None else cluster.names))
     try:
-        imported = import_db(BoltReader(view), Router(layout))
+        imported = import_db(BoltReader(view), Router(layout) if cluster is None else PartitionRouter(cluster))
     except (BoltError, SnapshotError) as exc:
         raise SnapshotError(f"{snapshot}: {exc}") from None
-    _build(imported, data_dir, layout, wal_dir, jetstream)
+    if cluster is None:
+        _build(imported, data_dir, layout, wal_dir, jetstream)
+    else:
+        _build_cluster(imported, data_dir, cluster, wal_dir, jetstream)
     return {"revision": imported.revision, "compact_revision": imported.compact_rev,
             "keys": imported.keys_live, "rows": len(imported.route), "leases": len(imported.leases),
-            "users": len(imported.auth.users), "roles": len(imported.auth.roles), "hashed": hashed}
+            "users": len(imported.auth.users), "roles": len(imported.auth.roles), "hashed": hashed,
+            "partitions": [] if cluster is None else cluster.names}
 
 
 def _mapped(snapshot: Path, skip_hash_check: bool = False) -> tuple[memoryview, bool]:
@@ -194,11 +207,52 @@ def _check_frame(snapshot: Path, view: memoryview, size: int, skip_hash_check: b
     return hashed
 
 
+class _PartitionRows:
+    """A snapshot's rows for one partition (its own and every partition's), the rest as imported."""
+
+    def __init__(self, imported: Imported, pid: int) -> None:
+        self.imported, self.pid = imported, pid
+        self.revision, self.compact_rev = imported.revision, imported.compact_rev
+        self.leases, self.auth = imported.leases, imported.auth
+
+    def rows(self, sid: int) -> Iterator[tuple[bytes, bytes]]:  # a partition's layout is one shard
+        return self.imported.rows_of((self.pid, PartitionRouter.EVERY))
+
+
+def _build_cluster(imported: Imported, data_dir: Path, cluster: ClusterLayout, wal_dir: Path | None,
+                   jetstream: JetStreamConfig | None) -> None:
+    """Every partition's data dir, built together beside ``data_dir`` and renamed into place at
+    once; then the wal dirs."""
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=data_dir.parent, prefix=f".{data_dir.name}.restoring-") as building:
+        new = Path(building) / "cluster"
+        new.mkdir()
+        members = {}
+        for pid, p in enumerate(cluster.partitions):
+            members[p.name] = _build(_PartitionRows(imported, pid), new / p.name, partition_layout(p.name),
+                                     None if wal_dir is None else wal_dir / p.name, jetstream, make_wal=False)
+        _fsync_tree(new)
+        if data_dir.exists():
+            data_dir.rmdir()  # empty, checked above
+        os.rename(new, data_dir)
+        fsync_dir(data_dir.parent)
+    if wal_dir is not None:
+        for name, member_id in members.items():
+            _make_wal_dir(wal_dir / name, data_dir / name, member_id)
+
+
+def _make_wal_dir(wal_dir: Path, data_dir: Path, member_id: int) -> None:
+    wal_dir.mkdir(mode=0o700, parents=True)  # private, as etcd makes its wal dir
+    claim_wal_dir(wal_dir, data_dir, member_id)
+    fsync_dir(wal_dir.parent)
+
+
 def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | None = None,
-           jetstream: JetStreamConfig | None = None) -> None:
+           jetstream: JetStreamConfig | None = None, make_wal: bool = True) -> int:
     """Write the data dir beside ``data_dir``, then rename it into place; then make and mark
     ``wal_dir``, which its meta.json names (a restore stopped before that leaves no wal dir:
-    the server's first start makes it, as any first start with --wal-dir does)."""
+    the server's first start makes it, as any first start with --wal-dir does). Returns the
+    data dir's member id."""
     rev, compact = imported.revision, imported.compact_rev
     tables = encode_extra_meta(encode_lease_table(imported.leases), encode_auth_table(imported.auth))
     default = len(layout.shards) - 1  # the lease and auth tables live in the default shard's checkpoints
@@ -225,21 +279,20 @@ def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | N
             data_dir.rmdir()  # empty, checked above
         os.rename(new, data_dir)
         fsync_dir(data_dir.parent)
-        if wal_dir is not None:
-            wal_dir.mkdir(mode=0o700, parents=True)  # private, as etcd makes its wal dir
-            claim_wal_dir(wal_dir, data_dir, datadir.member_id)
-            fsync_dir(wal_dir.parent)
+    if wal_dir is not None and make_wal:
+        _make_wal_dir(wal_dir, data_dir, datadir.member_id)
+    return datadir.member_id
 
 
-async def _jetstream_unused(config: JetStreamConfig, layout: Layout) -> None:
+async def _jetstream_unused(config: JetStreamConfig, names: list[str]) -> None:
     """Refuse journal streams that hold any message: they are another deployment's (or this
     one's, running), and a restore starts a journal anew."""
     from nats.js.errors import NotFoundError
 
     log = await JetStreamLog(config).connect()
     try:
-        for spec in layout.shards:
-            stream = log.stream_name(spec.name)
+        for name in names:
+            stream = log.stream_name(name)
             try:
                 info = await retrying(f"stream {stream}", lambda: log.js.stream_info(stream))
             except NotFoundError:

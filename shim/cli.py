@@ -299,6 +299,7 @@ def snapshot_main(argv: list[str]) -> int:
     r.add_argument("--wal-dir", type=Path, default=None,
                    help="where the journals go (must not exist; etcd's --wal-dir): start the server with the same "
                         "--wal-dir (default: in the data dir)")
+    add_cluster_target(r)
     add_jetstream_target(r)
     r.add_argument("--skip-hash-check", action="store_true",
                    help="do not check the SHA-256 at the snapshot's end (a copy of member/snap/db, which has none, "
@@ -319,7 +320,7 @@ def snapshot_main(argv: list[str]) -> int:
     jetstream = jetstream_target(args)
     try:
         got = restore_snapshot(args.file, args.data_dir, load_layout(args.shard_layout), args.wal_dir,
-                               args.skip_hash_check, jetstream)
+                               args.skip_hash_check, jetstream, cluster_target(args))
     except (SnapshotError, DataDirError, LayoutError, JournalError) as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
@@ -327,7 +328,9 @@ def snapshot_main(argv: list[str]) -> int:
         print(f"shardetcd: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     into = f"{args.data_dir.absolute()}" + (f" (journals in {args.wal_dir.absolute()})" if args.wal_dir else "") + (
-        f" (journals in JetStream, prefix {args.journal_prefix})" if jetstream else "")
+        f" (journals in JetStream, prefix {args.journal_prefix})" if jetstream else "") + (
+        f" (partitions {', '.join(got['partitions'])}: start it with `shardetcd cluster --layout "
+        f"{args.cluster_layout} --data-dir {args.data_dir}`)" if got.get("partitions") else "")
     print(f"restored {args.file} at revision {got['revision']} into {into}: {restored(got)}")
     return 0
 
@@ -341,6 +344,24 @@ def add_jetstream_target(p: argparse.ArgumentParser) -> None:
                    help="with --journal-url: the server's --journal-prefix (default: %(default)s)")
     p.add_argument("--journal-replicas", type=_positive_int, default=ServerConfig().journal_replicas,
                    help="with --journal-url: replicas of the streams and buckets it makes (default: %(default)s)")
+
+
+def add_cluster_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster-layout", type=Path, default=None,
+                   help="a `shardetcd cluster` layout: the data dir is the cluster's, each partition's keys in "
+                        "DIR/<partition> (and --wal-dir W/<partition>); not with --shard-layout")
+
+
+def cluster_target(args: argparse.Namespace):
+    """``add_cluster_target``'s ClusterLayout, or None (LayoutError when it cannot be read, or
+    comes with --shard-layout)."""
+    if args.cluster_layout is None:
+        return None
+    from shards.partition import load_cluster_layout
+
+    if args.shard_layout is not None:
+        raise LayoutError("--cluster-layout is the partitions' layout: not with --shard-layout")
+    return load_cluster_layout(args.cluster_layout)
 
 
 def jetstream_target(args: argparse.Namespace):

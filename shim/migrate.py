@@ -28,7 +28,7 @@ from shards.layout import load_layout
 from journal.errors import JournalError
 from shards.snapshot import SnapshotError, restore_snapshot
 
-from .cli import add_jetstream_target, jetstream_target
+from .cli import add_cluster_target, add_jetstream_target, cluster_target, jetstream_target
 
 PROGRESS_S = 2.0
 
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user", default=None, help="user:password, when etcd has auth enabled (root or a user with its role)")
     p.add_argument("--dial-timeout", type=float, default=10.0, help="seconds to wait for a connection (default: %(default)s)")
     add_jetstream_target(p)
+    add_cluster_target(p)
     return p
 
 
@@ -148,7 +149,8 @@ def migrate_main(argv: list[str]) -> int:
             os.fsync(tmp.fileno())
             check_hash(Path(tmp.name))
             print(f"snapshot from {target}: {size:,} bytes, SHA-256 checked; restoring", flush=True)
-            got = restore_snapshot(Path(tmp.name), data_dir, layout, jetstream=jetstream_target(args))
+            got = restore_snapshot(Path(tmp.name), data_dir, layout, jetstream=jetstream_target(args),
+                                   cluster=cluster_target(args))
     except (MigrateError, SnapshotError, DataDirError, LayoutError, JournalError) as exc:
         print(f"shardetcd migrate: {exc}", file=sys.stderr)
         return 2
@@ -159,6 +161,8 @@ def migrate_main(argv: list[str]) -> int:
 
     journal = f" --journal-url {','.join(args.journal_urls)} --journal-prefix {args.journal_prefix}" \
         if args.journal_urls else ""
+    start = (f"shardetcd cluster --layout {args.cluster_layout} --data-dir {data_dir}" if args.cluster_layout
+             else f"shardetcd --data-dir {data_dir}")
     print(f"migrated {target} at revision {got['revision']} into {data_dir} in {time.monotonic() - started:.1f} s: "
-          f"{restored(got)}; start it with: shardetcd --data-dir {data_dir}{journal}")
+          f"{restored(got)}; start it with: {start}{journal}")
     return 0

@@ -24,7 +24,7 @@ from journal.tail import LocalFollowLog, LocalMembers, write_writer_file
 from journal.tasks import awaiting, cancel_and_wait
 from shards import collector
 from shards.errors import StateStoreError
-from shards.layout import Layout, ShardSpec, load_layout
+from shards.layout import load_layout, partition_layout
 from shards.partition import PartitionGuard, load_cluster_layout
 from shards.resync import keep_following
 from shards.store import Store, StoreConfig
@@ -231,7 +231,7 @@ def partition_guard(config: ServerConfig) -> PartitionGuard | None:
 
 def store_config(config: ServerConfig) -> StoreConfig:
     # a partition process keeps its resources in one shard named after it
-    layout = Layout((ShardSpec(config.partition, ()),)) if config.partition else load_layout(config.shard_layout)
+    layout = partition_layout(config.partition) if config.partition else load_layout(config.shard_layout)
     return StoreConfig(
         data_dir=config.data_dir,
         layout=layout,

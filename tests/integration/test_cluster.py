@@ -35,14 +35,14 @@ class Cluster:
         self.argv = [sys.executable, "-m", "shim", "cluster", "--layout", str(self.layout), "--data-dir", str(self.data_dir),
                      "--state-dir", str(tmp_path / "state"), "--journal-fsync", "always"]
         self.wal_dir: Path | None = None
+        self.proc: subprocess.Popen | None = None
+        self.child_pids: dict[str, int] = {}
 
     def with_wal_dir(self, wal_dir: Path) -> Cluster:
         """Local journals in ``wal_dir``/<partition> (not with --journal-url)."""
         self.argv += ["--wal-dir", str(wal_dir)]
         self.wal_dir = wal_dir
         return self
-        self.proc: subprocess.Popen | None = None
-        self.child_pids: dict[str, int] = {}
 
     def choose_ports(self) -> None:
         self.ports = dict(zip(("leases", "events", "main"), free_ports(3)))
@@ -326,3 +326,48 @@ def test_a_follower_whose_port_is_taken_while_it_starts_moves_to_a_free_one(tmp_
                 assert pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/a"), timeout=10).header.revision >= 1
         finally:
             sup.stop_all()
+
+
+def test_a_snapshot_restores_into_the_partitions_with_their_wal_dirs(tmp_path):
+    """`snapshot restore --cluster-layout L --wal-dir W`: every partition's data dir, each with its
+    resources' keys, the keys every partition keeps and the leases, at the snapshot's revision;
+    the cluster started with --wal-dir W journals into W/<partition>; a second restore is refused."""
+    from tests.shardetcd_fixture import start_shardetcd
+
+    source = start_shardetcd(tmp_path, name="source")
+    try:
+        with grpc.insecure_channel(source.endpoint) as ch:
+            kvs = pbg.KVStub(ch)
+            lease = pbg.LeaseStub(ch).LeaseGrant(pb.LeaseGrantRequest(TTL=600), timeout=10).ID
+            for key in (b"/registry/leases/kube-node-lease/n1", b"/registry/events/ns/e1", b"/registry/pods/ns/p1",
+                        b"compact_rev_key", b"/registry/health"):
+                kvs.Put(pb.PutRequest(key=key, value=b"v", lease=lease if b"events" in key else 0), timeout=10)
+            snap = tmp_path / "snap.db"
+            snap.write_bytes(b"".join(r.blob for r in pbg.MaintenanceStub(ch).Snapshot(pb.SnapshotRequest(),
+                                                                                        timeout=30)))
+            revision = kvs.Range(pb.RangeRequest(key=b"x"), timeout=10).header.revision
+    finally:
+        source.stop()
+    cluster = Cluster(tmp_path)
+    wal = tmp_path / "wal"
+    args = [sys.executable, "-m", "shim", "snapshot", "restore", str(snap), "--data-dir", str(cluster.data_dir),
+            "--cluster-layout", str(cluster.layout), "--wal-dir", str(wal)]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "partitions leases, events, main" in r.stdout, r.stderr
+    again = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "is not empty" in again.stderr, again.stderr
+    cluster.with_wal_dir(wal).start()
+    try:
+        ttl = pbg.LeaseStub(grpc.insecure_channel(cluster.endpoint("events"))).LeaseTimeToLive(
+            pb.LeaseTimeToLiveRequest(ID=lease, keys=True), timeout=10)
+        assert ttl.TTL > 0 and list(ttl.keys) == [b"/registry/events/ns/e1"]
+        everyones = [b"/registry/health", b"compact_rev_key"]
+        for name, own in (("leases", b"/registry/leases/kube-node-lease/n1"), ("events", b"/registry/events/ns/e1"),
+                          ("main", b"/registry/pods/ns/p1")):
+            got = kv(cluster.endpoint(name)).Range(pb.RangeRequest(key=b"\0", range_end=b"\0"), timeout=10)
+            assert got.header.revision == revision and [x.key for x in got.kvs] == sorted([own, *everyones]), name
+            put = kv(cluster.endpoint(name)).Put(pb.PutRequest(key=own, value=b"after"), timeout=10)
+            assert put.header.revision == revision + 1
+            assert list((wal / name / name).glob("*.wal")), f"{name} journals into its wal dir"
+    finally:
+        cluster.stop()

@@ -150,3 +150,75 @@ def test_kube_apiserver_sees_the_same_objects_and_resource_versions_after_migrat
             api.stop()
     finally:
         server.stop()
+
+
+def test_kube_apiserver_sees_the_same_objects_on_partitions_after_migrating(tmp_path):
+    """Migrating into a `shardetcd cluster` layout (leases, events, the rest): each partition gets
+    its resources' keys at etcd's revision, and kube-apiserver pointed at the cluster's
+    --etcd-servers and --etcd-servers-overrides serves the configmaps, the node Lease and the Event
+    it wrote to etcd with their resourceVersions, and writes on to each partition."""
+    from tests.integration.test_cluster import Cluster
+    from tests.kube_fixture import require_kube_apiserver, start_kube_apiserver
+
+    require_kube_apiserver()
+    ns, cms = "moved", "/api/v1/namespaces/moved/configmaps"
+    lease_path = "/apis/coordination.k8s.io/v1/namespaces/moved/leases"
+    event_path = "/api/v1/namespaces/moved/events"
+    etcd = start_etcd(tmp_path / "etcd", binary=ETCD35)
+    cluster = Cluster(tmp_path)
+    try:
+        api = start_kube_apiserver(tmp_path / "on-etcd", [etcd.client_url])
+        try:
+            kube = api.client
+            kube.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+            for i in range(3):
+                kube.call("POST", cms, {"metadata": {"name": f"c{i}"}, "data": {"v": str(i)}})
+            kube.call("POST", lease_path, {"metadata": {"name": "node-1"}, "spec": {"holderIdentity": "node-1"}})
+            kube.call("POST", event_path, {"metadata": {"name": "e1"}, "involvedObject": {"kind": "ConfigMap",
+                      "namespace": ns, "name": "c0"}, "reason": "Moved", "message": "before"})
+
+            def seen(k):
+                return {path: sorted((o["metadata"]["name"], o["metadata"]["resourceVersion"])
+                                     for o in k.call("GET", path)["items"]) for path in (cms, lease_path, event_path)}
+
+            before = seen(kube)
+        finally:
+            api.stop()
+        r = migrate("--from", etcd.client_url, "--data-dir", str(cluster.data_dir), "--cluster-layout",
+                    str(cluster.layout))
+        assert r.returncode == 0, r.stderr
+        assert f"start it with: shardetcd cluster --layout {cluster.layout}" in r.stdout, r.stdout
+    finally:
+        etcd.stop()
+    try:
+        cluster.start()
+        flags = dict(f.lstrip("-").split("=", 1) for f in (cluster.data_dir / "kube-apiserver.flags").read_text().split())
+        api = start_kube_apiserver(tmp_path / "on-cluster", flags["etcd-servers"].split(","),
+                                   etcd_servers_overrides=flags["etcd-servers-overrides"].split(","),
+                                   extra_args=["--watch-cache-sizes=configmaps#0"])
+        try:
+            kube = api.client
+            assert seen(kube) == before
+            assert all(before.values()), before
+            for path, name in ((cms, "c1"), (lease_path, "node-1")):
+                obj = kube.call("GET", f"{path}/{name}")
+                obj["metadata"].setdefault("labels", {})["moved"] = "yes"
+                again = kube.call("PUT", f"{path}/{name}", obj)
+                assert int(again["metadata"]["resourceVersion"]) > int(obj["metadata"]["resourceVersion"])
+            assert api.bad_log_lines() == []
+        finally:
+            api.stop()
+        from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+
+        def keys(partition: str) -> list[bytes]:
+            with grpc.insecure_channel(cluster.endpoint(partition)) as ch:
+                got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/", range_end=b"/registry0", keys_only=True),
+                                           timeout=10)
+            return [kv.key for kv in got.kvs]
+
+        on_leases, on_main = keys("leases"), keys("main")  # each resource on its partition only
+        assert b"/registry/leases/moved/node-1" in on_leases and b"/registry/configmaps/moved/c1" in on_main
+        assert not any(k.startswith(b"/registry/configmaps/") for k in on_leases)
+        assert not any(k.startswith((b"/registry/leases/", b"/registry/events/")) for k in on_main)
+    finally:
+        cluster.stop()
