@@ -103,3 +103,36 @@ def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, t
     assert r.returncode == 2 and "keeps its journal in local, not nats:other" in r.stderr and \
         "snapshot restore FILE --data-dir NEW --journal-url URLS" in r.stderr, r.stderr[-2000:]
     assert restore(snap, tmp_path / "x", "--journal-url", nats.urls, "--wal-dir", str(tmp_path / "wal")).returncode == 2
+
+
+def test_a_snapshot_restores_into_the_partitions_jetstream_streams(nats, tmp_path):
+    """--cluster-layout with --journal-url: each partition's checkpoint goes to its own stream's
+    bucket (<prefix>_<partition>); a partition process started on them serves its keys."""
+    source = start_shardetcd(tmp_path, name="source")
+    try:
+        with grpc.insecure_channel(source.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            for key in KEYS:
+                kv.Put(pb.PutRequest(key=key, value=b"v"), timeout=10)
+            snap = tmp_path / "snap.db"
+            snap.write_bytes(b"".join(r.blob for r in pbg.MaintenanceStub(ch).Snapshot(pb.SnapshotRequest(),
+                                                                                        timeout=30)))
+        want_rev, want = everything(source.endpoint)
+    finally:
+        source.stop()
+    layout = tmp_path / "cluster.toml"
+    layout.write_text('[[partition]]\nname = "leases"\nresources = ["coordination.k8s.io/leases"]\n\n'
+                      '[[partition]]\nname = "main"\ndefault = true\n')
+    r = restore(snap, tmp_path / "cluster", "--cluster-layout", str(layout), "--journal-url", nats.urls,
+                "--journal-prefix", "parts")
+    assert r.returncode == 0, r.stderr
+    for name, mine in (("leases", lambda k: k.startswith(b"/registry/leases/")),
+                       ("main", lambda k: not k.startswith(b"/registry/leases/"))):
+        part = ShardetcdProcess(data_dir=tmp_path / "cluster" / name, state_dir=tmp_path / f"{name}-state",
+                                port=free_port(), log_path=tmp_path / f"{name}.log",
+                                extra_args=("--journal-url", nats.urls, "--journal-prefix", "parts", "--cluster-layout",
+                                            str(layout), "--partition", name)).start()
+        try:
+            assert everything(part.endpoint) == (want_rev, [k for k in want if mine(k[0])]), name
+        finally:
+            part.stop()
