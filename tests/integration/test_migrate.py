@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import grpc
+import pytest
 
 from tests.etcd_fixture import free_port, start_etcd
 from tests.integration.snapkit import ETCD35, load, token, view, watch_events
@@ -27,49 +28,35 @@ def shardetcd_on(data_dir: Path, tmp_path: Path) -> ShardetcdProcess:
                             log_path=tmp_path / "shardetcd.log").start()
 
 
-def test_migrate_a_live_etcd_keeps_every_revision_lease_and_user(tmp_path):
+@pytest.mark.parametrize("journal", ["local", "jetstream"])
+def test_migrate_a_live_etcd_keeps_every_revision_lease_and_user(request, tmp_path, journal):
+    """Into the local journal, or (--journal-url) into JetStream, the checkpoints in its buckets:
+    the server on it serves the same view and history as the etcd did."""
+    nats = request.getfixturevalue("nats") if journal == "jetstream" else None
+    to_nats = ("--journal-url", nats.urls, "--journal-prefix", "migrated") if nats else ()
     etcd = start_etcd(tmp_path / "etcd", binary=ETCD35)
     try:
         with grpc.insecure_channel(etcd.endpoint) as ch:
             loaded = load(ch)  # leaves auth enabled: migrate logs in as root
             before = view(ch, loaded)
             events = watch_events(ch, loaded.compact + 1, loaded.latest)
-        data_dir = tmp_path / "migrated"
-        r = migrate("--from", etcd.client_url, "--data-dir", str(data_dir), "--user", "root:rootpw")
+        data_dir = tmp_path / "migrated" / "data"
+        r = migrate("--from", etcd.client_url, "--data-dir", str(data_dir), "--user", "root:rootpw", *to_nats)
         assert r.returncode == 0, r.stderr
         assert f"migrated {etcd.endpoint} at revision {loaded.latest} into {data_dir}" in r.stdout
-        assert "SHA-256 checked" in r.stdout and not list(tmp_path.glob(".migrated.migrate-*"))
+        assert f"start it with: shardetcd --data-dir {data_dir}{' ' if to_nats else ''}{' '.join(to_nats)}" \
+            in r.stdout, r.stdout
+        assert "SHA-256 checked" in r.stdout and not list(data_dir.parent.glob(".data.migrate-*"))
         again = migrate("--from", etcd.client_url, "--data-dir", str(data_dir), "--user", "root:rootpw")
         assert again.returncode == 2 and again.stderr.count("\n") == 1 and "is not empty" in again.stderr
     finally:
         etcd.stop()
-    server = shardetcd_on(data_dir, tmp_path)
-    try:
-        with grpc.insecure_channel(server.endpoint) as ch:
-            assert view(ch, loaded) == before
-            assert watch_events(ch, loaded.compact + 1, loaded.latest) == events
-    finally:
-        server.stop()
+    if nats:
+        from tests.nats_fixture import shardetcd_on as on_nats
 
-
-def test_migrate_into_a_jetstream_journal(nats, tmp_path):
-    """--journal-url: the live etcd's data lands in JetStream (the checkpoints in its buckets), and a
-    writer on those streams serves the same view and history."""
-    from tests.nats_fixture import shardetcd_on as on_nats
-
-    etcd = start_etcd(tmp_path / "etcd", binary=ETCD35)
-    try:
-        with grpc.insecure_channel(etcd.endpoint) as ch:
-            loaded = load(ch)
-            before = view(ch, loaded)
-            events = watch_events(ch, loaded.compact + 1, loaded.latest)
-        r = migrate("--from", etcd.client_url, "--data-dir", str(tmp_path / "j" / "data"), "--user", "root:rootpw",
-                    "--journal-url", nats.urls, "--journal-prefix", "migrated")
-        assert r.returncode == 0, r.stderr
-        assert f"--journal-url {nats.urls} --journal-prefix migrated" in r.stdout, r.stdout
-    finally:
-        etcd.stop()
-    server = on_nats(nats, tmp_path / "j", "--journal-prefix", "migrated").start()
+        server = on_nats(nats, data_dir.parent, "--journal-prefix", "migrated").start()
+    else:
+        server = shardetcd_on(data_dir, tmp_path)
     try:
         with grpc.insecure_channel(server.endpoint) as ch:
             assert view(ch, loaded) == before
