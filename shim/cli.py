@@ -329,10 +329,21 @@ def snapshot_main(argv: list[str]) -> int:
         return 2
     into = f"{args.data_dir.absolute()}" + (f" (journals in {args.wal_dir.absolute()})" if args.wal_dir else "") + (
         f" (journals in JetStream, prefix {args.journal_prefix})" if jetstream else "") + (
-        f" (partitions {', '.join(got['partitions'])}: start it with `shardetcd cluster --layout "
-        f"{args.cluster_layout} --data-dir {args.data_dir}`)" if got.get("partitions") else "")
-    print(f"restored {args.file} at revision {got['revision']} into {into}: {restored(got)}")
+        f" (partitions {', '.join(got['partitions'])})" if got["partitions"] else "")
+    print(f"restored {args.file} at revision {got['revision']} into {into}: {restored(got)}; "
+          f"start it with: {start_command(args)}")
     return 0
+
+
+def start_command(args: argparse.Namespace) -> str:
+    """How to start a server (or cluster) on what a restore or migrate made."""
+    words = ["shardetcd", "cluster", "--layout", str(args.cluster_layout)] if args.cluster_layout else ["shardetcd"]
+    words += ["--data-dir", str(args.data_dir.absolute())]
+    if getattr(args, "wal_dir", None):
+        words += ["--wal-dir", str(args.wal_dir.absolute())]
+    if args.journal_urls:
+        words += ["--journal-url", ",".join(args.journal_urls), "--journal-prefix", args.journal_prefix]
+    return " ".join(words)
 
 
 def add_jetstream_target(p: argparse.ArgumentParser) -> None:

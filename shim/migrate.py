@@ -157,12 +157,8 @@ def migrate_main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"shardetcd migrate: {exc.filename or data_dir}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    from .cli import restored
+    from .cli import restored, start_command
 
-    journal = f" --journal-url {','.join(args.journal_urls)} --journal-prefix {args.journal_prefix}" \
-        if args.journal_urls else ""
-    start = (f"shardetcd cluster --layout {args.cluster_layout} --data-dir {data_dir}" if args.cluster_layout
-             else f"shardetcd --data-dir {data_dir}")
     print(f"migrated {target} at revision {got['revision']} into {data_dir} in {time.monotonic() - started:.1f} s: "
-          f"{restored(got)}; start it with: {start}{journal}")
+          f"{restored(got)}; start it with: {start_command(args)}")
     return 0

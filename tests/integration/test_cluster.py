@@ -354,6 +354,8 @@ def test_a_snapshot_restores_into_the_partitions_with_their_wal_dirs(tmp_path):
             "--cluster-layout", str(cluster.layout), "--wal-dir", str(wal)]
     r = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "partitions leases, events, main" in r.stdout, r.stderr
+    assert r.stdout.rstrip().endswith(f"; start it with: shardetcd cluster --layout {cluster.layout} --data-dir "
+                                      f"{cluster.data_dir} --wal-dir {wal}"), r.stdout
     again = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "is not empty" in again.stderr, again.stderr
     cluster.with_wal_dir(wal).start()

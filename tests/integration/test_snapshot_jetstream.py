@@ -57,6 +57,8 @@ def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, t
     js = ("--journal-url", nats.urls, "--journal-prefix", "restored")
     r = restore(snap, tmp_path / "w" / "data", *js)
     assert r.returncode == 0 and "journals in JetStream, prefix restored" in r.stdout, r.stderr
+    assert r.stdout.rstrip().endswith(f"start it with: shardetcd --data-dir {tmp_path / 'w' / 'data'} --journal-url "
+                                      f"{nats.urls} --journal-prefix restored"), r.stdout
     assert not list((tmp_path / "w" / "data").rglob("*.ckpt")), "the checkpoints are in JetStream only"
     writer = shardetcd_on(nats, tmp_path / "w", "--journal-prefix", "restored").start()
     follower = shardetcd_on(nats, tmp_path / "f", "--journal-prefix", "restored", "--follow").start()
