@@ -374,10 +374,7 @@ class WatchHub:
             if events is None:
                 w.stream.fall_behind(w)
             elif events:
-                if w.prev_kv:
-                    self._count_prev_reads(events)
-                w.stream.put(Message(w.id, last, events, fragment=w.fragment))
-                w.sent_since_tick = True
+                self._send(w, last, events)
 
     def _deliver(self, batches: dict[Watcher, list[Event] | None], w: Watcher, rev: int, change: Change,
                  shared: list[Event | None]) -> None:
@@ -400,10 +397,13 @@ class WatchHub:
                 ev = shared[i] = self._event(w, rev, change.key, change.kind, change.row)
             events.append(ev)
 
-    def _count_prev_reads(self, events: list[Event]) -> None:
-        """etcd reads each previous value a prev_kv watcher is sent (not for a key's creation):
-        a range each, in its etcd_mvcc_range_total."""
-        self.store.counts.ranges += sum(1 for ev in events if ev.kind == DELETE or ev.prev_kv is not None)
+    def _send(self, w: Watcher, header_rev: int, events: list[Event]) -> None:
+        """Events to ``w``'s stream (live or caught up). etcd reads each previous value a prev_kv
+        watcher is sent (not for a key's creation): a range each, in its etcd_mvcc_range_total."""
+        if w.prev_kv:
+            self.store.counts.ranges += sum(1 for ev in events if ev.kind == DELETE or ev.prev_kv is not None)
+        w.stream.put(Message(w.id, header_rev, events, fragment=w.fragment))
+        w.sent_since_tick = True
 
     def _event(self, w: Watcher, rev: int, key: bytes, kind: int, row: bytes) -> Event:
         if kind == DELETE:  # tombstone rows hold the key alone; events carry the revision
@@ -431,10 +431,7 @@ class WatchHub:
         last = min(store.committed, w.next_rev + self.catchup_revs_max - 1)
         events = self.history(w, w.next_rev, last)
         if events:
-            if w.prev_kv:
-                self._count_prev_reads(events)
-            stream.put(Message(w.id, store.committed, events, fragment=w.fragment))
-            w.sent_since_tick = True
+            self._send(w, store.committed, events)
         w.next_rev = last + 1
         if last == store.committed:
             stream.unsynced.discard(w)

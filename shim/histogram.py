@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
+import time
 
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
@@ -45,6 +47,19 @@ class LoopHistogram:
             # a consistent enough copy: observers run on the loop
             family.add_metric(list(values), cumulative(self.bounds, list(child.counts), self.bound_text), child.sum)
         return family
+
+
+def exponential(start: float, count: int, factor: float = 2) -> tuple[float, ...]:
+    """Go's prometheus.ExponentialBuckets(start, factor, count)."""
+    return tuple(start * factor**i for i in range(count))
+
+
+@contextlib.contextmanager
+def timed(histogram: LoopHistogram):
+    """Observe how long the block took, if it ends without an exception."""
+    start = time.perf_counter()
+    yield
+    histogram.observe(time.perf_counter() - start)
 
 
 def go_float(bound: float) -> str:

@@ -101,7 +101,7 @@ _ROTATION_FIELDS = {"filename": "string", "maxsize": "int", "maxage": "int", "ma
 
 def rotation(outputs: tuple[str, ...], config_json: str) -> Rotation:
     """--log-rotation-config-json for these --log-outputs, checked as etcd checks them (OutputError)."""
-    targets = list(dict.fromkeys(outputs or ("default",)))
+    targets = _targets(outputs)
     files = [t for t in targets if t not in _STREAMS]
     if (len(targets) == 1 and not files) or len(files) > 1:
         raise OutputError("--log-outputs requires a single file path when --log-rotate-config-json is defined")
@@ -120,10 +120,9 @@ def rotation(outputs: tuple[str, ...], config_json: str) -> Rotation:
     got: dict[str, object] = {}
     for key, value in member_list(raw):  # Go matches a field's name ignoring case; the first wrong type is told
         name = key.decode("utf-8", "replace").lower()
-        want = _ROTATION_FIELDS.get(name)
-        if want is None or kind_of(value) == "null":
+        want, have = _ROTATION_FIELDS.get(name), kind_of(value)
+        if want is None or have == "null":
             continue
-        have = kind_of(value)
         text = value.decode()
         if want == "int" and have == "number" and text.lstrip("-").isdigit() and -2**63 <= int(text) < 2**63:
             got[name] = int(text)
@@ -237,7 +236,7 @@ def handlers(outputs: tuple[str, ...], rotate: Rotation | None = None) -> list[l
     ``rotate``, the file target rotated."""
     made: list[logging.Handler] = []
     try:
-        for target in dict.fromkeys(outputs or ("default",)):
+        for target in _targets(outputs):
             if target in ("default", "stderr"):
                 made.append(logging.StreamHandler(sys.stderr))
             elif target == "stdout":
@@ -255,6 +254,11 @@ def handlers(outputs: tuple[str, ...], rotate: Rotation | None = None) -> list[l
             h.close()
         raise
     return made
+
+
+def _targets(outputs: tuple[str, ...]) -> list[str]:
+    """--log-outputs' targets, each once, in order (none given: default)."""
+    return list(dict.fromkeys(outputs or ("default",)))
 
 
 def check_logger(name: str) -> None:

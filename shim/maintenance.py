@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from urllib.parse import urlsplit
 
 import grpc
@@ -16,7 +15,7 @@ from shards.errors import AuthError
 from shards.etcd_snapshot import HASH_BYTES
 from shards.snapshot import SnapshotStream, freeze
 
-from .histogram import LoopHistogram, go_float
+from .histogram import LoopHistogram, exponential, go_float, timed
 from .context import NOT_THE_WRITER, READ_INDEX_METADATA, Member, abort_with, confirmed_or_abort
 from .errors import (BAD_LEADER_TRANSFEREE, DOWNGRADE_TARGET, DOWNGRADE_VERSION_FORMAT, MEMBER_BAD_URLS, MEMBER_NOT_FOUND,
                      MEMBER_NOT_LEARNER, MEMBER_NOT_SUPPORTED, NOT_ENOUGH_STARTED, PEER_URL_EXISTS,
@@ -44,20 +43,15 @@ async def _require_root(m: Member, context: grpc.aio.ServicerContext) -> None:
             await context.abort(*unconverted_auth_status(exc))
 
 
-def _exponential(start: float, count: int) -> tuple[float, ...]:
-    """Go's prometheus.ExponentialBuckets(start, 2, count)."""
-    return tuple(start * 2**i for i in range(count))
-
-
 # etcd's maintenance timings (successful calls), with its names, help texts and buckets
 DEFRAG_S = LoopHistogram("etcd_disk_backend_defrag_duration_seconds",
-                         "The latency distribution of backend defragmentation.", _exponential(0.1, 13), bound_text=go_float)
+                         "The latency distribution of backend defragmentation.", exponential(0.1, 13), bound_text=go_float)
 SNAPSHOT_S = LoopHistogram("etcd_disk_backend_snapshot_duration_seconds", "The latency distribution of backend snapshots.",
-                           _exponential(0.01, 17), bound_text=go_float)
+                           exponential(0.01, 17), bound_text=go_float)
 HASH_S = LoopHistogram("etcd_mvcc_hash_duration_seconds", "The latency distribution of storage hash operation.",
-                       _exponential(0.01, 15), bound_text=go_float)
+                       exponential(0.01, 15), bound_text=go_float)
 HASH_REV_S = LoopHistogram("etcd_mvcc_hash_rev_duration_seconds",
-                           "The latency distribution of storage hash by revision operation.", _exponential(0.01, 15),
+                           "The latency distribution of storage hash by revision operation.", exponential(0.01, 15),
                            bound_text=go_float)
 
 
@@ -94,13 +88,12 @@ class MaintenanceService:
 
     async def Defragment(self, request: pb.DefragmentRequest, context: grpc.aio.ServicerContext) -> pb.DefragmentResponse:
         await _require_root(self.m, context)
-        start = time.perf_counter()
-        Defragmenting.now += 1
-        try:
-            await self.store.defragment()
-        finally:
-            Defragmenting.now -= 1
-        DEFRAG_S.observe(time.perf_counter() - start)
+        with timed(DEFRAG_S):
+            Defragmenting.now += 1
+            try:
+                await self.store.defragment()
+            finally:
+                Defragmenting.now -= 1
         return pb.DefragmentResponse()  # etcd 3.5 answers with no header at all
 
     async def Snapshot(self, request: pb.SnapshotRequest, context: grpc.aio.ServicerContext):
@@ -108,32 +101,29 @@ class MaintenanceService:
         (a bbolt database, then its SHA-256), measured and written straight from
         the shards' RocksDB snapshots (``shards/snapshot.py``)."""
         await _require_root(self.m, context)
-        start = time.perf_counter()
-        stream = SnapshotStream(freeze(self.store))
-        db_bytes = await asyncio.to_thread(stream.measure) - HASH_BYTES
-        chunks = stream.chunks(SNAPSHOT_CHUNK_BYTES)
-        sent = 0
-        # as etcd 3.5: no header, remaining_bytes counts the database only, the SHA-256 comes last with 0
-        while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
-            sent = min(sent + len(chunk), db_bytes)
-            yield pb.SnapshotResponse(remaining_bytes=db_bytes - sent, blob=chunk)
-        SNAPSHOT_S.observe(time.perf_counter() - start)
+        with timed(SNAPSHOT_S):  # the whole stream sent (not observed when the client goes away)
+            stream = SnapshotStream(freeze(self.store))
+            db_bytes = await asyncio.to_thread(stream.measure) - HASH_BYTES
+            chunks = stream.chunks(SNAPSHOT_CHUNK_BYTES)
+            sent = 0
+            # as etcd 3.5: no header, remaining_bytes counts the database only, the SHA-256 comes last with 0
+            while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+                sent = min(sent + len(chunk), db_bytes)
+                yield pb.SnapshotResponse(remaining_bytes=db_bytes - sent, blob=chunk)
 
     async def Hash(self, request: pb.HashRequest, context: grpc.aio.ServicerContext) -> pb.HashResponse:
         await _require_root(self.m, context)
-        start = time.perf_counter()
-        h, _ = self.store.hash_kv(0)
-        HASH_S.observe(time.perf_counter() - start)
+        with timed(HASH_S):
+            h, _ = self.store.hash_kv(0)
         return pb.HashResponse(header=self.m.header(), hash=h)
 
     async def HashKV(self, request: pb.HashKVRequest, context: grpc.aio.ServicerContext) -> pb.HashKVResponse:
         await _require_root(self.m, context)
-        start = time.perf_counter()
         try:
-            h, compact = self.store.hash_kv(request.revision)
+            with timed(HASH_REV_S):  # a refused one is not observed
+                h, compact = self.store.hash_kv(request.revision)
         except Exception as exc:
             await abort_with(context, exc)
-        HASH_REV_S.observe(time.perf_counter() - start)
         return pb.HashKVResponse(header=self.m.header(), hash=h, compact_revision=compact)
 
     async def MoveLeader(self, request: pb.MoveLeaderRequest, context: grpc.aio.ServicerContext) -> pb.MoveLeaderResponse:

@@ -11,19 +11,20 @@ import resource
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from shards import collector
 
 from .config import ETCD_API_VERSION
 from .handlers import GO_CODE_NAMES, HANDLING_BUCKETS_S, RPC_STATS, Handling, Slow, Traffic
-from .histogram import LoopHistogram, cumulative, go_float
+from .histogram import LoopHistogram, cumulative, exponential, go_float
 from .maintenance import DEFRAG_S, HASH_REV_S, HASH_S, SNAPSHOT_S, Defragmenting
 from .http import HealthChecks
 
-FSYNC_BUCKETS_S = tuple(0.001 * 2**i for i in range(14))  # etcd's WAL fsync buckets
-BATCH_BYTES_BUCKETS = tuple(256 * 4**i for i in range(9))  # 256 B .. 16 MiB
+FSYNC_BUCKETS_S = exponential(0.001, 14)  # etcd's WAL fsync buckets
+BATCH_BYTES_BUCKETS = exponential(256, 9, 4)  # 256 B .. 16 MiB
 LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
-LEASE_TTL_BUCKETS_S = tuple(float(2**i) for i in range(24))  # etcd's etcd_debugging_lease_ttl_total: 1 s .. 2^23 s
+LEASE_TTL_BUCKETS_S = exponential(1.0, 24)  # etcd's etcd_debugging_lease_ttl_total: 1 s .. 2^23 s
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -274,16 +275,15 @@ class Metrics:
                                          "Per journal message a follower applied: from when the journal stored it "
                                          "to when every revision in it was applied here.", LAG_BUCKETS_S)
         member.store.follow_stats.on_lag = self.apply_lag.observe
-        self.lease_ttl = LoopHistogram("etcd_debugging_lease_ttl_total", "Bucketed histogram of lease TTLs.",
-                                       LEASE_TTL_BUCKETS_S, bound_text=go_float)
-        self.registry.register(self.lease_ttl)
-        member.store.on_lease_granted = self.lease_ttl.observe
+        member.store.on_lease_granted = self._histogram("etcd_debugging_lease_ttl_total",
+                                                        "Bucketed histogram of lease TTLs.", LEASE_TTL_BUCKETS_S,
+                                                        bound_text=go_float).observe
         for timing in (DEFRAG_S, SNAPSHOT_S, HASH_S, HASH_REV_S):
             self.registry.register(timing)
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...],
-                   labelnames: tuple[str, ...] = ()) -> LoopHistogram:
-        histogram = LoopHistogram(name, doc, buckets, labelnames)
+                   labelnames: tuple[str, ...] = (), bound_text=floatToGoString) -> LoopHistogram:
+        histogram = LoopHistogram(name, doc, buckets, labelnames, bound_text)
         self.registry.register(histogram)
         return histogram
 
