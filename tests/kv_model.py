@@ -342,11 +342,12 @@ class KVModel:
                prev_kv: bool = False) -> list[Event]:
         """The events a watch from ``start`` replays, in (revision, sub) order.
 
-        A watch from the compacted revision itself does not see that
-        revision's deletes: etcd's compaction keeps, per key, only the
-        newest revision at or below it, and not even that if it is a
-        tombstone (keyIndex.compact); the watch replays what is left in the
-        backend.  (Before a compaction that was not asked to be physical has
+        A watch from the compacted revision itself sees, of that revision,
+        only each key's last event, and only if it is a put: etcd's
+        compaction keeps, per key, only the newest revision at or below it,
+        and not even that if it is a tombstone (keyIndex.compact), so a key
+        a txn put and then deleted leaves nothing there; the watch replays
+        what is left in the backend.  (Before a compaction that was not asked to be physical has
         run, they are still there: a test should not look then.)
 
         prev_kv is what etcd's watch stream adds (v3rpc watch.go sendLoop):
@@ -357,8 +358,12 @@ class KVModel:
             raise LookupError(f"the model knows events from revision {self.watchable_from}, not {start}")
         out = []
         for rev in range(start, self.rev + 1):
-            for ev in self._events.get(rev, ()):
-                if not in_range(ev.kv.key, key, range_end) or (ev.type == DELETE and rev == self.compacted):
+            events = self._events.get(rev, ())
+            if rev == self.compacted:  # what compaction keeps: each key's last event there, if a put
+                last = {ev.kv.key: ev for ev in events}
+                events = [ev for ev in events if ev.type == PUT and last[ev.kv.key] is ev]
+            for ev in events:
+                if not in_range(ev.kv.key, key, range_end):
                     continue
                 prev = None
                 creation = ev.type == PUT and ev.kv.create_revision == ev.kv.mod_revision

@@ -126,6 +126,7 @@ class Watch:
     # stream's responses: a canceled client-chosen ID may be reused by a later watch
     span: list = field(default_factory=lambda: [[0, None], [0, None]])
     end_rev: int | None = None  # canceled when this was the current revision
+    compact_rev: int = -1  # the compaction (physical) when created
     compacted: bool = False
     failed: bool = False
 
@@ -266,7 +267,7 @@ class Harness:
 
     def create(self, stream: int, key: bytes, range_end: bytes = b"", **kw) -> Watch:
         req = pb.WatchCreateRequest(key=key, range_end=range_end, **kw)
-        w = Watch(len(self.watches), stream, req, self.rev)
+        w = Watch(len(self.watches), stream, req, self.rev, compact_rev=self.compact_rev)
         self.watches.append(w)
         before = self.ctrl_want[stream]
         for s in self.sides:
@@ -342,7 +343,11 @@ class Harness:
         if w.failed or w.compacted:
             return []
         out = []
-        for e in self.sides[0].glog_events():
+        log = self.sides[0].glog_events()
+        if w.start == w.compact_rev:  # of that revision compaction kept each key's last event, if a put
+            last = {e.kv.key: e for e in log if e.kv.mod_revision == w.start}
+            log = [e for e in log if e.kv.mod_revision != w.start or (e.type == PUT and last[e.kv.key] is e)]
+        for e in log:
             rev = e.kv.mod_revision
             if rev < w.start or (w.end_rev is not None and rev > w.end_rev):
                 continue
@@ -562,6 +567,32 @@ def test_compaction_duplicates_cancels_and_empty_ranges(harness):
     h.put(KEYS[2], b"last")
     h.progress(1)
     _check(h)
+
+
+def test_a_watch_from_the_compacted_revision_sees_what_compaction_kept(harness):
+    """Compaction keeps each key's newest revision at or below it unless that is a tombstone: at
+    the compacted revision, a key one txn put and then deleted leaves nothing, a key it deleted
+    and put again leaves the put, a key it only deleted leaves nothing. (etcd refuses a txn that
+    puts a key inside a range it deletes, but not with the range end "\\x00", which it does not
+    check.)"""
+    h = harness
+    for i in range(3):
+        h.put(KEYS[i], b"%d" % i)
+    before = h.rev
+    h.write(_txn(pb.PutRequest(key=KEYS[3], value=b"brief"),
+                 pb.DeleteRangeRequest(key=KEYS[3], range_end=b"\x00"),  # KEYS[3] and the pods after it
+                 pb.PutRequest(key=KEYS[1], value=b"again")))
+    compacted = h.rev
+    assert compacted == before + 1
+    h.put(KEYS[0], b"after")
+    h.write(pb.CompactionRequest(revision=compacted, physical=True))
+    w = h.create(0, b"\x00", b"\x00", start_revision=compacted)
+    h.create(1, b"\x00", b"\x00", start_revision=compacted, prev_kv=True)
+    h.put(KEYS[4], b"live")
+    h.progress(0)
+    _check(h)
+    etcd = h.sides[0]
+    assert [(e.type, e.kv.key) for e in etcd.events(w, 0) if e.kv.mod_revision == compacted] == [(kv_pb2.Event.PUT, KEYS[1])]
 
 
 def test_progress_response_follows_all_events_on_shardetcd(harness):
