@@ -14,8 +14,16 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from tests import durations  # noqa: E402
 from tests.etcd_fixture import EtcdProcess, etcd_binary, start_etcd  # noqa: E402
 from tests.shardetcd_fixture import ShardetcdProcess, shardetcd_member, start_shardetcd  # noqa: E402
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest files first (tests/durations.py): the workers take whole files in this order, so
+    the long ones start early instead of one of them running alone at the end."""
+    seconds = durations.load()
+    items.sort(key=lambda item: -seconds.get(item.nodeid.partition("::")[0], 0.0))  # stable: files stay whole
 
 
 def require_etcd_binary() -> str:
