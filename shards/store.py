@@ -128,6 +128,9 @@ class Store:
         self.lease_renewals = 0  # leases renewed by keep-alives (etcd_debugging_lease_renewed_total)
         self.counts = MvccCounts()
         self.on_lease_granted: Callable[[int], None] | None = None  # told each granted TTL (a histogram)
+        # told each finished compaction's timings (seconds): the loop held by all its slices, each slice
+        # followed by a pause (etcd's full batches), and the whole compaction
+        self.on_compaction: Callable[[float, list[float], float], None] | None = None
         for state in self.states:
             state.on_failure = self._fail
 
@@ -838,17 +841,26 @@ class Store:
         slice_s = self.config.slice_ms / 1000
         while self._compacted_through < self.compact_rev:
             target = self.compact_rev
+            began = time.perf_counter()
+            held, paused = 0.0, []
             for state in self.states:
                 while True:
                     await self._gate_open()  # a sliced write may be walking the keys
                     while self._reads and min(self._reads) < target:  # nor rows a sliced read will fetch
                         self._reads_done.clear()
                         await self._reads_done.wait()
-                    if state.compact_slice(target, time.perf_counter() + slice_s):
+                    start = time.perf_counter()
+                    done = state.compact_slice(target, start + slice_s)
+                    took = time.perf_counter() - start
+                    held += took
+                    if done:
                         break
+                    paused.append(took)
                     await self._pause()
             self._compacted_through = target
             self.counts.compacted_at = int(time.time())
+            if self.on_compaction is not None:
+                self.on_compaction(held, paused, time.perf_counter() - began)
             logger.info("compaction finished rev=%d", target)
 
 

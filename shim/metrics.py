@@ -278,8 +278,32 @@ class Metrics:
         member.store.on_lease_granted = self._histogram("etcd_debugging_lease_ttl_total",
                                                         "Bucketed histogram of lease TTLs.", LEASE_TTL_BUCKETS_S,
                                                         bound_text=go_float).observe
+        member.store.on_compaction = self._compaction_observer()
         for timing in (DEFRAG_S, SNAPSHOT_S, HASH_S, HASH_REV_S):
             self.registry.register(timing)
+
+    def _compaction_observer(self):
+        """etcd's compaction timings, in whole milliseconds as etcd truncates them. etcd compacts its
+        in-memory index in one pause, then the backend in batches of 1,000 revisions with a pause after
+        each full one; a shardetcd compaction does both in time slices with a pause after each but the
+        last: the index pause is the time all slices held the loop, the db pauses are those slices."""
+        index = self._histogram("etcd_debugging_mvcc_index_compaction_pause_duration_milliseconds",
+                                "Bucketed histogram of index compaction pause duration.", exponential(0.5, 14),
+                                bound_text=go_float)
+        pause = self._histogram("etcd_debugging_mvcc_db_compaction_pause_duration_milliseconds",
+                                "Bucketed histogram of db compaction pause duration.", exponential(1, 13),
+                                bound_text=go_float)
+        total = self._histogram("etcd_debugging_mvcc_db_compaction_total_duration_milliseconds",
+                                "Bucketed histogram of db compaction total duration.", exponential(100, 14),
+                                bound_text=go_float)
+
+        def observe(held: float, paused: list[float], seconds: float) -> None:
+            index.observe(int(held * 1000))
+            for s in paused:
+                pause.observe(int(s * 1000))
+            total.observe(int(seconds * 1000))
+
+        return observe
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...],
                    labelnames: tuple[str, ...] = (), bound_text=floatToGoString) -> LoopHistogram:

@@ -500,6 +500,30 @@ def test_a_large_read_yields_and_holds_compaction_back(tmp_path, run):
     run(go())
 
 
+def test_a_compaction_in_slices_reports_its_pauses(tmp_path, run):
+    """A compaction told to the metrics (etcd's compaction histograms): the loop held by every
+    slice, each slice that a pause followed, the whole; a small one is one slice and no pause."""
+
+    async def go():
+        store = await open_store(tmp_path, slice_ms=0.5)
+        seen = []
+        store.on_compaction = lambda held, paused, total: seen.append((held, paused, total))
+        keys = [b"/registry/pods/ns/p%06d" % i for i in range(20_000)]
+        for version in (b"1", b"2"):
+            for i in range(0, len(keys), 1000):
+                await store.txn(TxnReq(success=tuple(PutReq(k, version * 100) for k in keys[i : i + 1000])))
+        await store.compact(store.rev, physical=True)
+        (held, paused, total), = seen
+        assert len(paused) >= 2 and sum(paused) <= held <= total
+        await store.put(PutReq(POD, b"a"))
+        await store.put(PutReq(POD, b"b"))
+        await store.compact(store.rev - 1, physical=True)
+        assert len(seen) == 2 and seen[1][1] == []
+        await store.close()
+
+    run(go())
+
+
 def test_a_write_not_durable_in_time_times_out_and_may_still_commit(tmp_path, run):
     """etcd's request timeout: a write whose journal does not answer in time is
     answered "request timed out" (the journal is slow, or a replicated journal
