@@ -45,6 +45,25 @@ class Leader:
 
 
 REQUIRE_LEADER_METADATA = ("hasleader", "true")
+CLIENT_API_VERSION_METADATA = "client-api-version"  # clientv3 sends its API version, e.g. "3.5"
+
+
+class ClientRequests:
+    """etcd_server_client_requests_total: calls started, by type ("unary" or "stream") and the
+    client's API version ("unknown" without the metadata), counted where etcd's interceptors
+    count them: before the leader check, after grpc-go has refused a malformed unary request."""
+
+    counts: dict[tuple[str, str], int] = {}
+
+    @classmethod
+    def note(cls, kind: str, context: grpc.aio.ServicerContext) -> None:
+        version = "unknown"
+        for key, value in context.invocation_metadata() or ():
+            if key == CLIENT_API_VERSION_METADATA:
+                version = value
+                break
+        counts = cls.counts
+        counts[kind, version] = counts.get((kind, version), 0) + 1
 
 
 def requires_a_leader(context: grpc.aio.ServicerContext) -> bool:
@@ -178,6 +197,7 @@ def _unary(fn, gate, stats: RpcStats):
     async def handle(request, context):
         if type(request) is Malformed:  # grpc-go refuses it before its metrics see the call
             await _reject(context, request)
+        ClientRequests.note("unary", context)
         if Leader.missing and requires_a_leader(context):
             await context.abort(*NO_LEADER)
         stats.started += 1
@@ -215,6 +235,7 @@ async def _checked(requests, context, stats: RpcStats):
 def _streaming(fn, gate, stats: RpcStats, client_streams: bool):
     """A server-streaming or bidi handler, counted: started, received, sent, and handled with its status."""
     async def handle(request, context):
+        ClientRequests.note("stream", context)
         if Leader.missing and requires_a_leader(context):
             await context.abort(*NO_LEADER)
         stats.started += 1

@@ -16,7 +16,7 @@ from prometheus_client.utils import floatToGoString
 from shards import collector
 
 from .config import ETCD_API_VERSION
-from .handlers import GO_CODE_NAMES, HANDLING_BUCKETS_S, RPC_STATS, Handling, Slow, Traffic
+from .handlers import GO_CODE_NAMES, HANDLING_BUCKETS_S, RPC_STATS, ClientRequests, Handling, Slow, Traffic
 from .histogram import LoopHistogram, cumulative, exponential, go_float
 from .maintenance import DEFRAG_S, HASH_REV_S, HASH_S, SNAPSHOT_S, Defragmenting
 from .http import HealthChecks
@@ -159,6 +159,11 @@ class _StateCollector:
         yield _gauge("shardetcd_leases", "Leases granted and not yet revoked or expired.", len(store.leases.leases))
         yield _counter("etcd_debugging_lease_renewed", "The number of renewed leases seen by the leader.", store.lease_renewals)
         yield from self._as_etcd_counts()
+        requests = CounterMetricFamily("etcd_server_client_requests", "The total number of client requests per "
+                                       "client version.", labels=("type", "client_api_version"))
+        for (kind, version), n in list(ClientRequests.counts.items()):
+            requests.add_metric((kind, version), n)
+        yield requests
         yield _counter("etcd_network_client_grpc_received_bytes", "Bytes received from gRPC clients.", Traffic.received)
         yield _counter("etcd_network_client_grpc_sent_bytes", "Bytes sent to gRPC clients.", Traffic.sent)
         yield from self._per_shard()

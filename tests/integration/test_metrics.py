@@ -155,6 +155,9 @@ def test_grpc_server_metrics_count_as_etcds(server, real_etcd):
             health.Check(health_pb2.HealthCheckRequest())
             with pytest.raises(grpc.RpcError):
                 health.Check(health_pb2.HealthCheckRequest(service="nope"))
+            as_clientv3 = (("client-api-version", "3.5"),)  # as etcd's Go client sends it
+            kv.Range(pb.RangeRequest(key=b"a"), metadata=as_clientv3)
+            b"".join(r.blob for r in pbg.MaintenanceStub(ch).Snapshot(pb.SnapshotRequest(), metadata=as_clientv3))
         time.sleep(0.5)
 
     def grpc_counts(url: str) -> dict:
@@ -163,6 +166,8 @@ def test_grpc_server_metrics_count_as_etcds(server, real_etcd):
             d = dict(labels)
             if name.startswith("grpc_server_") and d["grpc_method"] in ("Put", "Txn", "DeleteRange", "Watch", "Check") \
                     and d["grpc_service"] in ("etcdserverpb.KV", "etcdserverpb.Watch", "grpc.health.v1.Health"):
+                counts[(name, labels)] = v
+            elif name == "etcd_server_client_requests_total":  # by type and the client's API version
                 counts[(name, labels)] = v
         return counts
 
@@ -173,6 +178,9 @@ def test_grpc_server_metrics_count_as_etcds(server, real_etcd):
     deltas = [{k: a[k] - b.get(k, 0) for k in a if a[k] - b.get(k, 0)} for a, b in zip(after, before)]
     assert deltas[0] == deltas[1]
     assert sum(v for (name, _), v in deltas[0].items() if name == "grpc_server_handled_total") == 5  # not the malformed one
+    assert {labels: v for (name, labels), v in deltas[0].items() if name == "etcd_server_client_requests_total"} == {
+        (("client_api_version", "unknown"), ("type", "unary")): 4, (("client_api_version", "unknown"), ("type", "stream")): 1,
+        (("client_api_version", "3.5"), ("type", "unary")): 1, (("client_api_version", "3.5"), ("type", "stream")): 1}
 
 
 def test_etcd_info_and_proposal_metrics_as_etcd(server, real_etcd):
