@@ -29,7 +29,7 @@ from shim.config import GRPC_SERVERS, ServerConfig
 from . import etcdtool, k8s, machine, report, runargs, scenarios as sc
 from .checkperf import check_datascale, check_perf
 from .loadgen import Pool
-from .servers import STARTERS, fsync_count, sample
+from .servers import STARTERS, sample, settled_fsync_count
 
 RESULTS = runargs.RESULTS
 LATEST = "latest-quick"
@@ -113,7 +113,7 @@ WRITE_COMMANDS = ("put", "txn-put")  # the tool's commands whose requests are al
 def run_tool_point(tool: Path, server, s: sc.Scenario, point: sc.Point, total: int) -> dict:
     writes = s.args[0] in WRITE_COMMANDS
     row = etcdtool.run(tool, server.endpoint, s, point, total, [server.pid],
-                       on_window=(lambda: fsync_count(server.metrics_url)) if writes else None)
+                       on_window=(lambda: settled_fsync_count(server.metrics_url)) if writes else None)
     f0, f1 = row.pop("window", (None, None))
     if f0 is not None and f1 is not None and f1 > f0:
         row["writes_per_fsync"] = row["n"] / (f1 - f0)  # how many writes each fdatasync covered (group commit)

@@ -190,6 +190,22 @@ def fsync_count(metrics_url: str | None) -> float | None:
     return sum(float(c) for c in counts) if counts else None
 
 
+def settled_fsync_count(metrics_url: str | None, quiet_s: float = 0.05, max_s: float = 2.0) -> float | None:
+    """``fsync_count`` once it has stopped moving (two reads ``quiet_s`` apart agree, for ``max_s`` at
+    most). A single-member etcd 3.5.1 may answer a write before its WAL fsync is counted (1 of 300
+    sequential puts in a probe; its raft leader applies an entry while the WAL saves it), so a count
+    read as the tool exits can miss the last write's fsync."""
+    deadline = time.monotonic() + max_s
+    count = fsync_count(metrics_url)
+    while count is not None and time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        again = fsync_count(metrics_url)
+        if again == count:
+            break
+        count = again
+    return count
+
+
 def cpu_seconds(pid: int) -> float:
     """utime+stime of a process (all its threads), in seconds."""
     with open(f"/proc/{pid}/stat") as f:
