@@ -157,6 +157,17 @@ class TxnResult:
     responses: tuple[RangeResult | PutResult | DeleteResult, ...]
 
 
+def kept_by_compaction(events: Iterable) -> list:
+    """Of the events of the compacted revision itself, what etcd's compaction keeps: each key's
+    last event there, and only if it is a put (keyIndex.compact keeps a key's newest revision at
+    or below the compaction, and not even that if it is a tombstone), so a key a txn put and then
+    deleted leaves nothing. ``events``: this model's or etcd's (kv_pb2.Event), both with ``.type``
+    (PUT 0) and ``.kv.key``."""
+    events = list(events)
+    last = {ev.kv.key: ev for ev in events}
+    return [ev for ev in events if ev.type == PUT and last[ev.kv.key] is ev]
+
+
 # -- key ranges ---------------------------------------------------------
 
 
@@ -343,12 +354,10 @@ class KVModel:
         """The events a watch from ``start`` replays, in (revision, sub) order.
 
         A watch from the compacted revision itself sees, of that revision,
-        only each key's last event, and only if it is a put: etcd's
-        compaction keeps, per key, only the newest revision at or below it,
-        and not even that if it is a tombstone (keyIndex.compact), so a key
-        a txn put and then deleted leaves nothing there; the watch replays
-        what is left in the backend.  (Before a compaction that was not asked to be physical has
-        run, they are still there: a test should not look then.)
+        only what compaction kept there (``kept_by_compaction``); the watch
+        replays what is left in the backend.  (Before a compaction that was
+        not asked to be physical has run, they are still there: a test
+        should not look then.)
 
         prev_kv is what etcd's watch stream adds (v3rpc watch.go sendLoop):
         the key at mod_revision - 1, read through the store, so it is absent
@@ -359,9 +368,8 @@ class KVModel:
         out = []
         for rev in range(start, self.rev + 1):
             events = self._events.get(rev, ())
-            if rev == self.compacted:  # what compaction keeps: each key's last event there, if a put
-                last = {ev.kv.key: ev for ev in events}
-                events = [ev for ev in events if ev.type == PUT and last[ev.kv.key] is ev]
+            if rev == self.compacted:
+                events = kept_by_compaction(events)
             for ev in events:
                 if not in_range(ev.kv.key, key, range_end):
                     continue

@@ -39,6 +39,7 @@ from google.protobuf import text_format
 from proto import kv_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.integration.diffkit import (MVCC_COUNTERS, Client, Outcome, counters, describe, normalise, prefix_end, same,
                                       same_counts)
+from tests.kv_model import kept_by_compaction
 from tests.watch_client import WatchClient
 
 pytestmark = pytest.mark.timeout(120)
@@ -344,10 +345,10 @@ class Harness:
             return []
         out = []
         log = self.sides[0].glog_events()
-        if w.start == w.compact_rev:  # of that revision compaction kept each key's last event, if a put
-            last = {e.kv.key: e for e in log if e.kv.mod_revision == w.start}
-            log = [e for e in log if e.kv.mod_revision != w.start or (e.type == PUT and last[e.kv.key] is e)]
-        for e in log:
+        at_start = [e for e in log if e.kv.mod_revision == w.start]
+        if w.start == w.compact_rev:
+            at_start = kept_by_compaction(at_start)
+        for e in at_start + [e for e in log if e.kv.mod_revision > w.start]:
             rev = e.kv.mod_revision
             if rev < w.start or (w.end_rev is not None and rev > w.end_rev):
                 continue
