@@ -9,6 +9,13 @@ SIGINT/SIGTERM.  Once every partition serves it prints, and writes to
 ``DIR/kube-apiserver.flags``, the ``--etcd-servers`` and
 ``--etcd-servers-overrides`` flags that point kube-apiserver at them.
 
+With ``--enable-log-rotation`` (and etcd's ``--log-rotation-config-json``), each
+process writes its log lines to ``DIR/<name>.log`` itself (``--log-outputs``) and
+rotates that file as a single server does; what it prints (the line saying it
+serves, why it could not start, a traceback) then goes to ``DIR/<name>.out``.
+Without it, both go to ``DIR/<name>.log``, which only an outside tool can rotate
+(copy and truncate: the processes hold it open).
+
 With a replicated journal (``--journal-url``) and ``--standbys``, each
 partition runs two processes on the same client URL, both started
 ``--standby``: the one that takes the partition's writer lease serves, the
@@ -66,6 +73,7 @@ class Child:
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     log_offset: int = 0
+    rotated: bool = False  # the process writes (and rotates) log_path itself; its output goes to out_path
     ready: bool = False
     restarts: int = 0
     backoff_s: float = BACKOFF_MIN_S
@@ -84,12 +92,17 @@ class Child:
             return f"{self.name}.f{self.follower}"
         return self.name if self.replica == 1 else f"{self.name}.{self.replica}"
 
+    @property
+    def out_path(self) -> Path:
+        """Where the process's standard output and error go."""
+        return self.log_path.with_suffix(".out") if self.rotated else self.log_path
+
     def spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.log_offset = log.tell()
+        with self.out_path.open("ab") as out:
+            self.log_offset = out.tell()
             # own session: a Ctrl-C reaches the supervisor, which stops the partitions in order
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                          start_new_session=True, preexec_fn=lambda: _child_setup(self.partition.nice))
         self.started_at, self.ready, self.restart_at = time.monotonic(), False, None
 
@@ -99,21 +112,43 @@ class Child:
         self.argv[i + 1] = self.url = url
 
     def new_log(self) -> bytes:
+        """What the process printed since it was started (with its log lines unless rotated)."""
         try:
-            with self.log_path.open("rb") as f:
+            with self.out_path.open("rb") as f:
                 f.seek(self.log_offset)
                 return f.read()
         except OSError:
             return b""
 
     def last_log_line(self) -> str:
-        lines = [ln for ln in self.new_log().decode("utf-8", "replace").splitlines() if ln.strip()]
+        """The last line the process printed or logged: from its output or, when it rotates its
+        log and wrote that last, from the end of its log file."""
+        said = self.new_log()
+        if self.rotated and _mtime(self.log_path) > _mtime(self.out_path):
+            said = _tail(self.log_path)
+        lines = [ln for ln in said.decode("utf-8", "replace").splitlines() if ln.strip()]
         return lines[-1] if lines else "(no output)"
 
     def check_ready(self) -> bool:
         if not self.ready and READY_LINE in self.new_log():
             self.ready = True
         return self.ready
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return -1
+
+
+def _tail(path: Path, size: int = 4096) -> bytes:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read()
+    except OSError:
+        return b""
 
 
 def _child_setup(nice: int) -> None:
@@ -134,11 +169,22 @@ def exit_reason(code: int) -> str:
     return f"exited with code {code}"
 
 
+def _child(partition: Partition, url: str, data_dir: Path, label: str, argv: list[str], rotated: bool,
+           **which: int) -> Child:
+    """The process ``label`` of ``partition``: data in DIR/label, log in DIR/label.log (written and rotated by the
+    process itself when ``rotated``)."""
+    log = data_dir / f"{label}.log"
+    if rotated:
+        argv = [*argv, "--log-outputs", str(log)]
+    return Child(partition, url, data_dir / label, log, argv, rotated=rotated, **which)
+
+
 class Supervisor:
     def __init__(self, layout: ClusterLayout, layout_path: Path, data_dir: Path, host: str, base_port: int,
                  server_args: list[str], state_dir: Path | None = None, quota_backend_bytes: int | None = None,
                  standbys: bool = False, followers: int = 0, local_journal: bool = True,
                  wal_dir: Path | None = None) -> None:
+        rotated = any(a.split("=")[0] == "--enable-log-rotation" for a in server_args)
         self.layout = layout
         self.data_dir = data_dir
         self.stopping = False
@@ -160,8 +206,7 @@ class Supervisor:
                 quota = p.quota_backend_bytes if p.quota_backend_bytes is not None else quota_backend_bytes
                 if quota is not None:
                     argv += ["--quota-backend-bytes", str(quota)]
-                self.children.append(Child(p, url, data_dir / label, data_dir / f"{label}.log", argv + server_args,
-                                           replica=replica))
+                self.children.append(_child(p, url, data_dir, label, argv + server_args, rotated, replica=replica))
         self.host = host
         self.next_port = max(ports.values()) + 1
         for p in layout.partitions:
@@ -175,8 +220,7 @@ class Supervisor:
                     argv += ["--follow-data-dir", str(data_dir / p.name)]
                 if state_dir is not None:
                     argv += ["--state-dir", str(state_dir / label)]
-                self.children.append(Child(p, url, data_dir / label, data_dir / f"{label}.log", argv + server_args,
-                                           follower=n))
+                self.children.append(_child(p, url, data_dir, label, argv + server_args, rotated, follower=n))
 
     def _next_free_port(self) -> int:
         """The first port after the last one handed out that nothing listens on or is bound to now."""
@@ -281,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one shardetcd process per partition of a cluster layout, supervised, and print the "
                     "kube-apiserver flags that use them. Unrecognised flags (e.g. --journal-fsync) go to every partition.")
     p.add_argument("--layout", type=Path, required=True, help="cluster layout TOML: [[partition]] tables naming Kubernetes group/resources")
-    p.add_argument("--data-dir", type=Path, required=True, help="each partition keeps its data in DIR/<name> and logs to DIR/<name>.log")
+    p.add_argument("--data-dir", type=Path, required=True,
+                   help="each partition keeps its data in DIR/<name> and logs to DIR/<name>.log (with "
+                        "--enable-log-rotation, rotated by the partition, and what it prints in DIR/<name>.out)")
     p.add_argument("--host", default="127.0.0.1", help="address every partition listens on (default: %(default)s)")
     p.add_argument("--base-port", type=int, default=2379, help="the default partition's port; the others take base+2, base+3, … unless the layout sets port (default: %(default)s)")
     p.add_argument("--state-dir", type=Path, default=None, help="each partition keeps its in-memory state in STATE_DIR/<name> (default: under /dev/shm)")
@@ -309,6 +355,10 @@ def cluster_main(argv: list[str]) -> int:
     jetstream = any(a.split("=")[0] == "--journal-url" for a in server_args)
     if args.standbys and not jetstream:
         parser.error("--standbys needs --journal-url: a standby takes over a replicated journal")
+    if any(a.split("=")[0] == "--enable-log-rotation" for a in server_args) and \
+            any(a.split("=")[0] == "--log-outputs" for a in server_args):
+        parser.error("with --enable-log-rotation each partition writes and rotates its own log, DIR/<name>.log: "
+                     "no --log-outputs")
     if args.wal_dir is not None and jetstream:
         parser.error("--wal-dir places local journals: not with --journal-url (the journals are in JetStream)")
     from .cli import setup_logging

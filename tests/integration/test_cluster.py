@@ -277,10 +277,15 @@ def test_a_full_events_partition_does_not_stop_lease_writes(cluster):
     assert maintenance["leases"].Status(pb.StatusRequest(), timeout=5).errors == []
 
 
-def test_a_partition_that_cannot_start_stops_the_cluster_with_a_reason(tmp_path):
+@pytest.mark.parametrize("rotation", [False, True], ids=["log", "rotated-log"])
+def test_a_partition_that_cannot_start_stops_the_cluster_with_a_reason(tmp_path, rotation):
+    """The reason is the partition's last word; with --enable-log-rotation it printed that to
+    DIR/<name>.out, its log lines being in its own DIR/<name>.log."""
     for attempt in range(3):  # another test may take one of the other partitions' free ports first
         (tmp_path / str(attempt)).mkdir()
         c = Cluster(tmp_path / str(attempt))
+        if rotation:
+            c.argv.append("--enable-log-rotation")
         blocker = __import__("socket").socket()
         blocker.bind(("127.0.0.1", c.ports["events"]))
         blocker.listen()
@@ -296,6 +301,39 @@ def test_a_partition_that_cannot_start_stops_the_cluster_with_a_reason(tmp_path)
     assert last.startswith("shardetcd cluster: partition events exited with code 2: shardetcd: cannot listen on"), proc.stderr
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert leftovers == [], "the partitions that did start were left running"
+    if rotation:
+        assert "cannot listen on" in (c.data_dir / "events.out").read_text()
+        assert "cannot listen on" not in (c.data_dir / "events.log").read_text()
+        assert "level=INFO" in (c.data_dir / "events.log").read_text()
+
+
+def test_with_log_rotation_each_partition_rotates_its_own_log(tmp_path):
+    """`--enable-log-rotation --log-rotation-config-json '{"maxsize": 1}'`: a partition whose log
+    is already at 1 MiB renames it to a backup at its first line, with its content, and logs on
+    into a new DIR/<name>.log; the others' logs are their own and not rotated; what a partition
+    prints (that it serves) goes to DIR/<name>.out; the cluster serves. --log-outputs with
+    rotation is refused: the partitions would share one file."""
+    c = Cluster(tmp_path)
+    c.argv += ["--enable-log-rotation", '--log-rotation-config-json={"maxsize": 1}']
+    c.data_dir.mkdir(parents=True)
+    full = b"old line\n" * (1024 * 1024 // 9) + b"x" * (1024 * 1024 % 9)
+    (c.data_dir / "events.log").write_bytes(full)
+    c.start()
+    try:
+        backups = [p for p in c.data_dir.iterdir() if re.fullmatch(r"\w+-\d{4}-\d\d-\d\dT.*\.log", p.name)]
+        assert [p.name.split("-")[0] for p in backups] == ["events"], backups
+        assert backups[0].read_bytes() == full
+        for name in ("leases", "events", "main"):
+            log, out = (c.data_dir / name).with_suffix(".log").read_text(), (c.data_dir / name).with_suffix(".out").read_text()
+            assert "old line" not in log and "level=INFO" in log and "shardetcd serving" not in log, name
+            assert "shardetcd serving the etcd v3 API" in out and "level=INFO" not in out, name
+            put = kv(c.endpoint(name)).Put(pb.PutRequest(key=b"compact_rev_key", value=b"1"), timeout=10)
+            assert put.header.revision == 2, name
+    finally:
+        c.stop()
+    refused = subprocess.run([*c.argv, "--log-outputs", str(tmp_path / "all.log")], capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2 and "no --log-outputs" in refused.stderr, refused.stderr
 
 
 def test_a_follower_whose_port_is_taken_while_it_starts_moves_to_a_free_one(tmp_path):
