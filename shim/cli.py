@@ -290,7 +290,8 @@ def snapshot_main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("restore", help="make a new data dir of an etcd snapshot",
                        description="Make a new shardetcd data dir of an etcd snapshot: what `etcdctl snapshot save` "
-                                   "wrote (from etcd 3.4, 3.5, 3.6 or shardetcd; its SHA-256 is checked) or a copy of "
+                                   "wrote (from etcd 3.4, 3.5 or shardetcd; 3.6 writes the same buckets, untested; its "
+                                   "SHA-256 is checked) or a copy of "
                                    "an etcd member's member/snap/db.  Keys, revisions, the compacted revision, leases "
                                    "and auth are kept; keys go to shards by the layout.")
     r.add_argument("file", type=Path)
@@ -357,10 +358,10 @@ def add_jetstream_target(p: argparse.ArgumentParser) -> None:
                    help="with --journal-url: replicas of the streams and buckets it makes (default: %(default)s)")
 
 
-def add_cluster_target(p: argparse.ArgumentParser) -> None:
+def add_cluster_target(p: argparse.ArgumentParser, wal_dir: bool = True) -> None:
     p.add_argument("--cluster-layout", type=Path, default=None,
                    help="a `shardetcd cluster` layout: the data dir is the cluster's, each partition's keys in "
-                        "DIR/<partition> (and --wal-dir W/<partition>); not with --shard-layout")
+                        f"DIR/<partition>{' (and --wal-dir W/<partition>)' if wal_dir else ''}; not with --shard-layout")
 
 
 def cluster_target(args: argparse.Namespace):

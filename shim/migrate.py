@@ -40,7 +40,7 @@ class MigrateError(RuntimeError):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="shardetcd migrate",
-        description="Copy a live etcd (3.4, 3.5, 3.6) into a new shardetcd data dir: a snapshot over its "
+        description="Copy a live etcd (3.4 or 3.5; 3.6's snapshot has the same buckets, untested) into a new shardetcd data dir: a snapshot over its "
                     "Maintenance API, hash-checked, restored with every revision, the compaction, leases and auth.")
     p.add_argument("--from", dest="source", required=True,
                    help="the etcd client URL(s), comma-separated, e.g. https://etcd-0:2379 (the first that answers)")
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user", default=None, help="user:password, when etcd has auth enabled (root or a user with its role)")
     p.add_argument("--dial-timeout", type=float, default=10.0, help="seconds to wait for a connection (default: %(default)s)")
     add_jetstream_target(p)
-    add_cluster_target(p)
+    add_cluster_target(p, wal_dir=False)  # migrate has no --wal-dir
     return p
 
 
