@@ -141,6 +141,7 @@ class Imported:
     auth: AuthState
     route: bytearray  # shard id of each key-bucket row, in order; SKIP for none
     keys_live: int
+    lease_routes: dict[int, set[int]]  # lease id -> the routes of the live keys attached to it (none: absent)
 
     def rows(self, sid: int) -> Iterator[tuple[bytes, bytes]]:
         """(row key, serialized KeyValue) of shard ``sid``, in revision order."""
@@ -177,7 +178,11 @@ def import_db(db: BoltReader, router: Router) -> Imported:
     leases = _leases(db)
     auth = _auth(db)
     revision = max(1, last_main, compact_rev)
-    return Imported(db, revision, compact_rev, leases, auth, route, len(live))
+    lease_routes: dict[int, set[int]] = {}
+    for key, lease in live.items():
+        if lease:
+            lease_routes.setdefault(lease, set()).add(router.shard_for_key(key))
+    return Imported(db, revision, compact_rev, leases, auth, route, len(live), lease_routes)
 
 
 def _compact_rev(db: BoltReader) -> int:
@@ -194,12 +199,12 @@ def _compact_rev(db: BoltReader) -> int:
     return max(revs, default=-1)
 
 
-def _route_rows(db: BoltReader, router: Router, compact_rev: int) -> tuple[bytearray, int, set[bytes]]:
-    """Check every row of the key bucket and pick its shard.  Rows arrive in
-    revision order; a tombstone must end a key's life, except one at or below
-    the compaction whose put the compaction removed already (skipped)."""
+def _route_rows(db: BoltReader, router: Router, compact_rev: int) -> tuple[bytearray, int, dict[bytes, int]]:
+    """Check every row of the key bucket and pick its shard; also the live keys at the end, with
+    their leases.  Rows arrive in revision order; a tombstone must end a key's life, except one at
+    or below the compaction whose put the compaction removed already (skipped)."""
     route = bytearray()
-    live: set[bytes] = set()
+    live: dict[bytes, int] = {}
     last = 0
     for k, v in _bucket_items(db, KEY):
         main, _sub, tomb = parse_rev_key(k)
@@ -217,11 +222,11 @@ def _route_rows(db: BoltReader, router: Router, compact_rev: int) -> tuple[bytea
                                         "for a key that does not exist")
                 route.append(SKIP)
                 continue
-            live.discard(kv.key)
+            del live[kv.key]
         else:
             if kv.mod_revision != main:
                 raise SnapshotError(f"key bucket: the row at revision {main} says mod_revision {kv.mod_revision}")
-            live.add(kv.key)
+            live[kv.key] = kv.lease
         route.append(router.shard_for_key(kv.key))
     return route, last, live
 

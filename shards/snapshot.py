@@ -136,7 +136,8 @@ def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Pa
     ``cluster``: a ``shardetcd cluster`` layout instead of ``layout``: ``data_dir`` is the cluster's
     (each partition's data dir ``data_dir/<name>``, its journal ``wal_dir/<name>`` or its stream
     ``<prefix>_<name>``), and each partition gets the keys of its resources, the keys every
-    partition keeps (those naming no resource), every lease and the auth state, at the snapshot's
+    partition keeps (those naming no resource), the leases of those keys (the default partition
+    also the leases with no key) and the auth state, at the snapshot's
     revision: each is the etcd that kube-apiserver's --etcd-servers-overrides send those resources
     to. The dirs are built beside ``data_dir`` and renamed into place together."""
     data_dir = data_dir.absolute()
@@ -208,15 +209,29 @@ def _check_frame(snapshot: Path, view: memoryview, size: int, skip_hash_check: b
 
 
 class _PartitionRows:
-    """A snapshot's rows for one partition (its own and every partition's), the rest as imported."""
+    """A snapshot's rows for one partition (its own and every partition's), its leases, the rest as
+    imported."""
 
-    def __init__(self, imported: Imported, pid: int) -> None:
+    def __init__(self, imported: Imported, pid: int, default: bool) -> None:
         self.imported, self.pid = imported, pid
         self.revision, self.compact_rev = imported.revision, imported.compact_rev
-        self.leases, self.auth = imported.leases, imported.auth
+        self.leases, self.auth = partition_leases(imported, pid, default), imported.auth
 
     def rows(self, sid: int) -> Iterator[tuple[bytes, bytes]]:  # a partition's layout is one shard
         return self.imported.rows_of((self.pid, PartitionRouter.EVERY))
+
+
+def partition_leases(imported: Imported, pid: int, default: bool) -> list[tuple[int, int]]:
+    """The leases partition ``pid`` keeps: those attached to one of its keys or to a key every
+    partition keeps, and on the default partition also those attached to no key. A lease whose
+    keys are on several partitions is on each, and revokes its keys there when it expires: each
+    partition is an etcd of its own."""
+    kept = []
+    for lease, ttl in imported.leases:
+        on = imported.lease_routes.get(lease)
+        if default if on is None else (pid in on or PartitionRouter.EVERY in on):
+            kept.append((lease, ttl))
+    return kept
 
 
 def _build_cluster(imported: Imported, data_dir: Path, cluster: ClusterLayout, wal_dir: Path | None,
@@ -229,7 +244,7 @@ def _build_cluster(imported: Imported, data_dir: Path, cluster: ClusterLayout, w
         new.mkdir()
         members = {}
         for pid, p in enumerate(cluster.partitions):
-            members[p.name] = _build(_PartitionRows(imported, pid), new / p.name, partition_layout(p.name),
+            members[p.name] = _build(_PartitionRows(imported, pid, p.default), new / p.name, partition_layout(p.name),
                                      None if wal_dir is None else wal_dir / p.name, jetstream, make_wal=False)
         _fsync_tree(new)
         if data_dir.exists():

@@ -368,18 +368,26 @@ def test_a_follower_whose_port_is_taken_while_it_starts_moves_to_a_free_one(tmp_
 
 def test_a_snapshot_restores_into_the_partitions_with_their_wal_dirs(tmp_path):
     """`snapshot restore --cluster-layout L --wal-dir W`: every partition's data dir, each with its
-    resources' keys, the keys every partition keeps and the leases, at the snapshot's revision;
-    the cluster started with --wal-dir W journals into W/<partition>; a second restore is refused."""
+    resources' keys, the keys every partition keeps and their leases (a lease with no key on the
+    default partition), at the snapshot's revision; the cluster started with --wal-dir W journals
+    into W/<partition>; a second restore is refused."""
     from tests.shardetcd_fixture import start_shardetcd
 
     source = start_shardetcd(tmp_path, name="source")
     try:
         with grpc.insecure_channel(source.endpoint) as ch:
             kvs = pbg.KVStub(ch)
-            lease = pbg.LeaseStub(ch).LeaseGrant(pb.LeaseGrantRequest(TTL=600), timeout=10).ID
+            grant = pbg.LeaseStub(ch).LeaseGrant
+            lease, keyless, pods, everyones_lease, gone = (grant(pb.LeaseGrantRequest(TTL=600), timeout=10).ID
+                                                           for _ in range(5))
+            leased = {b"/registry/events/ns/e1": lease, b"/registry/events/ns/e2": pods,
+                      b"/registry/pods/ns/p1": pods, b"/registry/health": everyones_lease}
             for key in (b"/registry/leases/kube-node-lease/n1", b"/registry/events/ns/e1", b"/registry/pods/ns/p1",
-                        b"compact_rev_key", b"/registry/health"):
-                kvs.Put(pb.PutRequest(key=key, value=b"v", lease=lease if b"events" in key else 0), timeout=10)
+                        b"compact_rev_key", b"/registry/health", b"/registry/events/ns/e2", b"/registry/pods/ns/p2"):
+                kvs.Put(pb.PutRequest(key=key, value=b"v", lease=leased.get(key, 0)), timeout=10)
+            kvs.Put(pb.PutRequest(key=b"/registry/leases/kube-node-lease/n1", value=b"v", lease=gone), timeout=10)
+            kvs.Put(pb.PutRequest(key=b"/registry/leases/kube-node-lease/n1", value=b"v2"), timeout=10)
+            kvs.DeleteRange(pb.DeleteRangeRequest(key=b"/registry/events/ns/e2"), timeout=10)
             snap = tmp_path / "snap.db"
             snap.write_bytes(b"".join(r.blob for r in pbg.MaintenanceStub(ch).Snapshot(pb.SnapshotRequest(),
                                                                                         timeout=30)))
@@ -401,12 +409,20 @@ def test_a_snapshot_restores_into_the_partitions_with_their_wal_dirs(tmp_path):
         ttl = pbg.LeaseStub(grpc.insecure_channel(cluster.endpoint("events"))).LeaseTimeToLive(
             pb.LeaseTimeToLiveRequest(ID=lease, keys=True), timeout=10)
         assert ttl.TTL > 0 and list(ttl.keys) == [b"/registry/events/ns/e1"]
+        # a partition keeps the leases of its keys and of the keys every partition keeps; the
+        # default one also those of no key (`gone` lost its key to a later put, e2's was deleted)
+        kept = {"leases": {everyones_lease}, "events": {lease, everyones_lease},
+                "main": {pods, everyones_lease, keyless, gone}}
+        for name, want in kept.items():
+            got = pbg.LeaseStub(grpc.insecure_channel(cluster.endpoint(name))).LeaseLeases(
+                pb.LeaseLeasesRequest(), timeout=10)
+            assert {x.ID for x in got.leases} == want, name
         everyones = [b"/registry/health", b"compact_rev_key"]
-        for name, own in (("leases", b"/registry/leases/kube-node-lease/n1"), ("events", b"/registry/events/ns/e1"),
-                          ("main", b"/registry/pods/ns/p1")):
+        for name, own in (("leases", [b"/registry/leases/kube-node-lease/n1"]), ("events", [b"/registry/events/ns/e1"]),
+                          ("main", [b"/registry/pods/ns/p1", b"/registry/pods/ns/p2"])):
             got = kv(cluster.endpoint(name)).Range(pb.RangeRequest(key=b"\0", range_end=b"\0"), timeout=10)
-            assert got.header.revision == revision and [x.key for x in got.kvs] == sorted([own, *everyones]), name
-            put = kv(cluster.endpoint(name)).Put(pb.PutRequest(key=own, value=b"after"), timeout=10)
+            assert got.header.revision == revision and [x.key for x in got.kvs] == sorted([*own, *everyones]), name
+            put = kv(cluster.endpoint(name)).Put(pb.PutRequest(key=own[0], value=b"after"), timeout=10)
             assert put.header.revision == revision + 1
             assert list((wal / name / name).glob("*.wal")), f"{name} journals into its wal dir"
     finally:
