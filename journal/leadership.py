@@ -106,15 +106,30 @@ class WriterLease:
             from journal.jetstream import open_or_create, retrying
 
             name = f"{self.log.config.prefix}-writer"
-            await open_or_create(
+            bucket = await open_or_create(
                 f"writer lease bucket {name}", lambda: self.log.js.key_value(name),
                 lambda: self.log.js.create_key_value(KeyValueConfig(
                     bucket=name, ttl=self.ttl_s, history=1, replicas=self.log.config.replicas)),
                 BucketNotFoundError)
+            self._take_bucket_ttl(name, (await retrying(f"writer lease bucket {name}", bucket.status)).ttl)
             # a renewal not answered within a third of the TTL is sent again rather than awaited
             js = self.log.nc.jetstream(timeout=min(self.log.config.publish_timeout_s, self.ttl_s / 3))
             self.kv = await retrying(f"writer lease bucket {name}", lambda: js.key_value(name))
         return self.kv
+
+    def _take_bucket_ttl(self, name: str, kept_s: float | None) -> None:
+        """The lease lives as long as the bucket keeps an entry, whatever this process was told:
+        the bucket's TTL was set by the process that made it. Renewing on another TTL's cadence
+        would let the entry expire between renewals (a standby taking over while this process
+        still counts on the lease, if its TTL is the longer) or hold a dead writer's lease longer
+        than the standbys expect."""
+        if not kept_s or kept_s <= 0:
+            raise JournalUnreachable(f"the writer lease bucket {name} keeps entries for ever (no TTL): a lease in "
+                                     "it could never lapse; delete the bucket while no server runs on this prefix")
+        if abs(kept_s - self.ttl_s) > 1e-3:
+            logger.warning("writer lease TTL is the bucket's bucket=%s ttl_s=%.3g asked_ttl_s=%.3g (to change it, "
+                           "delete the bucket while no server runs on this prefix)", name, kept_s, self.ttl_s)
+            self.ttl_s = kept_s
 
     async def holder(self) -> str | None:
         """Who holds the lease now (None: nobody)."""
@@ -174,6 +189,7 @@ class WriterLease:
     async def acquire(self, poll_s: float = 0.2) -> None:
         """Take the lease, waiting at most one TTL (a holder that died lets it
         lapse by then: a restart after a crash gets it); else say who holds it."""
+        await self._bucket()  # its TTL is the lease's
         deadline = _clock() + self.ttl_s + 1.0
         while not await self.try_acquire():
             if _clock() > deadline:

@@ -103,3 +103,36 @@ def test_a_publish_answered_after_the_duplicate_window_is_recognised(nats_cluste
     with caplog.at_level(logging.WARNING, logger="journal.jetstream"):
         assert asyncio.run(go()) == [(1, 1, b"once"), (1, 2, b"next")]
     assert "journal publish found stored by an earlier try" in caplog.text
+
+
+def test_a_lease_lives_as_long_as_its_bucket_keeps_entries(nats_cluster, caplog):
+    """The writer lease bucket keeps the TTL of the process that made it. A writer started later
+    with a longer --journal-lease-ttl renewed on its own, slower cadence: the entry expired between
+    renewals (a standby could take over while this writer still counted on the lease for two
+    thirds of its TTL). The lease now takes the bucket's TTL, and says so."""
+    from journal.leadership import WriterLease
+
+    async def go():
+        config = JetStreamConfig(urls=tuple(nats_cluster.urls.split(",")), prefix="ttl")
+        first_log = await JetStreamLog(config).connect()
+        first = WriterLease(first_log, ttl_s=1.0)
+        assert await first.try_acquire()
+        await first.release()
+        await first_log.close()
+        log = await JetStreamLog(config).connect()
+        try:
+            lease = WriterLease(log, ttl_s=6.0)
+            await lease.acquire()
+            lease.start_renewing()
+            await asyncio.sleep(3.5)  # a renewal every 6 s / 3 comes after the 1 s entry expired
+            holder = await lease.holder()
+            await lease.release()
+            return lease, holder
+        finally:
+            await log.close()
+
+    caplog.set_level("WARNING", logger="journal.leadership")
+    lease, holder = asyncio.run(go())
+    assert lease.ttl_s == 1.0 and holder == lease.me
+    assert lease._lapses == 0, "the lease lapsed between renewals"
+    assert "writer lease TTL is the bucket's bucket=ttl-writer ttl_s=1 asked_ttl_s=6" in caplog.text
