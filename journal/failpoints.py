@@ -9,12 +9,15 @@ or programmatically with arm(name, action) / disarm(name). Actions:
   "exit":  os._exit(70) on the spot (no cleanup, no flush);
   "raise": raise OSError(EIO);
   "sleep:S": hold the calling thread S seconds, once (then the point is disarmed), e.g. to
-             keep written bytes in the page cache and not yet fsynced for a while.
+             keep written bytes in the page cache and not yet fsynced for a while;
+  "pause:S": at a point awaited with `pause(name)`, wait S seconds, once, while the event
+             loop runs on (`hit` passes it by).
 An action may carry a hit count, "exit@25": it fires on the 25th hit, not before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -24,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 ENV_VAR = "SHARDETCD_FAILPOINTS"
 EXIT_CODE = 70
-ACTIONS = ("exit", "raise", "sleep")
+ACTIONS = ("exit", "raise", "sleep", "pause")
+TIMED = ("sleep", "pause")  # the actions that take seconds
 POINTS = (
     "journal.before_write",
     "journal.after_write_before_fsync",
@@ -47,7 +51,7 @@ def hit(name: str) -> None:
     if not _armed:
         return
     action = _armed.get(name)
-    if action is None:
+    if action is None or action.startswith("pause:"):  # a pause is for pause()
         return
     if _skips.get(name, 0) > 0:
         _skips[name] -= 1
@@ -60,6 +64,19 @@ def hit(name: str) -> None:
         time.sleep(float(action[len("sleep:"):]))
         return
     raise OSError(errno.EIO, f"failpoint {name}")
+
+
+async def pause(name: str) -> None:
+    """At an awaited point: wait the seconds of a "pause:S" armed at ``name``, once."""
+    action = _armed.get(name) if _armed else None
+    if action is None or not action.startswith("pause:"):
+        return
+    if _skips.get(name, 0) > 0:
+        _skips[name] -= 1
+        return
+    logger.info("failpoint hit name=%s action=%s", name, action)
+    disarm(name)
+    await asyncio.sleep(float(action[len("pause:"):]))
 
 
 def sleep_armed() -> bool:
@@ -75,13 +92,13 @@ def arm(name: str, action: str) -> None:
     if name not in POINTS:
         raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
     kind, _, arg = action.partition(":")
-    if kind not in ACTIONS or bool(arg) != (kind == "sleep"):
-        raise ValueError(f"unknown failpoint action {action!r}; known: exit, raise, sleep:SECONDS")
+    if kind not in ACTIONS or bool(arg) != (kind in TIMED):
+        raise ValueError(f"unknown failpoint action {action!r}; known: exit, raise, sleep:SECONDS, pause:SECONDS")
     if arg:
         try:
             float(arg)
         except ValueError:
-            raise ValueError(f"failpoint {name}: sleep wants seconds, got {arg!r}") from None
+            raise ValueError(f"failpoint {name}: {kind} wants seconds, got {arg!r}") from None
     _armed[name] = action
     _skips[name] = int(count) - 1 if count else 0
 

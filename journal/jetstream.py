@@ -99,6 +99,9 @@ class JetStreamConfig:
     # every stale_after_s / 3 and reconnects to another server at the third unanswered ping.
     # Its default is minutes, during which every publish and lease renewal waits.
     stale_after_s: float = 1.5
+    # the writer lease's TTL (the server's --journal-lease-ttl), for a process that is not the
+    # server but holds the lease a while (a restore uploading checkpoints)
+    lease_ttl_s: float = 3.0
 
 
 class JetStreamLog:

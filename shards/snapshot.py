@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from journal import failpoints, write_checkpoint
 from journal.checkpoint import checkpoint_name
+from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import JetStreamConfig, JetStreamLog, retrying
 from journal.fsutil import fsync_dir
 
@@ -245,7 +246,8 @@ def _build_cluster(imported: Imported, data_dir: Path, cluster: ClusterLayout, w
         members = {}
         for pid, p in enumerate(cluster.partitions):
             members[p.name] = _build(_PartitionRows(imported, pid, p.default), new / p.name, partition_layout(p.name),
-                                     None if wal_dir is None else wal_dir / p.name, jetstream, make_wal=False)
+                                     None if wal_dir is None else wal_dir / p.name, jetstream, make_wal=False,
+                                     role=p.name)
         _fsync_tree(new)
         if data_dir.exists():
             data_dir.rmdir()  # empty, checked above
@@ -263,7 +265,7 @@ def _make_wal_dir(wal_dir: Path, data_dir: Path, member_id: int) -> None:
 
 
 def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | None = None,
-           jetstream: JetStreamConfig | None = None, make_wal: bool = True) -> int:
+           jetstream: JetStreamConfig | None = None, make_wal: bool = True, role: str = "writer") -> int:
     """Write the data dir beside ``data_dir``, then rename it into place; then make and mark
     ``wal_dir``, which its meta.json names (a restore stopped before that leaves no wal dir:
     the server's first start makes it, as any first start with --wal-dir does). Returns the
@@ -288,7 +290,7 @@ def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | N
             failpoints.hit("snapshot.restore_between_shards")
         datadir.close()
         if jetstream is not None:  # the checkpoints go to JetStream, and only there
-            asyncio.run(_to_jetstream(jetstream, layout, new, rev))
+            asyncio.run(_to_jetstream(jetstream, layout, new, rev, role))
         _fsync_tree(new)
         if data_dir.exists():
             data_dir.rmdir()  # empty, checked above
@@ -302,28 +304,47 @@ def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | N
 async def _jetstream_unused(config: JetStreamConfig, names: list[str]) -> None:
     """Refuse journal streams that hold any message: they are another deployment's (or this
     one's, running), and a restore starts a journal anew."""
-    from nats.js.errors import NotFoundError
-
     log = await JetStreamLog(config).connect()
     try:
-        for name in names:
-            stream = log.stream_name(name)
-            try:
-                info = await retrying(f"stream {stream}", lambda: log.js.stream_info(stream))
-            except NotFoundError:
-                continue
-            if info.state.last_seq:
-                raise DataDirError(f"JetStream stream {stream} already holds a journal ({info.state.messages} "
-                                   f"messages): restore needs a new --journal-prefix, or that one's streams deleted")
+        await _refuse_used(log, names)
     finally:
         await log.close()
 
 
-async def _to_jetstream(config: JetStreamConfig, layout: Layout, built: Path, rev: int) -> None:
+async def _refuse_used(log: JetStreamLog, names: list[str]) -> None:
+    from nats.js.errors import NotFoundError
+
+    for name in names:
+        stream = log.stream_name(name)
+        try:
+            info = await retrying(f"stream {stream}", lambda: log.js.stream_info(stream))
+        except NotFoundError:
+            continue
+        if info.state.last_seq:
+            raise DataDirError(f"JetStream stream {stream} already holds a journal ({info.state.messages} "
+                               f"messages): restore needs a new --journal-prefix, or that one's streams deleted")
+
+
+async def _to_jetstream(config: JetStreamConfig, layout: Layout, built: Path, rev: int, role: str) -> None:
     """Move each shard's checkpoint from the data dir being built to its stream's bucket, then
-    set the writer's acknowledged revision to the restored one."""
+    set the writer's acknowledged revision to the restored one; all the while holding the
+    writer lease of ``role`` (``writer``, or the partition's name), so that a server started on
+    the prefix meanwhile does not write (a plain start is refused, a standby waits), and
+    checking again, once it is held, that the streams hold nothing."""
+    from journal.leadership import WriterLease
+
     log = await JetStreamLog(config).connect()
+    lease = WriterLease(log, ttl_s=config.lease_ttl_s, key=role)
     try:
+        deadline = asyncio.get_running_loop().time() + lease.ttl_s + 1.0  # a lease left by a killed restore lapses
+        while not await lease.try_acquire():
+            if asyncio.get_running_loop().time() > deadline:
+                raise DataDirError(f"a shardetcd ({await lease.holder()}) holds the writer lease {role} of "
+                                   f"{config.prefix}: a restore needs the journal unused (stop it, or restore "
+                                   "under a new --journal-prefix)")
+            await asyncio.sleep(0.2)
+        lease.start_renewing()
+        await _refuse_used(log, layout.names)
         for spec in layout.shards:
             shard_dir = built / "shards" / spec.name
             path = shard_dir / checkpoint_name(rev)
@@ -331,8 +352,16 @@ async def _to_jetstream(config: JetStreamConfig, layout: Layout, built: Path, re
             await journal.store_checkpoint(path, rev, only=True)
             path.unlink()
             failpoints.hit("snapshot.restore_between_uploads")
+            await failpoints.pause("snapshot.restore_between_uploads")
+        try:
+            await lease.confirm(lease.ttl_s)  # held all along: no server started writing meanwhile
+        except (JournalFailed, JournalUnreachable) as exc:
+            raise DataDirError(f"the writer lease {role} of {config.prefix} was not held throughout the restore "
+                               f"({exc}): try again (the streams are checked again first)") from None
+        await _refuse_used(log, layout.names)
         await log.put_meta(acknowledged_key(layout), str(rev))
     finally:
+        await lease.release()
         await log.close()
 
 

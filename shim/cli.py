@@ -356,6 +356,10 @@ def add_jetstream_target(p: argparse.ArgumentParser) -> None:
                    help="with --journal-url: the server's --journal-prefix (default: %(default)s)")
     p.add_argument("--journal-replicas", type=_positive_int, default=ServerConfig().journal_replicas,
                    help="with --journal-url: replicas of the streams and buckets it makes (default: %(default)s)")
+    p.add_argument("--journal-lease-ttl", type=float, default=ServerConfig().journal_lease_ttl_s,
+                   dest="journal_lease_ttl",
+                   help="with --journal-url: the server's --journal-lease-ttl; the restore holds the writer lease "
+                        "while it uploads, so no server starts writing meanwhile (default: %(default)s)")
 
 
 def add_cluster_target(p: argparse.ArgumentParser, wal_dir: bool = True) -> None:
@@ -382,7 +386,8 @@ def jetstream_target(args: argparse.Namespace):
         return None
     from journal.jetstream import JetStreamConfig
 
-    return JetStreamConfig(urls=args.journal_urls, prefix=args.journal_prefix, replicas=args.journal_replicas)
+    return JetStreamConfig(urls=args.journal_urls, prefix=args.journal_prefix, replicas=args.journal_replicas,
+                           lease_ttl_s=args.journal_lease_ttl)
 
 
 def restored(got: dict) -> str:

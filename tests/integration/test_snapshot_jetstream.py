@@ -38,7 +38,9 @@ def everything(endpoint: str) -> tuple[int, list[tuple[bytes, bytes, int, int]]]
     return r.header.revision, [(kv.key, kv.value, kv.mod_revision, kv.lease) for kv in r.kvs]
 
 
-def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, tmp_path):
+def snapshot_of_keys(tmp_path: Path) -> tuple[Path, int, tuple[int, list]]:
+    """A snapshot of a shardetcd holding KEYS (every seventh on a lease, one deleted): its path,
+    the lease and what the source served."""
     source = start_shardetcd(tmp_path, name="source")
     try:
         with grpc.insecure_channel(source.endpoint) as ch:
@@ -50,9 +52,13 @@ def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, t
             snap = tmp_path / "snap.db"
             snap.write_bytes(b"".join(r.blob for r in pbg.MaintenanceStub(ch).Snapshot(pb.SnapshotRequest(),
                                                                                         timeout=30)))
-        want = everything(source.endpoint)
+        return snap, lease, everything(source.endpoint)
     finally:
         source.stop()
+
+
+def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, tmp_path):
+    snap, lease, want = snapshot_of_keys(tmp_path)
 
     js = ("--journal-url", nats.urls, "--journal-prefix", "restored")
     r = restore(snap, tmp_path / "w" / "data", *js)
@@ -105,6 +111,63 @@ def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, t
     assert r.returncode == 2 and "keeps its journal in local, not nats:other" in r.stderr and \
         "snapshot restore FILE --data-dir NEW --journal-url URLS" in r.stderr, r.stderr[-2000:]
     assert restore(snap, tmp_path / "x", "--journal-url", nats.urls, "--wal-dir", str(tmp_path / "wal")).returncode == 2
+
+
+def lease_holder(urls: str, prefix: str, key: str = "writer") -> str | None:
+    """Who holds the writer lease ``key`` of ``prefix`` (None: nobody, or no bucket yet)."""
+    import asyncio
+
+    import nats as nats_py
+    from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+
+    async def read() -> str | None:
+        nc = await nats_py.connect(urls.split(","))
+        try:
+            entry = await (await nc.jetstream().key_value(f"{prefix}-writer")).get(key)
+            return entry.value.decode() if entry.value else None
+        except (BucketNotFoundError, KeyNotFoundError):
+            return None
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def test_a_server_started_while_a_restore_uploads_does_not_write(nats, tmp_path):
+    """A restore into JetStream holds the writer lease from before it checks (again) that the
+    streams hold nothing until it has recorded the restored revision: a server started on the
+    prefix meanwhile is refused, naming the lease's holder, instead of writing journals the
+    restore then fills with checkpoints; the restore completes, and its data dir serves the
+    snapshot."""
+    snap, _, want = snapshot_of_keys(tmp_path)
+    env = {**os.environ, "SHARDETCD_FAILPOINTS": "snapshot.restore_between_uploads=pause:10"}
+    data = tmp_path / "r" / "data"
+    proc = subprocess.Popen([sys.executable, "-m", "shim", "snapshot", "restore", str(snap), "--data-dir", str(data),
+                             "--journal-url", nats.urls, "--journal-prefix", "held"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (holder := lease_holder(nats.urls, "held")) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        early = shardetcd_on(nats, tmp_path / "early", "--journal-prefix", "held")
+        r = subprocess.run(early.args(), cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and f"another shardetcd ({holder}) holds the writer lease writer of held" in r.stderr, \
+            r.stderr[-2000:]
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    writer = ShardetcdProcess(data_dir=data, state_dir=tmp_path / "r" / "state", port=free_port(),
+                              log_path=tmp_path / "r.log", extra_args=("--journal-url", nats.urls, "--journal-prefix",
+                                                                       "held")).start()
+    try:
+        assert everything(writer.endpoint) == want
+    finally:
+        writer.stop()
+    assert lease_holder(nats.urls, "held") is None, "the writer gave its lease back on its stop"
 
 
 def test_a_snapshot_restores_into_the_partitions_jetstream_streams(nats, tmp_path):

@@ -31,6 +31,45 @@ def test_hit_is_a_no_op_unless_armed():
     assert failpoints.armed() == {}
 
 
+def test_a_pause_holds_only_the_awaiting_caller_once():
+    """pause:S is for awaited points: hit() passes it by (the thread is not held), pause()
+    waits S seconds while the loop runs others, on its hit count, then the point is disarmed."""
+    import asyncio
+    import time
+
+    with pytest.raises(ValueError):
+        failpoints.arm("snapshot.restore_between_uploads", "pause")  # seconds wanted
+    failpoints.arm("snapshot.restore_between_uploads", "pause:0.3@2")
+    try:
+        failpoints.hit("snapshot.restore_between_uploads")
+
+        async def run() -> tuple[int, int, float]:
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0.01)
+
+            ticker = asyncio.ensure_future(tick())
+            await asyncio.sleep(0)
+            before = ticks
+            await failpoints.pause("snapshot.restore_between_uploads")  # the first hit passes, not yielding
+            passed = ticks - before
+            t0 = time.monotonic()
+            await failpoints.pause("snapshot.restore_between_uploads")
+            waited = time.monotonic() - t0
+            ticker.cancel()
+            return passed, ticks - before, waited
+
+        passed, ran, waited = asyncio.run(run())
+        assert passed == 0 and ran > 1 and waited >= 0.3, (passed, ran, waited)
+        assert "snapshot.restore_between_uploads" not in failpoints.armed()
+    finally:
+        failpoints.disarm("snapshot.restore_between_uploads")
+
+
 def test_env_var_exit_kills_the_process_mid_write(tmp_path, reopen_records):
     script = textwrap.dedent(f"""
         import asyncio
