@@ -140,6 +140,12 @@ class Router:
                 p = REGISTRY + res.encode() + b"/"
                 self._intervals.append((p, prefix_end(p), sid))
 
+    @property
+    def intervals(self) -> list[tuple[bytes, bytes, int]]:
+        """(first key, end, shard id) of every resource's key range (the default shard's are the
+        rest); an end of b"" is unbounded."""
+        return list(self._intervals)
+
     def shard_for_key(self, key: bytes) -> int:
         if not key.startswith(REGISTRY):
             return self.default

@@ -253,3 +253,26 @@ class PartitionGuard:
             return None
         pid = self.router.shard_for_key(key)
         return None if pid == self.mine else self.layout.partitions[pid].name
+
+    def foreign(self, live) -> tuple[bytes, str] | None:
+        """A key of ``live`` (a SortedList of this partition's live keys) that the layout gives to
+        another partition, with that partition's name; None if there is none. Such keys are what a
+        changed layout leaves behind: a resource moved to another partition, whose keys stayed
+        here. Only the ranges that can hold one are read: other partitions' resources, and on a
+        partition that is not the default one everything outside its own resources (there, in
+        an unchanged layout, only the keys every partition keeps)."""
+        spans = [(lo, hi) for lo, hi, pid in self.router.intervals if pid != self.mine]
+        if self.mine != self.router.default:  # the gaps between its own resources' ranges
+            edge = b""
+            for lo, hi in sorted((lo, hi) for lo, hi, pid in self.router.intervals if pid == self.mine):
+                spans.append((edge, lo))
+                edge = hi
+                if not edge:  # unbounded: nothing after it
+                    break
+            else:
+                spans.append((edge, b""))
+        for lo, hi in spans:
+            for key in live.irange(lo, hi or None, inclusive=(True, False)):
+                if (owner := self.owner(key)) is not None:
+                    return key, owner
+        return None

@@ -367,6 +367,7 @@ def cluster_main(argv: list[str]) -> int:
     try:
         layout = load_cluster_layout(args.layout)
         args.data_dir.mkdir(parents=True, exist_ok=True)
+        _no_partition_left_out(layout, args.data_dir, args.wal_dir)
         sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir,
                          args.quota_backend_bytes, args.standbys, args.followers, local_journal=not jetstream,
                          wal_dir=args.wal_dir)
@@ -391,6 +392,24 @@ def cluster_main(argv: list[str]) -> int:
         return 0
     finally:
         sup.stop_all()
+
+
+def _no_partition_left_out(layout: ClusterLayout, data_dir: Path, wal_dir: Path | None) -> None:
+    """LayoutError if ``data_dir`` holds the data of a partition (``DIR/<name>``, ``<name>.2``, ``<name>.f<n>``)
+    that the layout no longer has: nothing would serve its keys (each partition also refuses to start on
+    keys the layout gives to another; shim/server.py). Data is a local journal's segments or a checkpoint,
+    in the dir or its wal dir: a partition that never took a write (one a refused start added) is not
+    counted, and neither is a JetStream partition's, whose journal this cannot see."""
+    for d in sorted(data_dir.iterdir()):
+        name = d.name.split(".")[0]
+        if name in layout.names or not d.is_dir() or not (d / "meta.json").is_file():
+            continue
+        places = [d] if wal_dir is None else [d, wal_dir / d.name]
+        if any(next(p.rglob(pattern), None) for p in places for pattern in ("*.wal", "*.ckpt")):
+            raise LayoutError(f"{d} holds the data of partition {name}, which the cluster layout no longer has: "
+                              f"nothing would serve its keys (the resources it had would be answered without them). "
+                              f"Moving a resource between partitions is not supported: put {name} back in the layout, "
+                              "or move that dir away if its data is not wanted")
 
 
 def _announce(sup: Supervisor, flags_file: Path) -> None:

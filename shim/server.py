@@ -221,6 +221,15 @@ def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
     ]
 
 
+def moved_resource(partition: str, key: bytes, owner: str) -> str:
+    """Why a partition whose data holds another partition's keys does not start."""
+    return (f"partition {partition} holds keys the cluster layout gives to partition {owner} (e.g. "
+            f"{key.decode('utf-8', 'backslashreplace')}): the layout moved a resource whose keys are here, and "
+            f"{owner} would serve it without them. Moving a resource between partitions is not supported: start "
+            "with the layout these keys were written under, or split a snapshot of this partition into the new "
+            "layout (shardetcd snapshot restore FILE --cluster-layout NEW --data-dir NEW_DIR)")
+
+
 def partition_guard(config: ServerConfig) -> PartitionGuard | None:
     if config.partition is None:
         return None
@@ -472,6 +481,10 @@ async def start(config: ServerConfig) -> Running:
             await store.close()
             await release_writer_lease(lease)
             raise StartupError(f"{lease.lost} while recovering: another shardetcd writes these journals now")
+    if guard is not None and (stray := next(filter(None, (guard.foreign(s.live) for s in store.states)), None)):
+        await store.close()
+        await release_writer_lease(lease)
+        raise StartupError(moved_resource(config.partition, *stray))
     member = Member(store, config, guard)
     member.link = link
     member.standing_by = link is not None and lease is not None  # --follow --standby: until it takes over

@@ -73,7 +73,7 @@ port = {self.ports["main"]}
             offset = self.out.tell()
             self.proc = subprocess.Popen(self.argv, stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             deadline = time.monotonic() + timeout
-            while "--etcd-servers=" not in self.output():
+            while "--etcd-servers=" not in self.output()[offset:]:  # this start's, not an earlier one's
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     said = self.output()[offset:]
@@ -84,11 +84,12 @@ port = {self.ports["main"]}
                 time.sleep(0.1)
             else:
                 break
-        self.child_pids = {m[0]: int(m[1]) for m in re.findall(r"^  (\w+)\s+http://\S+\s+pid (\d+)", self.output(), re.M)}
+        self.child_pids = {m[0]: int(m[1]) for m in re.findall(r"^  (\w+)\s+http://\S+\s+pid (\d+)",
+                                                              self.output()[offset:], re.M)}
         return self
 
     def output(self) -> str:
-        return self.out_path.read_text(errors="replace")
+        return self.out_path.read_bytes().decode("latin-1")  # one character a byte: sliced by file offsets
 
     def endpoint(self, name: str) -> str:
         return f"127.0.0.1:{self.ports[name]}"
@@ -427,3 +428,45 @@ def test_a_snapshot_restores_into_the_partitions_with_their_wal_dirs(tmp_path):
             assert list((wal / name / name).glob("*.wal")), f"{name} journals into its wal dir"
     finally:
         cluster.stop()
+
+
+def test_a_layout_that_moves_a_resource_away_from_its_keys_is_refused(tmp_path):
+    """Each partition is an etcd of its own: a layout edited to give a resource that has keys to
+    another partition would have that partition serve the resource empty (kube-apiserver would see
+    every pod gone). The partition holding the keys refuses to start, naming the partition the
+    layout gives them to; a layout that drops a partition whose data dir is there is refused by the
+    supervisor. A change that moves no key (a new partition for a resource nothing stored yet)
+    starts."""
+    c = Cluster(tmp_path)
+    original = c.layout.read_text()
+    c.start()
+    try:
+        kv(c.endpoint("main")).Put(pb.PutRequest(key=b"/registry/pods/ns/p1", value=b"v"), timeout=10)
+        kv(c.endpoint("events")).Put(pb.PutRequest(key=b"/registry/events/ns/e1", value=b"v"), timeout=10)
+    finally:
+        c.stop()
+
+    def start_with(layout: str) -> subprocess.CompletedProcess:
+        c.layout.write_text(layout)
+        return subprocess.run(c.argv, capture_output=True, text=True, timeout=120)
+
+    extra = free_port()
+    moved = start_with(original + f'\n[[partition]]\nname = "pods"\nresources = ["pods"]\nport = {extra}\n')
+    last = moved.stderr.strip().splitlines()[-1]
+    assert moved.returncode == 2 and last.startswith(
+        "shardetcd cluster: partition main exited with code 2: shardetcd: partition main holds "
+        "keys the cluster layout gives to partition pods (e.g. /registry/pods/ns/p1)"), moved.stderr[-3000:]
+    dropped = start_with(original.replace('name = "events"\nresources = ["events"]', 'name = "leases2"\nresources = '
+                                          '["coordination.k8s.io/leases2"]'))
+    assert dropped.returncode == 2 and f"{c.data_dir / 'events'} holds the data of partition events, which the " \
+        "cluster layout no longer has" in dropped.stderr, dropped.stderr[-3000:]
+    c.layout.write_text(original + f'\n[[partition]]\nname = "cms"\nresources = ["configmaps"]\nport = {extra}\n')
+    c.ports["cms"] = extra
+    c.start()
+    try:
+        got = kv(c.endpoint("main")).Range(pb.RangeRequest(key=b"/registry/pods/ns/p1"), timeout=10)
+        assert [x.value for x in got.kvs] == [b"v"]
+        assert kv(c.endpoint("cms")).Put(pb.PutRequest(key=b"/registry/configmaps/ns/c", value=b"v"),
+                                        timeout=10).header.revision == 2
+    finally:
+        c.stop()
