@@ -34,6 +34,12 @@ def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool, us
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        # what real CAs put in (and Python 3.13's default client context, X509_STRICT, requires)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
+        .add_extension(x509.KeyUsage(digital_signature=not ca, content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
+                                     encipher_only=False, decipher_only=False), critical=True)
     )
     if usage:
         b = b.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
@@ -89,7 +95,9 @@ def write_crl(path: Path, pki: dict[str, Path], revoked: tuple[Path, ...]) -> Pa
     ca_key = serialization.load_pem_private_key(pki["ca-key"].read_bytes(), password=None)
     now = datetime.datetime.now(datetime.timezone.utc)
     b = x509.CertificateRevocationListBuilder().issuer_name(ca.subject).last_update(now).next_update(
-        now + datetime.timedelta(days=1))
+        now + datetime.timedelta(days=1)).add_extension(
+        x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False).add_extension(
+        x509.CRLNumber(1), critical=False)
     for f in revoked:
         serial = x509.load_pem_x509_certificate(f.read_bytes()).serial_number
         b = b.add_revoked_certificate(x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(now).build())
