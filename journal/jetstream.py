@@ -147,6 +147,31 @@ class JetStreamLog:
         self.js = self.nc.jetstream(timeout=self.config.publish_timeout_s)
         return self
 
+    async def keep_replicas(self, *streams: str) -> None:
+        """Give each of ``streams`` that exists (a journal's, or a bucket's ``KV_``/``OBJ_`` stream) this
+        process's --journal-replicas. A writer calls it for what it writes: a stream made with another
+        count (an earlier start with --journal-replicas 1 on a NATS cluster since grown) would otherwise
+        store what is acknowledged on fewer servers than the flag says."""
+        from nats.js.errors import APIError, NotFoundError
+
+        want = self.config.replicas
+        for stream in streams:
+            try:
+                info = await retrying(f"stream {stream}", lambda: self.js.stream_info(stream))
+            except NotFoundError:
+                continue  # made later, with ``want``
+            have = info.config.num_replicas or 1
+            if have == want:
+                continue
+            info.config.num_replicas = want
+            try:
+                await retrying(f"stream {stream} replicas", lambda: self.js.update_stream(info.config))
+            except APIError as exc:
+                raise JournalUnreachable(f"JetStream refused to change stream {stream} from {have} to {want} "
+                                         f"replicas ({exc.description}): --journal-replicas must be what the NATS "
+                                         "cluster can hold") from None
+            logger.warning("jetstream replicas changed to --journal-replicas stream=%s from=%d to=%d", stream, have, want)
+
     async def _meta(self):
         from nats.js.api import KeyValueConfig
         from nats.js.errors import BucketNotFoundError
@@ -507,6 +532,7 @@ class JetStreamJournal(Appender):
         if follow:
             self.following = True
             return
+        await self._keep_replicas()
         for attempt in range(20):
             self._tail = info.state.last_seq
             await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
@@ -620,7 +646,6 @@ class JetStreamJournal(Appender):
         ``cuts_seen``), without fencing."""
         if not self.following:
             return
-        js = self.log.js
         info = await self._info()
         self.released_before = info.state.first_seq > 1
         await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
@@ -727,7 +752,7 @@ class JetStreamJournal(Appender):
         released before they were read (``on_gap(expected, got)`` false: the state
         loaded does not hold them) raise JournalGap before anything is fenced here:
         a takeover from a state with holes would cut acknowledged writes."""
-        js = self.log.js
+        await self._keep_replicas()
         for _ in range(50):
             try:
                 await self._fence()
@@ -920,6 +945,10 @@ class JetStreamJournal(Appender):
         await retrying("purge", lambda: self.log.js.purge_stream(self.stream, seq=keep_from))
         logger.info("journal messages purged stream=%s through_rev=%d count=%d", self.stream, rev, released)
         return released
+
+    async def _keep_replicas(self) -> None:
+        """Before this process writes the journal: it and its checkpoints stored as --journal-replicas says."""
+        await self.log.keep_replicas(self.stream, f"OBJ_{self.stream}-checkpoints")
 
     async def _bucket_store(self):
         if self._bucket is None:

@@ -344,6 +344,11 @@ async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
         raise
     log.epoch = lease.revision  # stamped on every message this writer publishes
     lease.start_renewing()  # from now on: a recovery longer than the TTL must not let it lapse
+    try:  # the journals' too, as each is opened to be written
+        await log.keep_replicas(f"KV_{js.prefix}-meta", f"KV_{js.prefix}-writer")
+    except JournalUnreachable as exc:
+        await release_writer_lease(lease)
+        raise StartupError(str(exc)) from exc
     return lease
 
 

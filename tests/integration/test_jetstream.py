@@ -407,3 +407,40 @@ def test_more_replicas_than_a_lone_nats_server_has_is_refused_in_one_line(tmp_pa
             server.stop()
     finally:
         lone.stop()
+
+
+def test_a_writer_stores_its_journals_with_the_replicas_it_is_given(nats, tmp_path):
+    """Streams and buckets keep the replica count they were made with. A deployment first
+    started with --journal-replicas 1 and restarted with 3 (its NATS cluster grown) acknowledged
+    writes stored on one server, whatever the flag said, and a lost machine lost them. The
+    writer now gives what it writes — its shards' streams, their checkpoint buckets, the meta
+    and lease buckets — the replicas it is given, and says so; the keys are all still there."""
+    from tests.integration.test_jetstream_faults import nats_call
+
+    async def replicas(js) -> dict[str, int]:
+        return {i.config.name: i.config.num_replicas for i in await js.streams_info()}
+
+    first = server_on(nats, tmp_path / "a", "--journal-replicas", "1", "--checkpoint-journal-bytes", "2000").start()
+    try:
+        with grpc.insecure_channel(first.endpoint) as ch:
+            for i in range(30):  # past a checkpoint: the buckets are made too
+                pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/k%d" % i, value=b"v"), timeout=10)
+    finally:
+        first.stop()
+    made = nats_call(nats.urls, replicas)
+    ours = sorted(name for name in made if "shardetcd" in name)
+    assert {made[name] for name in ours} == {1} and any(n.startswith("OBJ_") for n in ours) and \
+        "KV_shardetcd-meta" in ours and "KV_shardetcd-writer" in ours, made
+    again = server_on(nats, tmp_path / "a").start()  # the default, 3
+    try:
+        with grpc.insecure_channel(again.endpoint) as ch:
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/", range_end=b"/registry/pods0",
+                                                       count_only=True), timeout=10)
+            assert got.count == 30
+        now = nats_call(nats.urls, replicas)
+        written = [name for name in ours if not name.startswith("KV_shardetcd-members")]
+        assert {name: now[name] for name in written} == {name: 3 for name in written}, now
+        assert "jetstream replicas changed to --journal-replicas stream=shardetcd_pods from=1 to=3" in \
+            again.log_tail(200)
+    finally:
+        again.stop()
