@@ -166,10 +166,11 @@ class JetStreamLog:
             info.config.num_replicas = want
             try:
                 await retrying(f"stream {stream} replicas", lambda: self.js.update_stream(info.config))
-            except APIError as exc:
-                raise JournalUnreachable(f"JetStream refused to change stream {stream} from {have} to {want} "
-                                         f"replicas ({exc.description}): --journal-replicas must be what the NATS "
-                                         "cluster can hold") from None
+            except (APIError, JournalFailed) as exc:  # refused, or "no suitable peers" until retrying gave up
+                said = exc.description if isinstance(exc, APIError) else str(exc)
+                raise JournalUnreachable(f"JetStream did not change stream {stream} from {have} to {want} "
+                                         f"replicas ({said}): --journal-replicas must be what the NATS cluster "
+                                         "can hold") from None
             logger.warning("jetstream replicas changed to --journal-replicas stream=%s from=%d to=%d", stream, have, want)
 
     async def _meta(self):

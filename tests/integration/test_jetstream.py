@@ -398,6 +398,7 @@ def test_more_replicas_than_a_lone_nats_server_has_is_refused_in_one_line(tmp_pa
         assert r.returncode == 2 and lines[-1].startswith("shardetcd: JetStream refused to create the ") and \
             "replicas > 1 not supported in non-clustered mode" in lines[-1] and \
             "give --journal-replicas 1" in lines[-1] and "Traceback" not in r.stderr, r.stderr[-3000:]
+        default_args = server.extra_args
         server.extra_args = (*server.extra_args, "--journal-replicas", "1")
         server.start()
         try:
@@ -405,6 +406,13 @@ def test_more_replicas_than_a_lone_nats_server_has_is_refused_in_one_line(tmp_pa
                 assert pbg.KVStub(ch).Put(pb.PutRequest(key=b"k", value=b"v"), timeout=10).header.revision == 2
         finally:
             server.stop()
+        # its streams are there now, of 1 replica: a start asking 3 again is refused, not served at 1
+        server.extra_args = default_args
+        r = subprocess.run(server.args(), capture_output=True, text=True, timeout=60,
+                           cwd=Path(__file__).resolve().parents[2])
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and lines[-1].startswith("shardetcd: JetStream did not change stream ") and \
+            "from 1 to 3 replicas (replicas > 1 not supported in non-clustered mode)" in lines[-1], r.stderr[-3000:]
     finally:
         lone.stop()
 
