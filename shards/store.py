@@ -571,7 +571,8 @@ class Store:
     # -- commit tracking ------------------------------------------------
 
     def wait_committed(self, rev: int) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()  # once: on CPython 3.11 each call is a getpid() system call
+        fut = loop.create_future()
         if self.failure is not None:
             fut.set_exception(StoreFailedError(str(self.failure)))
         elif rev <= self.committed:
@@ -580,7 +581,6 @@ class Store:
             self._waiter_seq += 1
             heapq.heappush(self._waiters, (rev, self._waiter_seq, fut))
             # one timer for every waiter (they all wait request_timeout_s), not one each
-            loop = asyncio.get_running_loop()
             deadlines = self._deadlines
             while deadlines and deadlines[0][1].done():
                 deadlines.popleft()
