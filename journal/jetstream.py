@@ -51,9 +51,11 @@ from typing import Awaitable, Callable, Iterable, Iterator
 from journal.appender import Appender
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
-from journal.errors import JournalCorrupt, JournalFailed, JournalFenced, JournalGap, JournalGone, JournalUnreachable
+from journal.errors import (JournalCorrupt, JournalError, JournalFailed, JournalFenced, JournalGap, JournalGone,
+                            JournalUnreachable)
 from journal.follow import Message  # noqa: F401 - one stream message, as a follower sees it
 from journal.record import HEADER_BYTES, FrameError, Record, decode_frame, frame_header
+from journal.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -516,6 +518,7 @@ class JetStreamJournal(Appender):
         self.following = False  # opened to follow another writer: not fenced, not writable
         self.cuts_seen: list[tuple[int, int]] = []  # (epoch, revision) of the cut markers read
         self.first_top = 0  # the highest tag in the first message with records that was read
+        self._replicas_task: asyncio.Future | None = None  # after a takeover: --journal-replicas applied
 
     # -- open / replay ----------------------------------------------------
 
@@ -753,11 +756,12 @@ class JetStreamJournal(Appender):
         released before they were read (``on_gap(expected, got)`` false: the state
         loaded does not hold them) raise JournalGap before anything is fenced here:
         a takeover from a state with holes would cut acknowledged writes."""
-        await self._keep_replicas()
         for _ in range(50):
             try:
                 await self._fence()
                 self.following = False
+                # after it: a takeover is not held up, or stopped, by a setting the last writer had too
+                self._replicas_task = asyncio.ensure_future(self._keep_replicas_after_takeover())
                 return
             except JournalFenced:
                 info = await self._info()
@@ -950,6 +954,16 @@ class JetStreamJournal(Appender):
     async def _keep_replicas(self) -> None:
         """Before this process writes the journal: it and its checkpoints stored as --journal-replicas says."""
         await self.log.keep_replicas(self.stream, f"OBJ_{self.stream}-checkpoints")
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._replicas_task)
+        await super().close()
+
+    async def _keep_replicas_after_takeover(self) -> None:
+        try:
+            await self._keep_replicas()
+        except JournalError as exc:
+            logger.warning("journal replicas left as they are after a takeover stream=%s error=%s", self.stream, exc)
 
     async def _bucket_store(self):
         if self._bucket is None:
