@@ -135,6 +135,11 @@ class Child:
         return self.ready
 
 
+def _given(flag: str, args: list[str]) -> bool:
+    """Whether ``args`` (the flags passed on to the partitions) hold ``flag``, alone or as flag=value."""
+    return any(a.split("=")[0] == flag for a in args)
+
+
 def _mtime(path: Path) -> int:
     try:
         return path.stat().st_mtime_ns
@@ -184,7 +189,7 @@ class Supervisor:
                  server_args: list[str], state_dir: Path | None = None, quota_backend_bytes: int | None = None,
                  standbys: bool = False, followers: int = 0, local_journal: bool = True,
                  wal_dir: Path | None = None) -> None:
-        rotated = any(a.split("=")[0] == "--enable-log-rotation" for a in server_args)
+        rotated = _given("--enable-log-rotation", server_args)
         self.layout = layout
         self.data_dir = data_dir
         self.stopping = False
@@ -352,11 +357,10 @@ def cluster_main(argv: list[str]) -> int:
     clash = sorted({a.split("=")[0] for a in server_args} & PER_PARTITION_FLAGS)
     if clash:
         parser.error(f"the cluster sets {', '.join(clash)} for each partition itself (see --base-port, --data-dir, --state-dir and the layout)")
-    jetstream = any(a.split("=")[0] == "--journal-url" for a in server_args)
+    jetstream = _given("--journal-url", server_args)
     if args.standbys and not jetstream:
         parser.error("--standbys needs --journal-url: a standby takes over a replicated journal")
-    if any(a.split("=")[0] == "--enable-log-rotation" for a in server_args) and \
-            any(a.split("=")[0] == "--log-outputs" for a in server_args):
+    if _given("--enable-log-rotation", server_args) and _given("--log-outputs", server_args):
         parser.error("with --enable-log-rotation each partition writes and rotates its own log, DIR/<name>.log: "
                      "no --log-outputs")
     if args.wal_dir is not None and jetstream:
