@@ -138,11 +138,13 @@ def test_a_server_started_while_a_restore_uploads_does_not_write(nats, tmp_path)
     restore then fills with checkpoints; the restore completes, and its data dir serves the
     snapshot."""
     snap, _, want = snapshot_of_keys(tmp_path)
-    env = {**os.environ, "SHARDETCD_FAILPOINTS": "snapshot.restore_between_uploads=pause:10"}
+    # the window: 20 s after the first upload, ample for a server to start and, the lease's TTL being 1 s,
+    # give up on it within 2 s (a loaded machine once took longer than a 10 s window, and that server served)
+    env = {**os.environ, "SHARDETCD_FAILPOINTS": "snapshot.restore_between_uploads=pause:20"}
     data = tmp_path / "r" / "data"
     proc = subprocess.Popen([sys.executable, "-m", "shim", "snapshot", "restore", str(snap), "--data-dir", str(data),
-                             "--journal-url", nats.urls, "--journal-prefix", "held"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--journal-url", nats.urls, "--journal-prefix", "held", "--journal-lease-ttl", "1"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while (holder := lease_holder(nats.urls, "held")) is None:
@@ -152,6 +154,7 @@ def test_a_server_started_while_a_restore_uploads_does_not_write(nats, tmp_path)
         r = subprocess.run(early.args(), cwd=REPO, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and f"another shardetcd ({holder}) holds the writer lease writer of held" in r.stderr, \
             r.stderr[-2000:]
+        assert proc.poll() is None, "refused only once the restore was over: the window was missed"
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
     finally:
