@@ -497,7 +497,7 @@ async def start(config: ServerConfig) -> Running:
     if member.lease is not None:
         member.leader_probe = member.lease_sure
     elif link is not None and isinstance(link.log, JetStreamLog):  # a follower knows a leader while NATS names one
-        holder = lease or WriterLease(link.log, key=config.partition or "writer")
+        holder = lease or WriterLease(link.log, ttl_s=config.journal_lease_ttl_s, key=config.partition or "writer")
         member.leader_probe = functools.partial(holder.held, config.journal_lease_ttl_s)  # a slow answer is an answer
     elif link is not None:  # a local journal's follower: its leader is the writer process on this machine
         member.leader_probe = functools.partial(link.answers, config.journal_lease_ttl_s)

@@ -484,3 +484,28 @@ def test_a_standby_that_takes_over_gives_the_journals_its_replicas(nats, tmp_pat
     finally:
         standby.kill()
         writer.kill()
+
+
+def test_a_follower_started_first_makes_the_lease_bucket_with_its_ttl(nats, tmp_path):
+    """Whichever process opens the writer lease bucket first makes it, with that process's lease
+    TTL, which every later one then uses. A follower made it with the default 3 s whatever its
+    --journal-lease-ttl, so a deployment configured with another TTL ran on 3 s."""
+    from tests.integration.test_jetstream_faults import nats_call
+
+    async def bucket_ttl(js) -> float | None:
+        from nats.js.errors import BucketNotFoundError
+
+        try:
+            return (await (await js.key_value("shardetcd-writer")).status()).ttl
+        except BucketNotFoundError:
+            return None
+
+    follower = server_on(nats, tmp_path / "f", "--journal-lease-ttl", "7", "--follow").start(wait=False)
+    try:
+        deadline = time.monotonic() + 30
+        while (ttl := nats_call(nats.urls, bucket_ttl)) is None:
+            assert follower.running() and time.monotonic() < deadline, follower.log_tail(20)
+            time.sleep(0.2)
+        assert ttl == 7.0
+    finally:
+        follower.kill()
