@@ -40,6 +40,7 @@ POINTS = (
     "state.write",
     "snapshot.restore_between_shards",
     "snapshot.restore_between_uploads",  # a restore into JetStream, after a shard's checkpoint went up
+    "recovery.follow_after_checkpoints",  # a follower or standby starting: checkpoints loaded, journals not read
 )
 
 _armed: dict[str, str] = {}
@@ -74,7 +75,7 @@ async def pause(name: str) -> None:
     if _skips.get(name, 0) > 0:
         _skips[name] -= 1
         return
-    logger.info("failpoint hit name=%s action=%s", name, action)
+    logger.warning("failpoint pausing name=%s action=%s", name, action)  # tests wait for this line
     disarm(name)
     await asyncio.sleep(float(action[len("pause:"):]))
 

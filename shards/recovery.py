@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from journal import failpoints
 from journal.config import JournalConfig
 from journal.errors import JournalGap
 from journal.reader import iter_frames
@@ -146,6 +147,7 @@ async def recover_to_follow(store: Store) -> Follower:
 async def _recover_to_follow(store: Store, started: float) -> Follower:
     _track_lease_keys(store)
     loaded = [await shard.load_checkpoint() for shard in store.shards]
+    await failpoints.pause("recovery.follow_after_checkpoints")
     for shard, (ckpt_rev, _, _) in zip(store.shards, loaded):
         await shard.journal.catch_up()
         # purged past the checkpoint loaded (a newer one was written meanwhile)?

@@ -273,14 +273,7 @@ async def start_following(config: ServerConfig, log=None) -> tuple[Store, Writer
     if owned:
         log = await _followed_log(config)
     try:
-        for attempt in range(1, 4):
-            try:
-                store = await open_store(config, log, follow=True)
-                break
-            except JournalGap as exc:  # released past the checkpoint loaded while starting: load the newer one
-                if attempt == 3:
-                    raise StartupError(f"the writer's checkpoints keep moving while this follower loads: {exc}")
-                logger.warning("journal released past the checkpoint loaded, loading again error=%s", exc)
+        store = await open_to_follow(config, log, "follower")
     except BaseException:
         if owned:
             await log.close()
@@ -379,6 +372,20 @@ async def open_store(config: ServerConfig, log=None, follow: bool = False) -> St
     return store
 
 
+async def open_to_follow(config: ServerConfig, log, who: str) -> Store:
+    """``open_store`` for a follower or a standby: the writer may release its journals past the
+    checkpoint loaded while this one starts (it checkpoints as it writes), and then the newer
+    checkpoint is loaded instead, a few times at most."""
+    for attempt in range(1, 4):
+        try:
+            return await open_store(config, log, follow=True)
+        except JournalGap as exc:
+            if attempt == 3:
+                raise StartupError(f"the writer's checkpoints keep moving while this {who} loads: {exc}") from exc
+            logger.warning("journal released past the checkpoint loaded, loading again error=%s", exc)
+    raise AssertionError("unreachable")
+
+
 async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
     """--standby: keep a state that follows the writer's journals, without
     serving clients, until the writer lease is free; then take the journals
@@ -388,7 +395,7 @@ async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
     http = await serve_metrics(config, status)
     try:
         while True:
-            store = await open_store(config, lease.log, follow=True)
+            store = await open_to_follow(config, lease.log, "standby")
             status.store = store
             logger.warning("standing by, following the writer's journals rev=%d", store.committed)
             following = asyncio.ensure_future(store.follow_journals())

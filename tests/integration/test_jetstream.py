@@ -509,3 +509,40 @@ def test_a_follower_started_first_makes_the_lease_bucket_with_its_ttl(nats, tmp_
         assert ttl == 7.0
     finally:
         follower.kill()
+
+
+def test_a_standby_whose_checkpoint_is_released_while_it_starts_loads_the_newer_one(nats, tmp_path):
+    """A standby loads the newest checkpoints, then reads the journals after them. A writer that
+    checkpoints as it writes may release those journals in between; the standby then found the
+    stream purged past its checkpoint and exited with a traceback (seen in CI). It now loads the
+    newer checkpoint and stands by, as a follower already did."""
+    import os
+
+    from tests.integration.followkit import write_past_checkpoints
+
+    writer = server_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "65536").start()
+    standby = server_on(nats, tmp_path / "s", "--standby")
+    try:
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/early", value=b"v" * 1000), timeout=10)
+        os.environ["SHARDETCD_FAILPOINTS"] = "recovery.follow_after_checkpoints=pause:6"
+        try:
+            standby.start(wait=False)
+        finally:
+            del os.environ["SHARDETCD_FAILPOINTS"]
+        deadline = time.monotonic() + 30
+        while "failpoint pausing name=recovery.follow_after_checkpoints" not in standby.log_tail(20):
+            assert standby.running() and time.monotonic() < deadline, standby.log_tail(20)
+            time.sleep(0.05)
+        rev = write_past_checkpoints(writer.endpoint)  # within the pause: journals released past its checkpoint
+        wait_standing_by(standby)
+        assert "journal released past the checkpoint loaded, loading again" in standby.log_tail(100)
+        writer.kill()
+        standby.wait_ready(timeout=30)
+        with grpc.insecure_channel(standby.endpoint) as ch:
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
+                                       timeout=30)
+            assert got.header.revision == rev and len(got.kvs) == 42
+    finally:
+        standby.kill()
+        writer.kill()
