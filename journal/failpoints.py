@@ -47,15 +47,24 @@ _armed: dict[str, str] = {}
 _skips: dict[str, int] = {}  # hits to let pass before the action fires
 
 
-def hit(name: str) -> None:
-    """Trigger the action armed at `name`, if any."""
-    if not _armed:
-        return
+def _due(name: str, pausing: bool) -> str | None:
+    """The action armed at ``name`` if it fires at this hit (its hit count reached); only a pause
+    when ``pausing`` (pause()), only the others when not (hit())."""
     action = _armed.get(name)
-    if action is None or action.startswith("pause:"):  # a pause is for pause()
-        return
+    if action is None or action.startswith("pause:") != pausing:
+        return None
     if _skips.get(name, 0) > 0:
         _skips[name] -= 1
+        return None
+    return action
+
+
+def hit(name: str) -> None:
+    """Trigger the action armed at `name`, if any."""
+    if not _armed:  # the per-write path: nothing more when nothing is armed
+        return
+    action = _due(name, pausing=False)
+    if action is None:
         return
     logger.info("failpoint hit name=%s action=%s", name, action)
     if action == "exit":
@@ -69,11 +78,8 @@ def hit(name: str) -> None:
 
 async def pause(name: str) -> None:
     """At an awaited point: wait the seconds of a "pause:S" armed at ``name``, once."""
-    action = _armed.get(name) if _armed else None
-    if action is None or not action.startswith("pause:"):
-        return
-    if _skips.get(name, 0) > 0:
-        _skips[name] -= 1
+    action = _due(name, pausing=True)
+    if action is None:
         return
     logger.warning("failpoint pausing name=%s action=%s", name, action)  # tests wait for this line
     disarm(name)

@@ -175,11 +175,15 @@ class JetStreamLog:
                                          "can hold") from None
             logger.warning("jetstream replicas changed to --journal-replicas stream=%s from=%d to=%d", stream, have, want)
 
+    @property
+    def meta_bucket(self) -> str:
+        return f"{self.config.prefix}-meta"
+
     async def _meta(self):
         from nats.js.api import KeyValueConfig
         from nats.js.errors import BucketNotFoundError
 
-        name = f"{self.config.prefix}-meta"
+        name = self.meta_bucket
         return await open_or_create(f"meta bucket {name}", lambda: self.js.key_value(name),
                                     lambda: self.js.create_key_value(KeyValueConfig(
                                         bucket=name, history=1, replicas=self.config.replicas)),
@@ -409,6 +413,11 @@ async def retrying(what: str, op, deadline_s: float = 30.0):
 
 
 REPLICAS_NEED_A_CLUSTER = 10074  # JetStream's "replicas > 1 not supported in non-clustered mode"
+
+
+def kv_stream(bucket: str) -> str:
+    """The stream that holds the KV bucket ``bucket`` (nats-py's naming)."""
+    return f"KV_{bucket}"
 
 
 async def open_or_create(what: str, get, create, missing: type[Exception]):
@@ -953,7 +962,9 @@ class JetStreamJournal(Appender):
 
     async def _keep_replicas(self) -> None:
         """Before this process writes the journal: it and its checkpoints stored as --journal-replicas says."""
-        await self.log.keep_replicas(self.stream, f"OBJ_{self.stream}-checkpoints")
+        from nats.js.object_store import OBJ_STREAM_TEMPLATE
+
+        await self.log.keep_replicas(self.stream, OBJ_STREAM_TEMPLATE.format(bucket=self.checkpoint_bucket))
 
     async def close(self) -> None:
         await cancel_and_wait(self._replicas_task)
@@ -965,12 +976,16 @@ class JetStreamJournal(Appender):
         except JournalError as exc:
             logger.warning("journal replicas left as they are after a takeover stream=%s error=%s", self.stream, exc)
 
+    @property
+    def checkpoint_bucket(self) -> str:
+        return f"{self.stream}-checkpoints"
+
     async def _bucket_store(self):
         if self._bucket is None:
             from nats.js.api import ObjectStoreConfig
             from nats.js.errors import BucketNotFoundError
 
-            name = f"{self.stream}-checkpoints"
+            name = self.checkpoint_bucket
             self._bucket = await open_or_create(
                 f"checkpoint bucket {name}", lambda: self.log.js.object_store(name),
                 lambda: self.log.js.create_object_store(name, config=ObjectStoreConfig(

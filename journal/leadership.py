@@ -74,6 +74,11 @@ def _fence_ended(fence: asyncio.Future) -> None:
         logger.warning("writer lease: fencing the journals again failed, retried with the next renewal error=%r", exc)
 
 
+def bucket_name(prefix: str) -> str:
+    """The KV bucket of the writer leases of the journals under ``prefix``."""
+    return f"{prefix}-writer"
+
+
 class LeaseLost(JournalFailed):
     """Another process holds the writer lease now."""
 
@@ -105,7 +110,7 @@ class WriterLease:
 
             from journal.jetstream import open_or_create, retrying
 
-            name = f"{self.log.config.prefix}-writer"
+            name = bucket_name(self.log.config.prefix)
             bucket = await open_or_create(
                 f"writer lease bucket {name}", lambda: self.log.js.key_value(name),
                 lambda: self.log.js.create_key_value(KeyValueConfig(

@@ -18,8 +18,8 @@ from grpc_health.v1 import health_pb2
 
 from journal import Journal, JournalConfig
 from journal.errors import JournalFailed, JournalGap, JournalUnreachable
-from journal.jetstream import JetStreamConfig, JetStreamLog
-from journal.leadership import WriterLease
+from journal.jetstream import JetStreamConfig, JetStreamLog, kv_stream
+from journal.leadership import WriterLease, bucket_name as lease_bucket
 from journal.tail import LocalFollowLog, LocalMembers, write_writer_file
 from journal.tasks import awaiting, cancel_and_wait
 from shards import collector
@@ -338,7 +338,7 @@ async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
     log.epoch = lease.revision  # stamped on every message this writer publishes
     lease.start_renewing()  # from now on: a recovery longer than the TTL must not let it lapse
     try:  # the journals' too, as each is opened to be written
-        await log.keep_replicas(f"KV_{js.prefix}-meta", f"KV_{js.prefix}-writer")
+        await log.keep_replicas(kv_stream(log.meta_bucket), kv_stream(lease_bucket(js.prefix)))
     except JournalUnreachable as exc:
         await release_writer_lease(lease)
         raise StartupError(str(exc)) from exc
