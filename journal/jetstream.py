@@ -118,6 +118,7 @@ class JetStreamLog:
         self.closing = False
         self.batch_bytes_max = MIN_MAX_PAYLOAD
         self.epoch = 0  # the writer lease's revision once held: stamped on every message
+        self._replicas_tasks: list[asyncio.Future] = []  # keep_replicas_soon's
 
     async def connect(self) -> JetStreamLog:
         import nats
@@ -174,6 +175,18 @@ class JetStreamLog:
                                          f"replicas ({said}): --journal-replicas must be what the NATS cluster "
                                          "can hold") from None
             logger.warning("jetstream replicas changed to --journal-replicas stream=%s from=%d to=%d", stream, have, want)
+
+    def keep_replicas_soon(self, *streams: str) -> None:
+        """``keep_replicas`` in a task of its own, for a standby that has just taken over: the takeover
+        is not held up by it, and a refusal is a warning (the journals are served as they are)."""
+        async def keep() -> None:
+            try:
+                await self.keep_replicas(*streams)
+            except JournalError as exc:
+                logger.warning("jetstream replicas left as they are after a takeover streams=%s error=%s",
+                               ",".join(streams), exc)
+
+        self._replicas_tasks.append(asyncio.ensure_future(keep()))
 
     @property
     def meta_bucket(self) -> str:
@@ -276,6 +289,8 @@ class JetStreamLog:
 
     async def close(self) -> None:
         self.closing = True
+        for task in self._replicas_tasks:
+            await cancel_and_wait(task)
         if self.nc is not None:
             await self.nc.close()
 
@@ -527,7 +542,6 @@ class JetStreamJournal(Appender):
         self.following = False  # opened to follow another writer: not fenced, not writable
         self.cuts_seen: list[tuple[int, int]] = []  # (epoch, revision) of the cut markers read
         self.first_top = 0  # the highest tag in the first message with records that was read
-        self._replicas_task: asyncio.Future | None = None  # after a takeover: --journal-replicas applied
 
     # -- open / replay ----------------------------------------------------
 
@@ -545,7 +559,7 @@ class JetStreamJournal(Appender):
         if follow:
             self.following = True
             return
-        await self._keep_replicas()
+        await self.log.keep_replicas(*self._written_streams())  # before this process writes them
         for attempt in range(20):
             self._tail = info.state.last_seq
             await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
@@ -770,7 +784,7 @@ class JetStreamJournal(Appender):
                 await self._fence()
                 self.following = False
                 # after it: a takeover is not held up, or stopped, by a setting the last writer had too
-                self._replicas_task = asyncio.ensure_future(self._keep_replicas_after_takeover())
+                self.log.keep_replicas_soon(*self._written_streams())
                 return
             except JournalFenced:
                 info = await self._info()
@@ -960,21 +974,11 @@ class JetStreamJournal(Appender):
         logger.info("journal messages purged stream=%s through_rev=%d count=%d", self.stream, rev, released)
         return released
 
-    async def _keep_replicas(self) -> None:
-        """Before this process writes the journal: it and its checkpoints stored as --journal-replicas says."""
+    def _written_streams(self) -> tuple[str, str]:
+        """What this process writes for the journal: its stream and its checkpoints' bucket."""
         from nats.js.object_store import OBJ_STREAM_TEMPLATE
 
-        await self.log.keep_replicas(self.stream, OBJ_STREAM_TEMPLATE.format(bucket=self.checkpoint_bucket))
-
-    async def close(self) -> None:
-        await cancel_and_wait(self._replicas_task)
-        await super().close()
-
-    async def _keep_replicas_after_takeover(self) -> None:
-        try:
-            await self._keep_replicas()
-        except JournalError as exc:
-            logger.warning("journal replicas left as they are after a takeover stream=%s error=%s", self.stream, exc)
+        return self.stream, OBJ_STREAM_TEMPLATE.format(bucket=self.checkpoint_bucket)
 
     @property
     def checkpoint_bucket(self) -> str:

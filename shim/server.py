@@ -338,11 +338,17 @@ async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
     log.epoch = lease.revision  # stamped on every message this writer publishes
     lease.start_renewing()  # from now on: a recovery longer than the TTL must not let it lapse
     try:  # the journals' too, as each is opened to be written
-        await log.keep_replicas(kv_stream(log.meta_bucket), kv_stream(lease_bucket(js.prefix)))
+        await log.keep_replicas(*writer_buckets(log))
     except JournalUnreachable as exc:
         await release_writer_lease(lease)
         raise StartupError(str(exc)) from exc
     return lease
+
+
+def writer_buckets(log: JetStreamLog) -> tuple[str, str]:
+    """The streams of the buckets a writer keeps besides its journals: meta (acknowledged revision,
+    restores) and the writer lease."""
+    return kv_stream(log.meta_bucket), kv_stream(lease_bucket(log.config.prefix))
 
 
 async def release_writer_lease(lease: WriterLease | None) -> None:
@@ -426,6 +432,7 @@ async def take_over_as_writer(lease: WriterLease, store: Store, following: async
     lease.start_renewing()
     logger.warning("taking over as the writer epoch=%d", lease.revision)
     await store.take_over()
+    lease.log.keep_replicas_soon(*writer_buckets(lease.log))  # as a plain writer does at start
 
 
 class StandbyStatus(HttpEndpoint):
