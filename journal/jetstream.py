@@ -190,7 +190,7 @@ class JetStreamLog:
 
     @property
     def meta_bucket(self) -> str:
-        return f"{self.config.prefix}-meta"
+        return meta_bucket(self.config.prefix)
 
     async def _meta(self):
         from nats.js.api import KeyValueConfig
@@ -428,6 +428,16 @@ async def retrying(what: str, op, deadline_s: float = 30.0):
 
 
 REPLICAS_NEED_A_CLUSTER = 10074  # JetStream's "replicas > 1 not supported in non-clustered mode"
+
+
+def meta_bucket(prefix: str) -> str:
+    """The key-value bucket of a prefix's writers' word: acknowledged revisions, restores."""
+    return f"{prefix}-meta"
+
+
+def checkpoint_bucket(stream: str) -> str:
+    """The object store bucket of a journal stream's checkpoints."""
+    return f"{stream}-checkpoints"
 
 
 def kv_stream(bucket: str) -> str:
@@ -982,7 +992,7 @@ class JetStreamJournal(Appender):
 
     @property
     def checkpoint_bucket(self) -> str:
-        return f"{self.stream}-checkpoints"
+        return checkpoint_bucket(self.stream)
 
     async def _bucket_store(self):
         if self._bucket is None:
@@ -1021,7 +1031,7 @@ class JetStreamJournal(Appender):
                     await bucket.delete(name)
                 except NotFoundError:
                     pass
-        return f"nats:{self.stream}-checkpoints/{path.name}"
+        return f"nats:{self.checkpoint_bucket}/{path.name}"
 
     async def load_checkpoint(self) -> Checkpoint | None:
         """The newest checkpoint in the bucket, fetched into the scratch dir."""

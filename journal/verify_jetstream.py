@@ -6,7 +6,10 @@ highest revision tag, every message that does not decode (named by its sequence)
 backwards, messages missing inside the stream; the checkpoints in its object store bucket
 ``<stream>-checkpoints`` (the newest downloaded and checked like a local checkpoint); and
 whether the stream still reaches back to that checkpoint: a stream purged up to a checkpoint
-(first sequence past 1) needs that checkpoint, else the purged records are gone.
+(first sequence past 1) needs that checkpoint, else the purged records are gone. And on how
+many NATS servers each journal, checkpoint bucket, the meta and the writer lease bucket are
+stored, which of those servers are offline or behind; given the replicas the servers run with,
+fewer is a finding: a lost server would take what only it holds.
 
 Read-only: it lists, reads through an ephemeral consumer that acknowledges nothing, and
 downloads; it never publishes, purges or fences, so it is safe while a server writes (each
@@ -21,7 +24,8 @@ from pathlib import Path
 
 from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
-from journal.jetstream import _CKPT_NAME, CUT_HEADER, FENCE_HEADER, retrying
+from journal.jetstream import _CKPT_NAME, CUT_HEADER, FENCE_HEADER, checkpoint_bucket, kv_stream, meta_bucket, retrying
+from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import verify_checkpoints
 
@@ -56,7 +60,7 @@ class StreamReport:
 
     @property
     def bucket(self) -> str:
-        return f"{self.stream}-checkpoints"
+        return checkpoint_bucket(self.stream)
 
     @property
     def status(self) -> str:
@@ -71,6 +75,33 @@ class StreamReport:
     @property
     def sound(self) -> bool:
         return self.status == "ok"
+
+
+@dataclass
+class ReplicaReport:
+    """Where one stream of the prefix is stored: its replica count and its servers' state."""
+    stream: str
+    replicas: int
+    leader: str | None = None
+    lagging: list[str] = field(default_factory=list)  # "n2 offline", "n3 12 operations behind"
+
+    def fewer_than(self, want: int | None) -> bool:
+        return want is not None and self.replicas < want
+
+    def line(self, want: int | None) -> str:
+        line = f"replicas: {self.stream}: {self.replicas}"
+        if self.fewer_than(want):
+            line += f", fewer than the {want} asked"
+        where = [f"leader {self.leader}"] if self.leader else ["no leader"]
+        return f"{line} ({'; '.join(where + self.lagging)})"
+
+
+@dataclass
+class Verified:
+    """What ``verify_jetstream`` found."""
+    streams: list[StreamReport]
+    acknowledged: dict[str, int]  # by role: the revision the writer said it acknowledged writes up to
+    replicas: list[ReplicaReport]
 
 
 async def connect(urls: tuple[str, ...], timeout_s: float = 5.0):
@@ -92,10 +123,10 @@ async def connect(urls: tuple[str, ...], timeout_s: float = 5.0):
         raise JournalUnreachable(f"cannot reach NATS at {','.join(urls)}: {reason}") from None
 
 
-async def verify_jetstream(urls: tuple[str, ...], prefix: str,
-                           config: JournalConfig = JournalConfig()) -> tuple[list[StreamReport], dict[str, int]]:
-    """One report per journal stream of ``prefix``, in name order; and the revision each writer
-    (by role: its default shard's or partition's name) said it acknowledged writes up to."""
+async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalConfig = JournalConfig()) -> Verified:
+    """One report per journal stream of ``prefix``, in name order; the revision each writer
+    (by role: its default shard's or partition's name) said it acknowledged writes up to; and
+    where each stream a writer keeps is stored."""
     from nats.errors import Error as NatsError
 
     nc = await connect(urls)
@@ -113,7 +144,7 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str,
             except (NatsError, asyncio.TimeoutError) as exc:
                 raise JournalUnreachable(f"NATS at {','.join(urls)} stopped answering while stream "
                                          f"{info.config.name} was read: {exc!r}") from None
-        return reports, await _acknowledged(js, prefix)
+        return Verified(reports, await _acknowledged(js, prefix), _replicas(infos, journals, prefix))
     finally:
         await nc.close()
 
@@ -123,7 +154,7 @@ async def _acknowledged(js, prefix: str) -> dict[str, int]:
     from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
     try:
-        kv = await js.key_value(f"{prefix}-meta")
+        kv = await js.key_value(meta_bucket(prefix))
         keys = await kv.keys()
     except (BucketNotFoundError, NoKeysError, NotFoundError):
         return {}
@@ -145,7 +176,7 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
     held = max([0, *(r.last_rev or 0 for r in reports), *(c.rev for r in reports for c in r.checkpoints)])
     lines, gone = [], False
     for role, rev in sorted(acknowledged.items()):
-        where = f"key acknowledged.{role} of {prefix}-meta"
+        where = f"key acknowledged.{role} of {meta_bucket(prefix)}"
         if rev > held:
             gone = True
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but no stream or checkpoint "
@@ -153,6 +184,34 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
         else:
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}); the streams reach {held}")
     return lines, gone
+
+
+def _replicas(infos, journals, prefix: str) -> list[ReplicaReport]:
+    """The journals, their checkpoint buckets, the meta and writer lease buckets, in that order."""
+    from nats.js.object_store import OBJ_STREAM_TEMPLATE
+
+    by_name = {i.config.name: i for i in infos}
+    names = [name for j in journals
+             for name in (j.config.name, OBJ_STREAM_TEMPLATE.format(bucket=checkpoint_bucket(j.config.name)))]
+    names += [kv_stream(meta_bucket(prefix)), kv_stream(lease_bucket(prefix))]
+    return [_replica_report(by_name[name]) for name in names if name in by_name]
+
+
+def _replica_report(info) -> ReplicaReport:
+    report = ReplicaReport(info.config.name, info.config.num_replicas or 1)
+    cluster = info.cluster
+    if cluster is None:  # a NATS server that is not clustered: it alone
+        report.leader = "the one server"
+        return report
+    report.leader = cluster.leader
+    for peer in cluster.replicas or []:
+        if peer.offline:
+            report.lagging.append(f"{peer.name} offline")
+        elif not peer.current:
+            behind = f", {peer.lag} operations behind" if peer.lag else ""
+            heard = f", last active {peer.active / 1e9:.1f} s ago" if peer.active else ""
+            report.lagging.append(f"{peer.name} not current{behind}{heard}")
+    return report
 
 
 def _is_journal(cfg, prefix: str) -> bool:

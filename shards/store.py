@@ -22,7 +22,7 @@ from pathlib import Path
 
 from journal import JournalConfig, failpoints
 from journal.errors import JournalFailed, JournalGap
-from journal.jetstream import JetStreamConfig
+from journal.jetstream import JetStreamConfig, meta_bucket
 from journal.journal import LocalLog
 from journal.tasks import cancel_and_wait
 from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter
@@ -208,7 +208,7 @@ class Store:
     async def read_acknowledged(self) -> None:
         """A replicated journal: the revision up to which its last writer (this process, or another on
         any machine) said it acknowledged writes (``_publish_acknowledged``)."""
-        key, bucket = acknowledged_key(self.config.layout), f"{self.config.jetstream.prefix}-meta"
+        key, bucket = acknowledged_key(self.config.layout), meta_bucket(self.config.jetstream.prefix)
         self.acknowledged = int(await self.log.get_meta(key) or 0)
         self.acknowledged_where = (f"key {key} of the JetStream bucket {bucket}",
                                    f"delete that key (`nats kv del {bucket} {key}`)")

@@ -407,10 +407,11 @@ class _OneLineParser(argparse.ArgumentParser):
 JOURNAL_DESCRIPTION = """\
 Check or repair journals.
   verify --data-dir DIR                  every segment and checkpoint of a data dir (server stopped)
-  verify --journal-url URLS [--journal-prefix P]
-                                         every JetStream stream of that prefix and its checkpoints;
-                                         read-only (never publishes, purges or fences): safe while a
-                                         server runs
+  verify --journal-url URLS [--journal-prefix P] [--journal-replicas N]
+                                         every JetStream stream of that prefix and its checkpoints,
+                                         and on which NATS servers each is stored (with N: fewer
+                                         replicas is a finding); read-only (never publishes, purges
+                                         or fences): safe while a server runs
   repair --data-dir DIR                  cut a torn tail of the last segment, keeping a copy
 Exit status: 0 sound (a torn tail is repairable, so sound), 1 damage found, 2 wrong flags or
 nothing to check (missing dir, NATS unreachable)."""
@@ -428,15 +429,19 @@ def journal_main(argv: list[str]) -> int:
                    help="comma-separated nats:// URLs, as given to the server: check its JetStream journals instead")
     p.add_argument("--journal-prefix", default=None,
                    help=f"with --journal-url: the server's --journal-prefix (default: {ServerConfig().journal_prefix})")
+    p.add_argument("--journal-replicas", type=_positive_int, default=None,
+                   help="with --journal-url: the servers' --journal-replicas; a stream or bucket they write stored "
+                        "on fewer NATS servers is reported as a finding (default: replicas are only shown)")
     args = p.parse_args(argv)
     setup_logging("warn")
     if args.journal_urls:
         if args.data_dir is not None:
             p.error("give --data-dir (a local journal) or --journal-url (JetStream), not both")
         return _jetstream_journal_command(args.command, args.journal_urls,
-                                          args.journal_prefix or ServerConfig().journal_prefix)
-    if args.journal_prefix is not None:
-        p.error("--journal-prefix goes with --journal-url")
+                                          args.journal_prefix or ServerConfig().journal_prefix, args.journal_replicas)
+    for flag, given in (("--journal-prefix", args.journal_prefix), ("--journal-replicas", args.journal_replicas)):
+        if given is not None:
+            p.error(f"{flag} goes with --journal-url")
     if args.data_dir is None:
         p.error("--data-dir DIR (a local journal) or --journal-url URLS (JetStream) is required")
     if not args.data_dir.is_dir():
@@ -453,7 +458,7 @@ def journal_main(argv: list[str]) -> int:
         return 2
 
 
-def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str) -> int:
+def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str, replicas: int | None) -> int:
     from journal.errors import JournalUnreachable
     from journal.verify_jetstream import acknowledged_lines, report_lines, verify_jetstream
 
@@ -464,22 +469,26 @@ def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str)
         return 2
     where = f"prefix {prefix} at {','.join(urls)}"
     try:
-        reports, acknowledged = asyncio.run(verify_jetstream(urls, prefix))
+        found = asyncio.run(verify_jetstream(urls, prefix))
     except JournalUnreachable as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
-    if not reports and not acknowledged:
+    reports = found.streams
+    if not reports and not found.acknowledged:
         print(f"shardetcd: no journal streams with {where}", file=sys.stderr)
         return 2
-    ack_lines, gone = acknowledged_lines(reports, acknowledged, prefix)
-    for line in [*report_lines(reports), *ack_lines]:
+    ack_lines, gone = acknowledged_lines(reports, found.acknowledged, prefix)
+    for line in [*report_lines(reports), *ack_lines, *(r.line(replicas) for r in found.replicas)]:
         print(line)
     damaged = [r.shard for r in reports if not r.sound]
     verdict = f"{len(damaged)} damaged ({', '.join(damaged)})" if damaged else "all sound"
     if gone:
         verdict += "; acknowledged records are gone"
+    if short := [r.stream for r in found.replicas if r.fewer_than(replicas)]:
+        verdict += (f"; {len(short)} stored on fewer than {replicas} replicas, so a lost NATS server takes what only "
+                    f"it holds (a writer started with --journal-replicas {replicas} moves them): {', '.join(short)}")
     print(f"summary: {len(reports)} streams, {where}: {verdict}")
-    return 1 if damaged or gone else 0
+    return 1 if damaged or gone or short else 0
 
 
 def _journal_command(command: str, shards: list[Path], data_dir: Path) -> int:

@@ -147,10 +147,63 @@ def test_verify_a_jetstream_journal(nats, tmp_path):
     on_nats(nats.urls, delete_streams)
     lost = journal("verify", "--journal-url", nats.urls)
     assert lost.returncode == 1, (lost.stdout, lost.stderr)
-    assert lost.stdout.strip().splitlines() == [
+    lines = lost.stdout.strip().splitlines()
+    assert [line for line in lines if not line.startswith("replicas: KV_shardetcd-")] == [
         "acknowledged: default: writes up to revision 303 (key acknowledged.default of shardetcd-meta), but no stream "
         "or checkpoint holds a revision past 0: acknowledged records are gone, and a start refuses them",
-        f"summary: 0 streams, prefix shardetcd at {nats.urls}: all sound; acknowledged records are gone"]
+        f"summary: 0 streams, prefix shardetcd at {nats.urls}: all sound; acknowledged records are gone"], lines
+
+
+def replica_lines(out: str) -> dict[str, str]:
+    return {line.split(": ")[1]: line.split(": ", 2)[2] for line in out.splitlines() if line.startswith("replicas: ")}
+
+
+def test_verify_says_where_each_stream_is_stored(nats, tmp_path):
+    """An operator checks that what the writers keep is stored on as many NATS servers as the
+    deployment runs with (a stream made with fewer keeps its count until a writer given more
+    moves it) and, after losing a machine, which servers each stream is missing."""
+    ours = {f"shardetcd_{s}" for s in ("leases", "events", "pods", "nodes", "default")} | \
+        {"OBJ_shardetcd_pods-checkpoints", "KV_shardetcd-meta", "KV_shardetcd-writer"}
+
+    def write(*flags: str) -> None:
+        server = server_on(nats, tmp_path / "a", "--checkpoint-journal-bytes", "4000", *flags).start()
+        try:
+            with grpc.insecure_channel(server.endpoint) as ch:
+                for i in range(20):  # past a checkpoint of pods: its bucket is made
+                    pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/p%d" % i, value=b"v" * 500), timeout=10)
+        finally:
+            server.stop()
+
+    write("--journal-replicas", "1")
+    shown = journal("verify", "--journal-url", nats.urls)  # replicas only shown
+    found = replica_lines(shown.stdout)
+    assert shown.returncode == 0 and ours <= found.keys(), (shown.stdout, shown.stderr)
+    assert all(re.fullmatch(r"1 \(leader n\d\)", found[name]) for name in ours), found
+    judged = journal("verify", "--journal-url", nats.urls, "--journal-replicas", "3")
+    found = replica_lines(judged.stdout)
+    assert judged.returncode == 1, (judged.stdout, judged.stderr)
+    assert all(re.fullmatch(r"1, fewer than the 3 asked \(leader n\d\)", found[name]) for name in ours), found
+    summary = judged.stdout.strip().splitlines()[-1]
+    assert summary.startswith(f"summary: 5 streams, prefix shardetcd at {nats.urls}: all sound; {len(found)} stored "
+                              "on fewer than 3 replicas, so a lost NATS server takes what only it holds (a writer "
+                              "started with --journal-replicas 3 moves them): "), summary
+
+    write()  # the default, 3: the writer moves them
+    judged = journal("verify", "--journal-url", nats.urls, "--journal-replicas", "3")
+    found = replica_lines(judged.stdout)
+    assert judged.returncode == 0 and judged.stdout.strip().endswith(": all sound"), (judged.stdout, judged.stderr)
+    assert all(re.fullmatch(r"3 \(leader n\d\)", found[name]) for name in ours), found
+
+    nats.kill(2)  # a machine lost: verify still answers, and says which server each stream misses
+    deadline = time.monotonic() + 60
+    while True:
+        lost = journal("verify", "--journal-url", nats.urls.split(",", 1)[0], "--journal-replicas", "3")
+        found = replica_lines(lost.stdout)
+        if lost.returncode == 0 and ours <= found.keys() and \
+                all(re.fullmatch(r"3 \(leader n[01]; n2 (offline|not current.*)\)", found[name]) for name in ours):
+            break
+        assert time.monotonic() < deadline, (lost.returncode, lost.stdout, lost.stderr)
+        time.sleep(1)
 
 
 def test_verify_and_repair_answer_in_one_line(nats, tmp_path):
