@@ -149,6 +149,51 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
         await nc.close()
 
 
+async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[str]) -> list[str]:
+    """The shards (a partition under ``cluster``: its name) of ``prefix``'s journal streams, other than
+    ``besides``, whose stream holds a record or whose checkpoint bucket holds an object. A stream
+    with nothing but writers' fences and cut markers (a start that took no write) holds no data.
+    Reads a stream's messages from its first only until a record: a few messages."""
+    from nats.errors import Error as NatsError
+    from nats.js.object_store import OBJ_STREAM_TEMPLATE
+
+    nc = await connect(urls)
+    try:
+        js = nc.jetstream(timeout=10.0)
+        try:
+            infos = await retrying("list streams", js.streams_info, deadline_s=15.0)
+            by_name = {i.config.name: i for i in infos}
+            found = []
+            for info in sorted((i for i in infos if _is_journal(i.config, prefix)), key=lambda i: i.config.name):
+                shard = info.config.name[len(prefix) + 1:]
+                if shard in besides:
+                    continue
+                bucket = by_name.get(OBJ_STREAM_TEMPLATE.format(bucket=checkpoint_bucket(info.config.name)))
+                if (bucket is not None and bucket.state.messages) or await _holds_a_record(js, info):
+                    found.append(shard)
+            return found
+        except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
+            raise JournalUnreachable(f"NATS at {','.join(urls)} does not answer JetStream requests: {exc!r}") from None
+    finally:
+        await nc.close()
+
+
+async def _holds_a_record(js, info) -> bool:
+    from nats.js.errors import NotFoundError
+
+    seq, stream = info.state.first_seq, info.config.name
+    while info.state.messages and seq <= info.state.last_seq:
+        try:  # this sequence or the next one stored (one may be deleted)
+            msg = await retrying("read stream", lambda: js.get_msg(stream, seq=seq, next=True, direct=True))
+        except NotFoundError:
+            return False
+        headers = msg.headers or {}
+        if msg.data and FENCE_HEADER not in headers and CUT_HEADER not in headers:
+            return True
+        seq = msg.seq + 1
+    return False
+
+
 async def _acknowledged(js, prefix: str) -> dict[str, int]:
     """``acknowledged.<role>`` of the meta bucket (journal/jetstream.py, shards/store.py)."""
     from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError

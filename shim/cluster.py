@@ -372,6 +372,8 @@ def cluster_main(argv: list[str]) -> int:
         layout = load_cluster_layout(args.layout)
         args.data_dir.mkdir(parents=True, exist_ok=True)
         _no_partition_left_out(layout, args.data_dir, args.wal_dir)
+        if jetstream:
+            _no_jetstream_partition_left_out(layout, server_args)
         sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir,
                          args.quota_backend_bytes, args.standbys, args.followers, local_journal=not jetstream,
                          wal_dir=args.wal_dir)
@@ -403,7 +405,7 @@ def _no_partition_left_out(layout: ClusterLayout, data_dir: Path, wal_dir: Path 
     that the layout no longer has: nothing would serve its keys (each partition also refuses to start on
     keys the layout gives to another; shim/server.py). Data is a local journal's segments or a checkpoint,
     in the dir or its wal dir: a partition that never took a write (one a refused start added) is not
-    counted, and neither is a JetStream partition's, whose journal this cannot see."""
+    counted, and neither is a JetStream partition's (``_no_jetstream_partition_left_out``)."""
     for d in sorted(data_dir.iterdir()):
         name = d.name.split(".")[0]
         if name in layout.names or not d.is_dir() or not (d / "meta.json").is_file():
@@ -414,6 +416,35 @@ def _no_partition_left_out(layout: ClusterLayout, data_dir: Path, wal_dir: Path 
                               f"nothing would serve its keys (the resources it had would be answered without them). "
                               f"Moving a resource between partitions is not supported: put {name} back in the layout, "
                               "or move that dir away if its data is not wanted")
+
+
+def _no_jetstream_partition_left_out(layout: ClusterLayout, server_args: list[str]) -> None:
+    """LayoutError if the JetStream journals of the partitions' --journal-url and --journal-prefix hold
+    a partition that the layout no longer has (its stream holds a record, or its checkpoint bucket an
+    object), as ``_no_partition_left_out`` for local journals; or if NATS does not answer (each
+    partition would stop on it too)."""
+    import asyncio
+
+    from journal.errors import JournalUnreachable
+    from journal.verify_jetstream import shards_holding_data
+
+    from .cli import _nats_urls
+    from .config import ServerConfig
+
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--journal-url", type=_nats_urls, dest="journal_urls")
+    p.add_argument("--journal-prefix", default=ServerConfig().journal_prefix)
+    given, _ = p.parse_known_args(server_args)
+    try:
+        held = asyncio.run(shards_holding_data(given.journal_urls, given.journal_prefix, set(layout.names)))
+    except JournalUnreachable as exc:
+        raise LayoutError(f"{exc} (needed to check that the layout leaves no partition's journal out)") from None
+    if held:
+        name = held[0]
+        raise LayoutError(f"JetStream stream {given.journal_prefix}_{name} holds the data of partition {name}, which the "
+                          "cluster layout no longer has: nothing would serve its keys (the resources it had would be "
+                          f"answered without them). Moving a resource between partitions is not supported: put {name} "
+                          "back in the layout, or delete its stream and checkpoint bucket if its data is not wanted")
 
 
 def _announce(sup: Supervisor, flags_file: Path) -> None:

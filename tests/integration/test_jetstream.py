@@ -320,6 +320,53 @@ def test_cluster_partitions_each_hold_their_own_lease_and_survive_a_kill(nats, t
         cluster.stop()
 
 
+def test_a_layout_that_drops_a_jetstream_partition_holding_data_is_refused(nats, tmp_path):
+    """A partition's journal on JetStream is in NATS, not in its data dir, so the supervisor's
+    look at the data dirs cannot see a dropped partition's data: it asks JetStream. A layout that
+    drops a partition whose stream holds a record is refused, naming the stream; one that drops a
+    partition that never took a write (its stream holds only the writer's fence and cut marker)
+    starts."""
+    from tests.etcd_fixture import free_port
+    from tests.integration.test_cluster import Cluster
+    from tests.integration.test_jetstream_faults import nats_call
+
+    cluster = Cluster(tmp_path)
+    cluster.argv += ["--journal-url", nats.urls]
+    original = cluster.layout.read_text()
+    extra = free_port()
+    with_cms = original + f'\n[[partition]]\nname = "cms"\nresources = ["configmaps"]\nport = {extra}\n'
+    cluster.layout.write_text(with_cms)
+    cluster.ports["cms"] = extra
+    cluster.start()
+    try:
+        with grpc.insecure_channel(cluster.endpoint("events")) as ch:
+            pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/events/ns/e1", value=b"v"), timeout=10)
+    finally:
+        cluster.stop()
+
+    def start_with(layout: str) -> subprocess.CompletedProcess:
+        cluster.layout.write_text(layout)
+        return subprocess.run(cluster.argv, capture_output=True, text=True, timeout=120)
+
+    dropped = start_with(with_cms.replace('name = "events"\nresources = ["events"]',
+                                          'name = "leases2"\nresources = ["coordination.k8s.io/leases2"]'))
+    assert dropped.returncode == 2 and dropped.stderr.strip().splitlines()[-1].startswith(
+        "shardetcd cluster: JetStream stream shardetcd_events holds the data of partition events, which the cluster "
+        "layout no longer has"), dropped.stderr[-3000:]
+    async def messages(js) -> int:
+        return (await js.stream_info("shardetcd_cms")).state.messages
+
+    assert nats_call(nats.urls, messages) >= 2  # cms's writer fenced its stream and marked its cut
+    cluster.layout.write_text(original)  # cms dropped: it never took a write
+    cluster.start()
+    try:
+        with grpc.insecure_channel(cluster.endpoint("events")) as ch:
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/events/ns/e1"), timeout=10)
+            assert [kv.value for kv in got.kvs] == [b"v"]
+    finally:
+        cluster.stop()
+
+
 def test_cluster_standbys_take_over_their_partition_on_the_same_url(nats, tmp_path):
     """`shardetcd cluster --journal-url ... --standbys`: two processes per
     partition, one serving, one following; SIGKILL the one serving a
