@@ -102,6 +102,7 @@ class Verified:
     streams: list[StreamReport]
     acknowledged: dict[str, int]  # by role: the revision the writer said it acknowledged writes up to
     replicas: list[ReplicaReport]
+    spans: dict[str, list[str]] = field(default_factory=dict)  # by role: its shards (writers since this was kept)
 
 
 async def connect(urls: tuple[str, ...], timeout_s: float = 5.0):
@@ -144,7 +145,8 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
             except (NatsError, asyncio.TimeoutError) as exc:
                 raise JournalUnreachable(f"NATS at {','.join(urls)} stopped answering while stream "
                                          f"{info.config.name} was read: {exc!r}") from None
-        return Verified(reports, await _acknowledged(js, prefix), _replicas(infos, journals, prefix))
+        acknowledged, spans = await _acknowledged(js, prefix)
+        return Verified(reports, acknowledged, _replicas(infos, journals, prefix), spans)
     finally:
         await nc.close()
 
@@ -194,40 +196,60 @@ async def _holds_a_record(js, info) -> bool:
     return False
 
 
-async def _acknowledged(js, prefix: str) -> dict[str, int]:
-    """``acknowledged.<role>`` of the meta bucket (journal/jetstream.py, shards/store.py)."""
+async def _acknowledged(js, prefix: str) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """``acknowledged.<role>`` and ``shards.<role>`` of the meta bucket (shards/store.py)."""
     from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
     try:
         kv = await js.key_value(meta_bucket(prefix))
         keys = await kv.keys()
     except (BucketNotFoundError, NoKeysError, NotFoundError):
-        return {}
-    found = {}
+        return {}, {}
+    found, spans = {}, {}
     for key in keys:
-        if key.startswith("acknowledged."):
-            try:
-                found[key.removeprefix("acknowledged.")] = int((await kv.get(key)).value.decode())
-            except (NotFoundError, ValueError):
-                continue
-    return found
+        kind, _, role = key.partition(".")
+        if kind not in ("acknowledged", "shards"):
+            continue
+        try:
+            value = (await kv.get(key)).value.decode()
+            if kind == "acknowledged":
+                found[role] = int(value)
+            else:
+                spans[role] = value.split(",")
+        except (NotFoundError, ValueError):
+            continue
+    return found, spans
 
 
-def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int], prefix: str) -> tuple[list[str], bool]:
-    """What the writers said they acknowledged, against what the streams and checkpoints hold; and
-    whether acknowledged records are certainly gone (no stream nor checkpoint reaches that far).
-    Which streams are a role's needs its layout: a revision some stream holds is not checked to be
+def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int], prefix: str,
+                       spans: dict[str, list[str]] | None = None) -> tuple[list[str], bool]:
+    """What the writers said they acknowledged, against what the streams and checkpoints of their
+    shards hold; and whether acknowledged records are certainly gone (none of those reaches that far,
+    or a shard's stream is missing). A role whose shards are not recorded (a writer of before they
+    were) is held against every stream of the prefix. A revision a stream holds is not checked to be
     whole on every shard (a start checks that)."""
-    held = max([0, *(r.last_rev or 0 for r in reports), *(c.rev for r in reports for c in r.checkpoints)])
+    by_shard = {r.shard: r for r in reports}
     lines, gone = [], False
     for role, rev in sorted(acknowledged.items()):
         where = f"key acknowledged.{role} of {meta_bucket(prefix)}"
+        shards = (spans or {}).get(role)
+        if shards is None:
+            mine, scope = reports, ""
+        else:
+            mine, scope = [by_shard[s] for s in shards if s in by_shard], f" of its shards ({','.join(shards)})"
+        # no write at all is revision 1, as a new etcd starts (a writer that took none publishes 1)
+        held = max([1, *(r.last_rev or 0 for r in mine), *(c.rev for r in mine for c in r.checkpoints)])
+        missing = [f"{prefix}_{s}" for s in shards or () if s not in by_shard]
+        if missing and rev > 1:  # (1: it took no write)
+            gone = True
+            lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but stream "
+                         f"{', '.join(missing)} is gone: any acknowledged records it held are gone too")
         if rev > held:
             gone = True
-            lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but no stream or checkpoint "
-                         f"holds a revision past {held}: acknowledged records are gone, and a start refuses them")
-        else:
-            lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}); the streams reach {held}")
+            lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but no stream or checkpoint"
+                         f"{scope} holds a revision past {held}: acknowledged records are gone, and a start refuses them")
+        elif not missing:
+            lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}); the streams{scope} reach {held}")
     return lines, gone
 
 

@@ -125,6 +125,7 @@ class Store:
         self.acknowledged_where = ("", "")  # where that was read, and how an operator drops it
         self._acknowledging: asyncio.Task | None = None  # a replicated journal's writer: publishes it
         self._published = 0  # the acknowledged revision last published
+        self._shards_published = False  # shards_key, once per process
         self.lease_renewals = 0  # leases renewed by keep-alives (etcd_debugging_lease_renewed_total)
         self.counts = MvccCounts()
         self.on_lease_granted: Callable[[int], None] | None = None  # told each granted TTL (a histogram)
@@ -228,6 +229,9 @@ class Store:
         if committed <= self._published:
             return
         try:
+            if not self._shards_published:  # which streams that revision is in: for `journal verify`
+                await self.log.put_meta(shards_key(self.config.layout), ",".join(self.config.layout.names))
+                self._shards_published = True
             await self.log.put_meta(acknowledged_key(self.config.layout), str(committed))
             self._published = committed
         except Exception as exc:  # noqa: BLE001 - NATS away: the writes wait too; tried again next time
@@ -872,6 +876,11 @@ def journal_role(layout: Layout) -> str:
 def acknowledged_key(layout: Layout) -> str:
     """The meta bucket's key for the revision a replicated journal's writer acknowledged writes up to."""
     return f"acknowledged.{journal_role(layout)}"
+
+
+def shards_key(layout: Layout) -> str:
+    """The meta bucket's key for the shards (their streams) a writer's acknowledged revision spans."""
+    return f"shards.{journal_role(layout)}"
 
 
 def journal_name(config: StoreConfig) -> str:

@@ -477,7 +477,7 @@ def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str,
     if not reports and not found.acknowledged:
         print(f"shardetcd: no journal streams with {where}", file=sys.stderr)
         return 2
-    ack_lines, gone = acknowledged_lines(reports, found.acknowledged, prefix)
+    ack_lines, gone = acknowledged_lines(reports, found.acknowledged, prefix, found.spans)
     for line in [*report_lines(reports), *ack_lines, *(r.line(replicas) for r in found.replicas)]:
         print(line)
     damaged = [r.shard for r in reports if not r.sound]

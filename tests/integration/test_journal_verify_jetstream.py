@@ -14,10 +14,12 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from shards.layout import load_layout
 from tests.etcd_fixture import free_port
 from tests.nats_fixture import shardetcd_on as server_on
 
 REPO = Path(__file__).resolve().parents[2]
+SHARDS = ",".join(load_layout(None).names)  # the default layout's, as a writer records them
 
 
 
@@ -111,8 +113,9 @@ def test_verify_a_jetstream_journal(nats, tmp_path):
             assert "leases: stream shardetcd_leases: ok, 3 messages (seq 1..3), 1 records, 1 fences, 1 cuts, " \
                    "revs 302..302" in out, out
             assert out.strip().splitlines()[-1] == (f"summary: 5 streams, prefix shardetcd at {nats.urls}: all sound")
-            assert line_of(out, "acknowledged: ") == ("acknowledged: default: writes up to revision 302 (key "
-                                                     "acknowledged.default of shardetcd-meta); the streams reach 302")
+            assert line_of(out, "acknowledged: ") == (
+                "acknowledged: default: writes up to revision 302 (key acknowledged.default of shardetcd-meta); the "
+                f"streams of its shards ({SHARDS}) reach 302")
 
             assert on_nats(nats.urls, stream_states) == before, "verify must change nothing"
             after = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/after", value=b"v"), timeout=10)
@@ -148,9 +151,13 @@ def test_verify_a_jetstream_journal(nats, tmp_path):
     lost = journal("verify", "--journal-url", nats.urls)
     assert lost.returncode == 1, (lost.stdout, lost.stderr)
     lines = lost.stdout.strip().splitlines()
+    streams = ", ".join(f"shardetcd_{name}" for name in SHARDS.split(","))
     assert [line for line in lines if not line.startswith("replicas: KV_shardetcd-")] == [
+        "acknowledged: default: writes up to revision 303 (key acknowledged.default of shardetcd-meta), but stream "
+        f"{streams} is gone: any acknowledged records it held are gone too",
         "acknowledged: default: writes up to revision 303 (key acknowledged.default of shardetcd-meta), but no stream "
-        "or checkpoint holds a revision past 0: acknowledged records are gone, and a start refuses them",
+        f"or checkpoint of its shards ({SHARDS}) holds a revision past 1: acknowledged records are gone, and a start "
+        "refuses them",
         f"summary: 0 streams, prefix shardetcd at {nats.urls}: all sound; acknowledged records are gone"], lines
 
 
@@ -217,3 +224,56 @@ def test_verify_and_repair_answer_in_one_line(nats, tmp_path):
     assert "not a nats:// URL" in one_line(journal("verify", "--journal-url", "http://127.0.0.1:1"))
     assert "goes with --journal-url" in one_line(journal("verify", "--data-dir", str(tmp_path), "--journal-prefix", "p"))
     assert "is required" in one_line(journal("verify"))
+
+
+def test_verify_holds_each_partition_to_its_own_streams(nats, tmp_path):
+    """Under `shardetcd cluster` each partition is an etcd of its own, with its own revisions.
+    A partition's stream lost while another partition's streams reach past the revision it
+    acknowledged: verify held every writer against the newest revision of any stream, so this
+    passed as sound. Each writer now records its shards next to its acknowledged revision."""
+    from tests.integration.test_cluster import Cluster
+
+    cluster = Cluster(tmp_path)
+    cluster.argv += ["--journal-url", nats.urls]
+    cluster.start()
+    try:
+        with grpc.insecure_channel(cluster.endpoint("events")) as ch:
+            pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/events/ns/e", value=b"v"), timeout=10)
+        with grpc.insecure_channel(cluster.endpoint("main")) as ch:
+            for i in range(10):
+                pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % i, value=b"v"), timeout=10)
+
+        async def published(js) -> set[str]:
+            kv = await js.key_value("shardetcd-meta")
+            return {k for k in await kv.keys() if k.startswith(("acknowledged.", "shards."))}
+
+        deadline = time.monotonic() + 30
+        want = {f"{kind}.{name}" for kind in ("acknowledged", "shards") for name in ("events", "main")}
+        while not want <= on_nats(nats.urls, published):  # each writer publishes about once a second
+            assert time.monotonic() < deadline, on_nats(nats.urls, published)
+            time.sleep(0.2)
+    finally:
+        cluster.stop()
+    sound = journal("verify", "--journal-url", nats.urls)
+    assert sound.returncode == 0, (sound.stdout, sound.stderr)
+    assert line_of(sound.stdout, "acknowledged: leases: ") == (  # it took no write: a new etcd's revision 1
+        "acknowledged: leases: writes up to revision 1 (key acknowledged.leases of shardetcd-meta); the streams of "
+        "its shards (leases) reach 1")
+    assert line_of(sound.stdout, "acknowledged: events: ") == (
+        "acknowledged: events: writes up to revision 2 (key acknowledged.events of shardetcd-meta); the streams of "
+        "its shards (events) reach 2")
+    assert line_of(sound.stdout, "acknowledged: main: ").endswith("the streams of its shards (main) reach 11")
+
+    async def lose_events(js):
+        await js.delete_stream("shardetcd_events")
+
+    on_nats(nats.urls, lose_events)
+    lost = journal("verify", "--journal-url", nats.urls)
+    assert lost.returncode == 1, (lost.stdout, lost.stderr)
+    assert [line for line in lost.stdout.splitlines() if line.startswith("acknowledged: events: ")] == [
+        "acknowledged: events: writes up to revision 2 (key acknowledged.events of shardetcd-meta), but stream "
+        "shardetcd_events is gone: any acknowledged records it held are gone too",
+        "acknowledged: events: writes up to revision 2 (key acknowledged.events of shardetcd-meta), but no stream or "
+        "checkpoint of its shards (events) holds a revision past 1: acknowledged records are gone, and a start "
+        "refuses them"], lost.stdout
+    assert lost.stdout.strip().splitlines()[-1].endswith(": all sound; acknowledged records are gone")
