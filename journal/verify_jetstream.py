@@ -18,6 +18,7 @@ stream is read up to the last sequence it had when its turn came).
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,7 +103,7 @@ class Verified:
     streams: list[StreamReport]
     acknowledged: dict[str, int]  # by role: the revision the writer said it acknowledged writes up to
     replicas: list[ReplicaReport]
-    spans: dict[str, list[str]] = field(default_factory=dict)  # by role: its shards (writers since this was kept)
+    spans: dict[str, list[str]] = field(default_factory=dict)  # by role: its shards (where its layout is recorded)
 
 
 async def connect(urls: tuple[str, ...], timeout_s: float = 5.0):
@@ -197,7 +198,7 @@ async def _holds_a_record(js, info) -> bool:
 
 
 async def _acknowledged(js, prefix: str) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """``acknowledged.<role>`` and ``shards.<role>`` of the meta bucket (shards/store.py)."""
+    """``acknowledged.<role>`` and the shards of ``layout.<role>`` in the meta bucket (shards/store.py)."""
     from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
     try:
@@ -208,15 +209,15 @@ async def _acknowledged(js, prefix: str) -> tuple[dict[str, int], dict[str, list
     found, spans = {}, {}
     for key in keys:
         kind, _, role = key.partition(".")
-        if kind not in ("acknowledged", "shards"):
+        if kind not in ("acknowledged", "layout"):
             continue
         try:
             value = (await kv.get(key)).value.decode()
             if kind == "acknowledged":
                 found[role] = int(value)
             else:
-                spans[role] = value.split(",")
-        except (NotFoundError, ValueError):
+                spans[role] = [shard for shard, _ in json.loads(value)]
+        except (NotFoundError, ValueError, TypeError):
             continue
     return found, spans
 
@@ -225,8 +226,8 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
                        spans: dict[str, list[str]] | None = None) -> tuple[list[str], bool]:
     """What the writers said they acknowledged, against what the streams and checkpoints of their
     shards hold; and whether acknowledged records are certainly gone (none of those reaches that far,
-    or a shard's stream is missing). A role whose shards are not recorded (a writer of before they
-    were) is held against every stream of the prefix. A revision a stream holds is not checked to be
+    or a shard's stream is missing). A role whose layout is not recorded (journals of before it
+    was) is held against every stream of the prefix. A revision a stream holds is not checked to be
     whole on every shard (a start checks that)."""
     by_shard = {r.shard: r for r in reports}
     lines, gone = [], False

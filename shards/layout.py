@@ -65,9 +65,12 @@ class Layout:
     def names(self) -> list[str]:
         return [s.name for s in self.shards]
 
+    def describe(self) -> str:
+        """The layout as JSON, ``[[shard, [resource, ...]], ...]``: what routes every key."""
+        return json.dumps([[s.name, list(s.resources)] for s in self.shards])
+
     def fingerprint(self) -> str:
-        body = json.dumps([[s.name, list(s.resources)] for s in self.shards])
-        return hashlib.sha256(body.encode()).hexdigest()[:16]
+        return hashlib.sha256(self.describe().encode()).hexdigest()[:16]
 
 
 def partition_layout(name: str) -> Layout:

@@ -50,7 +50,7 @@ from .partition import ClusterLayout, PartitionRouter
 from .lease import encode_lease_table
 from .record import encode_extra_meta
 from .shard import checkpoint_meta
-from .store import acknowledged_key
+from .store import acknowledged_key, layout_key
 from .state import checkpoint_row
 
 if TYPE_CHECKING:
@@ -359,6 +359,7 @@ async def _to_jetstream(config: JetStreamConfig, layout: Layout, built: Path, re
             raise DataDirError(f"the writer lease {role} of {config.prefix} was not held throughout the restore "
                                f"({exc}): try again (the streams are checked again first)") from None
         await _refuse_used(log, layout.names)
+        await log.put_meta(layout_key(layout), layout.describe())  # a prefix's earlier journals may have had another
         await log.put_meta(acknowledged_key(layout), str(rev))
     finally:
         await lease.release()

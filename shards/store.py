@@ -34,6 +34,7 @@ from .datadir import DataDir, acknowledged_on_disk
 from .follow import FollowStats
 from .errors import (
     CompactedError,
+    DataDirError,
     FutureRevisionError,
     LeaseExistsError,
     LeaseNotFoundError,
@@ -125,7 +126,6 @@ class Store:
         self.acknowledged_where = ("", "")  # where that was read, and how an operator drops it
         self._acknowledging: asyncio.Task | None = None  # a replicated journal's writer: publishes it
         self._published = 0  # the acknowledged revision last published
-        self._shards_published = False  # shards_key, once per process
         self.lease_renewals = 0  # leases renewed by keep-alives (etcd_debugging_lease_renewed_total)
         self.counts = MvccCounts()
         self.on_lease_granted: Callable[[int], None] | None = None  # told each granted TTL (a histogram)
@@ -174,6 +174,8 @@ class Store:
             if hasattr(log, "agree"):  # a replicated journal keeps the cluster's identity
                 key = f"cluster-id.{journal_role(config.layout)}"
                 datadir.adopt_cluster_id(int(await log.agree(key, str(datadir.cluster_id))))
+                if hasattr(log, "put_meta"):  # replicated (a local follower checks the writer's data dir)
+                    await check_journal_layout(log, config.layout)
                 if not follow:
                     await store.read_acknowledged()
             if follow:
@@ -229,9 +231,6 @@ class Store:
         if committed <= self._published:
             return
         try:
-            if not self._shards_published:  # which streams that revision is in: for `journal verify`
-                await self.log.put_meta(shards_key(self.config.layout), ",".join(self.config.layout.names))
-                self._shards_published = True
             await self.log.put_meta(acknowledged_key(self.config.layout), str(committed))
             self._published = committed
         except Exception as exc:  # noqa: BLE001 - NATS away: the writes wait too; tried again next time
@@ -878,9 +877,22 @@ def acknowledged_key(layout: Layout) -> str:
     return f"acknowledged.{journal_role(layout)}"
 
 
-def shards_key(layout: Layout) -> str:
-    """The meta bucket's key for the shards (their streams) a writer's acknowledged revision spans."""
-    return f"shards.{journal_role(layout)}"
+def layout_key(layout: Layout) -> str:
+    """The meta bucket's key for the shard layout the journals of a role were written with."""
+    return f"layout.{journal_role(layout)}"
+
+
+async def check_journal_layout(log, layout: Layout) -> None:
+    """The layout a replicated journal's first process recorded (``Layout.describe``; a restore
+    records its own) must be this one: with another, keys would be looked for in streams that do
+    not hold them, and the resources of a stream no shard reads any more would be answered as
+    absent. Recorded by the first process to ask (as the cluster id)."""
+    written = await log.agree(layout_key(layout), layout.describe())
+    if written != layout.describe():
+        raise DataDirError(f"the journals of {journal_role(layout)} ({log.config.prefix}) were written with the shard "
+                           f"layout {written} (shard, resources), not {layout.describe()}: moving keys between shards "
+                           "is not supported. Start with the layout they were written with (--shard-layout), or take "
+                           "a snapshot and restore it into the new layout under a new --journal-prefix")
 
 
 def journal_name(config: StoreConfig) -> str:

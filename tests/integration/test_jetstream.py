@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from shards.layout import DEFAULT_LAYOUT_TOML, load_layout
 from tests.etcd_fixture import free_port
 from tests.nats_fixture import shardetcd_on as server_on, wait_standing_by
 
@@ -240,6 +241,41 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_lease(nats, tmp_pa
             assert pbg.KVStub(ch).Put(pb.PutRequest(key=b"k", value=b"still"), timeout=10).header.revision == 3
     finally:
         first.stop()
+
+
+def test_journals_written_with_one_shard_layout_refuse_a_process_with_another(nats, tmp_path):
+    """A data dir remembers its layout, but a JetStream deployment's processes start on new data
+    dirs (another machine, a standby). One given another --shard-layout looked for keys in streams
+    that do not hold them: here the same shards, pods given to the nodes shard, so every pod was
+    looked for in the nodes stream and answered as absent. The first process records the layout
+    in the meta bucket; one with another is refused in one line."""
+    moved = tmp_path / "pods-in-nodes.toml"
+    moved.write_text(DEFAULT_LAYOUT_TOML.replace('resources = ["pods"]', 'resources = ["replicasets"]')
+                     .replace('resources = ["minions"]', 'resources = ["minions", "pods"]'))
+    first = server_on(nats, tmp_path / "a", "--checkpoint-journal-bytes", "2000").start()
+    try:
+        with grpc.insecure_channel(first.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p", value=b"pod"), timeout=10)
+            for i in range(40):  # the default shard checkpoints past the pod's revision
+                kv.Put(pb.PutRequest(key=b"/registry/configmaps/ns/c%d" % i, value=b"v" * 200), timeout=10)
+    finally:
+        first.stop()
+    for flags in ((), ("--standby",)):
+        other = server_on(nats, tmp_path / f"b{len(flags)}", "--shard-layout", str(moved), *flags)
+        r = subprocess.run(other.args(), cwd=REPO, capture_output=True, text=True, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and lines[-1] == (
+            f"shardetcd: the journals of default (shardetcd) were written with the shard layout "
+            f"{load_layout(None).describe()} (shard, resources), not {load_layout(moved).describe()}: moving keys "
+            "between shards is not supported. Start with the layout they were written with (--shard-layout), or "
+            "take a snapshot and restore it into the new layout under a new --journal-prefix"), r.stderr[-3000:]
+    again = server_on(nats, tmp_path / "c").start()  # the layout they were written with, on a new data dir
+    try:
+        with grpc.insecure_channel(again.endpoint) as ch:
+            assert pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/p"), timeout=10).kvs[0].value == b"pod"
+    finally:
+        again.stop()
 
 
 def test_an_unreachable_journal_is_one_line(tmp_path):

@@ -230,7 +230,7 @@ def test_verify_holds_each_partition_to_its_own_streams(nats, tmp_path):
     """Under `shardetcd cluster` each partition is an etcd of its own, with its own revisions.
     A partition's stream lost while another partition's streams reach past the revision it
     acknowledged: verify held every writer against the newest revision of any stream, so this
-    passed as sound. Each writer now records its shards next to its acknowledged revision."""
+    passed as sound. The journals of each role now record the layout (the shards) they are written with."""
     from tests.integration.test_cluster import Cluster
 
     cluster = Cluster(tmp_path)
@@ -245,10 +245,10 @@ def test_verify_holds_each_partition_to_its_own_streams(nats, tmp_path):
 
         async def published(js) -> set[str]:
             kv = await js.key_value("shardetcd-meta")
-            return {k for k in await kv.keys() if k.startswith(("acknowledged.", "shards."))}
+            return {k for k in await kv.keys() if k.startswith(("acknowledged.", "layout."))}
 
         deadline = time.monotonic() + 30
-        want = {f"{kind}.{name}" for kind in ("acknowledged", "shards") for name in ("events", "main")}
+        want = {f"{kind}.{name}" for kind in ("acknowledged", "layout") for name in ("events", "main")}
         while not want <= on_nats(nats.urls, published):  # each writer publishes about once a second
             assert time.monotonic() < deadline, on_nats(nats.urls, published)
             time.sleep(0.2)

@@ -66,6 +66,14 @@ def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, t
     assert r.stdout.rstrip().endswith(f"start it with: shardetcd --data-dir {tmp_path / 'w' / 'data'} --journal-url "
                                       f"{nats.urls} --journal-prefix restored"), r.stdout
     assert not list((tmp_path / "w" / "data").rglob("*.ckpt")), "the checkpoints are in JetStream only"
+    from shards.layout import load_layout
+    from tests.integration.test_jetstream_faults import nats_call
+
+    async def recorded_layout(js) -> str:
+        return (await (await js.key_value("restored-meta")).get("layout.default")).value.decode()
+
+    # what a process with another --shard-layout is refused on (test_jetstream.py)
+    assert nats_call(nats.urls, recorded_layout) == load_layout(None).describe()
     writer = shardetcd_on(nats, tmp_path / "w", "--journal-prefix", "restored").start()
     follower = shardetcd_on(nats, tmp_path / "f", "--journal-prefix", "restored", "--follow").start()
     try:
