@@ -84,7 +84,7 @@ class ReplicaReport:
     stream: str
     replicas: int
     leader: str | None = None
-    lagging: list[str] = field(default_factory=list)  # "n2 offline", "n3 12 operations behind"
+    lagging: list[str] = field(default_factory=list)  # "n2 offline", "n3 not current, 12 operations behind"
 
     def fewer_than(self, want: int | None) -> bool:
         return want is not None and self.replicas < want
