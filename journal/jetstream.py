@@ -430,6 +430,35 @@ async def retrying(what: str, op, deadline_s: float = 30.0):
 REPLICAS_NEED_A_CLUSTER = 10074  # JetStream's "replicas > 1 not supported in non-clustered mode"
 
 
+def drops_messages(config, journal: bool = True) -> list[str]:
+    """What in a stream's configuration would remove messages before the writer releases them:
+    a journal (``journal``) or a checkpoint bucket made by someone else, or edited since (``nats
+    stream edit``). Such a stream loses acknowledged writes in silence, on a NATS restart or as
+    time or size limits bite."""
+    from nats.js.api import RetentionPolicy, StorageType
+
+    found = []
+    if config.storage == StorageType.MEMORY:
+        found.append("memory storage (a NATS restart empties it)")
+    if config.retention not in (None, RetentionPolicy.LIMITS):
+        found.append(f"retention {config.retention.value} (messages removed once consumed or without interest)")
+    limits = [("max_age", " s", config.max_age), ("max_msgs", "", config.max_msgs), ("max_bytes", "", config.max_bytes)]
+    if journal:  # (an object store keeps one message per subject for each object's metadata by design)
+        limits.append(("max_msgs_per_subject", "", config.max_msgs_per_subject))
+    found += [f"{name} {value:g}{unit}" for name, unit, value in limits if value is not None and value > 0]
+    return found
+
+
+def check_keeps_messages(info, journal: bool = True) -> None:
+    """JournalUnreachable, one line, if the stream of ``info`` would drop messages a journal needs."""
+    if dropped := drops_messages(info.config, journal):
+        name = info.config.name
+        raise JournalUnreachable(f"JetStream stream {name} would drop acknowledged records: {'; '.join(dropped)}. A "
+                                 "journal keeps every message until its writer releases it after a checkpoint: remove "
+                                 f"the limits (`nats stream edit {name}`), or, for memory storage or another "
+                                 "retention, restore a snapshot under a new --journal-prefix")
+
+
 def meta_bucket(prefix: str) -> str:
     """The key-value bucket of a prefix's writers' word: acknowledged revisions, restores."""
     return f"{prefix}-meta"
@@ -565,6 +594,8 @@ class JetStreamJournal(Appender):
                                         name=self.stream, subjects=[self.subject], num_replicas=self.log.config.replicas,
                                         storage=StorageType.FILE, duplicate_window=120.0, allow_direct=True)),
                                     NotFoundError)
+        check_keeps_messages(info)
+        await self._check_bucket_keeps_messages()
         self.released_before = info.state.first_seq > 1  # purged up to a checkpoint
         if follow:
             self.following = True
@@ -983,6 +1014,16 @@ class JetStreamJournal(Appender):
         await retrying("purge", lambda: self.log.js.purge_stream(self.stream, seq=keep_from))
         logger.info("journal messages purged stream=%s through_rev=%d count=%d", self.stream, rev, released)
         return released
+
+    async def _check_bucket_keeps_messages(self) -> None:
+        from nats.js.errors import NotFoundError
+
+        _, bucket = self._written_streams()
+        try:
+            info = await retrying(f"stream {bucket}", lambda: self.log.js.stream_info(bucket))
+        except NotFoundError:
+            return  # made with the first checkpoint, by this code
+        check_keeps_messages(info, journal=False)
 
     def _written_streams(self) -> tuple[str, str]:
         """What this process writes for the journal: its stream and its checkpoints' bucket."""

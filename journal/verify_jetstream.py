@@ -25,7 +25,8 @@ from pathlib import Path
 
 from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
-from journal.jetstream import _CKPT_NAME, CUT_HEADER, FENCE_HEADER, checkpoint_bucket, kv_stream, meta_bucket, retrying
+from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, checkpoint_bucket, drops_messages, kv_stream,
+                               meta_bucket, retrying)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import verify_checkpoints
@@ -58,6 +59,7 @@ class StreamReport:
     errors: list[str] = field(default_factory=list)  # "seq N: ..." (decode errors, tags going back, gaps)
     checkpoints: list[CheckpointReport] = field(default_factory=list)
     purge_problem: str = ""  # set when the stream was purged past what its checkpoints cover
+    drops: list[str] = field(default_factory=list)  # settings of it or its bucket that drop messages
 
     @property
     def bucket(self) -> str:
@@ -69,6 +71,8 @@ class StreamReport:
             return "corrupt"
         if self.purge_problem:
             return "purged past its checkpoint"
+        if self.drops:
+            return "would drop records"
         if any(c.status == "corrupt" for c in self.checkpoints):
             return "checkpoint corrupt"
         return "ok"
@@ -140,9 +144,10 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
             raise JournalUnreachable(f"NATS at {','.join(urls)} does not answer JetStream requests: {exc}") from None
         journals = sorted((i for i in infos if _is_journal(i.config, prefix)), key=lambda i: i.config.name)
         reports = []
+        by_name = {i.config.name: i for i in infos}
         for info in journals:
             try:
-                reports.append(await _verify_stream(js, info, prefix, config))
+                reports.append(await _verify_stream(js, info, prefix, config, by_name))
             except (NatsError, asyncio.TimeoutError) as exc:
                 raise JournalUnreachable(f"NATS at {','.join(urls)} stopped answering while stream "
                                          f"{info.config.name} was read: {exc!r}") from None
@@ -286,9 +291,14 @@ def _is_journal(cfg, prefix: str) -> bool:
     return cfg.name.startswith(f"{prefix}_") and list(cfg.subjects or []) == [f"journal.{cfg.name}"]
 
 
-async def _verify_stream(js, info, prefix: str, config: JournalConfig) -> StreamReport:
+async def _verify_stream(js, info, prefix: str, config: JournalConfig, by_name: dict) -> StreamReport:
+    from nats.js.object_store import OBJ_STREAM_TEMPLATE
+
     stream = info.config.name
     report = StreamReport(stream[len(prefix) + 1:], stream, info.state.first_seq, info.state.last_seq)
+    report.drops = drops_messages(info.config)
+    if (bucket := by_name.get(OBJ_STREAM_TEMPLATE.format(bucket=report.bucket))) is not None:
+        report.drops += [f"{report.bucket}: {what}" for what in drops_messages(bucket.config, journal=False)]
     await _read_messages(js, report, info.state.messages, config)
     await _verify_checkpoints(js, report)
     if report.first_seq > 1:  # purged up to a checkpoint: that checkpoint must be there and load
@@ -423,6 +433,8 @@ def report_lines(reports: list[StreamReport]) -> list[str]:
                 f"{r.fences} fences, {r.cuts} cuts, {revs}")
         if r.purge_problem:
             line += f"; {r.purge_problem}"
+        if r.drops:
+            line += f"; it would drop acknowledged records: {', '.join(r.drops)}"
         lines.append(line)
         for error in r.errors[:MAX_ERRORS_SHOWN]:
             lines.append(f"{r.shard}: stream {r.stream}: {error}")

@@ -278,6 +278,62 @@ def test_journals_written_with_one_shard_layout_refuse_a_process_with_another(na
         again.stop()
 
 
+def test_a_journal_stream_that_would_drop_records_is_refused(nats, tmp_path):
+    """A journal keeps every message until its writer releases it after a checkpoint. A stream
+    edited since (`nats stream edit --max-age`), or made beforehand by someone else with memory
+    storage, drops acknowledged records in silence: as its limits bite, or on a NATS restart. A
+    process refuses such a stream in one line, naming the setting; with the limit removed it
+    serves everything it had."""
+    from nats.js.api import StorageType, StreamConfig
+
+    from tests.integration.test_jetstream_faults import nats_call
+
+    first = server_on(nats, tmp_path / "a").start()
+    try:
+        with grpc.insecure_channel(first.endpoint) as ch:
+            pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/p", value=b"pod"), timeout=10)
+    finally:
+        first.stop()
+
+    async def set_max_age(js, seconds: float) -> None:
+        info = await js.stream_info("shardetcd_pods")
+        info.config.max_age = seconds
+        await js.update_stream(info.config)
+
+    def refused(server) -> str:
+        r = subprocess.run(server.args(), cwd=REPO, capture_output=True, text=True, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        return lines[-1]
+
+    nats_call(nats.urls, lambda js: set_max_age(js, 3600))
+    assert refused(server_on(nats, tmp_path / "a")) == (
+        "shardetcd: JetStream stream shardetcd_pods would drop acknowledged records: max_age 3600 s. A journal keeps "
+        "every message until its writer releases it after a checkpoint: remove the limits (`nats stream edit "
+        "shardetcd_pods`), or, for memory storage or another retention, restore a snapshot under a new --journal-prefix")
+    verify = subprocess.run([sys.executable, "-m", "shim", "journal", "verify", "--journal-url", nats.urls], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 1 and [line for line in verify.stdout.splitlines() if "would drop" in line] == [
+        "pods: stream shardetcd_pods: would drop records, 3 messages (seq 1..3), 1 records, 1 fences, 1 cuts, revs 2..2; "
+        "it would drop acknowledged records: max_age 3600 s"], verify.stdout
+    nats_call(nats.urls, lambda js: set_max_age(js, 0))
+    again = server_on(nats, tmp_path / "a").start()
+    try:
+        with grpc.insecure_channel(again.endpoint) as ch:
+            assert pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/p"), timeout=10).kvs[0].value == b"pod"
+    finally:
+        again.stop()
+
+    async def made_in_memory(js) -> None:
+        await js.add_stream(StreamConfig(name="mem_events", subjects=["journal.mem_events"], num_replicas=3,
+                                         storage=StorageType.MEMORY))
+
+    nats_call(nats.urls, made_in_memory)
+    assert refused(server_on(nats, tmp_path / "m", "--journal-prefix", "mem", "--standby")).startswith(
+        "shardetcd: JetStream stream mem_events would drop acknowledged records: memory storage (a NATS restart "
+        "empties it). ")
+
+
 def test_an_unreachable_journal_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(tmp_path / "d"), "--state-dir",
                         str(tmp_path / "s"), "--listen-client-urls", f"http://127.0.0.1:{free_port()}",
