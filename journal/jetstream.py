@@ -104,6 +104,38 @@ class JetStreamConfig:
     # the writer lease's TTL (the server's --journal-lease-ttl), for a process that is not the
     # server but holds the lease a while (a restore uploading checkpoints)
     lease_ttl_s: float = 3.0
+    tls: NatsTls | None = None  # --journal-trusted-ca-file, --journal-cert-file, --journal-key-file
+
+
+@dataclass(frozen=True)
+class NatsTls:
+    """TLS to the NATS servers: the CA that signed their certificates (else the system's), and a
+    client certificate for servers that verify clients (``tls { verify: true }``)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def context(self):
+        """An ssl.SSLContext; JournalUnreachable (one line) when a file cannot be read."""
+        import ssl
+
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+            if self.cert_file:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise JournalUnreachable(f"NATS TLS files ({', '.join(filter(None, vars(self).values()))}) cannot be "
+                                     f"used: {exc}") from None
+        return ctx
+
+
+def nats_tls(urls: tuple[str, ...], tls: NatsTls | None):
+    """The ssl context of a NATS connection, or None for plain connections (tls:// URLs and servers
+    that require TLS take the system's CAs when no file is given)."""
+    if tls is None and not any(u.startswith("tls://") for u in urls):
+        return None
+    return (tls or NatsTls()).context()
 
 
 class JetStreamLog:
@@ -119,11 +151,13 @@ class JetStreamLog:
         self.batch_bytes_max = MIN_MAX_PAYLOAD
         self.epoch = 0  # the writer lease's revision once held: stamped on every message
         self._replicas_tasks: list[asyncio.Future] = []  # keep_replicas_soon's
+        self._connect_error: Exception | None = None  # the last error of the first connect
 
     async def connect(self) -> JetStreamLog:
         import nats
 
         urls = ",".join(self.config.urls)
+        tls = nats_tls(self.config.urls, self.config.tls)
         nc = nats.NATS()
         try:
             await asyncio.wait_for(nc.connect(
@@ -133,12 +167,14 @@ class JetStreamLog:
                 max_reconnect_attempts=-1, reconnect_time_wait=0.25,
                 ping_interval=self.config.stale_after_s / STALE_PINGS, max_outstanding_pings=STALE_PINGS - 1,
                 allow_reconnect=True, error_cb=self._on_error, disconnected_cb=self._on_disconnect,
-                reconnected_cb=self._on_reconnect,
+                reconnected_cb=self._on_reconnect, tls=tls,
             ), timeout=3 * self.config.connect_timeout_s)
         except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds; all mean "not reachable"
             self.closing = True
             await nc.close()
             reason = "no answer" if isinstance(exc, asyncio.TimeoutError) else repr(exc)
+            if self._connect_error is not None:  # e.g. a TLS handshake refused: why there was no answer
+                reason += f" (last error: {self._connect_error!r})"
             raise JournalUnreachable(f"cannot reach NATS at {urls}: {reason}") from None
         self.nc = nc
         if self.nc.max_payload < MIN_MAX_PAYLOAD:
@@ -297,6 +333,8 @@ class JetStreamLog:
     async def _on_error(self, exc: Exception) -> None:
         if self.nc is not None and not self.closing:  # not while the first connect is being tried
             self.events.error(exc)
+        elif self.nc is None:
+            self._connect_error = exc  # named if the first connect gives up
 
     async def _on_disconnect(self) -> None:
         if self.nc is not None and not self.closing:

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
-from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, checkpoint_bucket, drops_messages, kv_stream,
-                               meta_bucket, retrying)
+from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, NatsTls, checkpoint_bucket, drops_messages,
+                               kv_stream, meta_bucket, nats_tls, retrying)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import verify_checkpoints
@@ -110,10 +110,11 @@ class Verified:
     spans: dict[str, list[str]] = field(default_factory=dict)  # by role: its shards (where its layout is recorded)
 
 
-async def connect(urls: tuple[str, ...], timeout_s: float = 5.0):
+async def connect(urls: tuple[str, ...], tls: NatsTls | None = None, timeout_s: float = 5.0):
     """A plain NATS connection that gives up at once (a tool, not a server): JournalUnreachable."""
     import nats
 
+    context = nats_tls(urls, tls)
     seen: list[Exception] = []
 
     async def quiet(exc: Exception) -> None:  # kept for the one line below, not logged
@@ -122,20 +123,21 @@ async def connect(urls: tuple[str, ...], timeout_s: float = 5.0):
     try:  # each URL tried twice, then NoServersError
         return await asyncio.wait_for(nats.connect(servers=list(urls), connect_timeout=timeout_s, allow_reconnect=False,
                                                    max_reconnect_attempts=1, reconnect_time_wait=0.2, error_cb=quiet,
-                                                   name="shardetcd-journal-verify"),
+                                                   name="shardetcd-journal-verify", tls=context),
                                       timeout=3 * timeout_s)
     except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds; all mean "not reachable"
         reason = "no answer" if isinstance(exc, asyncio.TimeoutError) else repr(seen[-1] if seen else exc)
         raise JournalUnreachable(f"cannot reach NATS at {','.join(urls)}: {reason}") from None
 
 
-async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalConfig = JournalConfig()) -> Verified:
+async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalConfig = JournalConfig(),
+                           tls: NatsTls | None = None) -> Verified:
     """One report per journal stream of ``prefix``, in name order; the revision each writer
     (by role: its default shard's or partition's name) said it acknowledged writes up to; and
     where each stream a writer keeps is stored."""
     from nats.errors import Error as NatsError
 
-    nc = await connect(urls)
+    nc = await connect(urls, tls)
     try:
         js = nc.jetstream(timeout=10.0)
         try:
@@ -157,7 +159,8 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
         await nc.close()
 
 
-async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[str]) -> list[str]:
+async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[str],
+                              tls: NatsTls | None = None) -> list[str]:
     """The shards (a partition under ``cluster``: its name) of ``prefix``'s journal streams, other than
     ``besides``, whose stream holds a record or whose checkpoint bucket holds an object. A stream
     with nothing but writers' fences and cut markers (a start that took no write) holds no data.
@@ -165,7 +168,7 @@ async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[s
     from nats.errors import Error as NatsError
     from nats.js.object_store import OBJ_STREAM_TEMPLATE
 
-    nc = await connect(urls)
+    nc = await connect(urls, tls)
     try:
         js = nc.jetstream(timeout=10.0)
         try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -205,7 +206,33 @@ def build_parser() -> argparse.ArgumentParser:
                         "takes over (default: %(default)s)")
     p.add_argument("--journal-prefix", default=d.journal_prefix,
                    help="with --journal-url: prefix of the stream and bucket names, one set per cluster (default: %(default)s)")
+    add_journal_tls(p)
     return p
+
+
+def add_journal_tls(p: argparse.ArgumentParser) -> None:
+    """TLS to the NATS servers of --journal-url (every command that reaches them)."""
+    p.add_argument("--journal-trusted-ca-file", default=None, metavar="FILE",
+                   help="with --journal-url: the CA that signed the NATS servers' certificates (default: the "
+                        "system's); a server that requires TLS is then reached over TLS")
+    p.add_argument("--journal-cert-file", default=None, metavar="FILE",
+                   help="with --journal-url: a client certificate for NATS servers that verify clients")
+    p.add_argument("--journal-key-file", default=None, metavar="FILE", help="the key of --journal-cert-file")
+
+
+def journal_tls(p: argparse.ArgumentParser, args: argparse.Namespace):
+    """``add_journal_tls``'s NatsTls, or None (parser error: a certificate without its key, or TLS
+    files without --journal-url)."""
+    ca, cert, key = args.journal_trusted_ca_file, args.journal_cert_file, args.journal_key_file
+    if not (ca or cert or key):
+        return None
+    if bool(cert) != bool(key):
+        p.error("--journal-cert-file and --journal-key-file go together")
+    if not args.journal_urls:
+        p.error("--journal-trusted-ca-file, --journal-cert-file and --journal-key-file go with --journal-url")
+    from journal.jetstream import NatsTls
+
+    return NatsTls(ca, cert, key)
 
 
 def _nats_urls(text: str) -> tuple[str, ...]:
@@ -318,7 +345,7 @@ def snapshot_main(argv: list[str]) -> int:
         print(f'shardetcd: couldn\'t find local name "{args.name}" in the initial cluster configuration',
               file=sys.stderr)
         return 2
-    jetstream = jetstream_target(args)
+    jetstream = jetstream_target(r, args)
     try:
         got = restore_snapshot(args.file, args.data_dir, load_layout(args.shard_layout), args.wal_dir,
                                args.skip_hash_check, jetstream, cluster_target(args))
@@ -344,6 +371,9 @@ def start_command(args: argparse.Namespace) -> str:
         words += ["--wal-dir", str(args.wal_dir.absolute())]
     if args.journal_urls:
         words += ["--journal-url", ",".join(args.journal_urls), "--journal-prefix", args.journal_prefix]
+        for flag in ("journal_trusted_ca_file", "journal_cert_file", "journal_key_file"):
+            if getattr(args, flag):
+                words += ["--" + flag.replace("_", "-"), getattr(args, flag)]
     return " ".join(words)
 
 
@@ -360,6 +390,7 @@ def add_jetstream_target(p: argparse.ArgumentParser) -> None:
                    dest="journal_lease_ttl",
                    help="with --journal-url: the server's --journal-lease-ttl; the restore holds the writer lease "
                         "while it uploads, so no server starts writing meanwhile (default: %(default)s)")
+    add_journal_tls(p)
 
 
 def add_cluster_target(p: argparse.ArgumentParser, wal_dir: bool = True) -> None:
@@ -380,14 +411,15 @@ def cluster_target(args: argparse.Namespace):
     return load_cluster_layout(args.cluster_layout)
 
 
-def jetstream_target(args: argparse.Namespace):
+def jetstream_target(p: argparse.ArgumentParser, args: argparse.Namespace):
     """``add_jetstream_target``'s JetStreamConfig, or None (the local journal)."""
+    tls = journal_tls(p, args)
     if not args.journal_urls:
         return None
     from journal.jetstream import JetStreamConfig
 
     return JetStreamConfig(urls=args.journal_urls, prefix=args.journal_prefix, replicas=args.journal_replicas,
-                           lease_ttl_s=args.journal_lease_ttl)
+                           lease_ttl_s=args.journal_lease_ttl, tls=tls)
 
 
 def restored(got: dict) -> str:
@@ -432,13 +464,16 @@ def journal_main(argv: list[str]) -> int:
     p.add_argument("--journal-replicas", type=_positive_int, default=None,
                    help="with --journal-url: the servers' --journal-replicas; a stream or bucket they write stored "
                         "on fewer NATS servers is reported as a finding (default: replicas are only shown)")
+    add_journal_tls(p)
     args = p.parse_args(argv)
     setup_logging("warn")
+    tls = journal_tls(p, args)
     if args.journal_urls:
         if args.data_dir is not None:
             p.error("give --data-dir (a local journal) or --journal-url (JetStream), not both")
         return _jetstream_journal_command(args.command, args.journal_urls,
-                                          args.journal_prefix or ServerConfig().journal_prefix, args.journal_replicas)
+                                          args.journal_prefix or ServerConfig().journal_prefix, args.journal_replicas,
+                                          tls)
     for flag, given in (("--journal-prefix", args.journal_prefix), ("--journal-replicas", args.journal_replicas)):
         if given is not None:
             p.error(f"{flag} goes with --journal-url")
@@ -458,7 +493,7 @@ def journal_main(argv: list[str]) -> int:
         return 2
 
 
-def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str, replicas: int | None) -> int:
+def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str, replicas: int | None, tls) -> int:
     from journal.errors import JournalUnreachable
     from journal.verify_jetstream import acknowledged_lines, report_lines, verify_jetstream
 
@@ -469,7 +504,7 @@ def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str,
         return 2
     where = f"prefix {prefix} at {','.join(urls)}"
     try:
-        found = asyncio.run(verify_jetstream(urls, prefix))
+        found = asyncio.run(verify_jetstream(urls, prefix, tls=tls))
     except JournalUnreachable as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
@@ -582,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     if unused := reading.no_effect():
         logger.info("etcd flags accepted with no effect here flags=%s", ",".join(unused))
     try:
-        config = config_from_args(args)
+        config = dataclasses.replace(config_from_args(args), journal_tls=journal_tls(parser, args))
     except ValueError as exc:  # e.g. an --auto-compaction-retention its mode cannot read
         parser.error(str(exc))
 

@@ -135,7 +135,9 @@ def check_hash(path: Path) -> None:
 
 
 def migrate_main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    jetstream = jetstream_target(parser, args)
     data_dir = args.data_dir.absolute()
     started = time.monotonic()
     try:
@@ -149,7 +151,7 @@ def migrate_main(argv: list[str]) -> int:
             os.fsync(tmp.fileno())
             check_hash(Path(tmp.name))
             print(f"snapshot from {target}: {size:,} bytes, SHA-256 checked; restoring", flush=True)
-            got = restore_snapshot(Path(tmp.name), data_dir, layout, jetstream=jetstream_target(args),
+            got = restore_snapshot(Path(tmp.name), data_dir, layout, jetstream=jetstream,
                                    cluster=cluster_target(args))
     except (MigrateError, SnapshotError, DataDirError, LayoutError, JournalError) as exc:
         print(f"shardetcd migrate: {exc}", file=sys.stderr)

@@ -334,6 +334,62 @@ def test_a_journal_stream_that_would_drop_records_is_refused(nats, tmp_path):
         "empties it). ")
 
 
+def test_journals_on_nats_servers_that_require_tls_and_client_certificates(tmp_path):
+    """Production NATS clusters run TLS, with a private CA, often verifying client certificates.
+    The server, `journal verify` and the cluster supervisor reach them with the NATS servers' CA
+    and a client certificate; without them a start is one line, not a hang."""
+    from tests.nats_fixture import start_nats_cluster
+    from tests.tls_certs import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    nats = start_nats_cluster(tmp_path / "nats", size=1, extra=(
+        "--tlsverify", "--tlscert", str(pki["server"]), "--tlskey", str(pki["server-key"]), "--tlscacert", str(pki["ca"])))
+    tls = ("--journal-trusted-ca-file", str(pki["ca"]), "--journal-cert-file", str(pki["client"]),
+           "--journal-key-file", str(pki["client-key"]))
+    try:
+        for flags in ((), tls[:2]):  # none; the CA without a client certificate
+            r = subprocess.run(server_on(nats, tmp_path / "x", "--journal-replicas", "1", *flags).args(), cwd=REPO,
+                               capture_output=True, text=True, timeout=60)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and lines[-1].startswith(f"shardetcd: cannot reach NATS at {nats.urls}: "), \
+                r.stderr[-3000:]
+        server = server_on(nats, tmp_path / "a", "--journal-replicas", "1", *tls).start()
+        try:
+            with grpc.insecure_channel(server.endpoint) as ch:
+                assert pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/p", value=b"v"),
+                                          timeout=10).header.revision == 2
+        finally:
+            server.stop()
+        verify = [sys.executable, "-m", "shim", "journal", "verify", "--journal-url", nats.urls]
+        checked = subprocess.run([*verify, *tls], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert checked.returncode == 0 and "pods: stream shardetcd_pods: ok, " in checked.stdout, \
+            (checked.stdout, checked.stderr)
+        plain = subprocess.run(verify, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert plain.returncode == 2 and plain.stderr.startswith(f"shardetcd: cannot reach NATS at {nats.urls}"), \
+            plain.stderr
+        again = server_on(nats, tmp_path / "b", "--journal-replicas", "1", *tls).start()  # a new machine
+        try:
+            with grpc.insecure_channel(again.endpoint) as ch:
+                assert pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/p"), timeout=10).kvs[0].value == b"v"
+        finally:
+            again.stop()
+
+        from tests.integration.test_cluster import Cluster
+
+        (tmp_path / "c").mkdir()
+        cluster = Cluster(tmp_path / "c")  # the supervisor asks NATS about the layout first, then each partition
+        cluster.argv += ["--journal-url", nats.urls, "--journal-prefix", "c", "--journal-replicas", "1", *tls]
+        cluster.start()
+        try:
+            with grpc.insecure_channel(cluster.endpoint("events")) as ch:
+                assert pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/events/ns/e", value=b"v"),
+                                          timeout=10).header.revision == 2
+        finally:
+            cluster.stop()
+    finally:
+        nats.stop()
+
+
 def test_an_unreachable_journal_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(tmp_path / "d"), "--state-dir",
                         str(tmp_path / "s"), "--listen-client-urls", f"http://127.0.0.1:{free_port()}",
