@@ -507,6 +507,13 @@ def checkpoint_bucket(stream: str) -> str:
     return f"{stream}-checkpoints"
 
 
+def checkpoint_stream(stream: str) -> str:
+    """The stream that holds ``checkpoint_bucket(stream)`` (nats-py's naming)."""
+    from nats.js.object_store import OBJ_STREAM_TEMPLATE
+
+    return OBJ_STREAM_TEMPLATE.format(bucket=checkpoint_bucket(stream))
+
+
 def kv_stream(bucket: str) -> str:
     """The stream that holds the KV bucket ``bucket`` (nats-py's naming)."""
     return f"KV_{bucket}"
@@ -1056,7 +1063,7 @@ class JetStreamJournal(Appender):
     async def _check_bucket_keeps_messages(self) -> None:
         from nats.js.errors import NotFoundError
 
-        _, bucket = self._written_streams()
+        bucket = checkpoint_stream(self.stream)
         try:
             info = await retrying(f"stream {bucket}", lambda: self.log.js.stream_info(bucket))
         except NotFoundError:
@@ -1065,9 +1072,7 @@ class JetStreamJournal(Appender):
 
     def _written_streams(self) -> tuple[str, str]:
         """What this process writes for the journal: its stream and its checkpoints' bucket."""
-        from nats.js.object_store import OBJ_STREAM_TEMPLATE
-
-        return self.stream, OBJ_STREAM_TEMPLATE.format(bucket=self.checkpoint_bucket)
+        return self.stream, checkpoint_stream(self.stream)
 
     @property
     def checkpoint_bucket(self) -> str:

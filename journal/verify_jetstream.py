@@ -25,8 +25,8 @@ from pathlib import Path
 
 from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
-from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, NatsTls, checkpoint_bucket, drops_messages,
-                               kv_stream, meta_bucket, nats_tls, retrying)
+from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, NatsTls, checkpoint_bucket, checkpoint_stream,
+                               drops_messages, kv_stream, meta_bucket, nats_tls, retrying)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import verify_checkpoints
@@ -144,7 +144,7 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
             infos = await retrying("list streams", js.streams_info, deadline_s=15.0)
         except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
             raise JournalUnreachable(f"NATS at {','.join(urls)} does not answer JetStream requests: {exc}") from None
-        journals = sorted((i for i in infos if _is_journal(i.config, prefix)), key=lambda i: i.config.name)
+        journals = _journals(infos, prefix)
         reports = []
         by_name = {i.config.name: i for i in infos}
         for info in journals:
@@ -154,7 +154,7 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
                 raise JournalUnreachable(f"NATS at {','.join(urls)} stopped answering while stream "
                                          f"{info.config.name} was read: {exc!r}") from None
         acknowledged, spans = await _acknowledged(js, prefix)
-        return Verified(reports, acknowledged, _replicas(infos, journals, prefix), spans)
+        return Verified(reports, acknowledged, _replicas(by_name, journals, prefix), spans)
     finally:
         await nc.close()
 
@@ -166,7 +166,6 @@ async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[s
     with nothing but writers' fences and cut markers (a start that took no write) holds no data.
     Reads a stream's messages from its first only until a record: a few messages."""
     from nats.errors import Error as NatsError
-    from nats.js.object_store import OBJ_STREAM_TEMPLATE
 
     nc = await connect(urls, tls)
     try:
@@ -175,11 +174,11 @@ async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[s
             infos = await retrying("list streams", js.streams_info, deadline_s=15.0)
             by_name = {i.config.name: i for i in infos}
             found = []
-            for info in sorted((i for i in infos if _is_journal(i.config, prefix)), key=lambda i: i.config.name):
+            for info in _journals(infos, prefix):
                 shard = info.config.name[len(prefix) + 1:]
                 if shard in besides:
                     continue
-                bucket = by_name.get(OBJ_STREAM_TEMPLATE.format(bucket=checkpoint_bucket(info.config.name)))
+                bucket = by_name.get(checkpoint_stream(info.config.name))
                 if (bucket is not None and bucket.state.messages) or await _holds_a_record(js, info):
                     found.append(shard)
             return found
@@ -262,13 +261,9 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
     return lines, gone
 
 
-def _replicas(infos, journals, prefix: str) -> list[ReplicaReport]:
+def _replicas(by_name: dict, journals, prefix: str) -> list[ReplicaReport]:
     """The journals, their checkpoint buckets, the meta and writer lease buckets, in that order."""
-    from nats.js.object_store import OBJ_STREAM_TEMPLATE
-
-    by_name = {i.config.name: i for i in infos}
-    names = [name for j in journals
-             for name in (j.config.name, OBJ_STREAM_TEMPLATE.format(bucket=checkpoint_bucket(j.config.name)))]
+    names = [name for j in journals for name in (j.config.name, checkpoint_stream(j.config.name))]
     names += [kv_stream(meta_bucket(prefix)), kv_stream(lease_bucket(prefix))]
     return [_replica_report(by_name[name]) for name in names if name in by_name]
 
@@ -290,17 +285,20 @@ def _replica_report(info) -> ReplicaReport:
     return report
 
 
+def _journals(infos, prefix: str) -> list:
+    """The journal streams of ``prefix`` among ``infos``, in name order."""
+    return sorted((i for i in infos if _is_journal(i.config, prefix)), key=lambda i: i.config.name)
+
+
 def _is_journal(cfg, prefix: str) -> bool:
     return cfg.name.startswith(f"{prefix}_") and list(cfg.subjects or []) == [f"journal.{cfg.name}"]
 
 
 async def _verify_stream(js, info, prefix: str, config: JournalConfig, by_name: dict) -> StreamReport:
-    from nats.js.object_store import OBJ_STREAM_TEMPLATE
-
     stream = info.config.name
     report = StreamReport(stream[len(prefix) + 1:], stream, info.state.first_seq, info.state.last_seq)
     report.drops = drops_messages(info.config)
-    if (bucket := by_name.get(OBJ_STREAM_TEMPLATE.format(bucket=report.bucket))) is not None:
+    if (bucket := by_name.get(checkpoint_stream(stream))) is not None:
         report.drops += [f"{report.bucket}: {what}" for what in drops_messages(bucket.config, journal=False)]
     await _read_messages(js, report, info.state.messages, config)
     await _verify_checkpoints(js, report)
