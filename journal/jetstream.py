@@ -80,6 +80,7 @@ MIN_MAX_PAYLOAD = 4 * 1024 * 1024
 FOLLOW_FETCH_S = 2.0
 READ_STALL_S = 10.0  # a read at start or takeover that gets nothing for this long starts again
 STALE_PINGS = 3  # unanswered pings that make a connection stale (see JetStreamConfig.stale_after_s)
+JETSTREAM_NOT_ENABLED_FOR_ACCOUNT = 10039
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Sequence
 
 
@@ -104,17 +105,23 @@ class JetStreamConfig:
     # the writer lease's TTL (the server's --journal-lease-ttl), for a process that is not the
     # server but holds the lease a while (a restore uploading checkpoints)
     lease_ttl_s: float = 3.0
-    tls: NatsTls | None = None  # --journal-trusted-ca-file, --journal-cert-file, --journal-key-file
+    access: NatsAccess | None = None  # --journal-trusted-ca-file, --journal-cert-file, --journal-key-file,
+    # --journal-creds-file, --journal-nkey-file
 
 
 @dataclass(frozen=True)
-class NatsTls:
-    """TLS to the NATS servers: the CA that signed their certificates (else the system's), and a
-    client certificate for servers that verify clients (``tls { verify: true }``)."""
+class NatsAccess:
+    """How this process reaches the NATS servers: TLS (the CA that signed their certificates, else
+    the system's; a client certificate for servers that verify clients, ``tls { verify: true }``)
+    and a NATS user's credentials (a creds file: the user's JWT and NKey seed, as an operator-mode
+    NATS account issues them; or an NKey seed file, for ``nkey:`` users). A user and password or a
+    token go in the URL instead."""
 
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+    creds_file: str | None = None
+    nkey_file: str | None = None
 
     def context(self):
         """An ssl.SSLContext; JournalUnreachable (one line) when a file cannot be read."""
@@ -125,17 +132,102 @@ class NatsTls:
             if self.cert_file:
                 ctx.load_cert_chain(self.cert_file, self.key_file)
         except (OSError, ssl.SSLError) as exc:
-            raise JournalUnreachable(f"NATS TLS files ({', '.join(filter(None, vars(self).values()))}) cannot be "
-                                     f"used: {exc}") from None
+            files = ", ".join(filter(None, (self.ca_file, self.cert_file, self.key_file)))
+            raise JournalUnreachable(f"NATS TLS files ({files}) cannot be used: {exc}") from None
         return ctx
 
+    def credentials(self) -> dict:
+        """nats.connect's arguments for the creds or NKey seed file, checked now (a file that cannot
+        be read or holds no seed is one line here, not a failed handshake later)."""
+        path = self.creds_file or self.nkey_file
+        if path is None:
+            return {}
+        try:
+            import nkeys
+        except ImportError:
+            raise JournalUnreachable("NATS credentials files need the nkeys package: "
+                                     "pip install 'shardetcd[jetstream]'") from None
+        what = "creds file" if self.creds_file else "NKey seed file"
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise JournalUnreachable(f"NATS {what} {path} cannot be read: {exc}") from None
+        seeds = _SEED.findall(text)
+        if self.creds_file and not _CREDS_JWT.search(text):
+            raise JournalUnreachable(f"NATS creds file {path} holds no user JWT (a creds file has a "
+                                     "-----BEGIN NATS USER JWT----- block and the user's NKey seed)")
+        try:
+            nkeys.from_seed(bytearray(seeds[0].encode()))
+        except Exception:  # noqa: BLE001 - nkeys' several errors all mean "no usable seed"
+            raise JournalUnreachable(f"NATS {what} {path} holds no user NKey seed (SU...)") from None
+        return {"user_credentials": path} if self.creds_file else {"nkeys_seed": path}
 
-def nats_tls(urls: tuple[str, ...], tls: NatsTls | None):
+
+_SEED = re.compile(r"\bSU[A-Z2-7]{56}\b")
+_CREDS_JWT = re.compile(r"-+BEGIN NATS USER JWT-+\s*\S+\s*-+END NATS USER JWT-+")
+
+
+def nats_tls(urls: tuple[str, ...], access: NatsAccess | None):
     """The ssl context of a NATS connection, or None for plain connections (tls:// URLs and servers
     that require TLS take the system's CAs when no file is given)."""
-    if tls is None and not any(u.startswith("tls://") for u in urls):
+    if (access is None or not (access.ca_file or access.cert_file)) and not any(u.startswith("tls://") for u in urls):
         return None
-    return (tls or NatsTls()).context()
+    return (access or NatsAccess()).context()
+
+
+def connect_options(urls: tuple[str, ...], access: NatsAccess | None) -> dict:
+    """nats.connect's TLS and credentials arguments (JournalUnreachable when a file cannot be used)."""
+    return {"tls": nats_tls(urls, access), **(access.credentials() if access is not None else {})}
+
+
+class ClientCertificateRequired(Exception):
+    """A connect without a client certificate to a NATS server that verifies them."""
+
+
+def refused(exc: BaseException) -> bool:
+    """A connect that NATS refused for this process's credentials or that failed TLS verification:
+    trying again will not help, unlike a server that is not up yet."""
+    import ssl
+
+    if isinstance(exc, (ssl.SSLCertVerificationError, ClientCertificateRequired)):
+        return True
+    text = str(exc)
+    return "Authorization Violation" in text or "Authentication" in text
+
+
+def shown_urls(urls: Iterable[str]) -> str:
+    """The URLs for a message or a log line: a password or a token in one is not shown."""
+    return ",".join(_USERINFO.sub(_hide_secret, u) for u in urls)
+
+
+_USERINFO = re.compile(r"^([a-z]+://)([^/]*)@")  # up to the last @ of the authority
+
+
+def refusal(urls: tuple[str, ...], exc: BaseException, access: NatsAccess | None) -> JournalUnreachable:
+    """The one line for a connect that ``refused``: what NATS said, and what to give."""
+    return JournalUnreachable(f"NATS at {shown_urls(urls)} refused this process: {exc!r}{_hint(exc, urls, access)}")
+
+
+def _hint(exc: BaseException, urls: tuple[str, ...], access: NatsAccess | None) -> str:
+    import ssl
+
+    given = access or NatsAccess()
+    if isinstance(exc, ClientCertificateRequired):
+        return " (give this process a certificate the servers trust: --journal-cert-file, --journal-key-file)"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return ("" if given.ca_file else
+                " (their certificates are not signed by a CA this machine trusts: --journal-trusted-ca-file)")
+    if given.creds_file or given.nkey_file:
+        return " (the NATS servers do not know the user of the credentials file given)"
+    if any(_USERINFO.match(u) for u in urls):
+        return " (the NATS servers do not accept the user and password, or the token, in --journal-url)"
+    return (" (the NATS servers require a user: --journal-creds-file, --journal-nkey-file, or "
+            "nats://USER:PASSWORD@HOST:PORT or nats://TOKEN@HOST:PORT in --journal-url)")
+
+
+def _hide_secret(m: re.Match) -> str:
+    user, sep, _ = m.group(2).partition(":")
+    return f"{m.group(1)}{user}:***@" if sep else f"{m.group(1)}***@"  # user:password, or a token alone
 
 
 class JetStreamLog:
@@ -152,39 +244,90 @@ class JetStreamLog:
         self.epoch = 0  # the writer lease's revision once held: stamped on every message
         self._replicas_tasks: list[asyncio.Future] = []  # keep_replicas_soon's
         self._connect_error: Exception | None = None  # the last error of the first connect
+        self.denied: Exception | None = None  # the last permissions violation NATS reported
+        self._connecting = None  # the connection being made, before it is
 
     async def connect(self) -> JetStreamLog:
         import nats
 
-        urls = ",".join(self.config.urls)
-        tls = nats_tls(self.config.urls, self.config.tls)
-        nc = nats.NATS()
+        urls = shown_urls(self.config.urls)
+        options = connect_options(self.config.urls, self.config.access)
+        nc = self._connecting = nats.NATS()
+        # NATS not up yet is waited for (up to 3 connect timeouts); a refusal of this process's
+        # credentials or of the servers' certificates by every server is final at once
+        self._refusals, self._refusal, self._refused = 0, None, asyncio.Event()
+        connecting = asyncio.ensure_future(nc.connect(
+            servers=list(self.config.urls), name=f"shardetcd-{self.writer_id}",
+            # a frozen server accepts TCP but never greets: a reconnect gives up on it as soon as a ping would
+            connect_timeout=min(self.config.connect_timeout_s, self.config.stale_after_s),
+            max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+            ping_interval=self.config.stale_after_s / STALE_PINGS, max_outstanding_pings=STALE_PINGS - 1,
+            allow_reconnect=True, error_cb=self._on_error, disconnected_cb=self._on_disconnect,
+            reconnected_cb=self._on_reconnect, **options))
+        refusing = asyncio.ensure_future(self._refused.wait())
         try:
-            await asyncio.wait_for(nc.connect(
-                servers=list(self.config.urls), name=f"shardetcd-{self.writer_id}",
-                # a frozen server accepts TCP but never greets: a reconnect gives up on it as soon as a ping would
-                connect_timeout=min(self.config.connect_timeout_s, self.config.stale_after_s),
-                max_reconnect_attempts=-1, reconnect_time_wait=0.25,
-                ping_interval=self.config.stale_after_s / STALE_PINGS, max_outstanding_pings=STALE_PINGS - 1,
-                allow_reconnect=True, error_cb=self._on_error, disconnected_cb=self._on_disconnect,
-                reconnected_cb=self._on_reconnect, tls=tls,
-            ), timeout=3 * self.config.connect_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds; all mean "not reachable"
+            await asyncio.wait((connecting, refusing), timeout=3 * self.config.connect_timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await cancel_and_wait(refusing)
+            if not connecting.done():
+                await cancel_and_wait(connecting)
+        failure = None if connecting.cancelled() else connecting.exception()
+        if connecting.cancelled() or failure is not None:
             self.closing = True
             await nc.close()
-            reason = "no answer" if isinstance(exc, asyncio.TimeoutError) else repr(exc)
-            if self._connect_error is not None:  # e.g. a TLS handshake refused: why there was no answer
+            if self._refused.is_set():
+                raise refusal(self.config.urls, self._refusal, self.config.access)
+            reason = "no answer" if failure is None else repr(failure)
+            if self._connect_error is not None:  # why there was no answer
                 reason += f" (last error: {self._connect_error!r})"
-            raise JournalUnreachable(f"cannot reach NATS at {urls}: {reason}") from None
+            raise JournalUnreachable(f"cannot reach NATS at {urls}: {reason}")
         self.nc = nc
-        if self.nc.max_payload < MIN_MAX_PAYLOAD:
+        try:
+            if self.nc.max_payload < MIN_MAX_PAYLOAD:
+                raise JournalUnreachable(
+                    f"NATS at {urls} takes messages of at most {self.nc.max_payload} bytes; a journal needs "
+                    f"{MIN_MAX_PAYLOAD} (etcd's 1.5 MiB requests plus room): set max_payload: 8MB on the NATS servers")
+            self.batch_bytes_max = self.nc.max_payload - 64 * 1024  # room for headers
+            self.js = self.nc.jetstream(timeout=self.config.publish_timeout_s)
+            await self._jetstream_answers(urls)
+        except BaseException:
+            self.closing = True
             await self.nc.close()
-            raise JournalUnreachable(
-                f"NATS at {urls} takes messages of at most {self.nc.max_payload} bytes; a journal needs "
-                f"{MIN_MAX_PAYLOAD} (etcd's 1.5 MiB requests plus room): set max_payload: 8MB on the NATS servers")
-        self.batch_bytes_max = self.nc.max_payload - 64 * 1024  # room for headers
-        self.js = self.nc.jetstream(timeout=self.config.publish_timeout_s)
+            raise
         return self
+
+    async def _jetstream_answers(self, urls: str) -> None:
+        """JournalUnreachable, in one line, if JetStream is not there for this process: not enabled
+        on the servers or for the user's account, or the user not permitted its API. A JetStream
+        that answers only later (a cluster electing its leader) is left to each request's retries."""
+        from nats.js.errors import APIError, ServiceUnavailableError
+
+        deadline = time.monotonic() + self.config.connect_timeout_s
+        while True:
+            try:
+                await self.js.account_info()
+                return
+            except ServiceUnavailableError as exc:  # 503: JetStream is not there for this user
+                if exc.err_code == JETSTREAM_NOT_ENABLED_FOR_ACCOUNT:
+                    raise JournalUnreachable(f"NATS at {urls}: JetStream is not enabled for this user's account "
+                                             f"({exc.description}): enable it for the account") from None
+                if exc.err_code is not None:
+                    return  # it answered (e.g. 10008, temporarily unavailable: a cluster electing its leader)
+                if time.monotonic() > deadline:  # nobody answers JetStream's API (or not yet: a server starting)
+                    raise JournalUnreachable(
+                        f"NATS at {urls} answers no JetStream requests of this user: is JetStream enabled on the "
+                        "NATS servers (-js, or jetstream {} in their configuration) and for the user's account?"
+                    ) from None
+                await asyncio.sleep(0.25)
+            except APIError:
+                return  # it answered: JetStream is there
+            except transient_errors():
+                if self.denied is not None:
+                    raise JournalUnreachable(f"NATS at {urls} does not permit this user JetStream's API: "
+                                             f"{self.denied} (see the permissions a journal's user needs in the "
+                                             "README)") from None
+                return
 
     async def keep_replicas(self, *streams: str) -> None:
         """Give each of ``streams`` that exists (a journal's, or a bucket's ``KV_``/``OBJ_`` stream) this
@@ -333,15 +476,26 @@ class JetStreamLog:
     async def _on_error(self, exc: Exception) -> None:
         if self.nc is not None and not self.closing:  # not while the first connect is being tried
             self.events.error(exc)
+            if "permissions violation" in str(exc).lower():
+                self.denied = exc
         elif self.nc is None:
             self._connect_error = exc  # named if the first connect gives up
+            server = getattr(self._connecting, "_server_info", None) or {}  # the server's INFO, once it greeted
+            if server.get("tls_verify") and not (self.config.access and self.config.access.cert_file) and \
+                    not refused(exc):
+                exc = ClientCertificateRequired(f"{exc!r} from a server that verifies client certificates")
+            if refused(exc):
+                self._refusals, self._refusal = self._refusals + 1, exc
+                if self._refusals >= len(self.config.urls):
+                    self._refused.set()
 
     async def _on_disconnect(self) -> None:
         if self.nc is not None and not self.closing:
             self.events.disconnected()
 
     async def _on_reconnect(self) -> None:
-        self.events.reconnected(self.nc.connected_url.netloc if self.nc.connected_url else "?")
+        url = self.nc.connected_url
+        self.events.reconnected(f"{url.hostname}:{url.port}" if url else "?")
 
 
 class ConnectionEvents:

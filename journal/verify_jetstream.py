@@ -25,8 +25,9 @@ from pathlib import Path
 
 from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
-from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, NatsTls, checkpoint_bucket, checkpoint_stream,
-                               drops_messages, kv_stream, meta_bucket, nats_tls, retrying)
+from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket, checkpoint_stream,
+                               connect_options, drops_messages, kv_stream, meta_bucket, refusal, refused, retrying,
+                               shown_urls)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import verify_checkpoints
@@ -110,11 +111,11 @@ class Verified:
     spans: dict[str, list[str]] = field(default_factory=dict)  # by role: its shards (where its layout is recorded)
 
 
-async def connect(urls: tuple[str, ...], tls: NatsTls | None = None, timeout_s: float = 5.0):
+async def connect(urls: tuple[str, ...], access: NatsAccess | None = None, timeout_s: float = 5.0):
     """A plain NATS connection that gives up at once (a tool, not a server): JournalUnreachable."""
     import nats
 
-    context = nats_tls(urls, tls)
+    options = connect_options(urls, access)
     seen: list[Exception] = []
 
     async def quiet(exc: Exception) -> None:  # kept for the one line below, not logged
@@ -123,27 +124,30 @@ async def connect(urls: tuple[str, ...], tls: NatsTls | None = None, timeout_s: 
     try:  # each URL tried twice, then NoServersError
         return await asyncio.wait_for(nats.connect(servers=list(urls), connect_timeout=timeout_s, allow_reconnect=False,
                                                    max_reconnect_attempts=1, reconnect_time_wait=0.2, error_cb=quiet,
-                                                   name="shardetcd-journal-verify", tls=context),
+                                                   name="shardetcd-journal-verify", **options),
                                       timeout=3 * timeout_s)
     except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds; all mean "not reachable"
-        reason = "no answer" if isinstance(exc, asyncio.TimeoutError) else repr(seen[-1] if seen else exc)
-        raise JournalUnreachable(f"cannot reach NATS at {','.join(urls)}: {reason}") from None
+        last = seen[-1] if seen else exc
+        if refused(last):
+            raise refusal(urls, last, access) from None
+        reason = "no answer" if isinstance(exc, asyncio.TimeoutError) else repr(last)
+        raise JournalUnreachable(f"cannot reach NATS at {shown_urls(urls)}: {reason}") from None
 
 
 async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalConfig = JournalConfig(),
-                           tls: NatsTls | None = None) -> Verified:
+                           access: NatsAccess | None = None) -> Verified:
     """One report per journal stream of ``prefix``, in name order; the revision each writer
     (by role: its default shard's or partition's name) said it acknowledged writes up to; and
     where each stream a writer keeps is stored."""
     from nats.errors import Error as NatsError
 
-    nc = await connect(urls, tls)
+    nc = await connect(urls, access)
     try:
         js = nc.jetstream(timeout=10.0)
         try:
             infos = await retrying("list streams", js.streams_info, deadline_s=15.0)
         except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
-            raise JournalUnreachable(f"NATS at {','.join(urls)} does not answer JetStream requests: {exc}") from None
+            raise JournalUnreachable(f"NATS at {shown_urls(urls)} does not answer JetStream requests: {exc}") from None
         journals = _journals(infos, prefix)
         reports = []
         by_name = {i.config.name: i for i in infos}
@@ -151,7 +155,7 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
             try:
                 reports.append(await _verify_stream(js, info, prefix, config, by_name))
             except (NatsError, asyncio.TimeoutError) as exc:
-                raise JournalUnreachable(f"NATS at {','.join(urls)} stopped answering while stream "
+                raise JournalUnreachable(f"NATS at {shown_urls(urls)} stopped answering while stream "
                                          f"{info.config.name} was read: {exc!r}") from None
         acknowledged, spans = await _acknowledged(js, prefix)
         return Verified(reports, acknowledged, _replicas(by_name, journals, prefix), spans)
@@ -160,14 +164,14 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
 
 
 async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[str],
-                              tls: NatsTls | None = None) -> list[str]:
+                              access: NatsAccess | None = None) -> list[str]:
     """The shards (a partition under ``cluster``: its name) of ``prefix``'s journal streams, other than
     ``besides``, whose stream holds a record or whose checkpoint bucket holds an object. A stream
     with nothing but writers' fences and cut markers (a start that took no write) holds no data.
     Reads a stream's messages from its first only until a record: a few messages."""
     from nats.errors import Error as NatsError
 
-    nc = await connect(urls, tls)
+    nc = await connect(urls, access)
     try:
         js = nc.jetstream(timeout=10.0)
         try:
@@ -183,7 +187,7 @@ async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[s
                     found.append(shard)
             return found
         except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
-            raise JournalUnreachable(f"NATS at {','.join(urls)} does not answer JetStream requests: {exc!r}") from None
+            raise JournalUnreachable(f"NATS at {shown_urls(urls)} does not answer JetStream requests: {exc!r}") from None
     finally:
         await nc.close()
 

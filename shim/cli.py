@@ -206,33 +206,48 @@ def build_parser() -> argparse.ArgumentParser:
                         "takes over (default: %(default)s)")
     p.add_argument("--journal-prefix", default=d.journal_prefix,
                    help="with --journal-url: prefix of the stream and bucket names, one set per cluster (default: %(default)s)")
-    add_journal_tls(p)
+    add_journal_access(p)
     return p
 
 
-def add_journal_tls(p: argparse.ArgumentParser) -> None:
-    """TLS to the NATS servers of --journal-url (every command that reaches them)."""
+def add_journal_access(p: argparse.ArgumentParser) -> None:
+    """How to reach the NATS servers of --journal-url: TLS and a NATS user's credentials (every
+    command that reaches them)."""
     p.add_argument("--journal-trusted-ca-file", default=None, metavar="FILE",
                    help="with --journal-url: the CA that signed the NATS servers' certificates (default: the "
                         "system's); a server that requires TLS is then reached over TLS")
     p.add_argument("--journal-cert-file", default=None, metavar="FILE",
                    help="with --journal-url: a client certificate for NATS servers that verify clients")
     p.add_argument("--journal-key-file", default=None, metavar="FILE", help="the key of --journal-cert-file")
+    p.add_argument("--journal-creds-file", default=None, metavar="FILE",
+                   help="with --journal-url: the NATS user's credentials file (its JWT and NKey seed, as an "
+                        "operator-mode NATS account issues them, e.g. with nsc)")
+    p.add_argument("--journal-nkey-file", default=None, metavar="FILE",
+                   help="with --journal-url: a file holding the NKey seed (SU...) of a NATS `nkey:` user. A user "
+                        "and password or a token go in the URL instead (nats://USER:PASSWORD@HOST:PORT), which "
+                        "shows them to anyone who can list processes; a file does not")
 
 
-def journal_tls(p: argparse.ArgumentParser, args: argparse.Namespace):
-    """``add_journal_tls``'s NatsTls, or None (parser error: a certificate without its key, or TLS
-    files without --journal-url)."""
+_ACCESS_FLAGS = ("--journal-trusted-ca-file", "--journal-cert-file", "--journal-key-file", "--journal-creds-file",
+                 "--journal-nkey-file")
+
+
+def journal_access(p: argparse.ArgumentParser, args: argparse.Namespace):
+    """``add_journal_access``'s NatsAccess, or None (parser error: a certificate without its key, two
+    credentials files, or any of them without --journal-url)."""
     ca, cert, key = args.journal_trusted_ca_file, args.journal_cert_file, args.journal_key_file
-    if not (ca or cert or key):
+    creds, nkey = args.journal_creds_file, args.journal_nkey_file
+    if not (ca or cert or key or creds or nkey):
         return None
     if bool(cert) != bool(key):
         p.error("--journal-cert-file and --journal-key-file go together")
+    if creds and nkey:
+        p.error("--journal-creds-file and --journal-nkey-file are two ways to name the NATS user: give one")
     if not args.journal_urls:
-        p.error("--journal-trusted-ca-file, --journal-cert-file and --journal-key-file go with --journal-url")
-    from journal.jetstream import NatsTls
+        p.error(f"{', '.join(_ACCESS_FLAGS[:-1])} and {_ACCESS_FLAGS[-1]} go with --journal-url")
+    from journal.jetstream import NatsAccess
 
-    return NatsTls(ca, cert, key)
+    return NatsAccess(ca, cert, key, creds, nkey)
 
 
 def _nats_urls(text: str) -> tuple[str, ...]:
@@ -371,9 +386,9 @@ def start_command(args: argparse.Namespace) -> str:
         words += ["--wal-dir", str(args.wal_dir.absolute())]
     if args.journal_urls:
         words += ["--journal-url", ",".join(args.journal_urls), "--journal-prefix", args.journal_prefix]
-        for flag in ("journal_trusted_ca_file", "journal_cert_file", "journal_key_file"):
-            if getattr(args, flag):
-                words += ["--" + flag.replace("_", "-"), getattr(args, flag)]
+        for flag in _ACCESS_FLAGS:
+            if given := getattr(args, flag[2:].replace("-", "_")):
+                words += [flag, given]
     return " ".join(words)
 
 
@@ -390,7 +405,7 @@ def add_jetstream_target(p: argparse.ArgumentParser) -> None:
                    dest="journal_lease_ttl",
                    help="with --journal-url: the server's --journal-lease-ttl; the restore holds the writer lease "
                         "while it uploads, so no server starts writing meanwhile (default: %(default)s)")
-    add_journal_tls(p)
+    add_journal_access(p)
 
 
 def add_cluster_target(p: argparse.ArgumentParser, wal_dir: bool = True) -> None:
@@ -413,13 +428,13 @@ def cluster_target(args: argparse.Namespace):
 
 def jetstream_target(p: argparse.ArgumentParser, args: argparse.Namespace):
     """``add_jetstream_target``'s JetStreamConfig, or None (the local journal)."""
-    tls = journal_tls(p, args)
+    access = journal_access(p, args)
     if not args.journal_urls:
         return None
     from journal.jetstream import JetStreamConfig
 
     return JetStreamConfig(urls=args.journal_urls, prefix=args.journal_prefix, replicas=args.journal_replicas,
-                           lease_ttl_s=args.journal_lease_ttl, tls=tls)
+                           lease_ttl_s=args.journal_lease_ttl, access=access)
 
 
 def restored(got: dict) -> str:
@@ -464,16 +479,16 @@ def journal_main(argv: list[str]) -> int:
     p.add_argument("--journal-replicas", type=_positive_int, default=None,
                    help="with --journal-url: the servers' --journal-replicas; a stream or bucket they write stored "
                         "on fewer NATS servers is reported as a finding (default: replicas are only shown)")
-    add_journal_tls(p)
+    add_journal_access(p)
     args = p.parse_args(argv)
     setup_logging("warn")
-    tls = journal_tls(p, args)
+    access = journal_access(p, args)
     if args.journal_urls:
         if args.data_dir is not None:
             p.error("give --data-dir (a local journal) or --journal-url (JetStream), not both")
         return _jetstream_journal_command(args.command, args.journal_urls,
                                           args.journal_prefix or ServerConfig().journal_prefix, args.journal_replicas,
-                                          tls)
+                                          access)
     for flag, given in (("--journal-prefix", args.journal_prefix), ("--journal-replicas", args.journal_replicas)):
         if given is not None:
             p.error(f"{flag} goes with --journal-url")
@@ -493,8 +508,9 @@ def journal_main(argv: list[str]) -> int:
         return 2
 
 
-def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str, replicas: int | None, tls) -> int:
+def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str, replicas: int | None, access) -> int:
     from journal.errors import JournalUnreachable
+    from journal.jetstream import shown_urls
     from journal.verify_jetstream import acknowledged_lines, report_lines, verify_jetstream
 
     if command == "repair":
@@ -502,9 +518,9 @@ def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str,
               "or not at all, so a stream has no torn tail to cut (`shardetcd journal verify --journal-url ...` "
               "reports damage)", file=sys.stderr)
         return 2
-    where = f"prefix {prefix} at {','.join(urls)}"
+    where = f"prefix {prefix} at {shown_urls(urls)}"
     try:
-        found = asyncio.run(verify_jetstream(urls, prefix, tls=tls))
+        found = asyncio.run(verify_jetstream(urls, prefix, access=access))
     except JournalUnreachable as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
@@ -617,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     if unused := reading.no_effect():
         logger.info("etcd flags accepted with no effect here flags=%s", ",".join(unused))
     try:
-        config = dataclasses.replace(config_from_args(args), journal_tls=journal_tls(parser, args))
+        config = dataclasses.replace(config_from_args(args), journal_access=journal_access(parser, args))
     except ValueError as exc:  # e.g. an --auto-compaction-retention its mode cannot read
         parser.error(str(exc))
 

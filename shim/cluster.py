@@ -428,17 +428,17 @@ def _no_jetstream_partition_left_out(layout: ClusterLayout, server_args: list[st
     from journal.errors import JournalUnreachable
     from journal.verify_jetstream import shards_holding_data
 
-    from .cli import _nats_urls, add_journal_tls, journal_tls
+    from .cli import _nats_urls, add_journal_access, journal_access
     from .config import ServerConfig
 
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--journal-url", type=_nats_urls, dest="journal_urls")
     p.add_argument("--journal-prefix", default=ServerConfig().journal_prefix)
-    add_journal_tls(p)
+    add_journal_access(p)
     given, _ = p.parse_known_args(server_args)
     try:
         held = asyncio.run(shards_holding_data(given.journal_urls, given.journal_prefix, set(layout.names),
-                                               journal_tls(p, given)))
+                                               journal_access(p, given)))
     except JournalUnreachable as exc:
         raise LayoutError(f"{exc} (needed to check that the layout leaves no partition's journal out)") from None
     if held:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .autocompact import AutoCompaction
 
 if TYPE_CHECKING:
-    from journal.jetstream import NatsTls
+    from journal.jetstream import NatsAccess
 
 ETCD_API_VERSION = "3.5.16"  # the etcd release whose API and behaviour we implement
 # etcd's slack above --max-request-bytes: how much gRPC may receive, and the
@@ -38,7 +38,7 @@ class ServerConfig:
     journal_replicas: int = 3
     journal_prefix: str = "shardetcd"
     journal_lease_ttl_s: float = 3.0  # the writer lease: a standby takes over this long after the writer stops
-    journal_tls: NatsTls | None = None  # TLS to the NATS servers: their CA, a client certificate
+    journal_access: NatsAccess | None = None  # TLS to the NATS servers, a NATS user's credentials file
     standby: bool = False  # wait for the writer lease, then take over
     follow: bool = False  # serve reads and watches from the writer's journals; hand everything else to it
     follow_data_dir: Path | None = None  # with follow: the data dir of a writer on this machine (its local journal)

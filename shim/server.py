@@ -261,7 +261,7 @@ def jetstream_config(config: ServerConfig) -> JetStreamConfig | None:
         return None
     return JetStreamConfig(urls=config.journal_urls, prefix=config.journal_prefix, replicas=config.journal_replicas,
                            stale_after_s=config.journal_lease_ttl_s / 2,  # found stale well before the lease lapses
-                           lease_ttl_s=config.journal_lease_ttl_s, tls=config.journal_tls)
+                           lease_ttl_s=config.journal_lease_ttl_s, access=config.journal_access)
 
 
 async def start_following(config: ServerConfig, log=None) -> tuple[Store, WriterLink, asyncio.Task]:

@@ -89,6 +89,8 @@ class NatsCluster:
     max_store_bytes: int | None = None
     extra: list[str] = field(default_factory=list)
     sync_interval: str | None = None  # JetStream's sync_interval ("always": fsync every write); None: its default (2 min)
+    config: str = ""  # more configuration lines (users, an operator: tests/nats_auth.py)
+    jetstream: bool = True  # False: NATS without JetStream (what a journal must refuse in one line)
 
     @property
     def urls(self) -> str:
@@ -99,15 +101,17 @@ class NatsCluster:
         s.dir.mkdir(parents=True, exist_ok=True)
         args = [
             nats_binary(), "-n", s.name, "-a", "127.0.0.1", "-p", str(s.client_port),
-            "-m", str(s.monitor_port), "-js", "-sd", str(s.dir / "js"), "-l", str(s.dir / "nats.log"),
+            "-m", str(s.monitor_port), "-l", str(s.dir / "nats.log"),
         ]
+        if self.jetstream:
+            args += ["-js", "-sd", str(s.dir / "js")]
         if len(self.servers) > 1:
             args += ["--cluster_name", "shardetcd-test", "--cluster", f"nats://127.0.0.1:{s.cluster_port}",
                      "--routes", self.routes]
         conf = s.dir / "nats.conf"  # shardetcd needs messages of up to a few MiB (etcd's 1.5 MiB requests)
         js = {"max_file_store": self.max_store_bytes, "sync_interval": self.sync_interval}
         js_block = ", ".join(f"{k}: {v}" for k, v in js.items() if v is not None)
-        conf.write_text("max_payload: 8MB\n" + (f"jetstream {{ {js_block} }}\n" if js_block else ""))
+        conf.write_text("max_payload: 8MB\n" + (f"jetstream {{ {js_block} }}\n" if js_block else "") + self.config)
         args += ["-c", str(conf)]
         s.proc = subprocess.Popen(args + self.extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if wait:
@@ -178,19 +182,20 @@ def _healthy(monitor_port: int) -> bool:
 
 def start_nats_cluster(tmp_path: Path, size: int = 3, *, max_store_bytes: int | None = None,
                        extra: tuple[str, ...] = (), sync_interval: str | None = None,
-                       timeout: float = 60.0) -> NatsCluster:
+                       config: str = "", jetstream: bool = True, timeout: float = 60.0) -> NatsCluster:
     """Start ``size`` JetStream servers (one, or a cluster of three) and wait until they serve;
     ``extra``: more nats-server flags (e.g. ``--no_advertise``, so that clients use only the URLs
     they were given, such as a test's proxies). ``sync_interval="always"`` makes JetStream fsync
     every write before acknowledging it (its default fsyncs every 2 minutes, so an acknowledged
-    message may be only in the OS page cache)."""
+    message may be only in the OS page cache). ``config``: more lines of their configuration file."""
     ports = free_ports(3 * size)
     servers = [
         NatsServer(f"n{i}", ports[3 * i], ports[3 * i + 1], ports[3 * i + 2], Path(tmp_path) / f"nats{i}")
         for i in range(size)
     ]
     routes = ",".join(f"nats://127.0.0.1:{s.cluster_port}" for s in servers)
-    cluster = NatsCluster(servers, routes, max_store_bytes, list(extra), sync_interval=sync_interval)
+    cluster = NatsCluster(servers, routes, max_store_bytes, list(extra), sync_interval=sync_interval, config=config,
+                          jetstream=jetstream)
     try:
         for i in range(size):  # all before waiting: a clustered server is healthy only with a quorum
             cluster.start(i, wait=False)

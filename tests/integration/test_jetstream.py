@@ -337,7 +337,7 @@ def test_a_journal_stream_that_would_drop_records_is_refused(nats, tmp_path):
 def test_journals_on_nats_servers_that_require_tls_and_client_certificates(tmp_path):
     """Production NATS clusters run TLS, with a private CA, often verifying client certificates.
     The server, `journal verify` and the cluster supervisor reach them with the NATS servers' CA
-    and a client certificate; without them a start is one line, not a hang."""
+    and a client certificate; without them a start is one line at once, saying which is missing."""
     from tests.nats_fixture import start_nats_cluster
     from tests.tls_certs import make_pki
 
@@ -347,12 +347,14 @@ def test_journals_on_nats_servers_that_require_tls_and_client_certificates(tmp_p
     tls = ("--journal-trusted-ca-file", str(pki["ca"]), "--journal-cert-file", str(pki["client"]),
            "--journal-key-file", str(pki["client-key"]))
     try:
-        for flags in ((), tls[:2]):  # none; the CA without a client certificate
+        for flags, said in (((), "SSLCertVerificationError"),  # none: the system's CAs do not know theirs
+                            (tls[:2], "ClientCertificateRequired")):  # the CA without a client certificate
             r = subprocess.run(server_on(nats, tmp_path / "x", "--journal-replicas", "1", *flags).args(), cwd=REPO,
                                capture_output=True, text=True, timeout=60)
             lines = r.stderr.strip().splitlines()
-            assert r.returncode == 2 and lines[-1].startswith(f"shardetcd: cannot reach NATS at {nats.urls}: "), \
-                r.stderr[-3000:]
+            assert r.returncode == 2 and lines[-1].startswith(f"shardetcd: NATS at {nats.urls} refused this process: "
+                                                              f"{said}("), r.stderr[-3000:]
+            assert "--journal-trusted-ca-file" in lines[-1] if not flags else "--journal-cert-file" in lines[-1]
         server = server_on(nats, tmp_path / "a", "--journal-replicas", "1", *tls).start()
         try:
             with grpc.insecure_channel(server.endpoint) as ch:
@@ -365,8 +367,8 @@ def test_journals_on_nats_servers_that_require_tls_and_client_certificates(tmp_p
         assert checked.returncode == 0 and "pods: stream shardetcd_pods: ok, " in checked.stdout, \
             (checked.stdout, checked.stderr)
         plain = subprocess.run(verify, cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert plain.returncode == 2 and plain.stderr.startswith(f"shardetcd: cannot reach NATS at {nats.urls}"), \
-            plain.stderr
+        assert plain.returncode == 2 and plain.stderr.startswith(
+            f"shardetcd: NATS at {nats.urls} refused this process: SSLCertVerificationError("), plain.stderr
         again = server_on(nats, tmp_path / "b", "--journal-replicas", "1", *tls).start()  # a new machine
         try:
             with grpc.insecure_channel(again.endpoint) as ch:
