@@ -244,7 +244,8 @@ class JetStreamLog:
         self.epoch = 0  # the writer lease's revision once held: stamped on every message
         self._replicas_tasks: list[asyncio.Future] = []  # keep_replicas_soon's
         self._connect_error: Exception | None = None  # the last error of the first connect
-        self.denied: Exception | None = None  # the last permissions violation NATS reported
+        self.denied: Exception | None = None  # the last permissions violation NATS reported, and when
+        self.denied_at = 0.0
         self._connecting = None  # the connection being made, before it is
 
     async def connect(self) -> JetStreamLog:
@@ -339,7 +340,7 @@ class JetStreamLog:
         want = self.config.replicas
         for stream in streams:
             try:
-                info = await retrying(f"stream {stream}", lambda: self.js.stream_info(stream))
+                info = await self.retrying(f"stream {stream}", lambda: self.js.stream_info(stream))
             except NotFoundError:
                 continue  # made later, with ``want``
             have = info.config.num_replicas or 1
@@ -347,7 +348,7 @@ class JetStreamLog:
                 continue
             info.config.num_replicas = want
             try:
-                await retrying(f"stream {stream} replicas", lambda: self.js.update_stream(info.config))
+                await self.retrying(f"stream {stream} replicas", lambda: self.js.update_stream(info.config))
             except (APIError, JournalFailed) as exc:  # refused, or "no suitable peers" until retrying gave up
                 said = exc.description if isinstance(exc, APIError) else str(exc)
                 raise JournalUnreachable(f"JetStream did not change stream {stream} from {have} to {want} "
@@ -376,7 +377,7 @@ class JetStreamLog:
         from nats.js.errors import BucketNotFoundError
 
         name = self.meta_bucket
-        return await open_or_create(f"meta bucket {name}", lambda: self.js.key_value(name),
+        return await self.open_or_create(f"meta bucket {name}", lambda: self.js.key_value(name),
                                     lambda: self.js.create_key_value(KeyValueConfig(
                                         bucket=name, history=1, replicas=self.config.replicas)),
                                     BucketNotFoundError)
@@ -390,11 +391,11 @@ class JetStreamLog:
         kv = await self._meta()
         for _ in range(100):
             try:
-                await retrying(f"create {key}", lambda: kv.create(key, proposal.encode()))
+                await self.retrying(f"create {key}", lambda: kv.create(key, proposal.encode()))
                 return proposal
             except KeyWrongLastSequenceError:  # another process set it first: read what it set
                 try:
-                    return (await retrying(f"get {key}", lambda: kv.get(key))).value.decode()
+                    return (await self.retrying(f"get {key}", lambda: kv.get(key))).value.decode()
                 except KeyNotFoundError:
                     pass
             except KeyNotFoundError:
@@ -408,14 +409,14 @@ class JetStreamLog:
     async def put_meta(self, key: str, value: str) -> None:
         """Set ``key`` in ``<prefix>-meta`` (e.g. where the writer serves clients)."""
         kv = await self._meta()
-        await retrying(f"put {key}", lambda: kv.put(key, value.encode()))
+        await self.retrying(f"put {key}", lambda: kv.put(key, value.encode()))
 
     async def get_meta(self, key: str) -> str | None:
         from nats.js.errors import KeyNotFoundError
 
         kv = await self._meta()
         try:
-            return (await retrying(f"get {key}", lambda: kv.get(key))).value.decode()
+            return (await self.retrying(f"get {key}", lambda: kv.get(key))).value.decode()
         except KeyNotFoundError:
             return None
 
@@ -424,7 +425,7 @@ class JetStreamLog:
         from nats.js.errors import BucketNotFoundError
 
         name = f"{self.config.prefix}-members"
-        return await open_or_create(f"members bucket {name}", lambda: self.js.key_value(name),
+        return await self.open_or_create(f"members bucket {name}", lambda: self.js.key_value(name),
                                     lambda: self.js.create_key_value(KeyValueConfig(
                                         bucket=name, history=1, ttl=ttl_s, replicas=self.config.replicas)),
                                     BucketNotFoundError)
@@ -433,7 +434,7 @@ class JetStreamLog:
         """Keep ``key`` in the bucket ``<prefix>-members`` (entries expire after
         ``ttl_s`` unless announced again): who serves these journals now."""
         kv = await self._members(ttl_s)
-        await retrying(f"announce {key}", lambda: kv.put(key, value.encode()))
+        await self.retrying(f"announce {key}", lambda: kv.put(key, value.encode()))
 
     async def announced(self, prefix: str, ttl_s: float) -> list[str]:
         """The values of the live entries of ``<prefix>-members`` whose key starts with ``prefix``."""
@@ -441,7 +442,7 @@ class JetStreamLog:
 
         kv = await self._members(ttl_s)
         try:
-            keys = await retrying("list members", kv.keys)
+            keys = await self.retrying("list members", kv.keys)
         except NoKeysError:
             return []
         out = []
@@ -473,11 +474,19 @@ class JetStreamLog:
         if self.nc is not None:
             await self.nc.close()
 
+    def retrying(self, what: str, op, deadline_s: float = 30.0):
+        """``retrying`` on this connection."""
+        return retrying(what, op, deadline_s, log=self)
+
+    def open_or_create(self, what: str, get, create, missing: type[Exception]):
+        """``open_or_create`` on this connection."""
+        return open_or_create(what, get, create, missing, log=self)
+
     async def _on_error(self, exc: Exception) -> None:
         if self.nc is not None and not self.closing:  # not while the first connect is being tried
             self.events.error(exc)
             if "permissions violation" in str(exc).lower():
-                self.denied = exc
+                self.denied, self.denied_at = exc, time.monotonic()
         elif self.nc is None:
             self._connect_error = exc  # named if the first connect gives up
             server = getattr(self._connecting, "_server_info", None) or {}  # the server's INFO, once it greeted
@@ -597,13 +606,16 @@ def unavailable(exc: BaseException) -> bool:
     return isinstance(exc, APIError) and getattr(exc, "err_code", None) in TRANSIENT_API_ERRORS
 
 
-async def retrying(what: str, op, deadline_s: float = 30.0):
+async def retrying(what: str, op, deadline_s: float = 30.0, log: JetStreamLog | None = None):
     """Run ``op()`` (a coroutine factory) again while JetStream answers that it
-    is not available right now (``unavailable``), for up to ``deadline_s``."""
+    is not available right now (``unavailable``), for up to ``deadline_s``; ``log``: the
+    connection's, whose permissions violations since the first try end the retries (NATS
+    does not answer a request it does not permit: it would look unavailable)."""
     from nats.js.errors import APIError
 
     transient = transient_errors()
-    deadline = time.monotonic() + deadline_s
+    started = time.monotonic()
+    deadline = started + deadline_s
     attempt = 0
     while True:
         try:
@@ -611,6 +623,9 @@ async def retrying(what: str, op, deadline_s: float = 30.0):
         except (*transient, APIError) as exc:
             if not unavailable(exc):
                 raise
+            if log is not None and log.denied is not None and log.denied_at >= started:
+                raise JournalUnreachable(f"NATS does not permit this user the {what}: {log.denied} (see the "
+                                         "permissions a journal's user needs in the README)") from None
             attempt += 1
             if time.monotonic() > deadline:
                 raise JournalFailed(f"JetStream did not answer {what} for {deadline_s:.0f} s: {exc!r}") from exc
@@ -673,17 +688,17 @@ def kv_stream(bucket: str) -> str:
     return f"KV_{bucket}"
 
 
-async def open_or_create(what: str, get, create, missing: type[Exception]):
+async def open_or_create(what: str, get, create, missing: type[Exception], log: JetStreamLog | None = None):
     """``get()``, or ``create()`` when it raises ``missing``; both retried while JetStream is unavailable.
     A create JetStream refuses, or never answers, is JournalUnreachable: one line, nothing to retry."""
     from nats.js.errors import APIError
 
     try:
-        return await retrying(what, get)
+        return await retrying(what, get, log=log)
     except missing:
         pass
     try:
-        made = await retrying(f"create {what}", create)
+        made = await retrying(f"create {what}", create, log=log)
     except APIError as exc:
         hint = ""
         if getattr(exc, "err_code", None) == REPLICAS_NEED_A_CLUSTER:
@@ -788,7 +803,7 @@ class JetStreamJournal(Appender):
         from nats.js.errors import NotFoundError
 
         js = self.log.js
-        info = await open_or_create(f"stream {self.stream}", lambda: js.stream_info(self.stream),
+        info = await self.log.open_or_create(f"stream {self.stream}", lambda: js.stream_info(self.stream),
                                     lambda: js.add_stream(StreamConfig(
                                         name=self.stream, subjects=[self.subject], num_replicas=self.log.config.replicas,
                                         storage=StorageType.FILE, duplicate_window=120.0, allow_direct=True)),
@@ -802,7 +817,7 @@ class JetStreamJournal(Appender):
         await self.log.keep_replicas(*self._written_streams())  # before this process writes them
         for attempt in range(20):
             self._tail = info.state.last_seq
-            await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
+            await self.log.retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
             try:  # from here on, an older writer's appends are refused
                 await self._fence()
                 return
@@ -915,7 +930,7 @@ class JetStreamJournal(Appender):
             return
         info = await self._info()
         self.released_before = info.state.first_seq > 1
-        await retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
+        await self.log.retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
         self._tail = max(self._tail, info.state.last_seq)
         self._msgs = deque()  # purges after a takeover go by the messages this process sees from then on
 
@@ -998,7 +1013,7 @@ class JetStreamJournal(Appender):
         from nats.js.errors import NotFoundError
 
         try:
-            return await retrying("stream info", lambda: self.log.js.stream_info(self.stream), **retry)
+            return await self.log.retrying("stream info", lambda: self.log.js.stream_info(self.stream), **retry)
         except NotFoundError:
             raise JournalGone(f"journal stream {self.stream} is gone (deleted, or lost by NATS) since it was "
                               "opened, with every record it held") from None
@@ -1037,7 +1052,7 @@ class JetStreamJournal(Appender):
                     self._tail = seq
                     on_message(self._decode(seq, data, headers))
 
-                await retrying("read stream", lambda: self._read_range(self._tail + 1, last, take))
+                await self.log.retrying("read stream", lambda: self._read_range(self._tail + 1, last, take))
         raise JournalUnreachable(f"journal {self.stream} keeps changing: another writer is active on it")
 
     def records(self, after_rev: int = 0) -> Iterator[Record]:
@@ -1179,7 +1194,7 @@ class JetStreamJournal(Appender):
         from nats.js.errors import NotFoundError
 
         try:
-            msg = await retrying("read back a retried publish",
+            msg = await self.log.retrying("read back a retried publish",
                                  lambda: self.log.js.get_msg(self.stream, seq=self._tail + 1))
         except NotFoundError:
             return None
@@ -1210,7 +1225,7 @@ class JetStreamJournal(Appender):
         if not released:
             return 0
         keep_from = self._msgs[0][0]
-        await retrying("purge", lambda: self.log.js.purge_stream(self.stream, seq=keep_from))
+        await self.log.retrying("purge", lambda: self.log.js.purge_stream(self.stream, seq=keep_from))
         logger.info("journal messages purged stream=%s through_rev=%d count=%d", self.stream, rev, released)
         return released
 
@@ -1219,7 +1234,7 @@ class JetStreamJournal(Appender):
 
         bucket = checkpoint_stream(self.stream)
         try:
-            info = await retrying(f"stream {bucket}", lambda: self.log.js.stream_info(bucket))
+            info = await self.log.retrying(f"stream {bucket}", lambda: self.log.js.stream_info(bucket))
         except NotFoundError:
             return  # made with the first checkpoint, by this code
         check_keeps_messages(info, journal=False)
@@ -1238,7 +1253,7 @@ class JetStreamJournal(Appender):
             from nats.js.errors import BucketNotFoundError
 
             name = self.checkpoint_bucket
-            self._bucket = await open_or_create(
+            self._bucket = await self.log.open_or_create(
                 f"checkpoint bucket {name}", lambda: self.log.js.object_store(name),
                 lambda: self.log.js.create_object_store(name, config=ObjectStoreConfig(
                     bucket=name, replicas=self.log.config.replicas)),
@@ -1262,7 +1277,7 @@ class JetStreamJournal(Appender):
             with open(path, "rb") as f:
                 await bucket.put(path.name, f)
 
-        await retrying("store checkpoint", store)
+        await self.log.retrying("store checkpoint", store)
         for name, other in await self._checkpoint_objects(bucket):
             if other < rev or (only and name != path.name):
                 try:
@@ -1285,7 +1300,7 @@ class JetStreamJournal(Appender):
             with open(into / name, "wb") as f:
                 await bucket.get(name, writeinto=f)
 
-        await retrying("fetch checkpoint", fetch)
+        await self.log.retrying("fetch checkpoint", fetch)
         return load_latest_checkpoint(into)
 
     async def newest_checkpoint_rev(self) -> int:
@@ -1297,7 +1312,7 @@ class JetStreamJournal(Appender):
         from nats.js.errors import NotFoundError
 
         try:
-            infos = await retrying("list checkpoints", bucket.list)
+            infos = await self.log.retrying("list checkpoints", bucket.list)
         except NotFoundError:  # an empty bucket
             return []
         out = []

@@ -108,18 +108,16 @@ class WriterLease:
             from nats.js.api import KeyValueConfig
             from nats.js.errors import BucketNotFoundError
 
-            from journal.jetstream import open_or_create, retrying
-
             name = bucket_name(self.log.config.prefix)
-            bucket = await open_or_create(
+            bucket = await self.log.open_or_create(
                 f"writer lease bucket {name}", lambda: self.log.js.key_value(name),
                 lambda: self.log.js.create_key_value(KeyValueConfig(
                     bucket=name, ttl=self.ttl_s, history=1, replicas=self.log.config.replicas)),
                 BucketNotFoundError)
-            self._take_bucket_ttl(name, (await retrying(f"writer lease bucket {name}", bucket.status)).ttl)
+            self._take_bucket_ttl(name, (await self.log.retrying(f"writer lease bucket {name}", bucket.status)).ttl)
             # a renewal not answered within a third of the TTL is sent again rather than awaited
             js = self.log.nc.jetstream(timeout=min(self.log.config.publish_timeout_s, self.ttl_s / 3))
-            self.kv = await retrying(f"writer lease bucket {name}", lambda: js.key_value(name))
+            self.kv = await self.log.retrying(f"writer lease bucket {name}", lambda: js.key_value(name))
         return self.kv
 
     def _take_bucket_ttl(self, name: str, kept_s: float | None) -> None:
@@ -138,9 +136,7 @@ class WriterLease:
 
     async def holder(self) -> str | None:
         """Who holds the lease now (None: nobody)."""
-        from journal.jetstream import retrying
-
-        entry = await self._entry(retrying)
+        entry = await self._entry(self.log.retrying)
         return entry.value.decode() if entry is not None and entry.value else None
 
     async def _entry(self, attempt=_once):
@@ -168,9 +164,7 @@ class WriterLease:
         tried (default: ``retrying`` while JetStream is unavailable)."""
         from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-        from journal.jetstream import retrying
-
-        attempt = attempt or retrying
+        attempt = attempt or self.log.retrying
         kv = await self._bucket()
         sent = _clock()
         try:

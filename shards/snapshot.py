@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from journal import failpoints, write_checkpoint
 from journal.checkpoint import checkpoint_name
 from journal.errors import JournalFailed, JournalUnreachable
-from journal.jetstream import JetStreamConfig, JetStreamLog, retrying
+from journal.jetstream import JetStreamConfig, JetStreamLog
 from journal.fsutil import fsync_dir
 
 from .auth import encode_table as encode_auth_table
@@ -317,7 +317,7 @@ async def _refuse_used(log: JetStreamLog, names: list[str]) -> None:
     for name in names:
         stream = log.stream_name(name)
         try:
-            info = await retrying(f"stream {stream}", lambda: log.js.stream_info(stream))
+            info = await log.retrying(f"stream {stream}", lambda: log.js.stream_info(stream))
         except NotFoundError:
             continue
         if info.state.last_seq:

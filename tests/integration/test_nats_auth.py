@@ -72,7 +72,8 @@ def verify(nats, *flags: str) -> subprocess.CompletedProcess:
 def test_nkey_users_passwords_and_the_refusals_of_a_nats_that_requires_a_user(tmp_path):
     seed, public = nkey_user(tmp_path / "keys")
     users = (f"authorization {{ users = [ {{nkey: {public}}}, {{user: etcd, password: s3cret}}, "
-             "{user: narrow, password: n, permissions: {publish: \"foo.>\", subscribe: \"_INBOX.>\"}} ] }\n")
+             "{user: narrow, password: n, permissions: {publish: \"foo.>\", subscribe: \"_INBOX.>\"}}, "
+             "{user: api, password: a, permissions: {publish: \"$JS.API.>\", subscribe: \"_INBOX.>\"}} ] }\n")
     nats = start_nats_cluster(tmp_path / "nats", size=1, config=users)
     host = nats.urls.removeprefix("nats://")
     try:
@@ -88,6 +89,10 @@ def test_nkey_users_passwords_and_the_refusals_of_a_nats_that_requires_a_user(tm
         narrow = refused_start(as_user(f"nats://narrow:n@{host}"), tmp_path / "x")
         assert narrow.startswith(f"shardetcd: NATS at nats://narrow:***@{host} does not permit this user JetStream's "
                                  "API: ") and "permissions violation" in narrow
+
+        api_only = refused_start(as_user(f"nats://api:a@{host}"), tmp_path / "x")  # its lease's KV put is not
+        assert api_only.startswith("shardetcd: NATS does not permit this user the writer lease ") and \
+            "permissions violation for publish to \"$kv.shardetcd-writer." in api_only, api_only
 
         writer = shardetcd_on(nats, tmp_path / "w", "--journal-replicas", "1", "--journal-nkey-file", str(seed)).start()
         try:

@@ -421,6 +421,7 @@ def test_a_lease_entry_that_expires_during_create_is_not_an_error():
 
     from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
+    from journal.jetstream import retrying
     from journal.leadership import WriterLease
 
     class ExpiringKV:
@@ -440,6 +441,10 @@ def test_a_lease_entry_that_expires_during_create_is_not_an_error():
 
     class Log:
         writer_id = "me"
+        denied = None
+
+        def retrying(self, what, op):
+            return retrying(what, op, log=self)
 
     lease = WriterLease(Log())
     lease.kv = ExpiringKV()

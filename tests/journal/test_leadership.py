@@ -10,6 +10,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from journal import leadership
 from journal.errors import JournalFenced, JournalUnreachable
+from journal.jetstream import retrying
 from journal.leadership import SURE_FOR, LeaseLost, WriterLease
 
 TTL = 3.0
@@ -70,6 +71,10 @@ class KV:
 
 class Log:
     writer_id = "me"
+    denied = None  # no permissions violation reported
+
+    def retrying(self, what, op, deadline_s=30.0):
+        return retrying(what, op, deadline_s, log=self)
 
 
 @pytest.fixture

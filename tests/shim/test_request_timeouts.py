@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from journal.jetstream import retrying
 from journal.leadership import WriterLease
 from shards.tokens import SimpleTokens
 from shim.follower import KeepAlives, TokenCatchUp
@@ -35,6 +36,10 @@ async def cancelled_as_answered(call, answer) -> None:
 
 class Log:
     writer_id = "me"
+    denied = None  # no permissions violation reported
+
+    def retrying(self, what, op, deadline_s=30.0):
+        return retrying(what, op, deadline_s, log=self)
 
 
 def run(body) -> None:
