@@ -184,6 +184,16 @@ class ClientCertificateRequired(Exception):
     """A connect without a client certificate to a NATS server that verifies them."""
 
 
+def connect_failure(exc: BaseException, nc, access: NatsAccess | None) -> BaseException:
+    """What a failed connect attempt of ``nc`` means: ``exc``, or ClientCertificateRequired when the
+    server it reached verifies client certificates (its INFO, read before TLS starts, says so)
+    and this process has none (such a server closes the connection after the handshake)."""
+    server = getattr(nc, "_server_info", None) or {}
+    if server.get("tls_verify") and not (access and access.cert_file) and not refused(exc):
+        return ClientCertificateRequired(f"{exc!r} from a server that verifies client certificates")
+    return exc
+
+
 def refused(exc: BaseException) -> bool:
     """A connect that NATS refused for this process's credentials or that failed TLS verification:
     trying again will not help, unlike a server that is not up yet."""
@@ -489,10 +499,7 @@ class JetStreamLog:
                 self.denied, self.denied_at = exc, time.monotonic()
         elif self.nc is None:
             self._connect_error = exc  # named if the first connect gives up
-            server = getattr(self._connecting, "_server_info", None) or {}  # the server's INFO, once it greeted
-            if server.get("tls_verify") and not (self.config.access and self.config.access.cert_file) and \
-                    not refused(exc):
-                exc = ClientCertificateRequired(f"{exc!r} from a server that verifies client certificates")
+            exc = connect_failure(exc, self._connecting, self.config.access)
             if refused(exc):
                 self._refusals, self._refusal = self._refusals + 1, exc
                 if self._refusals >= len(self.config.urls):

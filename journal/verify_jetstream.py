@@ -26,8 +26,8 @@ from pathlib import Path
 from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket, checkpoint_stream,
-                               connect_options, drops_messages, kv_stream, meta_bucket, refusal, refused, retrying,
-                               shown_urls)
+                               connect_failure, connect_options, drops_messages, kv_stream, meta_bucket, refusal,
+                               refused, retrying, shown_urls)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import verify_checkpoints
@@ -116,16 +116,18 @@ async def connect(urls: tuple[str, ...], access: NatsAccess | None = None, timeo
     import nats
 
     options = connect_options(urls, access)
-    seen: list[Exception] = []
+    seen: list[BaseException] = []
+    nc = nats.NATS()
 
     async def quiet(exc: Exception) -> None:  # kept for the one line below, not logged
-        seen.append(exc)
+        seen.append(connect_failure(exc, nc, access))
 
     try:  # each URL tried twice, then NoServersError
-        return await asyncio.wait_for(nats.connect(servers=list(urls), connect_timeout=timeout_s, allow_reconnect=False,
-                                                   max_reconnect_attempts=1, reconnect_time_wait=0.2, error_cb=quiet,
-                                                   name="shardetcd-journal-verify", **options),
-                                      timeout=3 * timeout_s)
+        await asyncio.wait_for(nc.connect(servers=list(urls), connect_timeout=timeout_s, allow_reconnect=False,
+                                          max_reconnect_attempts=1, reconnect_time_wait=0.2, error_cb=quiet,
+                                          name="shardetcd-journal-verify", **options),
+                               timeout=3 * timeout_s)
+        return nc
     except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds; all mean "not reachable"
         last = seen[-1] if seen else exc
         if refused(last):

@@ -369,6 +369,9 @@ def test_journals_on_nats_servers_that_require_tls_and_client_certificates(tmp_p
         plain = subprocess.run(verify, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert plain.returncode == 2 and plain.stderr.startswith(
             f"shardetcd: NATS at {nats.urls} refused this process: SSLCertVerificationError("), plain.stderr
+        no_cert = subprocess.run([*verify, *tls[:2]], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert no_cert.returncode == 2 and no_cert.stderr.startswith(
+            f"shardetcd: NATS at {nats.urls} refused this process: ClientCertificateRequired("), no_cert.stderr
         again = server_on(nats, tmp_path / "b", "--journal-replicas", "1", *tls).start()  # a new machine
         try:
             with grpc.insecure_channel(again.endpoint) as ch:
