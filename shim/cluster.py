@@ -428,13 +428,9 @@ def _no_jetstream_partition_left_out(layout: ClusterLayout, server_args: list[st
     from journal.errors import JournalUnreachable
     from journal.verify_jetstream import shards_holding_data
 
-    from .cli import _nats_urls, add_journal_access, journal_access
-    from .config import ServerConfig
+    from .cli import build_parser, journal_access
 
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--journal-url", type=_nats_urls, dest="journal_urls")
-    p.add_argument("--journal-prefix", default=ServerConfig().journal_prefix)
-    add_journal_access(p)
+    p = build_parser()  # read as each partition will read them
     given, _ = p.parse_known_args(server_args)
     try:
         held = asyncio.run(shards_holding_data(given.journal_urls, given.journal_prefix, set(layout.names),
