@@ -18,7 +18,7 @@ from shards.store import Store
 
 from .access import Access
 from .config import ServerConfig
-from .errors import NOT_THE_WRITER, status_of
+from .errors import status_of
 from .handlers import Leader, requires_a_leader
 from .quota import Quota
 from .wire import Headers

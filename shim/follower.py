@@ -39,7 +39,8 @@ from shards.errors import RequestTimeoutError
 from shards.tokens import SimpleTokens, looks_simple
 
 from . import wire
-from .context import FORWARDED_METADATA_MARK, NOT_THE_WRITER, READ_INDEX_METADATA
+from .context import FORWARDED_METADATA_MARK, READ_INDEX_METADATA
+from .errors import NOT_THE_WRITER
 from .grpcserver import CallDetails
 from .access import token_of
 

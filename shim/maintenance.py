@@ -16,9 +16,9 @@ from shards.etcd_snapshot import HASH_BYTES
 from shards.snapshot import SnapshotStream, freeze
 
 from .histogram import LoopHistogram, exponential, go_float, timed
-from .context import NOT_THE_WRITER, READ_INDEX_METADATA, Member, abort_with, confirmed_or_abort
+from .context import READ_INDEX_METADATA, Member, abort_with, confirmed_or_abort
 from .errors import (BAD_LEADER_TRANSFEREE, DOWNGRADE_TARGET, DOWNGRADE_VERSION_FORMAT, MEMBER_BAD_URLS, MEMBER_NOT_FOUND,
-                     MEMBER_NOT_LEARNER, MEMBER_NOT_SUPPORTED, NOT_ENOUGH_STARTED, PEER_URL_EXISTS,
+                     MEMBER_NOT_LEARNER, MEMBER_NOT_SUPPORTED, NOT_ENOUGH_STARTED, NOT_THE_WRITER, PEER_URL_EXISTS,
                      NO_INFLIGHT_DOWNGRADE, UNKNOWN_METHOD, unconverted_auth_status)
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
