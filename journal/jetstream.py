@@ -484,6 +484,15 @@ class JetStreamLog:
         if self.nc is not None:
             await self.nc.close()
 
+    @property
+    def connected(self) -> bool:
+        """Whether the NATS connection is up now (not while it reconnects)."""
+        return self.nc is not None and self.nc.is_connected
+
+    @property
+    def reconnects(self) -> int:
+        return self.nc.stats["reconnects"] if self.nc is not None else 0
+
     def retrying(self, what: str, op, deadline_s: float = 30.0):
         """``retrying`` on this connection."""
         return retrying(what, op, deadline_s, log=self)
@@ -523,16 +532,20 @@ class ConnectionEvents:
 
     def __init__(self, client: str) -> None:
         self.client = client
-        self.errors = 0
+        self.errors = 0  # since the last disconnect (for the log's cadence)
+        self.errors_total = 0  # since the start (/metrics)
+        self.disconnects = 0
         self.down_since: float | None = None
 
     def error(self, exc: BaseException) -> None:
         self.errors += 1
+        self.errors_total += 1
         if self.errors == 1 or self.errors % self.LOG_EVERY == 0:
             logger.warning("nats connection error client=%s count=%d error=%r", self.client, self.errors, exc)
 
     def disconnected(self) -> None:
         self.errors, self.down_since = 0, time.monotonic()
+        self.disconnects += 1
         logger.warning("nats disconnected; publishes wait for the reconnect client=%s", self.client)
 
     def reconnected(self, url: str) -> None:

@@ -101,7 +101,8 @@ class WriterLease:
         self._fence_owed = False  # taken again after a lapse: not sure until the journals are fenced again
         self._owed_until = 0.0  # ... then sure up to this time
         self._fencing: asyncio.Task | None = None  # that fence, while it is published
-        self._lapses = 0  # times the lease was taken again after a lapse
+        self.lapses = 0  # times the lease was taken again after a lapse
+        self.renewal_failures = 0  # renewals NATS did not answer (or refused), since the start
 
     async def _bucket(self):
         if self.kv is None:
@@ -318,7 +319,7 @@ class WriterLease:
         can take longer than a TTL, and the lease must not lapse again meanwhile (it did, and a
         standby took it, while the renewal waited for the fence)."""
         logger.warning("writer lease taken again after it lapsed holder=%s", self.me)
-        self._lapses += 1
+        self.lapses += 1
         self._fence_owed, self._owed_until, self._sure_until = True, self._sure_until, 0.0
         self._start_fence()
 
@@ -337,13 +338,13 @@ class WriterLease:
         then the lease is sure up to what the last renewal made it (LeaseLost if another
         process appended meanwhile)."""
         while True:
-            lapses = self._lapses
+            lapses = self.lapses
             try:
                 await self.refence()
             except JournalFailed as exc:
                 self._lost(LeaseLost(f"lost the writer lease while it had lapsed: {exc}"))
                 return
-            if lapses == self._lapses:
+            if lapses == self.lapses:
                 break
         self._fence_owed, self._sure_until = False, self._owed_until
 
@@ -369,6 +370,7 @@ class WriterLease:
                 return
             except Exception as exc:  # noqa: BLE001 - NATS unreachable: if the lease lapses meanwhile, the fence still holds
                 failures += 1
+                self.renewal_failures += 1
                 if failures == 1 or failures % 10 == 0:
                     logger.warning("writer lease not renewed, retrying failures=%d error=%r", failures, exc)
                 continue

@@ -72,6 +72,26 @@ class _SameObservations:
         yield self.source.family(self.name, self.doc)
 
 
+def journal_connection(log, lease=None):
+    """The NATS connection of a JetStream journal (``log``: a JetStreamLog; nothing for a local
+    journal) and the writer lease held over it: what an operator alerts on before writes stall."""
+    events = getattr(log, "events", None)
+    if events is None:
+        return
+    yield _gauge("shardetcd_journal_nats_connected", "1 while the connection to NATS is up (0 while it reconnects: "
+                 "writes wait).", 1 if log.connected else 0)
+    yield _counter("shardetcd_journal_nats_disconnects", "Times the connection to NATS was lost.", events.disconnects)
+    yield _counter("shardetcd_journal_nats_reconnects", "Times the connection to NATS was made again.", log.reconnects)
+    yield _counter("shardetcd_journal_nats_errors", "Errors NATS or the connection reported (failed connects, "
+                   "permissions violations, ...).", events.errors_total)
+    if lease is not None:
+        yield _counter("shardetcd_writer_lease_renewal_failures", "Renewals of the writer lease NATS did not "
+                       "answer or refused (the lease lapses after --journal-lease-ttl without one).",
+                       lease.renewal_failures)
+        yield _counter("shardetcd_writer_lease_lapses", "Times the writer lease lapsed and was taken again (the "
+                       "journals fenced again before the next write).", lease.lapses)
+
+
 class _GcCollector:
     """The garbage collector's pauses (shards/collector.py): the event loop waits through each."""
 
@@ -167,6 +187,8 @@ class _StateCollector:
         yield _counter("etcd_network_client_grpc_received_bytes", "Bytes received from gRPC clients.", Traffic.received)
         yield _counter("etcd_network_client_grpc_sent_bytes", "Bytes sent to gRPC clients.", Traffic.sent)
         yield from self._per_shard()
+        lease = m.lease
+        yield from journal_connection(lease.log if lease is not None else getattr(m.link, "log", None), lease)
         if following:
             yield from self._follower()
         else:  # etcd's pair (raft indexes there; revisions here): committed - applied is the apply lag
@@ -339,6 +361,7 @@ class _StandbyCollector:
         yield _gauge("shardetcd_standby", "1 while this process stands by for the writer lease.", 1)
         yield _gauge("etcd_debugging_mvcc_current_revision", "Revision followed so far.",
                      store.committed if store is not None else 0)
+        yield from journal_connection(self.status.log)
 
 
 class StandbyMetrics:

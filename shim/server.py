@@ -398,6 +398,7 @@ async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
     over and return the store, ready to serve.  /health on the metrics URLs
     says "standby" meanwhile."""
     status = StandbyStatus(config)
+    status.log = lease.log
     http = await serve_metrics(config, status)
     try:
         while True:
@@ -441,6 +442,7 @@ class StandbyStatus(HttpEndpoint):
 
     def __init__(self, config: ServerConfig) -> None:
         self.store: Store | None = None
+        self.log: JetStreamLog | None = None  # the journals' NATS connection
         self.metrics = StandbyMetrics(self)
         self.gateway = None
         self.body_bytes_max = 4096

@@ -386,6 +386,8 @@ def test_a_followers_metrics_show_how_far_behind_it_applies(nats, tmp_path):
             assert _metric(url, "shardetcd_follower_lag_revisions") == 0
             assert _metric(url, "shardetcd_follower_resyncs_total") == 0
             assert _metric(wurl, "etcd_server_proposals_applied_total") == rev
+            assert _metric(url, "shardetcd_journal_nats_connected") == 1  # its own connection to the journals
+            assert _metric(url, "shardetcd_journal_nats_disconnects_total") == 0
             applied_before = _metric(url, "shardetcd_follower_apply_lag_seconds_count")
             assert applied_before >= 1
             slow_before = applied_before - _metric_bucket(url, "shardetcd_follower_apply_lag_seconds", "0.5")

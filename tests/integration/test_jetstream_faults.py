@@ -340,3 +340,56 @@ def test_a_publish_jetstream_refuses_for_good_is_fail_stop(tmp_path):
             again.stop()
     finally:
         nats.stop()
+
+
+def test_metrics_show_the_nats_connection_and_the_writer_lease_through_a_cut(tmp_path):
+    """What an operator alerts on before writes stall: /metrics of the writer and of a standby say
+    whether their NATS connection is up, count its losses, reconnects and errors, and the
+    writer's lease renewals NATS did not answer and lapses; a local journal shows none of them."""
+    from tests.etcd_fixture import free_port
+    from tests.integration.test_metrics import scrape
+
+    nats = start_nats_cluster(tmp_path / "nats", size=1)
+    proxy = TcpProxy(nats.servers[0].client_port).start()
+    via = SimpleNamespace(urls=f"nats://127.0.0.1:{proxy.port}")
+    standby_metrics = f"http://127.0.0.1:{free_port()}"
+    writer = server_on(via, tmp_path / "w", "--journal-replicas", "1").start()
+    standby = server_on(nats, tmp_path / "s", "--journal-replicas", "1", "--standby",
+                        "--listen-metrics-urls", standby_metrics)
+    try:
+        standby.start(wait=False)
+        def standing_by() -> bool:
+            try:
+                return scrape(standby_metrics).get(("shardetcd_standby", ())) == 1
+            except OSError:  # not serving them yet
+                return False
+
+        wait_for("the standby's metrics", standing_by, server=standby)
+        base = writer.client_url
+        m = scrape(base)
+        assert m[("shardetcd_journal_nats_connected", ())] == 1
+        assert m[("shardetcd_journal_nats_disconnects_total", ())] == 0
+        assert m[("shardetcd_journal_nats_reconnects_total", ())] == 0
+        assert m[("shardetcd_writer_lease_renewal_failures_total", ())] == 0
+        assert m[("shardetcd_writer_lease_lapses_total", ())] == 0
+        s = scrape(standby_metrics)
+        assert s[("shardetcd_journal_nats_connected", ())] == 1 and ("shardetcd_writer_lease_lapses_total", ()) not in s
+
+        proxy.cut()
+        m = wait_for("the writer to see the cut", lambda: (got := scrape(base))[
+            ("shardetcd_journal_nats_connected", ())] == 0 and got[
+            ("shardetcd_writer_lease_renewal_failures_total", ())] > 0 and got, server=writer)
+        assert m[("shardetcd_journal_nats_disconnects_total", ())] == 1
+        assert m[("shardetcd_journal_nats_errors_total", ())] > 0  # its reconnects are refused meanwhile
+        proxy.restore()
+        m = wait_for("the writer to reconnect", lambda: (got := scrape(base))[
+            ("shardetcd_journal_nats_connected", ())] == 1 and got, server=writer)
+        assert m[("shardetcd_journal_nats_reconnects_total", ())] == 1
+        with grpc.insecure_channel(writer.endpoint) as ch:  # and it writes again
+            pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/after", value=b"v"), timeout=30)
+        assert scrape(standby_metrics)[("shardetcd_journal_nats_disconnects_total", ())] == 0  # not through the proxy
+    finally:
+        writer.kill()
+        standby.kill()
+        proxy.close()
+        nats.stop()

@@ -134,5 +134,5 @@ def test_a_lease_lives_as_long_as_its_bucket_keeps_entries(nats_cluster, caplog)
     caplog.set_level("WARNING", logger="journal.leadership")
     lease, holder = asyncio.run(go())
     assert lease.ttl_s == 1.0 and holder == lease.me
-    assert lease._lapses == 0, "the lease lapsed between renewals"
+    assert lease.lapses == 0, "the lease lapsed between renewals"
     assert "writer lease TTL is the bucket's bucket=ttl-writer ttl_s=1 asked_ttl_s=6" in caplog.text
