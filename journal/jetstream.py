@@ -78,6 +78,7 @@ MIN_MAX_PAYLOAD = 4 * 1024 * 1024
 # in the sequence that the stream still holds, or a fetch that times out while the stream
 # holds more, is such a loss: the follower reads on from its last message with a new consumer.
 FOLLOW_FETCH_S = 2.0
+STREAM_CHECK_S = 5.0  # how often a writer checks that no one edited its streams to drop messages
 READ_STALL_S = 10.0  # a read at start or takeover that gets nothing for this long starts again
 STALE_PINGS = 3  # unanswered pings that make a connection stale (see JetStreamConfig.stale_after_s)
 JETSTREAM_NOT_ENABLED_FOR_ACCOUNT = 10039
@@ -810,6 +811,7 @@ class JetStreamJournal(Appender):
         self._fences: list[asyncio.Future] = []  # fence_again() callers, served by the writer task in turn
         self._wakeup = asyncio.Event()
         self._bucket = None
+        self._watch: asyncio.Task | None = None  # _watch_streams, while this process writes
         self._instance = secrets.token_hex(8)  # message ids are unique to this open journal
         self.released_before = False
         self.following = False  # opened to follow another writer: not fenced, not writable
@@ -1107,6 +1109,36 @@ class JetStreamJournal(Appender):
             logger.info("journal cut recorded stream=%s above_rev=%d epoch=%d", self.stream, self._cut, self.log.epoch)
             self._cut = None
         self._task = asyncio.create_task(self._run(), name=f"journal-writer:{self.stream}")
+        self._watch = asyncio.create_task(self._watch_streams(), name=f"journal-watch:{self.stream}")
+
+    async def _watch_streams(self) -> None:
+        """While this process writes the journal: every ``STREAM_CHECK_S``, the stream's and its
+        checkpoint bucket's configuration as the open checks it. One edited to drop messages
+        (``nats stream edit --max-age``) fails the journal, so no write is acknowledged into a
+        stream that would lose it: the writer stops, and the next one refuses to start until the
+        edit is undone. A check NATS does not answer is skipped (the publishes wait on it too)."""
+        from nats.js.errors import NotFoundError
+
+        while not self._closing and self._failure is None:
+            await asyncio.sleep(STREAM_CHECK_S)
+            try:
+                check_keeps_messages(await self.log.js.stream_info(self.stream))
+                try:
+                    check_keeps_messages(await self.log.js.stream_info(checkpoint_stream(self.stream)), journal=False)
+                except NotFoundError:
+                    pass  # no checkpoint yet
+            except JournalUnreachable as exc:
+                logger.critical("journal stream edited to drop records, stopping writes stream=%s error=%s",
+                                self.stream, exc)
+                self._fail(exc)
+                self._wakeup.set()
+                return
+            except Exception as exc:  # noqa: BLE001 - NATS not answering now: the next round asks again
+                logger.debug("journal stream check skipped stream=%s error=%r", self.stream, exc)
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._watch)
+        await super().close()
 
     def append(self, rtype: int, rev: int, payload: bytes) -> int:
         seq = self._next_seq(rtype, rev, len(payload), self.config.record_bytes_max)

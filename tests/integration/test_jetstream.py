@@ -283,7 +283,7 @@ def test_a_journal_stream_that_would_drop_records_is_refused(nats, tmp_path):
     edited since (`nats stream edit --max-age`), or made beforehand by someone else with memory
     storage, drops acknowledged records in silence: as its limits bite, or on a NATS restart. A
     process refuses such a stream in one line, naming the setting; with the limit removed it
-    serves everything it had."""
+    serves everything it had. A writer whose stream is edited so while it writes stops writing."""
     from nats.js.api import StorageType, StreamConfig
 
     from tests.integration.test_jetstream_faults import nats_call
@@ -321,8 +321,17 @@ def test_a_journal_stream_that_would_drop_records_is_refused(nats, tmp_path):
     try:
         with grpc.insecure_channel(again.endpoint) as ch:
             assert pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/p"), timeout=10).kvs[0].value == b"pod"
+        nats_call(nats.urls, lambda js: set_max_age(js, 3600))  # edited while a writer writes it: it stops writing
+        deadline = time.monotonic() + 60
+        while again.running():
+            assert time.monotonic() < deadline, again.log_tail(30)
+            time.sleep(0.2)
+        assert again.returncode == 1
+        assert "journal stream edited to drop records, stopping writes stream=shardetcd_pods error=JetStream stream " \
+               "shardetcd_pods would drop acknowledged records: max_age 3600 s." in again.log_tail(50)
     finally:
         again.stop()
+    nats_call(nats.urls, lambda js: set_max_age(js, 0))
 
     async def made_in_memory(js) -> None:
         await js.add_stream(StreamConfig(name="mem_events", subjects=["journal.mem_events"], num_replicas=3,
