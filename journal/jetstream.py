@@ -202,8 +202,13 @@ def refused(exc: BaseException) -> bool:
 
     if isinstance(exc, (ssl.SSLCertVerificationError, ClientCertificateRequired)):
         return True
-    text = str(exc)
-    return "Authorization Violation" in text or "Authentication" in text
+    return any(said in str(exc) for said in _REFUSED_USER)
+
+
+# what NATS says to a user it will not let in (not its 'Authentication Timeout': a client too slow
+# to send its credentials, which a later try may not be)
+_REFUSED_USER = ("Authorization Violation", "User Authentication Expired", "User Authentication Revoked",
+                 "Account Authentication Expired")
 
 
 def shown_urls(urls: Iterable[str]) -> str:
