@@ -394,9 +394,9 @@ class JetStreamLog:
 
         name = self.meta_bucket
         return await self.open_or_create(f"meta bucket {name}", lambda: self.js.key_value(name),
-                                    lambda: self.js.create_key_value(KeyValueConfig(
-                                        bucket=name, history=1, replicas=self.config.replicas)),
-                                    BucketNotFoundError)
+                                         lambda: self.js.create_key_value(KeyValueConfig(
+                                             bucket=name, history=1, replicas=self.config.replicas)),
+                                         BucketNotFoundError)
 
     async def agree(self, key: str, proposal: str) -> str:
         """The value of ``key`` in the bucket ``<prefix>-meta``: ``proposal`` if
@@ -442,9 +442,9 @@ class JetStreamLog:
 
         name = f"{self.config.prefix}-members"
         return await self.open_or_create(f"members bucket {name}", lambda: self.js.key_value(name),
-                                    lambda: self.js.create_key_value(KeyValueConfig(
-                                        bucket=name, history=1, ttl=ttl_s, replicas=self.config.replicas)),
-                                    BucketNotFoundError)
+                                         lambda: self.js.create_key_value(KeyValueConfig(
+                                             bucket=name, history=1, ttl=ttl_s, replicas=self.config.replicas)),
+                                         BucketNotFoundError)
 
     async def announce(self, key: str, value: str, ttl_s: float) -> None:
         """Keep ``key`` in the bucket ``<prefix>-members`` (entries expire after
@@ -830,11 +830,12 @@ class JetStreamJournal(Appender):
         from nats.js.errors import NotFoundError
 
         js = self.log.js
-        info = await self.log.open_or_create(f"stream {self.stream}", lambda: js.stream_info(self.stream),
-                                    lambda: js.add_stream(StreamConfig(
-                                        name=self.stream, subjects=[self.subject], num_replicas=self.log.config.replicas,
-                                        storage=StorageType.FILE, duplicate_window=120.0, allow_direct=True)),
-                                    NotFoundError)
+        info = await self.log.open_or_create(
+            f"stream {self.stream}", lambda: js.stream_info(self.stream),
+            lambda: js.add_stream(StreamConfig(
+                name=self.stream, subjects=[self.subject], num_replicas=self.log.config.replicas,
+                storage=StorageType.FILE, duplicate_window=120.0, allow_direct=True)),
+            NotFoundError)
         check_keeps_messages(info)
         await self._check_bucket_keeps_messages()
         self.released_before = info.state.first_seq > 1  # purged up to a checkpoint

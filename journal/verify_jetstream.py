@@ -189,7 +189,8 @@ async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[s
                     found.append(shard)
             return found
         except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
-            raise JournalUnreachable(f"NATS at {shown_urls(urls)} does not answer JetStream requests: {exc!r}") from None
+            raise JournalUnreachable(f"NATS at {shown_urls(urls)} does not answer JetStream requests: "
+                                     f"{exc!r}") from None
     finally:
         await nc.close()
 

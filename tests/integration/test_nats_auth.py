@@ -36,7 +36,8 @@ def as_user(url: str) -> SimpleNamespace:
 
 def refused_start(nats, base: Path, *flags: str) -> str:
     """The one stderr line of a server start NATS turns away (exit 2, no traceback)."""
-    r = subprocess.run(shardetcd_on(nats, base, "--journal-replicas", "1", *flags).args(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(shardetcd_on(nats, base, "--journal-replicas", "1", *flags).args(), cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr and lines[-1].startswith("shardetcd: "), r.stderr[-3000:]
     return lines[-1]

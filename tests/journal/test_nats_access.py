@@ -52,7 +52,8 @@ def test_files_that_cannot_be_used_are_one_line(tmp_path):
      "--journal-trusted-ca-file, --journal-cert-file, --journal-key-file, --journal-creds-file and --journal-nkey-file "
      "go with --journal-url"),
     (["--journal-trusted-ca-file", "ca.pem"],
-     "--journal-trusted-ca-file, --journal-cert-file, --journal-key-file, --journal-creds-file and --journal-nkey-file go with --journal-url"),
+     "--journal-trusted-ca-file, --journal-cert-file, --journal-key-file, --journal-creds-file and --journal-nkey-file "
+     "go with --journal-url"),
 ])
 def test_flags_that_do_not_go_together_are_refused(tmp_path, args, said):
     r = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(tmp_path / "d"), *args], cwd=REPO,
@@ -63,7 +64,8 @@ def test_flags_that_do_not_go_together_are_refused(tmp_path, args, said):
 def test_credentials_files_are_checked_before_connecting(tmp_path):
     seed, _ = nkey_user(tmp_path)
     creds = OperatorMode(tmp_path / "op").account("etcd").user("shardetcd")
-    assert connect_options(("nats://h:4222",), NatsAccess(nkey_file=str(seed))) == {"tls": None, "nkeys_seed": str(seed)}
+    assert connect_options(("nats://h:4222",), NatsAccess(nkey_file=str(seed))) == \
+        {"tls": None, "nkeys_seed": str(seed)}
     assert connect_options(("nats://h:4222",), NatsAccess(creds_file=str(creds))) == \
         {"tls": None, "user_credentials": str(creds)}
     assert stat.S_IMODE(creds.stat().st_mode) == 0o600
@@ -75,7 +77,8 @@ def test_credentials_files_are_checked_before_connecting(tmp_path):
         (NatsAccess(nkey_file=str(tmp_path / "missing.nk")), r"^NATS NKey seed file .*missing\.nk cannot be read: "),
         (NatsAccess(nkey_file=str(creds.with_name("x.nk"))), r"cannot be read"),
         (NatsAccess(creds_file=str(no_jwt)), r"^NATS creds file .*no-jwt\.creds holds no user JWT"),
-        (NatsAccess(creds_file=str(no_seed)), r"^NATS creds file .*no-seed\.creds holds no user NKey seed \(SU\.\.\.\)$"),
+        (NatsAccess(creds_file=str(no_seed)),
+         r"^NATS creds file .*no-seed\.creds holds no user NKey seed \(SU\.\.\.\)$"),
         (NatsAccess(nkey_file=str(no_seed)), r"^NATS NKey seed file .* holds no user NKey seed"),
     ]:
         with pytest.raises(JournalUnreachable, match=said):
