@@ -385,7 +385,9 @@ def start_command(args: argparse.Namespace) -> str:
     if getattr(args, "wal_dir", None):
         words += ["--wal-dir", str(args.wal_dir.absolute())]
     if args.journal_urls:
-        words += ["--journal-url", ",".join(args.journal_urls), "--journal-prefix", args.journal_prefix]
+        from journal.jetstream import shown_urls
+
+        words += ["--journal-url", shown_urls(args.journal_urls), "--journal-prefix", args.journal_prefix]
         for flag in _ACCESS_FLAGS:
             if given := getattr(args, flag[2:].replace("-", "_")):
                 words += [flag, given]

@@ -106,3 +106,17 @@ def test_only_certificate_verification_and_refused_users_are_final():
 ])
 def test_a_password_or_token_in_a_url_is_not_shown(given, shown):
     assert shown_urls((given, "nats://h2:4222")) == f"{shown},nats://h2:4222"
+
+
+def test_the_start_command_a_restore_prints_names_the_access_files_but_not_a_password():
+    import argparse
+
+    from shim.cli import start_command
+
+    args = argparse.Namespace(cluster_layout=None, data_dir=Path("/d"), wal_dir=None,
+                              journal_urls=("nats://etcd:s3cret@h1:4222", "nats://etcd:s3cret@h2:4222"),
+                              journal_prefix="p", journal_trusted_ca_file="ca.pem", journal_cert_file=None,
+                              journal_key_file=None, journal_creds_file="/etc/shardetcd/u.creds", journal_nkey_file=None)
+    assert start_command(args) == ("shardetcd --data-dir /d --journal-url nats://etcd:***@h1:4222,nats://etcd:***@h2:4222 "
+                                   "--journal-prefix p --journal-trusted-ca-file ca.pem "
+                                   "--journal-creds-file /etc/shardetcd/u.creds")
