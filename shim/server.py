@@ -662,18 +662,24 @@ STOP_BOUND_S = 20.0  # a stop still going this long after its last sign of work 
 
 async def bounded(stopping, bound_s: float, working=lambda: False, exit=os._exit) -> None:
     """Await ``stopping``; if it has not ended within ``bound_s`` and ``working()`` says nothing
-    is still being done (a checkpoint being written: the stop waits for it), log every task
+    is still being done (a checkpoint being written: the stop waits for it, and then gives the stop
+    ``bound_s`` more, as a stop waiting on that work may not have run on yet), log every task
     still pending and where it waits, and end the process (exit 1) rather than hang
     half-stopped: its listeners may be closed already, and a stuck process neither serves nor
     gets restarted. Nothing acknowledged is lost by that: it is in the journal already."""
     task = asyncio.ensure_future(stopping)
+    waited_for_work = False
     while True:
         done, _ = await asyncio.wait({task}, timeout=bound_s)
         if done:
             return task.result()
-        if not working():
+        if working():
+            waited_for_work = True
+            logger.warning("stop waits for a checkpoint being written")
+        elif waited_for_work:  # the work just ended: the stop gets a whole bound after it to finish
+            waited_for_work = False
+        else:
             break
-        logger.warning("stop waits for a checkpoint being written")
     me = asyncio.current_task()
     pending = sorted((t for t in asyncio.all_tasks() if t is not me), key=lambda t: t.get_name())
     logger.critical("stop did not end within %.0f s, exiting; tasks pending: %s", bound_s,

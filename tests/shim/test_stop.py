@@ -47,6 +47,26 @@ def test_a_stop_waiting_for_work_in_progress_is_not_cut_short():
     assert exits == [] and len(asked) >= 2  # asked each time the bound passed
 
 
+def test_a_stop_that_still_runs_on_after_the_work_it_waited_for_gets_a_whole_bound():
+    """The stop waits for a checkpoint, then has a little more to do. The watchdog's check that
+    falls between the two sees no work in progress and a stop not yet ended: it must give the stop
+    another bound, not end the process (seen once in CI as the test above)."""
+    exits = []
+
+    async def main():
+        checkpoint = asyncio.create_task(asyncio.sleep(0.9))  # checks at 0.2 .. 0.8 see it running
+
+        async def stop():
+            await checkpoint
+            await asyncio.sleep(0.15)  # the check at 1.0 falls here: work done, stop not yet
+            return "stopped"
+
+        assert await bounded(stop(), 0.2, working=lambda: not checkpoint.done(), exit=exits.append) == "stopped"
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert exits == []
+
+
 def test_a_stop_that_ends_in_time_returns_what_it_returned_or_raised():
     exits = []
 
