@@ -257,9 +257,11 @@ class Store:
     @staticmethod
     def _covered_by_checkpoint(shard: Shard) -> Callable[[int, int], Awaitable[bool]]:
         """Whether messages released before this store read them are in the checkpoint it loaded
-        (no newer checkpoint released them)."""
+        (no newer checkpoint released them). Messages are released only once a checkpoint holds
+        them: with none in the bucket (or a listing that missed it) they are not covered, and the
+        caller rebuilds from the checkpoints rather than skip them."""
         async def covered(expected: int, got: int) -> bool:
-            return await shard.journal.newest_checkpoint_rev() <= shard.checkpoint_rev
+            return 0 < await shard.journal.newest_checkpoint_rev() <= shard.checkpoint_rev
 
         return covered
 

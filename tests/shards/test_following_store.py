@@ -60,3 +60,22 @@ def test_a_following_store_refuses_every_write_before_touching_its_state(tmp_pat
             await writer.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("newest, loaded, covered", [
+    (0, 0, False),  # released, yet no checkpoint to be seen: a listing that missed it, never "nothing lost"
+    (0, 40, False),
+    (40, 40, True),  # the checkpoint loaded is the newest: what was released is in it
+    (90, 40, False),  # a newer one released them: rebuild from it
+])
+def test_released_messages_count_as_covered_only_by_the_checkpoint_loaded(newest, loaded, covered):
+    """A follower finding messages released before it read them skips them only if the checkpoint
+    it loaded holds them. An empty checkpoint listing (seen as a standby that applied nothing for
+    seconds and then refused to take over) must not read as 'no newer checkpoint'."""
+    from types import SimpleNamespace
+
+    async def newest_checkpoint_rev():
+        return newest
+
+    shard = SimpleNamespace(checkpoint_rev=loaded, journal=SimpleNamespace(newest_checkpoint_rev=newest_checkpoint_rev))
+    assert asyncio.run(Store._covered_by_checkpoint(shard)(5, 9)) is covered
