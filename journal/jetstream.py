@@ -1123,16 +1123,11 @@ class JetStreamJournal(Appender):
         (``nats stream edit --max-age``) fails the journal, so no write is acknowledged into a
         stream that would lose it: the writer stops, and the next one refuses to start until the
         edit is undone. A check NATS does not answer is skipped (the publishes wait on it too)."""
-        from nats.js.errors import NotFoundError
-
         while not self._closing and self._failure is None:
             await asyncio.sleep(STREAM_CHECK_S)
             try:
                 check_keeps_messages(await self.log.js.stream_info(self.stream))
-                try:
-                    check_keeps_messages(await self.log.js.stream_info(checkpoint_stream(self.stream)), journal=False)
-                except NotFoundError:
-                    pass  # no checkpoint yet
+                await self._check_bucket_keeps_messages(retry=False)
             except JournalUnreachable as exc:
                 logger.critical("journal stream edited to drop records, stopping writes stream=%s error=%s",
                                 self.stream, exc)
@@ -1287,12 +1282,15 @@ class JetStreamJournal(Appender):
         logger.info("journal messages purged stream=%s through_rev=%d count=%d", self.stream, rev, released)
         return released
 
-    async def _check_bucket_keeps_messages(self) -> None:
+    async def _check_bucket_keeps_messages(self, retry: bool = True) -> None:
+        """``check_keeps_messages`` for the checkpoint bucket's stream, if it exists; asked once
+        (``retry`` false: the writer's periodic check) or while JetStream is unavailable."""
         from nats.js.errors import NotFoundError
 
         bucket = checkpoint_stream(self.stream)
+        ask = lambda: self.log.js.stream_info(bucket)  # noqa: E731
         try:
-            info = await self.log.retrying(f"stream {bucket}", lambda: self.log.js.stream_info(bucket))
+            info = await (self.log.retrying(f"stream {bucket}", ask) if retry else ask())
         except NotFoundError:
             return  # made with the first checkpoint, by this code
         check_keeps_messages(info, journal=False)
