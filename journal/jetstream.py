@@ -714,9 +714,17 @@ def kv_stream(bucket: str) -> str:
     return f"KV_{bucket}"
 
 
+KNOWN_WITHIN_S = 5.0  # how long something just made may be unknown to the NATS server this process talks to
+
+
 async def open_or_create(what: str, get, create, missing: type[Exception], log: JetStreamLog | None = None):
     """``get()``, or ``create()`` when it raises ``missing``; both retried while JetStream is unavailable.
-    A create JetStream refuses, or never answers, is JournalUnreachable: one line, nothing to retry."""
+    A create JetStream refuses, or never answers, is JournalUnreachable: one line, nothing to retry.
+
+    What was created is then got: on a NATS cluster, the server this process talks to can answer
+    "stream not found" for a moment after the creation was acknowledged (the stream reaches each
+    server a little later; seen once as a cluster's partition failing at start). Asked again for up
+    to ``KNOWN_WITHIN_S``, so that whatever the caller does next with it is not refused."""
     from nats.js.errors import APIError
 
     try:
@@ -724,7 +732,7 @@ async def open_or_create(what: str, get, create, missing: type[Exception], log: 
     except missing:
         pass
     try:
-        made = await retrying(f"create {what}", create, log=log)
+        await retrying(f"create {what}", create, log=log)
     except APIError as exc:
         hint = ""
         if getattr(exc, "err_code", None) == REPLICAS_NEED_A_CLUSTER:
@@ -735,7 +743,15 @@ async def open_or_create(what: str, get, create, missing: type[Exception], log: 
         raise JournalUnreachable(f"JetStream did not create the {what}: {exc} (fewer JetStream servers than "
                                  "--journal-replicas?)") from None
     logger.info("jetstream %s created", what)
-    return made
+    deadline = time.monotonic() + KNOWN_WITHIN_S
+    while True:
+        try:
+            return await retrying(what, get, log=log)
+        except missing:
+            if time.monotonic() > deadline:
+                raise JournalUnreachable(f"JetStream created the {what} but did not find it {KNOWN_WITHIN_S:g} s "
+                                         "later") from None
+            await asyncio.sleep(0.1)
 
 
 class PublishRetries:

@@ -61,7 +61,6 @@ KEY = "writer"  # the key of a server that is not a partition
 # so a writer suspended past its TTL does not think its lease is still sure (tests replace it)
 _clock = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
 SURE_FOR = 2 / 3  # of the TTL: how long after a renewal was sent the lease is surely still ours
-KNOWN_WITHIN_S = 5.0  # how long a bucket just made may be unknown to another NATS server of the cluster
 RETRY_S = 0.2  # after a renewal NATS did not answer: the next one this soon (else every third of the TTL)
 
 
@@ -116,26 +115,11 @@ class WriterLease:
                 lambda: self.log.js.create_key_value(KeyValueConfig(
                     bucket=name, ttl=self.ttl_s, history=1, replicas=self.log.config.replicas)),
                 BucketNotFoundError)
-            self._take_bucket_ttl(name, (await self._known(f"writer lease bucket {name}", bucket.status)).ttl)
+            self._take_bucket_ttl(name, (await self.log.retrying(f"writer lease bucket {name}", bucket.status)).ttl)
             # a renewal not answered within a third of the TTL is sent again rather than awaited
             js = self.log.nc.jetstream(timeout=min(self.log.config.publish_timeout_s, self.ttl_s / 3))
-            self.kv = await self._known(f"writer lease bucket {name}", lambda: js.key_value(name))
+            self.kv = await self.log.retrying(f"writer lease bucket {name}", lambda: js.key_value(name))
         return self.kv
-
-    async def _known(self, what: str, op):
-        """``op()`` on the bucket just found or made. On a NATS cluster, a server other than the one
-        that made it can answer "stream not found" for a moment (the stream reaches every server a
-        little after its creation is acknowledged): asked again for up to ``KNOWN_WITHIN_S``."""
-        from nats.js.errors import NotFoundError
-
-        deadline = time.monotonic() + KNOWN_WITHIN_S
-        while True:
-            try:
-                return await self.log.retrying(what, op)
-            except NotFoundError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.1)
 
     def _take_bucket_ttl(self, name: str, kept_s: float | None) -> None:
         """The lease lives as long as the bucket keeps an entry, whatever this process was told:

@@ -337,29 +337,3 @@ def test_a_lapse_while_the_fence_is_published_is_fenced_again(clock):
         assert len(fences) == 2 and lease.sure()
 
     asyncio.run(go())
-
-
-def test_a_bucket_just_made_that_another_nats_server_does_not_know_yet_is_asked_again(monkeypatch):
-    """On a NATS cluster the server this process talks to can answer "stream not found" for a
-    moment after another one acknowledged the bucket's creation (seen once: a cluster's partition
-    exited at start). The lease asks again for a while; a bucket still unknown after that is an
-    error."""
-    from types import SimpleNamespace
-
-    from nats.js.errors import NotFoundError
-
-    asked = []
-
-    def bucket_unknown_for(times: int):
-        async def status():
-            asked.append(1)
-            if len(asked) <= times:
-                raise NotFoundError(code=404, err_code=10059, description="stream not found")
-            return SimpleNamespace(ttl=TTL)
-        return status
-
-    lease = WriterLease(Log(), ttl_s=TTL)
-    assert asyncio.run(lease._known("writer lease bucket b", bucket_unknown_for(2))).ttl == TTL and len(asked) == 3
-    monkeypatch.setattr(leadership, "KNOWN_WITHIN_S", 0.3)
-    with pytest.raises(NotFoundError):
-        asyncio.run(lease._known("writer lease bucket b", bucket_unknown_for(10**6)))
