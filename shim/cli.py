@@ -654,5 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     except StoreStopped as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 1
+    except JournalError as exc:  # before serving: e.g. JetStream stopped answering a request the start made
+        print(f"shardetcd: the journal failed while starting: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 0

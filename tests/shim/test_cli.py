@@ -229,3 +229,21 @@ def test_max_concurrent_streams_limits_one_connection_only(tmp_path):
             assert kv.Range(pb.RangeRequest(key=b"x"), timeout=5).header.revision >= 1
     finally:
         server.stop()
+
+
+def test_a_journal_that_fails_while_starting_is_one_line(tmp_path):
+    """A journal error the start did not turn into a refusal of its own (e.g. JetStream that stops
+    answering a request the start makes, for 30 s) ends the start with one line and exit 1, not a
+    traceback."""
+    said = "JetStream did not answer read stream for 30 s: TimeoutError()"
+    code = ("import sys, shim.cli as cli\n"
+            "from journal.errors import JournalFailed\n"
+            "async def serve(config, ready):\n"
+            f"    raise JournalFailed({said!r})\n"
+            "cli.serve = serve\n"
+            "sys.exit(cli.main(sys.argv[1:]))\n")
+    r = subprocess.run([sys.executable, "-c", code, "--data-dir", str(tmp_path / "d"), "--state-dir",
+                        str(tmp_path / "s"), "--listen-client-urls", f"http://127.0.0.1:{free_port()}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [f"shardetcd: the journal failed while starting: {said}"]
