@@ -79,6 +79,7 @@ MIN_MAX_PAYLOAD = 4 * 1024 * 1024
 # holds more, is such a loss: the follower reads on from its last message with a new consumer.
 FOLLOW_FETCH_S = 2.0
 STREAM_CHECK_S = 5.0  # how often a writer checks that no one edited its streams to drop messages
+REPLICAS_AGAIN_S = 60.0  # a stream edited to fewer replicas: how soon the writer tries again after a refusal
 READ_STALL_S = 10.0  # a read at start or takeover that gets nothing for this long starts again
 STALE_PINGS = 3  # unanswered pings that make a connection stale (see JetStreamConfig.stale_after_s)
 JETSTREAM_NOT_ENABLED_FOR_ACCOUNT = 10039
@@ -373,15 +374,16 @@ class JetStreamLog:
             logger.warning("jetstream replicas changed to --journal-replicas stream=%s from=%d to=%d", stream, have, want)
 
     def keep_replicas_soon(self, *streams: str) -> None:
-        """``keep_replicas`` in a task of its own, for a standby that has just taken over: the takeover
-        is not held up by it, and a refusal is a warning (the journals are served as they are)."""
+        """``keep_replicas`` in a task of its own, for a standby that has just taken over (the takeover
+        is not held up by it) or a writer whose stream was edited to fewer replicas: a refusal is a
+        warning (the journals are served as they are)."""
         async def keep() -> None:
             try:
                 await self.keep_replicas(*streams)
             except JournalError as exc:
-                logger.warning("jetstream replicas left as they are after a takeover streams=%s error=%s",
-                               ",".join(streams), exc)
+                logger.warning("jetstream replicas left as they are streams=%s error=%s", ",".join(streams), exc)
 
+        self._replicas_tasks = [t for t in self._replicas_tasks if not t.done()]
         self._replicas_tasks.append(asyncio.ensure_future(keep()))
 
     @property
@@ -1138,12 +1140,25 @@ class JetStreamJournal(Appender):
         checkpoint bucket's configuration as the open checks it. One edited to drop messages
         (``nats stream edit --max-age``) fails the journal, so no write is acknowledged into a
         stream that would lose it: the writer stops, and the next one refuses to start until the
-        edit is undone. A check NATS does not answer is skipped (the publishes wait on it too)."""
+        edit is undone. A check NATS does not answer is skipped (the publishes wait on it too).
+
+        One edited to fewer replicas than this process's --journal-replicas (``nats stream edit
+        --replicas``) is given them back, as the open would (``keep_replicas``), at most every
+        ``REPLICAS_AGAIN_S`` while JetStream refuses (a NATS cluster that lost a server for good)."""
+        again_at = 0.0
         while not self._closing and self._failure is None:
             await asyncio.sleep(STREAM_CHECK_S)
             try:
-                check_keeps_messages(await self.log.js.stream_info(self.stream))
-                await self._check_bucket_keeps_messages(retry=False)
+                infos = [await self.log.js.stream_info(self.stream)]
+                check_keeps_messages(infos[0])
+                infos.append(await self._check_bucket_keeps_messages(retry=False))
+                fewer = [i.config.name for i in infos
+                         if i is not None and (i.config.num_replicas or 1) < self.log.config.replicas]
+                if fewer and time.monotonic() >= again_at:
+                    again_at = time.monotonic() + REPLICAS_AGAIN_S
+                    logger.warning("journal stream has fewer replicas than --journal-replicas streams=%s",
+                                   ",".join(fewer))
+                    self.log.keep_replicas_soon(*fewer)
             except JournalUnreachable as exc:
                 logger.critical("journal stream edited to drop records, stopping writes stream=%s error=%s",
                                 self.stream, exc)
@@ -1298,9 +1313,10 @@ class JetStreamJournal(Appender):
         logger.info("journal messages purged stream=%s through_rev=%d count=%d", self.stream, rev, released)
         return released
 
-    async def _check_bucket_keeps_messages(self, retry: bool = True) -> None:
-        """``check_keeps_messages`` for the checkpoint bucket's stream, if it exists; asked once
-        (``retry`` false: the writer's periodic check) or while JetStream is unavailable."""
+    async def _check_bucket_keeps_messages(self, retry: bool = True):
+        """``check_keeps_messages`` for the checkpoint bucket's stream, if it exists (its info, else
+        None); asked once (``retry`` false: the writer's periodic check) or while JetStream is
+        unavailable."""
         from nats.js.errors import NotFoundError
 
         bucket = checkpoint_stream(self.stream)
@@ -1308,8 +1324,9 @@ class JetStreamJournal(Appender):
         try:
             info = await (self.log.retrying(f"stream {bucket}", ask) if retry else ask())
         except NotFoundError:
-            return  # made with the first checkpoint, by this code
+            return None  # made with the first checkpoint, by this code
         check_keeps_messages(info, journal=False)
+        return info
 
     def _written_streams(self) -> tuple[str, str]:
         """What this process writes for the journal: its stream and its checkpoints' bucket."""

@@ -663,6 +663,41 @@ def test_a_writer_stores_its_journals_with_the_replicas_it_is_given(nats, tmp_pa
         again.stop()
 
 
+def test_a_stream_edited_to_fewer_replicas_while_written_gets_them_back(nats, tmp_path):
+    """`nats stream edit --replicas 1` on a journal's stream while its writer writes: what the
+    writer acknowledges from then on is stored on one server only. Its periodic stream check
+    gives the stream its --journal-replicas back within seconds, says so, and writes go on."""
+    from tests.integration.test_jetstream_faults import nats_call
+
+    async def set_replicas(js, n: int) -> None:
+        info = await js.stream_info("shardetcd_pods")
+        info.config.num_replicas = n
+        await js.update_stream(info.config)
+
+    async def replicas(js) -> int:
+        return (await js.stream_info("shardetcd_pods")).config.num_replicas
+
+    writer = server_on(nats, tmp_path / "w").start()  # the default, 3
+    try:
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            kv.Put(pb.PutRequest(key=b"/registry/pods/a", value=b"v"), timeout=10)
+            nats_call(nats.urls, lambda js: set_replicas(js, 1))
+            assert nats_call(nats.urls, replicas) == 1
+            deadline = time.monotonic() + 30
+            while nats_call(nats.urls, replicas) != 3:
+                assert time.monotonic() < deadline, writer.log_tail(50)
+                time.sleep(0.5)
+            log = writer.log_tail(100)
+            assert "journal stream has fewer replicas than --journal-replicas streams=shardetcd_pods" in log and \
+                "jetstream replicas changed to --journal-replicas stream=shardetcd_pods from=1 to=3" in log, log
+            rev = kv.Put(pb.PutRequest(key=b"/registry/pods/b", value=b"v"), timeout=10).header.revision
+            assert kv.Range(pb.RangeRequest(key=b"/registry/pods/", range_end=b"/registry/pods0"),
+                            timeout=10).header.revision == rev
+    finally:
+        writer.stop()
+
+
 def test_a_standby_that_takes_over_gives_the_journals_its_replicas(nats, tmp_path):
     """With --standby, processes start by standing by and write only once they take over: the
     replicas they are given are applied then (after the journals are fenced, so a takeover is not
