@@ -210,26 +210,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_ACCESS = (  # how to reach the NATS servers of --journal-url: each flag takes a FILE
+    ("--journal-trusted-ca-file", "with --journal-url: the CA that signed the NATS servers' certificates (default: "
+                                  "the system's); a server that requires TLS is then reached over TLS"),
+    ("--journal-cert-file", "with --journal-url: a client certificate for NATS servers that verify clients"),
+    ("--journal-key-file", "the key of --journal-cert-file"),
+    ("--journal-creds-file", "with --journal-url: the NATS user's credentials file (its JWT and NKey seed, as an "
+                             "operator-mode NATS account issues them, e.g. with nsc)"),
+    ("--journal-nkey-file", "with --journal-url: a file holding the NKey seed (SU...) of a NATS `nkey:` user. A user "
+                            "and password or a token go in the URL instead (nats://USER:PASSWORD@HOST:PORT), which "
+                            "shows them to anyone who can list processes; a file does not"),
+)
+_ACCESS_FLAGS = tuple(flag for flag, _ in _ACCESS)
+
+
 def add_journal_access(p: argparse.ArgumentParser) -> None:
     """How to reach the NATS servers of --journal-url: TLS and a NATS user's credentials (every
     command that reaches them)."""
-    p.add_argument("--journal-trusted-ca-file", default=None, metavar="FILE",
-                   help="with --journal-url: the CA that signed the NATS servers' certificates (default: the "
-                        "system's); a server that requires TLS is then reached over TLS")
-    p.add_argument("--journal-cert-file", default=None, metavar="FILE",
-                   help="with --journal-url: a client certificate for NATS servers that verify clients")
-    p.add_argument("--journal-key-file", default=None, metavar="FILE", help="the key of --journal-cert-file")
-    p.add_argument("--journal-creds-file", default=None, metavar="FILE",
-                   help="with --journal-url: the NATS user's credentials file (its JWT and NKey seed, as an "
-                        "operator-mode NATS account issues them, e.g. with nsc)")
-    p.add_argument("--journal-nkey-file", default=None, metavar="FILE",
-                   help="with --journal-url: a file holding the NKey seed (SU...) of a NATS `nkey:` user. A user "
-                        "and password or a token go in the URL instead (nats://USER:PASSWORD@HOST:PORT), which "
-                        "shows them to anyone who can list processes; a file does not")
-
-
-_ACCESS_FLAGS = ("--journal-trusted-ca-file", "--journal-cert-file", "--journal-key-file", "--journal-creds-file",
-                 "--journal-nkey-file")
+    for flag, text in _ACCESS:
+        p.add_argument(flag, default=None, metavar="FILE", help=text)
 
 
 def journal_access(p: argparse.ArgumentParser, args: argparse.Namespace):
