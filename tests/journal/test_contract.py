@@ -421,7 +421,6 @@ def test_a_lease_entry_that_expires_during_create_is_not_an_error():
 
     from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-    from journal.jetstream import retrying
     from journal.leadership import WriterLease
 
     class ExpiringKV:
@@ -439,14 +438,9 @@ def test_a_lease_entry_that_expires_during_create_is_not_an_error():
         async def get(self, key):
             raise KeyNotFoundError()
 
-    class Log:
-        writer_id = "me"
-        denied = None
+    from tests.lease_log import LeaseLog
 
-        def retrying(self, what, op):
-            return retrying(what, op, log=self)
-
-    lease = WriterLease(Log())
+    lease = WriterLease(LeaseLog())
     lease.kv = ExpiringKV()
 
     async def attempts():

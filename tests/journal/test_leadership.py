@@ -10,7 +10,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from journal import leadership
 from journal.errors import JournalFenced, JournalUnreachable
-from journal.jetstream import retrying
+from tests.lease_log import LeaseLog
 from journal.leadership import SURE_FOR, LeaseLost, WriterLease
 
 TTL = 3.0
@@ -69,14 +69,6 @@ class KV:
         return self.revision
 
 
-class Log:
-    writer_id = "me"
-    denied = None  # no permissions violation reported
-
-    def retrying(self, what, op, deadline_s=30.0):
-        return retrying(what, op, deadline_s, log=self)
-
-
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
     c = Clock()
@@ -85,7 +77,7 @@ def clock(monkeypatch) -> Clock:
 
 
 def lease_on(kv: KV) -> WriterLease:
-    lease = WriterLease(Log(), ttl_s=TTL)
+    lease = WriterLease(LeaseLog(), ttl_s=TTL)
     lease.kv = kv
     lease.revision = kv.revision
     return lease

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from journal.jetstream import retrying
+from tests.lease_log import LeaseLog
 from journal.leadership import WriterLease
 from shards.tokens import SimpleTokens
 from shim.follower import KeepAlives, TokenCatchUp
@@ -34,14 +34,6 @@ async def cancelled_as_answered(call, answer) -> None:
         await task
 
 
-class Log:
-    writer_id = "me"
-    denied = None  # no permissions violation reported
-
-    def retrying(self, what, op, deadline_s=30.0):
-        return retrying(what, op, deadline_s, log=self)
-
-
 def run(body) -> None:
     asyncio.run(asyncio.wait_for(body(), 10))  # a deadline for a hang, not a timing
 
@@ -49,7 +41,7 @@ def run(body) -> None:
 def test_a_leader_probe():
     async def body():
         answer = asyncio.get_running_loop().create_future()
-        lease = WriterLease(Log())
+        lease = WriterLease(LeaseLog())
 
         async def holder():
             return await answer
@@ -63,7 +55,7 @@ def test_a_leader_probe():
 def test_a_read_confirming_the_writer_lease():
     async def body():
         renewal = asyncio.get_running_loop().create_future()
-        lease = WriterLease(Log())
+        lease = WriterLease(LeaseLog())
         lease.renew_now = lambda: renewal
         await cancelled_as_answered(lambda: lease.confirm(TIMEOUT_S), lambda: renewal.set_result(None))
 
