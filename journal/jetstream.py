@@ -1414,5 +1414,3 @@ class JetStreamJournal(Appender):
     def _scratch_dir(self) -> Path:
         self.scratch.mkdir(parents=True, exist_ok=True)
         return self.scratch
-
-

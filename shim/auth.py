@@ -124,4 +124,3 @@ class AuthService:
     async def RoleRevokePermission(self, r: pb.AuthRoleRevokePermissionRequest, context) -> pb.AuthRoleRevokePermissionResponse:
         await self._admin(context, lambda: self.auth.role_revoke(r.role, r.key, r.range_end))
         return pb.AuthRoleRevokePermissionResponse(header=self.m.header())
-

@@ -660,4 +660,3 @@ def same_counts(urls: tuple[str, str], before: list[dict[str, float]], wait_s: f
         if deltas[0] == deltas[1] or time.monotonic() > deadline:
             return deltas
         time.sleep(0.2)
-
