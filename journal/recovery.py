@@ -70,7 +70,9 @@ def sequence_gaps(listed: list[tuple[int, Path]]) -> dict[Path, str]:
 
 
 def _check_contiguous(listed: list[tuple[int, Path]]) -> None:
-    for path, why in sequence_gaps(listed).items():
+    """JournalCorrupt at the first segment that does not follow the one before it."""
+    if gaps := sequence_gaps(listed):
+        path, why = next(iter(gaps.items()))
         raise JournalCorrupt(path, 0, why)
 
 
