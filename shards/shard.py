@@ -64,6 +64,8 @@ class Shard:
         self.inflight: deque[tuple[int, int]] = deque()  # (journal seq, revision)
         self.checkpoint_rev = 0
         self.checkpoint_task: asyncio.Task | None = None
+        self.checkpoints_written = 0  # by this process, since its start (/metrics)
+        self.checkpoint_failures = 0
         self.bytes_at_checkpoint = 0
         self.writes = 0  # WRITE records appended since start
         # told of every row replayed: (key, lease id of a put, or -1 for a delete)
@@ -183,13 +185,16 @@ class Shard:
         try:
             path = await self.journal.save_checkpoint(rev, meta, rows)
             self.checkpoint_rev = rev
+            self.checkpoints_written += 1
             # Records tagged `rev` itself may have been appended after the
             # snapshot (a Compact tags the latest revision), so keep them.
             released = await self.journal.release(rev - 1)
             logger.info("checkpoint written shard=%s rev=%d path=%s segments_released=%d", self.name, rev, path, released)
         except StateStoreError as exc:  # reading the rows failed: the state is not to be trusted
+            self.checkpoint_failures += 1
             self.state.on_failure(exc)
         except Exception:
+            self.checkpoint_failures += 1
             logger.exception("checkpoint failed shard=%s rev=%d", self.name, rev)
         finally:
             self.checkpoint_task = None

@@ -266,12 +266,22 @@ class _StateCollector:
         writes = CounterMetricFamily("shardetcd_shard_writes", "Write records journaled.", labels=["shard"])
         jbytes = GaugeMetricFamily("shardetcd_shard_journal_bytes", "Journal bytes on disk.", labels=["shard"])
         watchers = GaugeMetricFamily("shardetcd_shard_watchers", "Range watchers following the shard.", labels=["shard"])
+        ckpt_rev = GaugeMetricFamily("shardetcd_shard_checkpoint_revision", "Revision of the newest checkpoint this "
+                                     "process wrote or loaded (0: none); the journal below it is released.",
+                                     labels=["shard"])
+        ckpts = CounterMetricFamily("shardetcd_shard_checkpoints", "Checkpoints this process wrote.", labels=["shard"])
+        ckpt_failed = CounterMetricFamily("shardetcd_shard_checkpoint_failures", "Checkpoints that failed (logged "
+                                          "with their error); the journal is kept until one is written.",
+                                          labels=["shard"])
         for sid, shard in enumerate(store.shards):
             keys.add_metric([shard.name], len(shard.state.live))
             writes.add_metric([shard.name], shard.writes)
             jbytes.add_metric([shard.name], shard.journal.bytes_total)
             watchers.add_metric([shard.name], store.hub.range_watchers(sid))
-        yield from (keys, writes, jbytes, watchers)
+            ckpt_rev.add_metric([shard.name], shard.checkpoint_rev)
+            ckpts.add_metric([shard.name], shard.checkpoints_written)
+            ckpt_failed.add_metric([shard.name], shard.checkpoint_failures)
+        yield from (keys, writes, jbytes, watchers, ckpt_rev, ckpts, ckpt_failed)
 
 
 class Metrics:

@@ -69,6 +69,43 @@ def test_metrics_follow_the_state(server):
     assert 0.5 < m[("process_resident_memory_bytes", ())] / rss < 2  # the server's own, as etcd exposes it
 
 
+@pytest.mark.parametrize("failing", [False, True], ids=["written", "failing"])
+def test_checkpoints_are_shown_per_shard(tmp_path, monkeypatch, failing):
+    """shardetcd_shard_checkpoints_total, _checkpoint_failures_total and _checkpoint_revision: how an
+    operator sees that the journal is checkpointed (and released), or that checkpoints fail and the
+    journal is kept and grows until one is written."""
+    if failing:
+        monkeypatch.setenv("SHARDETCD_FAILPOINTS", "checkpoint.before_rename=raise")
+    port = free_port()
+    srv = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}",
+                                                "--checkpoint-journal-bytes", "8192"))
+    try:
+        with grpc.insecure_channel(srv.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            for i in range(100):  # ~30 KB of pods journal: past the threshold several times
+                kv.Put(pb.PutRequest(key=b"/registry/pods/p%d" % i, value=b"v" * 200))
+        deadline = time.monotonic() + 20
+        pods = (("shard", "pods"),)
+        while True:  # checkpoints are written in the background
+            m = scrape(f"http://127.0.0.1:{port}")
+            done = m[("shardetcd_shard_checkpoint_failures_total" if failing else "shardetcd_shard_checkpoints_total",
+                      pods)]
+            if done >= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert done >= 1, m
+        assert m[("shardetcd_shard_checkpoints_total", (("shard", "leases"),))] == 0  # nothing written there
+        if failing:
+            assert m[("shardetcd_shard_checkpoints_total", pods)] == 0
+            assert m[("shardetcd_shard_checkpoint_revision", pods)] == 0
+            assert m[("shardetcd_shard_journal_bytes", pods)] > 100 * 200  # nothing released
+        else:
+            assert m[("shardetcd_shard_checkpoint_failures_total", pods)] == 0
+            assert 1 < m[("shardetcd_shard_checkpoint_revision", pods)] <= 101
+    finally:
+        srv.stop()
+
+
 def test_garbage_collector_pauses_are_shown(server):
     """shardetcd_gc_pause_seconds: each collector run, by generation. The server runs one full
     collection (generation 2) as soon as its store is open (shards/collector.py), and the
