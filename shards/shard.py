@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ _CKPT_META = struct.Struct("<QqI")  # committed rev, compact rev, shard id
 # recovery yields to the event loop after about this many rows, so the writer
 # lease is renewed however long it takes
 YIELD_EVERY = 8192
+CHECKPOINT_RETRY_S = 30.0  # after a failed checkpoint: the next one tried this long after, not a threshold later
 
 
 def checkpoint_meta(rev: int, compact_rev: int, sid: int, extra_meta: bytes = b"") -> bytes:
@@ -66,6 +68,8 @@ class Shard:
         self.checkpoint_task: asyncio.Task | None = None
         self.checkpoints_written = 0  # by this process, since its start (/metrics)
         self.checkpoint_failures = 0
+        self.checkpoint_retry_at = 0.0  # after a failure: time.monotonic() from which one is tried again
+        self.checkpoint_failed_bytes = 0  # ... or once another threshold of bytes came after the failed one
         self.bytes_at_checkpoint = 0
         self.writes = 0  # WRITE records appended since start
         # told of every row replayed: (key, lease id of a put, or -1 for a delete)
@@ -169,6 +173,8 @@ class Shard:
         return (
             self.checkpoint_task is None
             and self.journal.bytes_appended - self.bytes_at_checkpoint >= journal_bytes_max
+            and (not self.checkpoint_retry_at or time.monotonic() >= self.checkpoint_retry_at
+                 or self.journal.bytes_appended - self.checkpoint_failed_bytes >= journal_bytes_max)
         )
 
     def checkpoint_source(self, committed: int, compact_rev: int, extra_meta: bytes = b""):
@@ -178,14 +184,22 @@ class Shard:
     def start_checkpoint(self, committed: int, compact_rev: int, extra_meta: bytes = b"") -> None:
         """Snapshot rows <= committed now; write and fsync them in a thread."""
         meta, rows = self.checkpoint_source(committed, compact_rev, extra_meta)
+        since = self.bytes_at_checkpoint
         self.bytes_at_checkpoint = self.journal.bytes_appended
-        self.checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint(committed, meta, rows))
+        self.checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint(committed, meta, rows, since))
 
-    async def _checkpoint(self, rev: int, meta: bytes, rows) -> None:
+    async def _checkpoint(self, rev: int, meta: bytes, rows, since: int) -> None:
+        """Write checkpoint ``rev`` and release the journal below it. One that fails is logged and
+        counted, and tried again ``CHECKPOINT_RETRY_S`` later or after another threshold of journal
+        bytes, whichever comes first (``since``: where the journal stood at the last one written), so
+        a transient failure does not let the journal grow to twice its bound."""
+        failed = True
         try:
             path = await self.journal.save_checkpoint(rev, meta, rows)
+            failed = False
             self.checkpoint_rev = rev
             self.checkpoints_written += 1
+            self.checkpoint_retry_at = 0.0
             # Records tagged `rev` itself may have been appended after the
             # snapshot (a Compact tags the latest revision), so keep them.
             released = await self.journal.release(rev - 1)
@@ -195,8 +209,11 @@ class Shard:
             self.state.on_failure(exc)
         except Exception:
             self.checkpoint_failures += 1
-            logger.exception("checkpoint failed shard=%s rev=%d", self.name, rev)
+            logger.exception("checkpoint failed shard=%s rev=%d retry_in_s=%g", self.name, rev, CHECKPOINT_RETRY_S)
         finally:
+            if failed:
+                self.checkpoint_failed_bytes, self.bytes_at_checkpoint = self.bytes_at_checkpoint, since
+                self.checkpoint_retry_at = time.monotonic() + CHECKPOINT_RETRY_S
             self.checkpoint_task = None
 
     async def close(self) -> None:

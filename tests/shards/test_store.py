@@ -110,6 +110,57 @@ def test_checkpoints_bound_the_journal_and_restore(tmp_path, run):
     run(go())
 
 
+def test_a_failed_checkpoint_is_tried_again_after_a_while_not_a_threshold_later(tmp_path, run, monkeypatch):
+    """A checkpoint that fails (a full disk, NATS not answering an upload) is counted and tried again
+    CHECKPOINT_RETRY_S later, while the journal is past the threshold: not only after another
+    threshold of journal bytes, which lets the journal grow to twice its bound."""
+    from types import SimpleNamespace
+
+    from shards import shard as shard_module
+
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(shard_module, "time", SimpleNamespace(monotonic=lambda: clock.now))
+
+    async def go():
+        store = await open_store(tmp_path, checkpoint_journal_bytes=8 * 1024)
+        pods = store.shards[store.router.shard_for_key(POD)]
+        real, tries = pods.journal.save_checkpoint, []
+
+        async def failing_once(rev, meta, rows):
+            tries.append(rev)
+            if len(tries) == 1:
+                raise OSError(5, "Input/output error")
+            return await real(rev, meta, rows)
+
+        monkeypatch.setattr(pods.journal, "save_checkpoint", failing_once)
+        i = 0
+
+        async def put() -> None:
+            nonlocal i
+            await store.put(PutReq(b"/registry/pods/ns/p%d" % (i % 20), b"x" * 100))
+            i += 1
+            await asyncio.sleep(0)  # the checkpoint task runs
+            await asyncio.sleep(0.001)
+
+        while pods.checkpoint_failures == 0:
+            assert i < 1000
+            await put()
+        failed_at = pods.journal.bytes_appended
+        while pods.journal.bytes_appended - failed_at < 4 * 1024:  # within the retry time: not tried again
+            await put()
+        assert tries == tries[:1] and pods.checkpoints_written == 0
+        clock.now += shard_module.CHECKPOINT_RETRY_S
+        for _ in range(20):  # tried at the next commit (written in a thread: a few puts later)
+            await put()
+            if pods.checkpoints_written:
+                break
+        assert len(tries) == 2 and pods.checkpoints_written == 1 and pods.checkpoint_rev == tries[1]
+        assert pods.journal.bytes_appended - failed_at < 8 * 1024  # before another threshold of bytes
+        await store.close()
+
+    run(go())
+
+
 def test_errors(tmp_path, run):
     async def go():
         store = await open_store(tmp_path)
