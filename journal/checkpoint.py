@@ -101,52 +101,102 @@ class Checkpoint:
 def write_checkpoint(directory: Path, rev: int, meta: bytes, rows: Iterable[bytes], *,
                      config: CheckpointConfig = CheckpointConfig()) -> Path:
     """Atomically write checkpoint `rev` into `directory`; delete older ones. Blocking."""
-    directory = Path(directory)
-    ensure_dir(directory)
-    check_fields(RTYPE_HEADER, rev, len(meta), config.record_bytes_max)
-    final = directory / checkpoint_name(rev)
-    tmp = final.with_name(final.name + _TMP_SUFFIX)
+    ckpt = CheckpointFile(directory, rev, meta, config=config)
     try:
-        count, nbytes = _write_file(tmp, rev, meta, rows, config)
-        failpoints.hit("checkpoint.before_rename")
-        os.replace(tmp, final)
+        ckpt.add_all(rows)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        ckpt.drop()
         raise
-    failpoints.hit("checkpoint.after_rename_before_dirsync")
-    fsync_dir(directory)
-    logger.info("checkpoint written file=%s rev=%d rows=%d bytes=%d", final, rev, count, nbytes)
-    _delete_older(directory, rev)
-    return final
+    return ckpt.finish()
 
 
-def _write_file(tmp: Path, rev: int, meta: bytes, rows: Iterable[bytes],
-                config: CheckpointConfig) -> tuple[int, int]:
-    with open(tmp, "wb") as f:
-        _write_frame(f, RTYPE_HEADER, rev, meta)
-        count = _write_rows(f, rev, rows, config)
-        _write_frame(f, RTYPE_TRAILER, rev, _COUNT.pack(count))
-        f.flush()
-        os.fsync(f.fileno())
-        return count, f.tell()
+class CheckpointFile:
+    """One checkpoint being written, rows added in order (several can be written at once, each into
+    a directory of its own, from one pass over their rows); ``finish`` makes it whole and puts it in
+    place, ``drop`` removes what was written. Blocking."""
 
+    def __init__(self, directory: Path, rev: int, meta: bytes, *,
+                 config: CheckpointConfig = CheckpointConfig()) -> None:
+        directory = Path(directory)
+        ensure_dir(directory)
+        check_fields(RTYPE_HEADER, rev, len(meta), config.record_bytes_max)
+        self.directory, self.rev, self.config = directory, rev, config
+        self.final = directory / checkpoint_name(rev)
+        self.tmp = self.final.with_name(self.final.name + _TMP_SUFFIX)
+        self.count = 0
+        self._placed = False  # renamed into place
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._f: BinaryIO | None = open(self.tmp, "wb")
+        try:
+            _write_frame(self._f, RTYPE_HEADER, rev, meta)
+        except BaseException:
+            self.drop()
+            raise
 
-def _write_rows(f: BinaryIO, rev: int, rows: Iterable[bytes], config: CheckpointConfig) -> int:
-    pending: list[bytes] = []
-    pending_bytes = count = 0
-    for row in rows:
+    def add(self, row: bytes) -> None:
         entry_bytes = _ROW_LEN.size + len(row)
-        if entry_bytes > config.record_bytes_max:
+        if entry_bytes > self.config.record_bytes_max:
             raise ValueError(f"checkpoint row of {len(row)} bytes exceeds record_bytes_max")
-        if pending and pending_bytes + entry_bytes > config.frame_bytes_target:
-            _write_frame(f, RTYPE_ROWS, rev, b"".join(pending))
-            pending, pending_bytes = [], 0
-        pending += (_ROW_LEN.pack(len(row)), row)
-        pending_bytes += entry_bytes
-        count += 1
-    if pending:
-        _write_frame(f, RTYPE_ROWS, rev, b"".join(pending))
-    return count
+        if self._pending and self._pending_bytes + entry_bytes > self.config.frame_bytes_target:
+            self._flush_rows()
+        self._pending += (_ROW_LEN.pack(len(row)), row)
+        self._pending_bytes += entry_bytes
+        self.count += 1
+
+    def add_all(self, rows: Iterable[bytes]) -> None:
+        """``add`` for each of ``rows`` (the loop inlined: a state's every row goes through it)."""
+        f, rev, limit, target = self._f, self.rev, self.config.record_bytes_max, self.config.frame_bytes_target
+        pending, pending_bytes, count = self._pending, self._pending_bytes, self.count
+        for row in rows:
+            entry_bytes = _ROW_LEN.size + len(row)
+            if entry_bytes > limit:
+                raise ValueError(f"checkpoint row of {len(row)} bytes exceeds record_bytes_max")
+            if pending and pending_bytes + entry_bytes > target:
+                _write_frame(f, RTYPE_ROWS, rev, b"".join(pending))
+                pending.clear()
+                pending_bytes = 0
+            pending += (_ROW_LEN.pack(len(row)), row)
+            pending_bytes += entry_bytes
+            count += 1
+        self._pending_bytes, self.count = pending_bytes, count
+
+    def _flush_rows(self) -> None:
+        _write_frame(self._f, RTYPE_ROWS, self.rev, b"".join(self._pending))
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    def finish(self) -> Path:
+        """The trailer, fsync, rename into place, directory fsync; older checkpoints there go."""
+        try:
+            if self._pending:
+                self._flush_rows()
+            f = self._f
+            _write_frame(f, RTYPE_TRAILER, self.rev, _COUNT.pack(self.count))
+            f.flush()
+            os.fsync(f.fileno())
+            nbytes = f.tell()
+            f.close()
+            self._f = None
+            failpoints.hit("checkpoint.before_rename")
+            os.replace(self.tmp, self.final)
+            self._placed = True
+        except BaseException:
+            self.drop()
+            raise
+        failpoints.hit("checkpoint.after_rename_before_dirsync")
+        fsync_dir(self.directory)
+        logger.info("checkpoint written file=%s rev=%d rows=%d bytes=%d", self.final, self.rev, self.count, nbytes)
+        _delete_older(self.directory, self.rev)
+        return self.final
+
+    def drop(self) -> None:
+        """What was written goes (nothing, once in place)."""
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+        if not self._placed:
+            self.tmp.unlink(missing_ok=True)
 
 
 def _write_frame(f: BinaryIO, rtype: int, rev: int, payload: bytes) -> None:

@@ -143,16 +143,18 @@ class Imported:
     keys_live: int
     lease_routes: dict[int, set[int]]  # lease id -> the routes of the live keys attached to it (none: absent)
 
-    def rows(self, sid: int) -> Iterator[tuple[bytes, bytes]]:
-        """(row key, serialized KeyValue) of shard ``sid``, in revision order."""
-        return self.rows_of((sid,))
+    @property
+    def rows_kept(self) -> int:
+        """How many rows ``routed_rows`` yields."""
+        return len(self.route) - self.route.count(SKIP)
 
-    def rows_of(self, routes: tuple[int, ...]) -> Iterator[tuple[bytes, bytes]]:
-        """The rows routed to any of ``routes``, in revision order."""
+    def routed_rows(self) -> Iterator[tuple[int, bytes, bytes]]:
+        """(route, row key, serialized KeyValue) of every row kept, in revision order: one pass over
+        the key bucket, whatever the number of shards or partitions the rows go to."""
         route = self.route
         for i, (k, v) in enumerate(_bucket_items(self.db, KEY)):
-            if route[i] in routes:
-                yield to_row_key(k), v
+            if (r := route[i]) != SKIP:
+                yield r, to_row_key(k), v
 
 
 def _bucket_items(db: BoltReader, name: bytes) -> Iterator[tuple[bytes, bytes]]:

@@ -29,13 +29,15 @@ import hashlib
 import heapq
 import mmap
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from journal import failpoints, write_checkpoint
-from journal.checkpoint import checkpoint_name
+from journal import failpoints
+from journal.checkpoint import CheckpointFile, checkpoint_name
 from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import JetStreamConfig, JetStreamLog
 from journal.fsutil import fsync_dir
@@ -114,7 +116,7 @@ class SnapshotStream:
 
 def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Path | None = None,
                      skip_hash_check: bool = False, jetstream: JetStreamConfig | None = None,
-                     cluster: ClusterLayout | None = None) -> dict:
+                     cluster: ClusterLayout | None = None, progress: Callable[[str], None] | None = None) -> dict:
     """Make a new shardetcd ``data_dir`` of an etcd snapshot; returns what it held.
 
     Everything is read and checked before anything is written.  The data dir
@@ -140,7 +142,11 @@ def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Pa
     partition keeps (those naming no resource), the leases of those keys (the default partition
     also the leases with no key) and the auth state, at the snapshot's
     revision: each is the etcd that kube-apiserver's --etcd-servers-overrides send those resources
-    to. The dirs are built beside ``data_dir`` and renamed into place together."""
+    to. The dirs are built beside ``data_dir`` and renamed into place together.
+
+    ``progress``: given a line every ``PROGRESS_S`` while the restore goes on (nothing for a
+    restore shorter than that)."""
+    started = time.monotonic()
     data_dir = data_dir.absolute()
     if jetstream is not None and wal_dir is not None:
         raise DataDirError("--wal-dir places a local journal: not with --journal-url (the journal is in JetStream)")
@@ -160,10 +166,19 @@ def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Pa
         imported = import_db(BoltReader(view), Router(layout) if cluster is None else PartitionRouter(cluster))
     except (BoltError, SnapshotError) as exc:
         raise SnapshotError(f"{snapshot}: {exc}") from None
+    report = None if progress is None else _Report(progress, started, imported.rows_kept)
+    if report is not None:
+        report.say(f"{snapshot} read and checked: {imported.rows_kept:,} rows up to revision {imported.revision}; "
+                   "writing them")
     if cluster is None:
-        _build(imported, data_dir, layout, wal_dir, jetstream)
+        build = _Build(data_dir, layout, imported, imported.leases, wal_dir, jetstream)
+        try:
+            _fill(imported, {sid: [f] for sid, f in enumerate(build.files)}, report)
+            build.place()
+        finally:
+            build.drop()
     else:
-        _build_cluster(imported, data_dir, cluster, wal_dir, jetstream)
+        _build_cluster(imported, data_dir, cluster, wal_dir, jetstream, report)
     return {"revision": imported.revision, "compact_revision": imported.compact_rev,
             "keys": imported.keys_live, "rows": len(imported.route), "leases": len(imported.leases),
             "users": len(imported.auth.users), "roles": len(imported.auth.roles), "hashed": hashed,
@@ -209,19 +224,6 @@ def _check_frame(snapshot: Path, view: memoryview, size: int, skip_hash_check: b
     return hashed
 
 
-class _PartitionRows:
-    """A snapshot's rows for one partition (its own and every partition's), its leases, the rest as
-    imported."""
-
-    def __init__(self, imported: Imported, pid: int, default: bool) -> None:
-        self.imported, self.pid = imported, pid
-        self.revision, self.compact_rev = imported.revision, imported.compact_rev
-        self.leases, self.auth = partition_leases(imported, pid, default), imported.auth
-
-    def rows(self, sid: int) -> Iterator[tuple[bytes, bytes]]:  # a partition's layout is one shard
-        return self.imported.rows_of((self.pid, PartitionRouter.EVERY))
-
-
 def partition_leases(imported: Imported, pid: int, default: bool) -> list[tuple[int, int]]:
     """The leases partition ``pid`` keeps: those attached to one of its keys or to a key every
     partition keeps, and on the default partition also those attached to no key. A lease whose
@@ -236,18 +238,26 @@ def partition_leases(imported: Imported, pid: int, default: bool) -> list[tuple[
 
 
 def _build_cluster(imported: Imported, data_dir: Path, cluster: ClusterLayout, wal_dir: Path | None,
-                   jetstream: JetStreamConfig | None) -> None:
-    """Every partition's data dir, built together beside ``data_dir`` and renamed into place at
-    once; then the wal dirs."""
+                   jetstream: JetStreamConfig | None, report: _Report | None) -> None:
+    """Every partition's data dir, built together beside ``data_dir`` (from one pass over the
+    snapshot's rows) and renamed into place at once; then the wal dirs."""
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=data_dir.parent, prefix=f".{data_dir.name}.restoring-") as building:
         new = Path(building) / "cluster"
         new.mkdir()
-        members = {}
-        for pid, p in enumerate(cluster.partitions):
-            members[p.name] = _build(_PartitionRows(imported, pid, p.default), new / p.name, partition_layout(p.name),
-                                     None if wal_dir is None else wal_dir / p.name, jetstream, make_wal=False,
-                                     role=p.name)
+        builds: list[_Build] = []
+        try:
+            for pid, p in enumerate(cluster.partitions):
+                builds.append(_Build(new / p.name, partition_layout(p.name), imported,
+                                     partition_leases(imported, pid, p.default),
+                                     None if wal_dir is None else wal_dir / p.name, jetstream))
+            files = {pid: [b.files[0]] for pid, b in enumerate(builds)}  # a partition's layout is one shard
+            files[PartitionRouter.EVERY] = [b.files[0] for b in builds]  # rows every partition keeps
+            _fill(imported, files, report)
+            members = {p.name: b.place(make_wal=False, role=p.name) for p, b in zip(cluster.partitions, builds)}
+        finally:
+            for b in builds:
+                b.drop()
         _fsync_tree(new)
         if data_dir.exists():
             data_dir.rmdir()  # empty, checked above
@@ -258,47 +268,101 @@ def _build_cluster(imported: Imported, data_dir: Path, cluster: ClusterLayout, w
             _make_wal_dir(wal_dir / name, data_dir / name, member_id)
 
 
+PROGRESS_S = 2.0  # a restore's progress lines: the first after this long, then this often
+PROGRESS_ROWS = 4096  # rows written between two looks at the clock
+
+
+class _Report:
+    """A restore's progress lines: none before ``PROGRESS_S``, then one at most every ``PROGRESS_S``."""
+
+    def __init__(self, progress: Callable[[str], None], started: float, rows: int) -> None:
+        self.progress, self.rows = progress, rows
+        self.next_at = started + PROGRESS_S
+
+    def say(self, line: str) -> None:
+        if (now := time.monotonic()) >= self.next_at:
+            self.next_at = now + PROGRESS_S
+            self.progress(line)
+
+    def written(self, done: int) -> None:
+        self.say(f"written {done:,} of {self.rows:,} rows ({100 * done // max(self.rows, 1)} %)")
+
+
+def _fill(imported: Imported, files: dict[int, list[CheckpointFile]], report: _Report | None) -> None:
+    """One pass over the snapshot's key rows, each added to the checkpoints of its route."""
+    for done, (route, rk, value) in enumerate(imported.routed_rows(), 1):
+        row = checkpoint_row(rk, value)
+        for f in files[route]:
+            f.add(row)
+        if report is not None and not done % PROGRESS_ROWS:
+            report.written(done)
+
+
 def _make_wal_dir(wal_dir: Path, data_dir: Path, member_id: int) -> None:
     wal_dir.mkdir(mode=0o700, parents=True)  # private, as etcd makes its wal dir
     claim_wal_dir(wal_dir, data_dir, member_id)
     fsync_dir(wal_dir.parent)
 
 
-def _build(imported: Imported, data_dir: Path, layout: Layout, wal_dir: Path | None = None,
-           jetstream: JetStreamConfig | None = None, make_wal: bool = True, role: str = "writer") -> int:
-    """Write the data dir beside ``data_dir``, then rename it into place; then make and mark
-    ``wal_dir``, which its meta.json names (a restore stopped before that leaves no wal dir:
-    the server's first start makes it, as any first start with --wal-dir does). Returns the
-    data dir's member id."""
-    rev, compact = imported.revision, imported.compact_rev
-    tables = encode_extra_meta(encode_lease_table(imported.leases), encode_auth_table(imported.auth))
-    default = len(layout.shards) - 1  # the lease and auth tables live in the default shard's checkpoints
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=data_dir.parent, prefix=f".{data_dir.name}.restoring-") as building:
-        new = Path(building) / "data"
-        datadir = DataDir.open(new, layout)  # meta.json with fresh ids
-        datadir.meta["floor_revision"] = rev
-        if wal_dir is not None:
-            datadir.meta["wal_dir"] = str(wal_dir)
-        # the journal the checkpoints are in: a first start with another one is refused
-        datadir.meta["journal"] = "local" if jetstream is None else f"nats:{jetstream.prefix}"
-        datadir.save_meta()
-        for sid, spec in enumerate(layout.shards):
-            meta = checkpoint_meta(rev, compact, sid, tables if sid == default else b"")
-            rows = (checkpoint_row(rk, v) for rk, v in imported.rows(sid))
-            write_checkpoint(new / "shards" / spec.name, rev, meta, rows)
+class _Build:
+    """A data dir being built beside ``data_dir``: its meta.json, and each shard's checkpoint at the
+    snapshot's revision, open (``files``) for the caller to add the shard's rows to; ``place``
+    finishes them and renames the data dir into place, then makes and marks ``wal_dir``, which its
+    meta.json names (a restore stopped before that leaves no wal dir: the server's first start
+    makes it, as any first start with --wal-dir does). ``drop`` removes what is left, always."""
+
+    def __init__(self, data_dir: Path, layout: Layout, imported: Imported, leases: list[tuple[int, int]],
+                 wal_dir: Path | None = None, jetstream: JetStreamConfig | None = None) -> None:
+        self.data_dir, self.layout, self.wal_dir, self.jetstream = data_dir, layout, wal_dir, jetstream
+        self.rev = rev = imported.revision
+        tables = encode_extra_meta(encode_lease_table(leases), encode_auth_table(imported.auth))
+        default = len(layout.shards) - 1  # the lease and auth tables live in the default shard's checkpoints
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.building = Path(tempfile.mkdtemp(dir=data_dir.parent, prefix=f".{data_dir.name}.restoring-"))
+        self.new = self.building / "data"
+        self.files: list[CheckpointFile] = []
+        self.datadir: DataDir | None = None
+        try:
+            datadir = self.datadir = DataDir.open(self.new, layout)  # meta.json with fresh ids
+            self.member_id = datadir.member_id
+            datadir.meta["floor_revision"] = rev
+            if wal_dir is not None:
+                datadir.meta["wal_dir"] = str(wal_dir)
+            # the journal the checkpoints are in: a first start with another one is refused
+            datadir.meta["journal"] = "local" if jetstream is None else f"nats:{jetstream.prefix}"
+            datadir.save_meta()
+            for sid, spec in enumerate(layout.shards):
+                meta = checkpoint_meta(rev, imported.compact_rev, sid, tables if sid == default else b"")
+                self.files.append(CheckpointFile(self.new / "shards" / spec.name, rev, meta))
+        except BaseException:
+            self.drop()
+            raise
+
+    def place(self, make_wal: bool = True, role: str = "writer") -> int:
+        """The data dir whole and in place; its member id."""
+        for f in self.files:
+            f.finish()
             failpoints.hit("snapshot.restore_between_shards")
-        datadir.close()
-        if jetstream is not None:  # the checkpoints go to JetStream, and only there
-            asyncio.run(_to_jetstream(jetstream, layout, new, rev, role))
-        _fsync_tree(new)
-        if data_dir.exists():
-            data_dir.rmdir()  # empty, checked above
-        os.rename(new, data_dir)
-        fsync_dir(data_dir.parent)
-    if wal_dir is not None and make_wal:
-        _make_wal_dir(wal_dir, data_dir, datadir.member_id)
-    return datadir.member_id
+        self.datadir.close()
+        self.datadir = None
+        if self.jetstream is not None:  # the checkpoints go to JetStream, and only there
+            asyncio.run(_to_jetstream(self.jetstream, self.layout, self.new, self.rev, role))
+        _fsync_tree(self.new)
+        if self.data_dir.exists():
+            self.data_dir.rmdir()  # empty, checked above
+        os.rename(self.new, self.data_dir)
+        fsync_dir(self.data_dir.parent)
+        if self.wal_dir is not None and make_wal:
+            _make_wal_dir(self.wal_dir, self.data_dir, self.member_id)
+        return self.member_id
+
+    def drop(self) -> None:
+        for f in self.files:
+            f.drop()
+        if self.datadir is not None:
+            self.datadir.close()
+            self.datadir = None
+        shutil.rmtree(self.building, ignore_errors=True)
 
 
 async def _jetstream_unused(config: JetStreamConfig, names: list[str]) -> None:

@@ -325,6 +325,11 @@ def setup_logging(level: str, outputs: tuple[str, ...] = ("default",), rotate: l
     logs.setup(level, outputs, rotate)
 
 
+def say(line: str) -> None:
+    """A long command's progress line, on standard output as it happens."""
+    print(line, flush=True)
+
+
 def snapshot_main(argv: list[str]) -> int:
     """shardetcd snapshot restore FILE --data-dir DIR [--shard-layout FILE]"""
     p = argparse.ArgumentParser(prog="shardetcd snapshot", description="Restore an etcd snapshot into a new data dir.")
@@ -362,7 +367,7 @@ def snapshot_main(argv: list[str]) -> int:
     jetstream = jetstream_target(r, args)
     try:
         got = restore_snapshot(args.file, args.data_dir, load_layout(args.shard_layout), args.wal_dir,
-                               args.skip_hash_check, jetstream, cluster_target(args))
+                               args.skip_hash_check, jetstream, cluster_target(args), progress=say)
     except (SnapshotError, DataDirError, LayoutError, JournalError) as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ from shards.layout import load_layout
 from journal.errors import JournalError
 from shards.snapshot import SnapshotError, restore_snapshot
 
-from .cli import add_cluster_target, add_jetstream_target, cluster_target, jetstream_target
+from .cli import add_cluster_target, add_jetstream_target, cluster_target, jetstream_target, say
 
 PROGRESS_S = 2.0
 
@@ -152,7 +152,7 @@ def migrate_main(argv: list[str]) -> int:
             check_hash(Path(tmp.name))
             print(f"snapshot from {target}: {size:,} bytes, SHA-256 checked; restoring", flush=True)
             got = restore_snapshot(Path(tmp.name), data_dir, layout, jetstream=jetstream,
-                                   cluster=cluster_target(args))
+                                   cluster=cluster_target(args), progress=say)
     except (MigrateError, SnapshotError, DataDirError, LayoutError, JournalError) as exc:
         print(f"shardetcd migrate: {exc}", file=sys.stderr)
         return 2

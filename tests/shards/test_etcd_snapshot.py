@@ -67,6 +67,41 @@ def test_save_then_restore_keeps_keys_history_leases_and_auth(tmp_path, run):
     run(go())
 
 
+def test_a_restore_reads_the_key_rows_twice_whatever_the_shards_and_says_how_far_it_is(tmp_path, run,
+                                                                                       monkeypatch):
+    """The key rows are read once to check and route them and once more to write every shard's
+    checkpoint (a pass per shard made a restore, and so a migration's downtime, several times
+    longer), and a restore that takes a while says how far it is."""
+    from shards import bbolt, snapshot
+
+    async def go():
+        store = await open_store(tmp_path / "a")
+        for i in range(300):
+            await store.put(PutReq((POD, LEASE, EVENT, OTHER)[i % 4] + b"%d" % i, b"v"))
+        snap = save(store, tmp_path / "snap.db")
+        await store.close()
+        return snap
+
+    snap = run(go())
+    walks, real = [], bbolt.BoltBucket.items
+
+    def counted(self):
+        if self.name == b"key":
+            walks.append(1)
+        return real(self)
+
+    monkeypatch.setattr(bbolt.BoltBucket, "items", counted)
+    monkeypatch.setattr(snapshot, "PROGRESS_S", 0.0)
+    monkeypatch.setattr(snapshot, "PROGRESS_ROWS", 64)
+    lines: list[str] = []
+    layout = load_layout(None)
+    got = restore_snapshot(snap, tmp_path / "restored", layout, progress=lines.append)
+    assert got["keys"] == 300 and len(layout.shards) > 2 and len(walks) == 2
+    assert lines == [f"{snap} read and checked: 300 rows up to revision 301; writing them",
+                     "written 64 of 300 rows (21 %)", "written 128 of 300 rows (42 %)",
+                     "written 192 of 300 rows (64 %)", "written 256 of 300 rows (85 %)"]
+
+
 async def _open_on(data_dir, state_dir):
     return await Store.open(StoreConfig(data_dir=data_dir, layout=load_layout(None), state_dir=state_dir))
 
