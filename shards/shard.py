@@ -202,7 +202,11 @@ class Shard:
             self.checkpoint_retry_at = 0.0
             # Records tagged `rev` itself may have been appended after the
             # snapshot (a Compact tags the latest revision), so keep them.
-            released = await self.journal.release(rev - 1)
+            try:
+                released = await self.journal.release(rev - 1)
+            except Exception:  # noqa: BLE001 - the checkpoint stands; the next one releases
+                logger.exception("journal not released after a checkpoint shard=%s rev=%d", self.name, rev)
+                return
             logger.info("checkpoint written shard=%s rev=%d path=%s segments_released=%d", self.name, rev, path, released)
         except StateStoreError as exc:  # reading the rows failed: the state is not to be trusted
             self.checkpoint_failures += 1

@@ -161,6 +161,26 @@ def test_a_failed_checkpoint_is_tried_again_after_a_while_not_a_threshold_later(
     run(go())
 
 
+def test_a_checkpoint_whose_release_fails_still_counts_as_written(tmp_path, run, monkeypatch):
+    async def go():
+        store = await open_store(tmp_path, checkpoint_journal_bytes=4 * 1024)
+        pods = store.shards[store.router.shard_for_key(POD)]
+
+        async def release(rev):
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(pods.journal, "release", release)
+        for i in range(2000):
+            if pods.checkpoints_written:
+                break
+            await store.put(PutReq(b"/registry/pods/ns/p%d" % (i % 20), b"x" * 100))
+            await asyncio.sleep(0.001)
+        assert pods.checkpoints_written >= 1 and pods.checkpoint_failures == 0 and pods.checkpoint_rev > 0
+        await store.close()
+
+    run(go())
+
+
 def test_errors(tmp_path, run):
     async def go():
         store = await open_store(tmp_path)
