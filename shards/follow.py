@@ -59,6 +59,8 @@ class FollowStats:
     resyncs: int = 0  # rebuilds from a checkpoint (resync.py)
     last_lag_s: float = 0.0  # the last journal message applied: from when it was stored to when it was applied
     on_lag: Callable[[float], None] | None = None  # told each message's lag (the metrics histogram)
+    read_index_failures: int = 0  # read index requests to the writer that failed (etcd_server_read_indexes_failed)
+    slow_read_indexes: int = 0  # ... answered after READ_INDEX_SLOW_S or more (etcd_server_slow_read_indexes)
 
     def learned(self, rev: int) -> None:
         if rev > self.writer_rev:

@@ -71,6 +71,7 @@ READ_AS_STORED = {("etcdserverpb.KV", "Compact"), ("etcdserverpb.Lease", "LeaseR
     "UserRevokeRole", "RoleAdd", "RoleDelete", "RoleGrantPermission", "RoleRevokePermission"))}
 # what a forwarded call's client metadata may carry on to the writer
 FORWARDED_METADATA = ("token", "authorization")
+READ_INDEX_SLOW_S = 0.5  # a read index answered this late counts as slow (etcd's ReadIndexRetryTime)
 _identity = None  # raw bytes in and out
 
 
@@ -174,13 +175,20 @@ class WriterLink:
         return await self._ask_index()
 
     async def _ask_index(self) -> int:
+        stats = self.store.follow_stats
+        asked = time.monotonic()
         try:
             # Status: its header carries the committed revision, and it needs no permission
             raw = await self.unary("etcdserverpb.Maintenance", "Status", b"", (READ_INDEX_METADATA,))
             rev = header_revision(raw)
-            self.store.follow_stats.learned(rev)
+            stats.learned(rev)
             return rev
+        except Exception:
+            stats.read_index_failures += 1
+            raise
         finally:
+            if time.monotonic() - asked >= READ_INDEX_SLOW_S:
+                stats.slow_read_indexes += 1
             if self._next_index is None:
                 self._index = None
 

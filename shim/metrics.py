@@ -161,6 +161,10 @@ class _StateCollector:
                        store.proposals_failed)
         yield _counter("etcd_server_slow_apply", "Requests that took longer than "
                        "--experimental-warning-apply-duration (each logged).", Slow.count)
+        yield _counter("etcd_server_read_indexes_failed", "Read index requests (a follower's linearizable reads "
+                       "asking the writer its committed revision) that failed.", store.follow_stats.read_index_failures)
+        yield _counter("etcd_server_slow_read_indexes", "Read index requests the writer answered after 500 ms or "
+                       "more (etcd's ReadIndexRetryTime).", store.follow_stats.slow_read_indexes)
         yield _gauge("etcd_server_is_leader", "Whether this member is the leader (the writer).", 0 if following else 1)
         yield _gauge("etcd_server_is_learner", "Whether this member is a learner (never: no Raft).", 0)
         yield _gauge("etcd_disk_wal_write_bytes_total", "Journal bytes written (every shard's journal; a gauge, "

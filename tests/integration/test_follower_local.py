@@ -333,3 +333,45 @@ def test_cluster_starts_local_followers_per_partition(tmp_path):
     cluster.argv += ["--followers", "1"]
     cluster_followers_serve_their_partition(cluster)
     assert list((tmp_path / "wal" / "main" / "main").glob("*.wal"))
+
+
+def test_read_index_failures_and_slow_ones_are_counted_as_etcd_names_them(tmp_path):
+    """etcd_server_read_indexes_failed_total and etcd_server_slow_read_indexes_total on a follower:
+    its linearizable reads ask the writer's committed revision (etcd's ReadIndex). One answered
+    after the writer was held 1 s (SIGSTOP) is slow (etcd's 500 ms); with the writer gone, asking
+    fails, and each failed request is counted. The writer itself asks nobody: 0 and 0."""
+    import os
+    import signal
+    import urllib.request
+
+    def metric(url: str, name: str) -> float:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            return next(float(line.split()[1]) for line in r.read().decode().splitlines()
+                        if line.startswith(name + " "))
+
+    url, wurl = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
+    writer = writer_at(tmp_path / "w", "--listen-metrics-urls", wurl).start()
+    follower = follower_of(writer, tmp_path / "f", "--listen-metrics-urls", url).start()
+    try:
+        with grpc.insecure_channel(follower.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            kv.Range(pb.RangeRequest(key=b"k"), timeout=10)
+            assert metric(url, "etcd_server_read_indexes_failed_total") == 0
+            assert metric(url, "etcd_server_slow_read_indexes_total") == 0
+            os.kill(writer.pid, signal.SIGSTOP)
+            try:
+                threading.Timer(1.0, os.kill, (writer.pid, signal.SIGCONT)).start()
+                kv.Range(pb.RangeRequest(key=b"k"), timeout=20)  # answered once the writer goes on
+            finally:
+                os.kill(writer.pid, signal.SIGCONT)
+            assert metric(url, "etcd_server_slow_read_indexes_total") == 1
+            assert metric(url, "etcd_server_read_indexes_failed_total") == 0
+            assert metric(wurl, "etcd_server_slow_read_indexes_total") == 0
+            assert metric(wurl, "etcd_server_read_indexes_failed_total") == 0
+            writer.stop()
+            with pytest.raises(grpc.RpcError):
+                kv.Range(pb.RangeRequest(key=b"k"), timeout=20)
+            assert metric(url, "etcd_server_read_indexes_failed_total") >= 1
+    finally:
+        follower.stop()
+        writer.stop()
