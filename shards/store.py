@@ -394,6 +394,12 @@ class Store:
         self.counts.ranges += 1
         return range_at(self, req, self.committed)
 
+    @property
+    def reads_in_flight(self) -> int:
+        """Reads served in slices that have not ended: the only reads open between two loop turns
+        (etcd_mvcc_db_open_read_transactions)."""
+        return sum(self._reads.values())
+
     async def range_async(self, req: RangeReq, current: int | None = None) -> RangeResult:
         """``range``, yielding to the event loop between slices of a large read;
         ``current``: the revision to read as the latest (a follower's read index),

@@ -175,6 +175,9 @@ class _StateCollector:
         yield _gauge("etcd_server_quota_backend_bytes", "Backend quota in bytes.", m.quota.limit or 0)
         yield _gauge("etcd_mvcc_db_total_size_in_bytes", "State size, as etcd's backend file size.", store.db_size())
         yield _gauge("etcd_mvcc_db_total_size_in_use_in_bytes", "State bytes in use.", store.db_size_in_use())
+        yield _gauge("etcd_mvcc_db_open_read_transactions", "Reads in flight across event-loop turns (large "
+                     "ranges served in slices); a read answered within one turn is never open when this is read.",
+                     store.reads_in_flight)
         yield _gauge("etcd_debugging_mvcc_keys_total", "Keys live at the latest revision.",
                      sum(len(s.live) for s in store.states))
         yield _gauge("etcd_debugging_mvcc_current_revision", "Committed revision.", store.committed)

@@ -181,6 +181,26 @@ def test_a_checkpoint_whose_release_fails_still_counts_as_written(tmp_path, run,
     run(go())
 
 
+def test_a_read_served_in_slices_is_open_until_it_ends(tmp_path, run):
+    """Store.reads_in_flight (etcd_mvcc_db_open_read_transactions): a large range that yields to the
+    loop between slices counts as open while it runs, and no longer once answered."""
+    async def go():
+        store = await open_store(tmp_path, slice_ms=0.01)
+        for i in range(3000):
+            await store.put(PutReq(b"/registry/pods/ns/p%05d" % i, b"x" * 50))
+        assert store.reads_in_flight == 0
+        task = asyncio.ensure_future(store.range_async(RangeReq(b"/registry/pods/", b"/registry/pods0")))
+        seen = []
+        while not task.done():
+            seen.append(store.reads_in_flight)
+            await asyncio.sleep(0.0005)
+        assert len(task.result().kvs) == 3000
+        assert max(seen) == 1 and store.reads_in_flight == 0
+        await store.close()
+
+    run(go())
+
+
 def test_errors(tmp_path, run):
     async def go():
         store = await open_store(tmp_path)
