@@ -319,12 +319,6 @@ def version_text() -> str:
             f"Python Version: {platform.python_version()}\nOS/Arch: {sys.platform}/{platform.machine()}")
 
 
-def setup_logging(level: str, outputs: tuple[str, ...] = ("default",), rotate: logs.Rotation | None = None) -> None:
-    """Structured log lines at ``level`` to etcd's --log-outputs (shim/logs.py; OutputError if one
-    cannot be opened); ``rotate``: the file output rotated."""
-    logs.setup(level, outputs, rotate)
-
-
 def say(line: str) -> None:
     """A long command's progress line, on standard output as it happens."""
     print(line, flush=True)
@@ -359,7 +353,7 @@ def snapshot_main(argv: list[str]) -> int:
     r.add_argument("--initial-advertise-peer-urls", default="http://localhost:2380",
                    help="as etcdutl's (not used: no Raft)")
     args = p.parse_args(argv)
-    setup_logging("warn")
+    logs.setup("warn")
     if args.name not in [e.partition("=")[0] for e in args.initial_cluster.split(",")]:
         print(f'shardetcd: couldn\'t find local name "{args.name}" in the initial cluster configuration',
               file=sys.stderr)
@@ -487,7 +481,7 @@ def journal_main(argv: list[str]) -> int:
                         "on fewer NATS servers is reported as a finding (default: replicas are only shown)")
     add_journal_access(p)
     args = p.parse_args(argv)
-    setup_logging("warn")
+    logs.setup("warn")
     access = journal_access(p, args)
     if args.journal_urls:
         if args.data_dir is not None:
@@ -627,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         logs.check_logger(args.logger)
         rotate = logs.rotation(args.log_outputs, args.log_rotation_config_json) if args.enable_log_rotation else None
-        setup_logging(args.log_level, args.log_outputs, rotate)
+        logs.setup(args.log_level, args.log_outputs, rotate)
     except logs.OutputError as exc:  # etcd: "failed to verify flags", exit 1
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 1

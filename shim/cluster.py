@@ -365,9 +365,9 @@ def cluster_main(argv: list[str]) -> int:
                      "no --log-outputs")
     if args.wal_dir is not None and jetstream:
         parser.error("--wal-dir places local journals: not with --journal-url (the journals are in JetStream)")
-    from .cli import setup_logging
+    from . import logs
 
-    setup_logging(args.log_level)
+    logs.setup(args.log_level)
     try:
         layout = load_cluster_layout(args.layout)
         args.data_dir.mkdir(parents=True, exist_ok=True)
