@@ -211,9 +211,11 @@ class Shard:
         except StateStoreError as exc:  # reading the rows failed: the state is not to be trusted
             self.checkpoint_failures += 1
             self.state.on_failure(exc)
-        except Exception:
+        except Exception as exc:  # one line each time (tried again every CHECKPOINT_RETRY_S); the traceback at debug
             self.checkpoint_failures += 1
-            logger.exception("checkpoint failed shard=%s rev=%d retry_in_s=%g", self.name, rev, CHECKPOINT_RETRY_S)
+            logger.error("checkpoint failed shard=%s rev=%d retry_in_s=%g error=%r", self.name, rev, CHECKPOINT_RETRY_S,
+                         exc)
+            logger.debug("checkpoint failure shard=%s", self.name, exc_info=True)
         finally:
             if failed:
                 self.checkpoint_failed_bytes, self.bytes_at_checkpoint = self.bytes_at_checkpoint, since

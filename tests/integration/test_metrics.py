@@ -99,6 +99,9 @@ def test_checkpoints_are_shown_per_shard(tmp_path, monkeypatch, failing):
             assert m[("shardetcd_shard_checkpoints_total", pods)] == 0
             assert m[("shardetcd_shard_checkpoint_revision", pods)] == 0
             assert m[("shardetcd_shard_journal_bytes", pods)] > 100 * 200  # nothing released
+            log = srv.log_tail(200)  # one line a failure, no traceback: it is tried again every 30 s
+            assert "checkpoint failed shard=pods rev=" in log and "retry_in_s=30 error=OSError(5," in log, log
+            assert "Traceback" not in log
         else:
             assert m[("shardetcd_shard_checkpoint_failures_total", pods)] == 0
             assert 1 < m[("shardetcd_shard_checkpoint_revision", pods)] <= 101
