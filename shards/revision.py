@@ -34,10 +34,6 @@ def entry_main(e: int) -> int:
     return e >> 33
 
 
-def entry_is_tombstone(e: int) -> bool:
-    return bool(e & 1)
-
-
 def entry_bound(main: int) -> int:
     """Smallest entry whose main revision is greater than ``main``."""
     return (main + 1) << 33
@@ -49,13 +45,6 @@ def row_key(e: int) -> bytes:
     return key + TOMBSTONE_SUFFIX if e & 1 else key
 
 
-def row_key_main(row: bytes) -> int:
-    return _ROW.unpack_from(row)[0]
-
-
-def entry_from_row_key(row: bytes) -> int:
-    main, sub = _ROW.unpack_from(row)
-    return entry(main, sub, len(row) > 16)
 
 
 def first_row_key(main: int) -> bytes:

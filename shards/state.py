@@ -465,11 +465,6 @@ class ShardState:
             n += self.entry_at(k, rev) is not None
         return n
 
-    def changed_since(self, rev: int) -> list[tuple[int, bytes]]:
-        """(main, key) of every change with main > rev, in revision order."""
-        start = bisect.bisect_right(self._log_revs, rev)
-        return list(zip(self._log_revs[start:], self._log_keys[start:]))
-
     # -- compaction -----------------------------------------------------
 
     def compact_slice(self, upto: int, deadline: float) -> bool:
