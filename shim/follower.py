@@ -192,6 +192,17 @@ class WriterLink:
             if self._next_index is None:
                 self._index = None
 
+    async def answers(self, timeout_s: float) -> bool:
+        """Whether the writer tells its committed revision within ``timeout_s``: a local
+        journal's follower's way of knowing it has a leader (it shares a read index in flight)."""
+        try:
+            async with asyncio.timeout(timeout_s):  # not wait_for: it can drop a cancel (journal/tasks.py)
+                await self.read_index()
+            return True
+        except Exception as exc:  # noqa: BLE001 - down, starting again, or slow: no leader for now
+            logger.debug("writer not answering error=%r", exc)
+            return False
+
     # -- forwarding -----------------------------------------------------
 
     async def unary(self, service: str, method: str, request: bytes, metadata) -> bytes:
