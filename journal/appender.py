@@ -42,6 +42,11 @@ class Appender:
         return self._last_rev
 
     @property
+    def queued_bytes(self) -> int:
+        """Payload bytes appended but not yet handed to the writer."""
+        return self._queued_bytes
+
+    @property
     def failed(self) -> bool:
         return self._failure is not None
 
