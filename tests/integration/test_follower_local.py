@@ -44,11 +44,14 @@ def follower_of(writer: ShardetcdProcess, base: Path, *extra: str) -> ShardetcdP
 
 @pytest.fixture
 def writer_and_followers(tmp_path):
-    writer = writer_at(tmp_path / "w").start()
-    followers = [follower_of(writer, tmp_path / f"f{i}").start() for i in range(2)]
-    yield writer, followers
-    for s in (*followers, writer):
-        s.stop()
+    started = [writer_at(tmp_path / "w").start()]
+    try:  # a follower that fails to start must not leave the writer (or the other follower) running
+        for i in range(2):
+            started.append(follower_of(started[0], tmp_path / f"f{i}").start())
+        yield started[0], started[1:]
+    finally:
+        for s in reversed(started):
+            s.stop()
 
 
 def test_a_local_follower_answers_as_etcd(real_etcd, writer_and_followers):
@@ -351,8 +354,9 @@ def test_read_index_failures_and_slow_ones_are_counted_as_etcd_names_them(tmp_pa
 
     url, wurl = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
     writer = writer_at(tmp_path / "w", "--listen-metrics-urls", wurl).start()
-    follower = follower_of(writer, tmp_path / "f", "--listen-metrics-urls", url).start()
+    follower = follower_of(writer, tmp_path / "f", "--listen-metrics-urls", url)
     try:
+        follower.start()
         with grpc.insecure_channel(follower.endpoint) as ch:
             kv = pbg.KVStub(ch)
             kv.Range(pb.RangeRequest(key=b"k"), timeout=10)
