@@ -53,7 +53,7 @@ from .types import DeleteReq, DeleteResult, PutReq, PutResult, RangeReq, RangeRe
 from .watch import WatchHub
 from .steps import Steps, T
 from .counts import MvccCounts
-from .write import STEP_KEYS, WriteTxn
+from .write import STEP_KEYS, WriteTxn, single_key_writes
 
 logger = logging.getLogger(__name__)
 ACKNOWLEDGED_EVERY_S = 1.0  # how often a replicated journal's writer publishes its committed revision
@@ -471,7 +471,18 @@ class Store:
         if self._gate is not None:
             await self._gate_open()
         w = WriteTxn(self)
-        return await self._run(w, w.txn_steps(req))
+        writes = single_key_writes(req)
+        if writes is None:
+            return await self._run(w, w.txn_steps(req))
+        try:
+            result = w.txn_now(req, writes)
+            rev = self._append(w)
+        finally:
+            w.end_metrics_txn()
+        await self.wait_committed(rev)
+        if not w.sub and self.read_guard is not None and (unsure := self.read_guard()) is not None:
+            await unsure  # it only read (a compare failed, nothing to delete): a linearizable read
+        return result
 
     async def _pause(self) -> None:
         """Between two slices of long work: let the loop run others for a while

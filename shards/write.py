@@ -189,6 +189,42 @@ class WriteTxn:
         result.revision = self.rev if self.sub else self.rev - 1
         return result
 
+    def txn_now(self, req: TxnReq, writes: bool) -> TxnResult:
+        """``txn_steps`` at once, for a txn that cannot take long (``single_key_writes``, which
+        gives ``writes``): the same checks, counts and result without the steps' generators."""
+        store = self.store
+        ok = True
+        for c in req.compare:
+            store.counts.ranges += 1  # etcd reads each compare's key
+            self.ops += 1
+            if not self._compare_key(c):
+                ok = False
+                break
+        ops = req.success if ok else req.failure
+        if writes:
+            for op in ops:
+                if type(op) is PutReq:
+                    self._check_put_in_txn(op)
+        for op in ops:
+            if type(op) is RangeReq and op.revision:
+                self._check_range_op(op)
+        if writes:
+            self.end_metrics_txn()
+        responses = []
+        for op in ops:
+            kind = type(op)
+            if kind is PutReq:
+                responses.append(self.put(op))
+            elif kind is RangeReq:
+                store.counts.ranges += 1
+                self.ops += 1
+                responses.append(drain(range_steps(store, op, self.read_rev())))
+            elif kind is DeleteReq:
+                responses.append(drain(self.delete_steps(op)))
+            else:
+                responses.append(None)
+        return TxnResult(self.rev if self.sub else self.rev - 1, ok, responses)
+
     def _path(self, req: TxnReq) -> Steps[list[bool]]:
         ok = True
         for c in req.compare:
@@ -245,16 +281,21 @@ class WriteTxn:
                 responses.append(None)
         return TxnResult(0, ok, responses)
 
+    def _compare_key(self, c: Compare) -> bool:
+        """A compare on one key (kube-apiserver's every txn); before the txn changes anything."""
+        store = self.store
+        state = store.states[store.router.shard_for_key(c.key)]
+        e = state.latest_entry(c.key)
+        if e is None:
+            return c.target != CMP_VALUE and _compare_kv(c, _EMPTY_KV)
+        return _compare_kv(c, KeyValue.FromString(state.get_row(e)))
+
     def _compare(self, c: Compare) -> Steps[bool]:
         store = self.store
         store.counts.ranges += 1  # etcd reads each compare's key or range
         self.ops += 1
-        if not c.range_end:  # one key: kube-apiserver's every txn
-            state = store.states[store.router.shard_for_key(c.key)]
-            e = state.latest_entry(c.key)  # compares run before the txn changes anything
-            if e is None:
-                return c.target != CMP_VALUE and _compare_kv(c, _EMPTY_KV)
-            return _compare_kv(c, KeyValue.FromString(state.get_row(e)))
+        if not c.range_end:
+            return self._compare_key(c)
         items = scan_shards(store, c.key, normalize_end(c.range_end), self.rev - 1)
         states = store.states
         n = 0
@@ -298,6 +339,32 @@ def _holds(c: Compare, a, b) -> bool:
     if r == RESULT_LESS:
         return a < b
     return True
+
+
+def single_key_writes(req: TxnReq) -> bool | None:
+    """For a txn without nested txns whose every compare, range and delete names one key (its work
+    bounded by its number of operations: ``WriteTxn.txn_now``), whether it writes (``is_write``);
+    None for any other txn."""
+    for c in req.compare:
+        if c.range_end:
+            return None
+    writes = False
+    for op in (*req.success, *req.failure):
+        kind = type(op)
+        if kind is PutReq:
+            writes = True
+        elif kind is RangeReq:
+            if op.range_end:
+                return None
+        elif kind is DeleteReq:
+            if op.range_end:
+                return None
+            writes = True
+        elif kind is TxnReq:
+            return None
+        else:
+            writes = True
+    return writes
 
 
 def is_write(req: TxnReq) -> bool:
