@@ -44,23 +44,31 @@ def check_txn(r: pb.TxnRequest, max_txn_ops: int) -> CheckedTxn:
 
 
 def _flat(r: pb.TxnRequest, max_txn_ops: int) -> CheckedTxn:
-    if max(len(r.compare), len(r.success), len(r.failure)) > max_txn_ops:
+    compare, success, failure = r.compare, r.success, r.failure  # each access makes a new view
+    if max(len(compare), len(success), len(failure)) > max_txn_ops:
         raise RequestError(TOO_MANY_OPS)
     compares = []
-    for c in r.compare:
+    for c in compare:
         if not c.key:
             raise RequestError(EMPTY_KEY)
         compares.append(convert.compare(c))
     written: list[bytes] = []
-    success, success_puts, success_dels, success_cost = _branch(r.success, written)
-    failure, failure_puts, failure_dels, failure_cost = _branch(r.failure, written)
-    _no_duplicates(success_puts, success_dels)
-    _no_duplicates(failure_puts, failure_dels)
+    success, success_puts, success_dels, success_cost = _branch(success, written)
+    failure, failure_puts, failure_dels, failure_cost = _branch(failure, written)
+    if len(success_puts) > 1 or success_dels:
+        _no_duplicates(success_puts, success_dels)
+    if len(failure_puts) > 1 or failure_dels:
+        _no_duplicates(failure_puts, failure_dels)
     return CheckedTxn(TxnReq(tuple(compares), success, failure), max(success_cost, failure_cost), written)
+
+
+_NO_OPS = ((), (), (), 0)
 
 
 def _branch(ops, written: list[bytes]):
     """(store ops, put keys in order, delete intervals, quota cost) of one branch."""
+    if not ops:
+        return _NO_OPS
     out = []
     puts: list[bytes] = []
     dels: list[tuple[bytes, bytes]] = []

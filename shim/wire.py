@@ -111,6 +111,10 @@ def txn_response(header: bytes, result: TxnResult) -> bytes:
 def _response_op(r) -> bytes:
     kind = type(r)
     if kind is PutResult:
+        if r.prev_kv is None and r.revision:  # the header alone, every length below 128: one byte each
+            rev = varint(r.revision)
+            n = len(rev) + 1
+            return b"\x12" + bytes((n + 2, 0x0A, n, 0x18)) + rev
         return _len_field(b"\x12", put_response(_op_header(r.revision), r.prev_kv))
     if kind is RangeResult:
         return _len_field(b"\x0a", range_response(_op_header(r.revision), r.kvs, r.more, r.count))
