@@ -133,7 +133,11 @@ def test_member_list_as_etcd(tmp_path, real_etcd):
     port = free_port()
     s = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}", "--name", real_etcd.name,
                                               "--initial-advertise-peer-urls", real_etcd.peer_url))
-    plain = start_shardetcd(tmp_path / "plain")
+    try:
+        plain = start_shardetcd(tmp_path / "plain")
+    except BaseException:
+        s.stop()
+        raise
     try:
         def members(endpoint: str) -> list:
             with grpc.insecure_channel(endpoint) as ch:

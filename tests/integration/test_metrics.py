@@ -291,7 +291,11 @@ def test_metrics_extensive_adds_the_handling_time_histogram_as_etcd(tmp_path):
     port = free_port()
     ours = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}",
                                                  "--metrics=extensive"))
-    etcd = start_etcd(tmp_path / "etcd", extra_args=("--metrics=extensive",))
+    try:
+        etcd = start_etcd(tmp_path / "etcd", extra_args=("--metrics=extensive",))
+    except BaseException:
+        ours.stop()
+        raise
     try:
         def handling(url: str) -> dict:
             return {(name, labels): v for (name, labels), v in scrape(url).items()
