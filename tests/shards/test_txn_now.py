@@ -5,27 +5,14 @@ and the revision.  Hypothesis drives the same random txns into two stores, one t
 from __future__ import annotations
 
 import asyncio
+
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from shards.read import range_at
-from shards.types import (
-    CMP_CREATE,
-    CMP_LEASE,
-    CMP_MOD,
-    CMP_VALUE,
-    CMP_VERSION,
-    RESULT_EQUAL,
-    RESULT_GREATER,
-    RESULT_LESS,
-    RESULT_NOT_EQUAL,
-    Compare,
-    DeleteReq,
-    PutReq,
-    RangeReq,
-    TxnReq,
-)
+from shards import types as t
+from shards.types import Compare, DeleteReq, PutReq, RangeReq, TxnReq
 from shards.write import WriteTxn, single_key_writes
 from tests.shards.store_helpers import open_store
 
@@ -35,8 +22,8 @@ keys = st.sampled_from(KEYS)
 numbers = st.integers(min_value=0, max_value=6)
 compares = st.builds(
     Compare,
-    st.sampled_from([CMP_VERSION, CMP_CREATE, CMP_MOD, CMP_VALUE, CMP_LEASE]),
-    st.sampled_from([RESULT_EQUAL, RESULT_NOT_EQUAL, RESULT_GREATER, RESULT_LESS]),
+    st.sampled_from([t.CMP_VERSION, t.CMP_CREATE, t.CMP_MOD, t.CMP_VALUE, t.CMP_LEASE]),
+    st.sampled_from([t.RESULT_EQUAL, t.RESULT_NOT_EQUAL, t.RESULT_GREATER, t.RESULT_LESS]),
     keys,
     st.just(b""),
     st.sampled_from([b"", b"v1", b"v2"]),
@@ -117,7 +104,7 @@ def test_a_txn_over_a_range_or_nested_takes_the_steps():
     assert single_key_writes(TxnReq((), (put,), (RangeReq(b"a"),))) is True
     assert single_key_writes(TxnReq((), (RangeReq(b"a"),), (RangeReq(b"b"),))) is False
     assert single_key_writes(TxnReq((), (None,), ())) is True  # etcd: anything but a Range writes
-    assert single_key_writes(TxnReq((Compare(CMP_MOD, RESULT_EQUAL, b"a", b"b"),), (put,), ())) is None
+    assert single_key_writes(TxnReq((Compare(t.CMP_MOD, t.RESULT_EQUAL, b"a", b"b"),), (put,), ())) is None
     assert single_key_writes(TxnReq((), (RangeReq(b"a", b"b"),), ())) is None
     assert single_key_writes(TxnReq((), (), (DeleteReq(b"a", b"\x00"),))) is None
     assert single_key_writes(TxnReq((), (TxnReq(),), ())) is None
