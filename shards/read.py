@@ -93,7 +93,22 @@ def fetch_rows(store: Store, items: list[tuple[bytes, int, int]]) -> list[bytes]
 
 def range_at(store: Store, req: RangeReq, current: int) -> RangeResult:
     """etcd's Range, as seen by a read view whose current revision is ``current``."""
+    if not req.range_end:
+        return range_key(store, req, current)
     return drain(range_steps(store, req, current))
+
+
+def range_key(store: Store, req: RangeReq, current: int) -> RangeResult:
+    """``range_at`` of one key (no range_end: kube-apiserver's GET, a txn's read), at once: its
+    work is bounded, so it needs no steps."""
+    rev = resolve_revision(store, req.revision, current)
+    state = store.states[store.router.shard_for_key(req.key)]
+    e = state.entry_at(req.key, rev)
+    if e is None:
+        return RangeResult(current, [], False, 0)
+    if req.count_only or ((req.min_mod_revision or req.max_mod_revision) and not _mod_ok(req, entry_main(e))):
+        return RangeResult(current, [], False, 1)  # the count is of the keys before the filters, as etcd's
+    return _finish(req, [state.get_row(e)], 1, current)
 
 
 def range_steps(store: Store, req: RangeReq, current: int) -> Steps[RangeResult]:
@@ -120,6 +135,11 @@ def range_steps(store: Store, req: RangeReq, current: int) -> Steps[RangeResult]
         if i:
             yield
         rows += fetch_rows(store, items[i : i + FETCH_ROWS])
+    return _finish(req, rows, count, current)
+
+
+def _finish(req: RangeReq, rows: list[bytes], count: int, current: int) -> RangeResult:
+    """The rows a range fetched, filtered by create revision, sorted, limited and stripped."""
     if req.min_create_revision or req.max_create_revision:
         rows = [r for r in rows if _create_ok(req, KeyValue.FromString(r).create_revision)]
     rows = _sorted(req, rows)

@@ -46,7 +46,7 @@ from .errors import (
 )
 from .lease import GRANT, MAX_TTL_S, REVOKE, LeaseTable, encode_lease_record
 from .layout import Layout, Router
-from .read import range_at, range_steps
+from .read import range_at, range_key, range_steps
 from .record import Change, encode_extra_meta
 from .shard import Shard
 from .types import DeleteReq, DeleteResult, PutReq, PutResult, RangeReq, RangeResult, TxnReq, TxnResult
@@ -411,6 +411,8 @@ class Store:
             raise StoreFailedError(str(self.failure))
         self.counts.ranges += 1
         current = self.committed if current is None else min(current, self.committed)
+        if not req.range_end:
+            return range_key(self, req, current)
         steps = range_steps(self, req, current)
         rev = req.revision if req.revision > 0 else current
         slice_s = self.config.slice_ms / 1000

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from proto.kv_pb2 import KeyValue
 
 from .errors import CompactedError, FutureRevisionError, KeyNotFoundError, LeaseNotFoundError, NotTheWriterError
-from .read import normalize_end, range_steps, scan_shards
+from .read import normalize_end, range_key, range_steps, scan_shards
 from .revision import entry_main
 from .steps import Steps, drain
 from .record import DELETE, PUT, Change
@@ -218,7 +218,7 @@ class WriteTxn:
             elif kind is RangeReq:
                 store.counts.ranges += 1
                 self.ops += 1
-                responses.append(drain(range_steps(store, op, self.read_rev())))
+                responses.append(range_key(store, op, self.read_rev()))
             elif kind is DeleteReq:
                 responses.append(drain(self.delete_steps(op)))
             else:

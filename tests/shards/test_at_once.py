@@ -1,7 +1,8 @@
-"""A txn whose every compare and op names one key runs at once (``WriteTxn.txn_now``), not as
-steps; both ways must agree exactly: the result or the error, etcd's metric counts, the rows
-and the revision.  Hypothesis drives the same random txns into two stores, one through
-``Store.txn`` and one through the steps (``Store._run``), after the same random history."""
+"""Requests whose work is bounded run at once, not as steps: a txn whose every compare and op
+names one key (``WriteTxn.txn_now``) and a range of one key (``range_key``).  Both ways must
+agree exactly: the result or the error, etcd's metric counts, the rows and the revision.
+Hypothesis drives the same random requests both ways after the same random history (a txn into
+two stores, one through ``Store.txn`` and one through the steps, ``Store._run``)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +11,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from shards.read import range_at
+from shards.read import range_at, range_key, range_steps
+from shards.steps import drain
 from shards import types as t
 from shards.types import Compare, DeleteReq, PutReq, RangeReq, TxnReq
 from shards.write import WriteTxn, single_key_writes
@@ -19,7 +21,7 @@ from tests.shards.store_helpers import open_store
 KEYS = [b"/registry/pods/a", b"/registry/pods/b", b"/registry/leases/a", b"other"]
 LEASE = 7  # granted; lease 8 is not
 keys = st.sampled_from(KEYS)
-numbers = st.integers(min_value=0, max_value=6)
+numbers = st.integers(min_value=0, max_value=12)
 compares = st.builds(
     Compare,
     st.sampled_from([t.CMP_VERSION, t.CMP_CREATE, t.CMP_MOD, t.CMP_VALUE, t.CMP_LEASE]),
@@ -33,6 +35,8 @@ puts = st.builds(PutReq, keys, st.sampled_from([b"", b"v1", b"v2"]), st.sampled_
                  st.booleans(), st.booleans())
 ranges = st.builds(RangeReq, keys, st.just(b""), st.integers(0, 2), st.integers(0, 8), keys_only=st.booleans(),
                    count_only=st.booleans())
+full_ranges = st.builds(RangeReq, keys, st.just(b""), st.integers(0, 2), st.integers(0, 40), st.integers(0, 2),
+                        st.integers(0, 5), st.booleans(), st.booleans(), numbers, numbers, numbers, numbers)
 deletes = st.builds(DeleteReq, keys, st.just(b""), st.booleans())
 ops = st.one_of(puts, ranges, deletes)
 txns = st.builds(TxnReq, st.lists(compares, max_size=3).map(tuple), st.lists(ops, max_size=3).map(tuple),
@@ -108,3 +112,25 @@ def test_a_txn_over_a_range_or_nested_takes_the_steps():
     assert single_key_writes(TxnReq((), (RangeReq(b"a", b"b"),), ())) is None
     assert single_key_writes(TxnReq((), (), (DeleteReq(b"a", b"\x00"),))) is None
     assert single_key_writes(TxnReq((), (TxnReq(),), ())) is None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(history=st.lists(st.one_of(puts, deletes), max_size=4), reads=st.lists(full_ranges, min_size=1, max_size=8))
+def test_a_range_of_one_key_at_once_agrees_with_its_steps(pair, history, reads):
+    loop, store, other = pair
+    for each in (store, other):  # the pair stays alike for the txn test
+        for req in history:
+            loop.run_until_complete(_outcome(each.put(req) if isinstance(req, PutReq) else each.delete_range(req)))
+        loop.run_until_complete(_outcome(each.compact(max(each.committed - 5, 1))))
+    for req in reads:
+        for current in (store.committed, store.committed - 1):
+            assert _result(lambda: range_key(store, req, current)) == _result(
+                lambda: drain(range_steps(store, req, current))), req
+
+
+def _result(read):
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001 - the error's kind is what is compared
+        return type(exc).__name__
