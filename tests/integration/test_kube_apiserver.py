@@ -37,7 +37,6 @@ from tests.kube_fixture import (
     require_kube_apiserver,
     start_kube_apiserver,
 )
-from tests.shardetcd_fixture import start_shardetcd
 
 NS = "accept"
 CM = f"/api/v1/namespaces/{NS}/configmaps"

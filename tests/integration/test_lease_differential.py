@@ -20,7 +20,7 @@ import grpc
 import pytest
 from google.protobuf import text_format
 
-from proto import kv_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.integration.diffkit import MVCC_COUNTERS, Outcome, counters, prefix_end, same_counts
 
 pytestmark = pytest.mark.timeout(90)

@@ -1,7 +1,6 @@
 """Helpers to run a Store in-process on a temporary data dir."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from journal import JournalConfig

@@ -21,7 +21,7 @@ import pytest
 from journal.checkpoint import RTYPE_ROWS, _unpack_rows
 from journal.record import Frame
 from proto.kv_pb2 import KeyValue
-from shards.record import DELETE, decode_write
+from shards.record import decode_write
 from shards.shard import Shard
 from shards.state import ShardState
 from shards.types import DeleteReq, PutReq, RangeReq, TxnReq
