@@ -481,9 +481,7 @@ class Store:
             rev = self._append(w)
         finally:
             w.end_metrics_txn()
-        await self.wait_committed(rev)
-        if not w.sub and self.read_guard is not None and (unsure := self.read_guard()) is not None:
-            await unsure  # it only read (a compare failed, nothing to delete): a linearizable read
+        await self._answerable(w, rev)
         return result
 
     async def _pause(self) -> None:
@@ -536,10 +534,15 @@ class Store:
                 gate.set_result(None)
         if cancelled:
             raise asyncio.CancelledError
+        await self._answerable(w, rev)
+        return result
+
+    async def _answerable(self, w: WriteTxn, rev: int) -> None:
+        """Until the journaled write ``w`` (revision ``rev``) may be answered: committed, and if it
+        only read (a compare failed, nothing to delete), confirmed as a linearizable read."""
         await self.wait_committed(rev)
         if not w.sub and self.read_guard is not None and (unsure := self.read_guard()) is not None:
-            await unsure  # it only read (a compare failed, nothing to delete): a linearizable read
-        return result
+            await unsure
 
     async def compact(self, rev: int, physical: bool = False) -> int:
         """etcd's Compact; returns the header revision."""
