@@ -45,8 +45,6 @@ def row_key(e: int) -> bytes:
     return key + TOMBSTONE_SUFFIX if e & 1 else key
 
 
-
-
 def first_row_key(main: int) -> bytes:
     """Lowest row key of main revision ``main``."""
     return _ROW.pack(main, 0)
