@@ -11,6 +11,7 @@ checkpoints.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -44,14 +45,9 @@ def follower_of(writer: ShardetcdProcess, base: Path, *extra: str) -> ShardetcdP
 
 @pytest.fixture
 def writer_and_followers(tmp_path):
-    started = [writer_at(tmp_path / "w").start()]
-    try:  # a follower that fails to start must not leave the writer (or the other follower) running
-        for i in range(2):
-            started.append(follower_of(started[0], tmp_path / f"f{i}").start())
-        yield started[0], started[1:]
-    finally:
-        for s in reversed(started):
-            s.stop()
+    with contextlib.ExitStack() as started:  # a follower that fails to start stops what had started
+        writer = started.enter_context(writer_at(tmp_path / "w").start())
+        yield writer, [started.enter_context(follower_of(writer, tmp_path / f"f{i}").start()) for i in range(2)]
 
 
 def test_a_local_follower_answers_as_etcd(real_etcd, writer_and_followers):

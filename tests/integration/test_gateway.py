@@ -131,14 +131,9 @@ def test_member_list_as_etcd(tmp_path, real_etcd):
     from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 
     port = free_port()
-    s = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}", "--name", real_etcd.name,
-                                              "--initial-advertise-peer-urls", real_etcd.peer_url))
-    try:
-        plain = start_shardetcd(tmp_path / "plain")
-    except BaseException:
-        s.stop()
-        raise
-    try:
+    with start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}", "--name",
+                                               real_etcd.name, "--initial-advertise-peer-urls", real_etcd.peer_url)) as s, \
+            start_shardetcd(tmp_path / "plain") as plain:  # each stopped, whichever fails
         def members(endpoint: str) -> list:
             with grpc.insecure_channel(endpoint) as ch:
                 return list(pbg.ClusterStub(ch).MemberList(pb.MemberListRequest(), timeout=10).members)
@@ -156,9 +151,6 @@ def test_member_list_as_etcd(tmp_path, real_etcd):
 
         assert gateway_json(f"http://127.0.0.1:{port}", s.client_url) == gateway_json(real_etcd.client_url,
                                                                                     real_etcd.client_url)
-    finally:
-        s.stop()
-        plain.stop()
 
 
 def test_gateway_lock_and_election_json_matches_etcd(gateway, real_etcd):

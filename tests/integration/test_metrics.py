@@ -289,14 +289,9 @@ def test_metrics_extensive_adds_the_handling_time_histogram_as_etcd(tmp_path):
     from tests.etcd_fixture import start_etcd
 
     port = free_port()
-    ours = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}",
-                                                 "--metrics=extensive"))
-    try:
-        etcd = start_etcd(tmp_path / "etcd", extra_args=("--metrics=extensive",))
-    except BaseException:
-        ours.stop()
-        raise
-    try:
+    with start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}",
+                                               "--metrics=extensive")) as ours, \
+            start_etcd(tmp_path / "etcd", extra_args=("--metrics=extensive",)) as etcd:  # each stopped, whichever fails
         def handling(url: str) -> dict:
             return {(name, labels): v for (name, labels), v in scrape(url).items()
                     if name.startswith("grpc_server_handling_seconds") and not name.endswith("_sum")}
@@ -323,9 +318,6 @@ def test_metrics_extensive_adds_the_handling_time_histogram_as_etcd(tmp_path):
                   for a, f in zip(after, fresh)]                                            # were calls too
         assert counts[0] == counts[1], counts
         assert {dict(k[1])["grpc_method"]: v for k, v in counts[0].items()} == {"Put": 3, "Range": 1, "Watch": 1}
-    finally:
-        ours.stop()
-        etcd.stop()
     basic_port = free_port()
     basic = start_shardetcd(tmp_path, name="basic", extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{basic_port}"))
     try:
