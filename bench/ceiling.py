@@ -39,6 +39,7 @@ from prometheus_client import Histogram, start_http_server
 
 from proto import kv_pb2, rpc_pb2 as pb
 from shim import grpcserver
+from shim.handlers import eager
 from shim.config import GRPC_SERVERS, ServerConfig
 from shim.loop import EVENT_LOOPS, default_event_loop, run as run_loop
 
@@ -240,7 +241,7 @@ async def serve(port: int, fsync_dir: str | None = None, fsync_mode: str = "hybr
     # no (de)serializers: handlers see and return raw bytes
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("etcdserverpb.KV", {
         "Put": grpc.unary_unary_rpc_method_handler(_counted(_put)),
-        "Range": grpc.unary_unary_rpc_method_handler(_counted(_range)),
+        "Range": grpc.unary_unary_rpc_method_handler(eager(_counted(_range))),  # as shardetcd's (shim/kv.py)
         "Txn": grpc.unary_unary_rpc_method_handler(_counted(_txn)),
     }), grpc.method_handlers_generic_handler("etcdserverpb.Watch", {
         "Watch": grpc.stream_stream_rpc_method_handler(_watch),

@@ -87,7 +87,7 @@ class Member:
         lease = self.lease
         if lease is None or lease.sure():
             return None
-        return self._confirm(lease)
+        return asyncio.ensure_future(self._confirm(lease))  # a task of its own: a Range starts outside one (handlers.eager)
 
     def requires_leader(self, context: grpc.aio.ServicerContext) -> bool:
         """A stream opened with WithRequireLeader on a member that can lose its leader while it

@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections.abc
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -648,6 +649,7 @@ class Connection(asyncio.Protocol):
         self.handshake: asyncio.TimerHandle | None = None  # until the preface: _handshake_expired
         self.ping_sent_at: float | None = None
         self.active = self.loop.time()
+        self.starting: list[Call] | None = None  # while bytes are read: eager calls they completed (Server.begin)
 
     # -- transport ------------------------------------------------------------------------
 
@@ -831,6 +833,7 @@ class Connection(asyncio.Protocol):
             self._server_preface()
             buf = buf[len(PREFACE):]
         pos, size = 0, len(buf)
+        self.starting = starting = []
         try:
             while size - pos >= 9:
                 length = int.from_bytes(buf[pos:pos + 3], "big")
@@ -851,6 +854,11 @@ class Connection(asyncio.Protocol):
             self.buffer = b""
             self.go_away(INTERNAL_ERROR)
             return
+        finally:  # unary calls completed by these bytes start once all of them were read, as tasks would
+            self.starting = None
+            for call in starting:
+                if not call.closed:  # not reset by a later frame
+                    self.server.begin(call)
         self.buffer = buf[pos:] if pos < size else b""
 
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
@@ -1064,7 +1072,13 @@ class Connection(asyncio.Protocol):
         if call.refusal is not None:
             call.finish(*call.refusal)
         elif call.messages:
-            call.task = self.loop.create_task(self.server.run(call))
+            if getattr(call.handler.unary_unary, "eager", False):
+                if self.starting is not None:
+                    self.starting.append(call)
+                else:
+                    self.server.begin(call)
+            else:
+                call.task = self.loop.create_task(self.server.run(call))
         elif not call.recv:  # no request message: grpc-go's io.EOF, as its status
             call.finish(grpc.StatusCode.UNKNOWN, "EOF")
         else:  # the request ended within its message: io.ErrUnexpectedEOF, which a stream's RecvMsg makes INTERNAL
@@ -1180,6 +1194,43 @@ class Connection(asyncio.Protocol):
             self.keepalive = self.loop.call_later(opts.keepalive_interval_s - (now - self.active), self._keepalive)
 
 
+class _Rest(collections.abc.Coroutine):
+    """The rest of a coroutine that ran until it first waited (Server.begin), as a task's
+    coroutine: the task's first step is handed what it waits for, as if it had run it."""
+
+    __slots__ = ("coro", "awaited")
+
+    def __init__(self, coro, awaited) -> None:
+        self.coro, self.awaited = coro, awaited
+
+    def send(self, value):
+        if (awaited := self.awaited) is not _STARTED:
+            self.awaited = _STARTED
+            return awaited
+        return self.coro.send(value)
+
+    def throw(self, typ, val=None, tb=None):
+        """Into the coroutine where it waits; cancelled before the task's first step, what it
+        waits for is cancelled too (as a task cancels what it waits for)."""
+        if (awaited := self.awaited) is not _STARTED:
+            self.awaited = _STARTED
+            if isinstance(awaited, asyncio.Future):
+                awaited.cancel()
+        return self.coro.throw(typ) if val is None and tb is None else self.coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self.coro.close()
+
+    def __await__(self):
+        return self
+
+    def __next__(self):
+        return self.send(None)
+
+
+_STARTED = object()
+
+
 class _ConnectionError(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
@@ -1257,11 +1308,21 @@ class Server:
                 return handler
         return None
 
+    def begin(self, call: Call) -> None:
+        """Run a unary call's handler here and now, up to where it first waits; a task takes the rest."""
+        coro = self.run(call)
+        try:
+            awaited = coro.send(None)
+        except StopIteration:
+            return
+        call.task = task = self.loop.create_task(_Rest(coro, awaited))
+        self.tasks.add(task)
+
     async def run(self, call: Call) -> None:
         """Run ``call``'s handler and send its answer and status."""
         handler = call.handler
-        task = call.task
-        self.tasks.add(task)
+        if (task := call.task) is not None:
+            self.tasks.add(task)
         try:
             request = call if handler.request_streaming else call.deserialize(call.messages.popleft())
             if handler.response_streaming:
@@ -1293,7 +1354,7 @@ class Server:
             logger.exception("gRPC handler failed method=%s", call.method)
             call.finish(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
         finally:
-            self.call_over(call, task)
+            self.call_over(call, call.task)
 
     def call_over(self, call: Call, task: asyncio.Task) -> None:
         """``call``'s handler task ended (an HTTP stream's too): its stream is reset if the client

@@ -193,6 +193,13 @@ class Slow:
         cls._logged_at, cls._unlogged = now, 0
 
 
+def eager(method):
+    """Mark a unary servicer method as safe to start at once (Server.begin): no task is current until
+    it first waits, so nothing before that may need one (``asyncio.timeout`` does)."""
+    method.eager = True
+    return method
+
+
 def _unary(fn, gate, stats: RpcStats):
     async def handle(request, context):
         if type(request) is Malformed:  # grpc-go refuses it before its metrics see the call
@@ -221,6 +228,7 @@ def _unary(fn, gate, stats: RpcStats):
         stats.sent += 1
         return result
 
+    handle.eager = gate is None and getattr(fn, "eager", False)
     return handle
 
 

@@ -7,6 +7,7 @@ from proto import rpc_pb2 as pb
 
 from . import convert, quota, txn, validate, wire
 from .context import Member, abort_with
+from .handlers import eager
 
 
 class KVService:
@@ -16,6 +17,7 @@ class KVService:
         self.auth = member.auth
         self.access = member.access
 
+    @eager
     async def Range(self, request: pb.RangeRequest, context: grpc.aio.ServicerContext) -> bytes:
         return await self.range_at(request, context)
 

@@ -5,7 +5,9 @@
   compressed messages included, so a client that keeps to its windows is never refused and
   one that does not is (the refusals themselves are compared with etcd's in
   tests/integration/test_http2_differential.py);
-* the handshake timeout: a connection that never sends its preface is not held.
+* the handshake timeout: a connection that never sends its preface is not held;
+* unary calls started at once (``shim.handlers.eager``): run while their last frame is read,
+  handed to a task where they first wait, cancelled and answered as a task's call is.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import grpc
 import pytest
 
 from shim import grpcserver as gs
+from shim.handlers import eager
 from tests.integration.h2kit import (
     DATA, END_HEADERS, END_STREAM, HEADERS, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame, grpc_message,
     hpack_literals, split_frames,
@@ -39,6 +42,9 @@ class Transport:
 
     def get_extra_info(self, name, default=None):
         return default
+
+    def get_write_buffer_size(self) -> int:
+        return 0
 
 
 def frames(data: bytes) -> list[tuple[int, int, bytes]]:
@@ -170,3 +176,222 @@ def test_a_connection_without_a_preface_is_not_held():
             conn.connection_lost(None)
 
     asyncio.run(connections())
+
+
+# -- unary calls started at once (handlers.eager) -----------------------------------------------
+
+
+async def unary_call(fn, then=None, more: bytes = b"") -> tuple[gs.Server, gs.Connection, Transport]:
+    """A server whose one method is the unary ``fn``, with a call of it sent whole on stream 1
+    (and ``more`` bytes in the same read), read as a transport delivers bytes: in a loop
+    callback, outside any task (``then()`` runs right after, in the same callback)."""
+    server = gs.Server()
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "t.S", {"M": grpc.unary_unary_rpc_method_handler(fn)})])
+    server.loop = asyncio.get_running_loop()
+    conn, transport = gs.Connection(server), Transport()
+    conn.connection_made(transport)
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+               ("content-type", "application/grpc"), ("te", "trailers")]
+
+    def deliver() -> None:
+        conn.data_received(PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1, hpack_literals(headers))
+                           + frame(DATA, END_STREAM, 1, grpc_message(b"ask")) + more)
+        if then is not None:
+            then(server, conn)
+
+    server.loop.call_soon(deliver)
+    await asyncio.sleep(0)
+    return server, conn, transport
+
+
+def answer(transport: Transport) -> tuple[list[bytes], str | None, str | None]:
+    """Stream 1's messages, grpc-status and grpc-message as written so far."""
+    import hpack
+
+    decoder, messages, status, details = hpack.Decoder(), [], None, None
+    for kind, sid, payload in frames(bytes(transport.out)):
+        if sid != 1:
+            continue
+        if kind == DATA and payload:
+            messages.append(payload[5:])
+        elif kind == HEADERS:
+            fields = dict(decoder.decode(payload))
+            status, details = fields.get("grpc-status", status), fields.get("grpc-message", details)
+    return messages, status, details
+
+
+async def turns(n: int = 3) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["eager", "task"])
+def test_an_eager_call_runs_within_the_frame_that_completes_it(marked):
+    """A unary method marked eager runs while the frame that completes its request is read, in no
+    task; one not marked runs in a task of its own on a later loop turn. Both answer alike."""
+
+    async def run():
+        seen = []
+
+        async def fn(request, context):
+            seen.append((request, asyncio.current_task()))
+            return request + b"!"
+
+        right_after = []
+        server, conn, transport = await unary_call(eager(fn) if marked else fn,
+                                                   lambda server, conn: right_after.append((list(seen), 1 in conn.calls)))
+        assert right_after == ([([(b"ask", None)], False)] if marked else [([], True)])
+        await turns()
+        assert len(seen) == 1 and (seen[0][1] is None) is marked
+        assert answer(transport) == ([b"ask!"], "0", None) and not server.tasks and 1 not in conn.calls
+        conn.connection_lost(None)
+
+    asyncio.run(run())
+
+
+def test_an_eager_call_starts_after_the_rest_of_the_read():
+    """An eager call starts once every frame read with its request was handled, as a task would:
+    DATA after its END_STREAM in the same read resets the stream (STREAM_CLOSED, as etcd's
+    grpc-go), and the call never runs."""
+
+    async def run():
+        ran = []
+
+        @eager
+        async def fn(request, context):
+            ran.append(request)
+            return request
+
+        server, conn, transport = await unary_call(fn, more=frame(DATA, 0, 1, grpc_message(b"more")))
+        await turns()
+        resets = [(sid, int.from_bytes(p, "big")) for kind, sid, p in frames(bytes(transport.out)) if kind == RST_STREAM]
+        assert ran == [] and resets == [(1, gs.STREAM_CLOSED)] and answer(transport) == ([], None, None)
+        conn.connection_lost(None)
+
+    asyncio.run(run())
+
+
+def test_an_eager_call_that_waits_is_finished_by_a_task():
+    """An eager call that waits goes on in a task from where it waited: the task is the current
+    one after the wait, the server counts it until the call is over, and the answer is the one
+    the call makes."""
+
+    async def run():
+        ready = asyncio.get_running_loop().create_future()
+        after = []
+
+        @eager
+        async def fn(request, context):
+            value = await ready
+            after.append(asyncio.current_task())
+            return value
+
+        server, conn, transport = await unary_call(fn)
+        (task,) = server.tasks
+        assert conn.calls[1].task is task
+        await turns()
+        assert answer(transport) == ([], None, None) and not after
+        ready.set_result(b"late")
+        await turns()
+        assert after == [task] and task.done() and not server.tasks
+        assert answer(transport) == ([b"late"], "0", None)
+        conn.connection_lost(None)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("when", ["before the task ran", "while the task waits"])
+def test_an_eager_call_reset_by_its_client_is_cancelled(when):
+    """The client resets a call that waits, before its task first ran or after: the call sees the
+    cancellation where it waits, what it waited for is cancelled (as a task cancels it), nothing
+    is answered, and the server forgets the task."""
+
+    async def run():
+        waited = asyncio.get_running_loop().create_future()
+        outcome = []
+
+        @eager
+        async def fn(request, context):
+            try:
+                await waited
+            except asyncio.CancelledError:
+                outcome.append("cancelled")
+                raise
+            return b"never"
+
+        def reset(server, conn) -> None:  # in the same callback: before the task's first step
+            conn.data_received(frame(RST_STREAM, 0, 1, (8).to_bytes(4, "big")))  # CANCEL
+
+        if when == "before the task ran":
+            server, conn, transport = await unary_call(fn, reset)
+        else:
+            server, conn, transport = await unary_call(fn)
+            await turns()
+            assert server.tasks and not outcome
+            reset(server, conn)
+        await turns()
+        assert outcome == ["cancelled"] and waited.cancelled()
+        assert not server.tasks and 1 not in conn.calls and answer(transport)[0] == []
+        conn.connection_lost(None)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("how", ["abort", "raise"])
+def test_an_eager_call_that_fails_at_once_gets_its_status(how):
+    """An eager call that aborts, or raises, before it ever waits: its status is sent as a task's
+    would be, and the connection goes on serving."""
+
+    async def run():
+        @eager
+        async def fn(request, context):
+            if how == "abort":
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no")
+            raise ValueError("bad")
+
+        server, conn, transport = await unary_call(fn)
+        await turns()
+        expected = ("3", "no") if how == "abort" else ("2", "Unexpected <class 'ValueError'>: bad")
+        assert answer(transport) == ([], *expected) and not server.tasks
+        conn.connection_lost(None)
+
+    asyncio.run(run())
+
+
+def test_an_eager_reads_wait_for_a_sure_writer_lease_runs_in_a_task():
+    """A linearizable Range starts outside any task (KVService.Range is eager), and a writer whose
+    lease is not sure makes it wait for the lease's confirmation first, which times itself out
+    with ``asyncio.timeout`` (it needs a current task): that wait runs in a task of its own."""
+    from types import SimpleNamespace
+
+    from shim.context import Member
+
+    async def run():
+        inside = []
+
+        class Lease:
+            def sure(self) -> bool:
+                return False
+
+            async def confirm(self, timeout_s: float) -> None:
+                async with asyncio.timeout(timeout_s):
+                    inside.append(asyncio.current_task())
+                    await asyncio.sleep(0)
+
+        member = SimpleNamespace(lease=Lease(), store=SimpleNamespace(config=SimpleNamespace(request_timeout_s=5)))
+        member._confirm = lambda lease: Member._confirm(member, lease)
+
+        @eager
+        async def linearizable_read(request, context):  # KVService.range_at's first wait
+            if (unsure := Member.unsure_writer(member)) is not None:
+                await unsure
+            return b"read"
+
+        server, conn, transport = await unary_call(linearizable_read)
+        await turns(10)
+        assert len(inside) == 1 and inside[0] is not None
+        assert answer(transport) == ([b"read"], "0", None)
+        conn.connection_lost(None)
+
+    asyncio.run(run())
