@@ -48,6 +48,11 @@ What it implements of RFC 9113 and gRPC's HTTP/2 protocol:
 
 Response headers are written as HPACK literals without indexing, so the peer's dynamic
 table is never touched and nothing needs an encoder's state.
+
+Each call's handler runs in a task, except a unary method marked ``eager`` (an attribute
+of its behavior function, set by ``shim.handlers.eager``): it starts in ``Server.begin``
+once the bytes that completed its request were read, and a task takes over only where it
+first waits. A Range that answers at once so costs no task and no loop turn.
 """
 from __future__ import annotations
 
