@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import gzip
 import random
+from types import SimpleNamespace
 
 import grpc
+import hpack
 import pytest
 
 from shim import grpcserver as gs
+from shim.context import Member
 from shim.handlers import eager
 from tests.integration.h2kit import (
     DATA, END_HEADERS, END_STREAM, HEADERS, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame, grpc_message,
@@ -56,18 +59,25 @@ def message(body: bytes, compressed: bool) -> bytes:
     return grpc_message(gzip.compress(body) if compressed else body, compressed)
 
 
-def open_call(handler, extra_headers=()) -> tuple[gs.Connection, Transport]:
-    """A connection to a server whose one method (a bidi stream) is ``handler``, on an in-memory
-    transport, with that method's call opened on stream 1 (on the running loop)."""
+def connected(method: grpc.RpcMethodHandler, extra_headers=()) -> tuple[gs.Server, gs.Connection, Transport, bytes]:
+    """A server whose one method is ``method``, a connection to it on an in-memory transport (on
+    the running loop), and the bytes that open a call of that method on stream 1."""
     server = gs.Server()
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-        "t.S", {"M": grpc.stream_stream_rpc_method_handler(handler)})])
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("t.S", {"M": method})])
     server.loop = asyncio.get_running_loop()
     conn, transport = gs.Connection(server), Transport()
     conn.connection_made(transport)
     headers = [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
                ("content-type", "application/grpc"), ("te", "trailers"), *extra_headers]
-    conn.data_received(PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1, hpack_literals(headers)))
+    return server, conn, transport, PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1,
+                                                                            hpack_literals(headers))
+
+
+def open_call(handler, extra_headers=()) -> tuple[gs.Connection, Transport]:
+    """A connection to a server whose one method (a bidi stream) is ``handler``, with that
+    method's call opened on stream 1."""
+    _, conn, transport, opening = connected(grpc.stream_stream_rpc_method_handler(handler), extra_headers)
+    conn.data_received(opening)
     return conn, transport
 
 
@@ -185,18 +195,10 @@ async def unary_call(fn, then=None, more: bytes = b"") -> tuple[gs.Server, gs.Co
     """A server whose one method is the unary ``fn``, with a call of it sent whole on stream 1
     (and ``more`` bytes in the same read), read as a transport delivers bytes: in a loop
     callback, outside any task (``then()`` runs right after, in the same callback)."""
-    server = gs.Server()
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-        "t.S", {"M": grpc.unary_unary_rpc_method_handler(fn)})])
-    server.loop = asyncio.get_running_loop()
-    conn, transport = gs.Connection(server), Transport()
-    conn.connection_made(transport)
-    headers = [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
-               ("content-type", "application/grpc"), ("te", "trailers")]
+    server, conn, transport, opening = connected(grpc.unary_unary_rpc_method_handler(fn))
 
     def deliver() -> None:
-        conn.data_received(PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1, hpack_literals(headers))
-                           + frame(DATA, END_STREAM, 1, grpc_message(b"ask")) + more)
+        conn.data_received(opening + frame(DATA, END_STREAM, 1, grpc_message(b"ask")) + more)
         if then is not None:
             then(server, conn)
 
@@ -207,8 +209,6 @@ async def unary_call(fn, then=None, more: bytes = b"") -> tuple[gs.Server, gs.Co
 
 def answer(transport: Transport) -> tuple[list[bytes], str | None, str | None]:
     """Stream 1's messages, grpc-status and grpc-message as written so far."""
-    import hpack
-
     decoder, messages, status, details = hpack.Decoder(), [], None, None
     for kind, sid, payload in frames(bytes(transport.out)):
         if sid != 1:
@@ -363,10 +363,6 @@ def test_an_eager_reads_wait_for_a_sure_writer_lease_runs_in_a_task():
     """A linearizable Range starts outside any task (KVService.Range is eager), and a writer whose
     lease is not sure makes it wait for the lease's confirmation first, which times itself out
     with ``asyncio.timeout`` (it needs a current task): that wait runs in a task of its own."""
-    from types import SimpleNamespace
-
-    from shim.context import Member
-
     async def run():
         inside = []
 
