@@ -1226,6 +1226,18 @@ class _Rest(collections.abc.Coroutine):
     def close(self) -> None:
         self.coro.close()
 
+    @property
+    def cr_frame(self):  # where it waits, for the task's stack (journal.tasks.awaiting)
+        return self.coro.cr_frame
+
+    @property
+    def cr_await(self):
+        return self.coro.cr_await
+
+    @property
+    def __name__(self) -> str:  # the task's repr names the coroutine it goes on with
+        return self.coro.__qualname__
+
     def __await__(self):
         return self
 

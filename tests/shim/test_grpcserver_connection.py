@@ -20,6 +20,7 @@ import grpc
 import hpack
 import pytest
 
+from journal.tasks import awaiting
 from shim import grpcserver as gs
 from shim.context import Member
 from shim.handlers import eager
@@ -290,6 +291,9 @@ def test_an_eager_call_that_waits_is_finished_by_a_task():
         server, conn, transport = await unary_call(fn)
         (task,) = server.tasks
         assert conn.calls[1].task is task
+        where = awaiting(task)  # what a stuck stop reports: the task's awaits, the call's own
+        assert "grpcserver.py" in where and "test_grpcserver_connection.py" in where and where.endswith(" fn"), where
+        assert "coro=<Server.run()" in repr(task), repr(task)
         await turns()
         assert answer(transport) == ([], None, None) and not after
         ready.set_result(b"late")
