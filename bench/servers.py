@@ -107,12 +107,13 @@ class _DefaultShardetcd(ShardetcdProcess):
 
 
 def start_shardetcd_default(tmp: Path, extra_args: tuple[str, ...] = (), describe: str = "defaults",
-                            process: type[_DefaultShardetcd] = _DefaultShardetcd) -> Server:
+                            process: type[_DefaultShardetcd] = _DefaultShardetcd, source: Path | None = None) -> Server:
+    """shardetcd with its defaults; ``source``: the source tree it runs from (default this checkout)."""
     base = tmp / "shardetcd"
     last: Exception | None = None
     for _ in range(3):
         proc = process(data_dir=base / "data", state_dir=base / "unused", port=free_port(),
-                                 log_path=base / "shardetcd.log", extra_args=extra_args, timeout=60)
+                       log_path=base / "shardetcd.log", extra_args=extra_args, timeout=60, source=source)
         proc.metrics_port = free_port()
         try:
             proc.start()
@@ -150,14 +151,16 @@ def stop_by_pid(proc: subprocess.Popen, grace: float = 30) -> None:
     proc.wait()
 
 
-def start_ceiling(tmp: Path, extra_args: tuple[str, ...] = ()) -> Server:
+def start_ceiling(tmp: Path, extra_args: tuple[str, ...] = (), source: Path | None = None) -> Server:
+    """The ceiling server; ``source``: the source tree it runs from (default this checkout)."""
     port, metrics_port = free_port(), free_port()
     log = open(tmp / "ceiling.log", "wb")
     journal = tmp / "ceiling-journal"  # Put and Txn are made durable there, as shardetcd's (fsync=always)
     journal.mkdir(exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-m", "bench.ceiling", "--port", str(port), "--fsync-dir", str(journal),
                              "--metrics-port", str(metrics_port), *extra_args],
-                            cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=source or REPO_ROOT, env={**os.environ, "PYTHONPATH": str(source)} if source else None,
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while not _answers(endpoint):

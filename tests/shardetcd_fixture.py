@@ -47,7 +47,9 @@ class ShardetcdProcess:
         log_path: Path,
         extra_args: tuple[str, ...] = (),
         timeout: float = 30.0,
+        source: Path | None = None,
     ) -> None:
+        self.source = source  # the source tree it runs from (python -m bench.ab); None: this checkout
         self.data_dir = Path(data_dir)
         self.state_dir = Path(state_dir)
         self.port = port
@@ -111,6 +113,8 @@ class ShardetcdProcess:
             raise RuntimeError(f"shardetcd pid {self.pid} is already running")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
         env["PYTHONUNBUFFERED"] = "1"
+        if self.source is not None:
+            env["PYTHONPATH"] = str(self.source)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"=== start: {' '.join(self.args())}\n".encode())
@@ -121,7 +125,7 @@ class ShardetcdProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=REPO_ROOT,
+                cwd=self.source or REPO_ROOT,
             )
         if not wait:
             return self

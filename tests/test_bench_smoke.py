@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -384,3 +385,22 @@ def test_bench_gcpause_tiny_reports_both_servers_and_the_collector(tmp_path):
     assert all(r["n"] == 5_000 and not r["errors"] and r["slowest_ms"] >= r["p99_ms"] > 0 for r in rows)
     assert all("gc_full" in r for r in rows if r["server"] == "shardetcd")
     assert rows[0]["rss_bytes"] > 0 and rows[2]["rss_bytes"] > 0
+
+
+def test_bench_ab_compares_two_builds_round_by_round(tmp_path):
+    """python -m bench.ab --tiny: a git revision (checked out into a worktree it removes again) and
+    this tree each serve through fresh shardetcd and ceiling processes, every load runs on both,
+    and the table says per load and server how the two compare."""
+    worktrees = subprocess.run(["git", "-C", str(REPO), "worktree", "list"], capture_output=True, text=True).stdout
+    p = run_bench(["bench.ab", "--tiny", "--a", "HEAD", "--b", str(REPO), "--loads", "range-l:1/1,put-seq:64/8",
+                   "--out", str(tmp_path)], env=_env(**{etcdtool.TOOL_ENV: str(etcdtool.tool_path())}), timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (path,) = tmp_path.glob("*-ab.json")
+    data = json.loads(path.read_text())
+    seen = {(r["load"], r["server"], r["side"]) for r in data["runs"]}
+    assert seen == {(load, server, side) for load in ("range-l:1/1", "put-seq:64/8")
+                    for server in ("shardetcd", "ceiling") for side in "AB"}
+    assert all(r["requests"] >= 200 and r["req_s"] > 0 for r in data["runs"]), data["runs"]
+    assert data["table_md"].count("| 1 of 1 |") + data["table_md"].count("| 0 of 1 |") == 4
+    assert subprocess.run(["git", "-C", str(REPO), "worktree", "list"], capture_output=True,
+                          text=True).stdout == worktrees  # its worktree is gone
