@@ -654,7 +654,7 @@ class Connection(asyncio.Protocol):
         self.handshake: asyncio.TimerHandle | None = None  # until the preface: _handshake_expired
         self.ping_sent_at: float | None = None
         self.active = self.loop.time()
-        self.starting: list[Call] | None = None  # while bytes are read: eager calls they completed (Server.begin)
+        self.starting: list[Call] = []  # eager calls completed by the bytes being read (Server.begin)
 
     # -- transport ------------------------------------------------------------------------
 
@@ -838,7 +838,6 @@ class Connection(asyncio.Protocol):
             self._server_preface()
             buf = buf[len(PREFACE):]
         pos, size = 0, len(buf)
-        self.starting = starting = []
         try:
             while size - pos >= 9:
                 length = int.from_bytes(buf[pos:pos + 3], "big")
@@ -860,10 +859,11 @@ class Connection(asyncio.Protocol):
             self.go_away(INTERNAL_ERROR)
             return
         finally:  # unary calls completed by these bytes start once all of them were read, as tasks would
-            self.starting = None
-            for call in starting:
-                if not call.closed:  # not reset by a later frame
-                    self.server.begin(call)
+            if self.starting:
+                starting, self.starting = self.starting, []
+                for call in starting:
+                    if not call.closed:  # not reset by a later frame
+                        self.server.begin(call)
         self.buffer = buf[pos:] if pos < size else b""
 
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
@@ -1078,10 +1078,7 @@ class Connection(asyncio.Protocol):
             call.finish(*call.refusal)
         elif call.messages:
             if getattr(call.handler.unary_unary, "eager", False):
-                if self.starting is not None:
-                    self.starting.append(call)
-                else:
-                    self.server.begin(call)
+                self.starting.append(call)  # begun once the rest of this read is handled (data_received)
             else:
                 call.task = self.loop.create_task(self.server.run(call))
         elif not call.recv:  # no request message: grpc-go's io.EOF, as its status
