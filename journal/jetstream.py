@@ -79,6 +79,7 @@ MIN_MAX_PAYLOAD = 4 * 1024 * 1024
 # holds more, is such a loss: the follower reads on from its last message with a new consumer.
 FOLLOW_FETCH_S = 2.0
 STREAM_CHECK_S = 5.0  # how often a writer checks that no one edited its streams to drop messages
+GONE_CONFIRM_S = 1.0  # a stream not found while written or followed: asked again after this before stopping
 REPLICAS_AGAIN_S = 60.0  # a stream edited to fewer replicas: how soon the writer tries again after a refusal
 READ_STALL_S = 10.0  # a read at start or takeover that gets nothing for this long starts again
 STALE_PINGS = 3  # unanswered pings that make a connection stale (see JetStreamConfig.stale_after_s)
@@ -988,6 +989,7 @@ class JetStreamJournal(Appender):
         checkpoint already loaded covers them) or raise JournalGap.  Messages sent
         but lost on the way (see FOLLOW_FETCH_S) are read again, never skipped."""
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+        from nats.js.errors import NotFoundError
         from nats.errors import TimeoutError as NatsTimeout
 
         self._found = []  # what catch_up read has been handed over by now
@@ -1021,6 +1023,8 @@ class JetStreamJournal(Appender):
             except (asyncio.CancelledError, JournalGap, JournalCorrupt):
                 raise
             except Exception as exc:  # noqa: BLE001 - a lost connection or consumer: make a new one
+                if isinstance(exc, (JournalGone, NotFoundError)) and await self._gone_for_good():
+                    raise self._gone() from None
                 attempt += 1
                 if attempt == 1 or attempt % 20 == 0:
                     logger.warning("journal follow interrupted, resubscribing stream=%s next=%d attempt=%d error=%r",
@@ -1061,8 +1065,25 @@ class JetStreamJournal(Appender):
         try:
             return await self.log.retrying("stream info", lambda: self.log.js.stream_info(self.stream), **retry)
         except NotFoundError:
-            raise JournalGone(f"journal stream {self.stream} is gone (deleted, or lost by NATS) since it was "
-                              "opened, with every record it held") from None
+            raise self._gone() from None
+
+    def _gone(self) -> JournalGone:
+        return JournalGone(f"journal stream {self.stream} is gone (deleted, or lost by NATS) since it was opened, "
+                           "with every record it held")
+
+    async def _gone_for_good(self) -> bool:
+        """Whether JetStream, asked ``GONE_CONFIRM_S`` after it last said it does not know the stream,
+        still does not: a writer or follower then stops. NATS not answering is not an answer."""
+        from nats.js.errors import NotFoundError
+
+        await asyncio.sleep(GONE_CONFIRM_S)
+        try:
+            await self.log.js.stream_info(self.stream)
+        except NotFoundError:
+            return True
+        except Exception:  # noqa: BLE001 - unreachable or unavailable now: not known to be gone
+            pass
+        return False
 
     async def unread_gap(self) -> tuple[int, int] | None:
         """(the next message to read, the first one stored) when messages after those
@@ -1144,12 +1165,23 @@ class JetStreamJournal(Appender):
 
         One edited to fewer replicas than this process's --journal-replicas (``nats stream edit
         --replicas``) is given them back, as the open would (``keep_replicas``), at most every
-        ``REPLICAS_AGAIN_S`` while JetStream refuses (a NATS cluster that lost a server for good)."""
+        ``REPLICAS_AGAIN_S`` while JetStream refuses (a NATS cluster that lost a server for good).
+
+        A stream JetStream no longer knows, asked twice ``GONE_CONFIRM_S`` apart (deleted by hand, or
+        lost by NATS), fails the journal too: its records are gone, and a publish into it would only
+        be retried until each write timed out."""
+        from nats.js.errors import NotFoundError
+
         again_at = 0.0
         while not self._closing and self._failure is None:
             await asyncio.sleep(STREAM_CHECK_S)
             try:
-                infos = [await self.log.js.stream_info(self.stream)]
+                try:
+                    infos = [await self.log.js.stream_info(self.stream)]
+                except NotFoundError:
+                    if await self._gone_for_good():
+                        raise self._gone() from None
+                    continue
                 check_keeps_messages(infos[0])
                 infos.append(await self._check_bucket_keeps_messages(retry=False))
                 fewer = [i.config.name for i in infos
@@ -1159,9 +1191,12 @@ class JetStreamJournal(Appender):
                     logger.warning("journal stream has fewer replicas than --journal-replicas streams=%s",
                                    ",".join(fewer))
                     self.log.keep_replicas_soon(*fewer)
-            except JournalUnreachable as exc:
-                logger.critical("journal stream edited to drop records, stopping writes stream=%s error=%s",
-                                self.stream, exc)
+            except (JournalUnreachable, JournalGone) as exc:
+                if isinstance(exc, JournalGone):
+                    logger.critical("journal stream gone, stopping writes stream=%s error=%s", self.stream, exc)
+                else:
+                    logger.critical("journal stream edited to drop records, stopping writes stream=%s error=%s",
+                                    self.stream, exc)
                 self._fail(exc)
                 self._wakeup.set()
                 return
@@ -1264,6 +1299,9 @@ class JetStreamJournal(Appender):
                     raise JournalFailed(f"journal {self.stream}: JetStream refused the publish of message "
                                         f"{msg_id}: {describe_api_error(exc)}") from None
                 await asyncio.sleep(retries.failed(kind, exc))
+                if self._failure is not None:  # meanwhile (its stream found gone): acknowledged or not, it stops here
+                    raise JournalFailed(f"journal {self.stream}: failed while publishing message {msg_id}: "
+                                        f"{self._failure}") from None
         retries.landed(seq)
         if duplicate and not retries.attempt:  # only a retry may find its own message already stored
             raise JournalFailed(f"journal {self.stream}: message id {msg_id} already stored")

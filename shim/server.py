@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from journal import Journal, JournalConfig
-from journal.errors import JournalFailed, JournalGap, JournalUnreachable
+from journal.errors import JournalFailed, JournalGap, JournalGone, JournalUnreachable
 from journal.jetstream import JetStreamConfig, JetStreamLog, kv_stream
 from journal.leadership import WriterLease, bucket_name as lease_bucket
 from journal.tail import LocalFollowLog, LocalMembers, write_writer_file
@@ -418,8 +418,10 @@ async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:
                 return store
             reason = following.exception() if following.done() else acquiring.exception()
             await cancel_and_wait(following, acquiring)  # the lease wait failed: stop following the store closed next
-            logger.warning("standby rebuilds its state reason=%r", reason)
             await store.close()
+            if isinstance(reason, JournalGone):  # its records went with it: a state rebuilt would lack them
+                raise reason
+            logger.warning("standby rebuilds its state reason=%r", reason)
     finally:
         for server in http:
             server.close()

@@ -184,9 +184,9 @@ def test_a_standby_does_not_take_over_a_journal_that_lost_acknowledged_writes(na
         wait_standing_by(standby)
         put_both(writer, 0, 5)
         wait_published(nats, 11)
-        writer.kill()
         before = cuts(nats, "shardetcd_default")
-        delete_stream(nats, "shardetcd_pods")
+        delete_stream(nats, "shardetcd_pods")  # while the writer holds the lease: the standby cannot have taken over
+        writer.kill()
         assert standby.proc.wait(60) == 2
         assert standby.log_tail(1) == ("shardetcd: journal stream shardetcd_pods is gone (deleted, or lost by NATS) "
                                        "since it was opened, with every record it held"), standby.log_tail(20)
@@ -194,3 +194,27 @@ def test_a_standby_does_not_take_over_a_journal_that_lost_acknowledged_writes(na
         writer.kill()
         standby.kill()
     assert cuts(nats, "shardetcd_default") == before
+
+
+def test_a_writer_and_follower_whose_stream_is_deleted_stop_and_what_waited_is_not_acknowledged(nats, tmp_path):
+    writer = shardetcd_on(nats, tmp_path / "w").start()
+    follower = shardetcd_on(nats, tmp_path / "f", "--follow").start()
+    try:
+        put_both(writer, 0, 5)
+        delete_stream(nats, "shardetcd_pods")
+        with grpc.insecure_channel(writer.endpoint) as ch:  # waits for a stream that is gone: never acknowledged
+            try:
+                pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/late", value=b"v"), timeout=30)
+                raise AssertionError("a write into a deleted stream was acknowledged")
+            except grpc.RpcError as exc:
+                assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN), exc
+        assert writer.proc.wait(30) == 1, writer.log_tail(20)  # by itself, not at the next write's timeout
+        assert writer.log_tail(1) == ("shardetcd: stopped after a journal failure: journal stream shardetcd_pods is "
+                                      "gone (deleted, or lost by NATS) since it was opened, with every record it "
+                                      "held"), writer.log_tail(20)
+        assert "journal stream gone, stopping writes stream=shardetcd_pods" in writer.log_tail(20)
+        assert follower.proc.wait(30) == 1, follower.log_tail(20)  # it would serve a past state as the present
+        assert follower.log_tail(1) == writer.log_tail(1), follower.log_tail(20)
+    finally:
+        writer.kill()
+        follower.kill()
