@@ -1072,18 +1072,22 @@ class JetStreamJournal(Appender):
                            "with every record it held")
 
     async def _gone_for_good(self) -> bool:
-        """Whether JetStream, asked ``GONE_CONFIRM_S`` after it last said it does not know the stream,
-        still does not: a writer or follower then stops. NATS not answering is not an answer."""
+        """Whether JetStream does not know the stream, asked now and again ``GONE_CONFIRM_S`` later (a
+        writer or follower then stops). A "not found" about something else (a follower's consumer) is
+        answered at once; NATS not answering is not an answer."""
         from nats.js.errors import NotFoundError
 
-        await asyncio.sleep(GONE_CONFIRM_S)
-        try:
-            await self.log.js.stream_info(self.stream)
-        except NotFoundError:
-            return True
-        except Exception:  # noqa: BLE001 - unreachable or unavailable now: not known to be gone
-            pass
-        return False
+        for attempt in range(2):
+            if attempt:
+                await asyncio.sleep(GONE_CONFIRM_S)
+            try:
+                await self.log.js.stream_info(self.stream)
+            except NotFoundError:
+                continue
+            except Exception:  # noqa: BLE001 - unreachable or unavailable now: not known to be gone
+                pass
+            return False
+        return True
 
     async def unread_gap(self) -> tuple[int, int] | None:
         """(the next message to read, the first one stored) when messages after those
@@ -1167,8 +1171,8 @@ class JetStreamJournal(Appender):
         --replicas``) is given them back, as the open would (``keep_replicas``), at most every
         ``REPLICAS_AGAIN_S`` while JetStream refuses (a NATS cluster that lost a server for good).
 
-        A stream JetStream no longer knows, asked twice ``GONE_CONFIRM_S`` apart (deleted by hand, or
-        lost by NATS), fails the journal too: its records are gone, and a publish into it would only
+        A stream JetStream no longer knows, asked again and ``GONE_CONFIRM_S`` later (deleted by hand,
+        or lost by NATS), fails the journal too: its records are gone, and a publish into it would only
         be retried until each write timed out."""
         from nats.js.errors import NotFoundError
 

@@ -218,3 +218,40 @@ def test_a_writer_and_follower_whose_stream_is_deleted_stop_and_what_waited_is_n
     finally:
         writer.kill()
         follower.kill()
+
+
+def test_a_follower_whose_consumer_is_deleted_reads_on(nats, tmp_path):
+    """The follower's consumers deleted (by hand, or forgotten by NATS; its pulls are then answered 503)
+    are not its streams: it subscribes again and goes on, and no one stops."""
+    import asyncio
+
+    import nats as nats_client
+
+    async def delete_consumers() -> int:
+        nc = await nats_client.connect(nats.urls.split(","))
+        try:
+            js = nc.jetstream()
+            deleted = 0
+            for stream in ("shardetcd_pods", "shardetcd_default"):
+                for info in await js.consumers_info(stream):
+                    await js.delete_consumer(stream, info.name)
+                    deleted += 1
+            return deleted
+        finally:
+            await nc.close()
+
+    writer = shardetcd_on(nats, tmp_path / "w").start()
+    follower = shardetcd_on(nats, tmp_path / "f", "--follow").start()
+    try:
+        put_both(writer, 0, 2)
+        assert asyncio.run(delete_consumers()) >= 2  # the follower's, one a stream at least
+        put_both(writer, 2, 4)
+        with grpc.insecure_channel(follower.endpoint) as ch:  # linearizable: waits until it read them
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"\0", range_end=b"\0", keys_only=True), timeout=30)
+        assert sorted(kv.key for kv in got.kvs) == sorted([b"/registry/pods/ns/p%d" % i for i in range(4)] +
+                                                          [b"k%d" % i for i in range(4)])
+        time.sleep(2)  # past the writer's and the follower's second look at the stream
+        assert follower.running() and writer.running(), follower.log_tail(20)
+    finally:
+        writer.kill()
+        follower.kill()
