@@ -255,3 +255,27 @@ def test_a_follower_whose_consumer_is_deleted_reads_on(nats, tmp_path):
     finally:
         writer.kill()
         follower.kill()
+
+
+def test_the_whole_nats_cluster_restarted_is_no_stream_gone(nats, tmp_path):
+    """Every NATS server killed and started again under a writer and a follower: while JetStream
+    recovers, its streams are unreachable, never "not found", so neither stops; writes go on."""
+    from journal.jetstream import GONE_CONFIRM_S, STREAM_CHECK_S
+
+    writer = shardetcd_on(nats, tmp_path / "w").start()
+    follower = shardetcd_on(nats, tmp_path / "f", "--follow").start()
+    try:
+        put_both(writer, 0, 2)
+        for i in range(3):
+            nats.kill(i)
+        time.sleep(1)
+        for i in range(3):
+            nats.start(i, wait=False)
+        nats.wait_ready()
+        put_both(writer, 2, 4)
+        time.sleep(STREAM_CHECK_S + GONE_CONFIRM_S + 1)  # the writer's stream check ran since
+        assert writer.running() and follower.running(), (writer.log_tail(20), follower.log_tail(20))
+        assert len(keys(follower)) == 8
+    finally:
+        writer.kill()
+        follower.kill()
