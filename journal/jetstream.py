@@ -1303,7 +1303,7 @@ class JetStreamJournal(Appender):
                     raise JournalFailed(f"journal {self.stream}: JetStream refused the publish of message "
                                         f"{msg_id}: {describe_api_error(exc)}") from None
                 await asyncio.sleep(retries.failed(kind, exc))
-                if self._failure is not None:  # meanwhile (its stream found gone): acknowledged or not, it stops here
+                if self._failure is not None:  # meanwhile (its stream found gone): stored or not, never acknowledged
                     raise JournalFailed(f"journal {self.stream}: failed while publishing message {msg_id}: "
                                         f"{self._failure}") from None
         retries.landed(seq)
