@@ -1378,6 +1378,16 @@ class JetStreamJournal(Appender):
     def checkpoint_bucket(self) -> str:
         return checkpoint_bucket(self.stream)
 
+    async def _bucket_gone(self) -> bool:
+        """Whether JetStream does not know the checkpoint bucket's stream."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            await self.log.js.stream_info(checkpoint_stream(self.stream))
+        except NotFoundError:
+            return True
+        return False
+
     async def _bucket_store(self):
         if self._bucket is None:
             from nats.js.api import ObjectStoreConfig
@@ -1408,7 +1418,18 @@ class JetStreamJournal(Appender):
             with open(path, "rb") as f:
                 await bucket.put(path.name, f)
 
-        await self.log.retrying("store checkpoint", store)
+        try:
+            await self.log.retrying("store checkpoint", store)
+        except NotFoundError:
+            if not await self._bucket_gone():
+                raise
+            # deleted since this process opened it (by hand, or lost by NATS), and with it what the
+            # journal released up to its checkpoints: a checkpoint holds the whole state, so made again
+            # with this one in it, those acknowledged records are stored again
+            logger.warning("checkpoint bucket gone, making it again bucket=%s rev=%d", self.checkpoint_bucket, rev)
+            self._bucket = None
+            bucket = await self._bucket_store()
+            await self.log.retrying("store checkpoint", store)
         for name, other in await self._checkpoint_objects(bucket):
             if other < rev or (only and name != path.name):
                 try:

@@ -279,3 +279,44 @@ def test_the_whole_nats_cluster_restarted_is_no_stream_gone(nats, tmp_path):
     finally:
         writer.kill()
         follower.kill()
+
+
+def test_a_checkpoint_bucket_deleted_under_a_writer_is_made_again_with_the_whole_state(nats, tmp_path):
+    """The records a journal released up to its checkpoints live only in the checkpoint bucket. That
+    bucket deleted under a running writer (by hand, or lost by NATS): its next checkpoint, which holds
+    the shard's whole state, makes the bucket again, and a restart from NATS alone has every write."""
+    import asyncio
+
+    import nats as nats_client
+
+    async def delete_bucket() -> None:
+        nc = await nats_client.connect(nats.urls.split(","))
+        try:
+            await nc.jetstream().delete_stream("OBJ_shardetcd_default-checkpoints")
+        finally:
+            await nc.close()
+
+    def put_many(server, first: int, last: int) -> None:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            for i in range(first, last):
+                kv.Put(pb.PutRequest(key=b"k%03d" % i, value=b"v" * 100), timeout=10)
+
+    writer = shardetcd_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "2000").start()
+    try:
+        put_many(writer, 0, 100)  # checkpoints made, the stream released up to them
+        asyncio.run(delete_bucket())
+        put_many(writer, 100, 200)  # the next checkpoints
+        deadline = time.monotonic() + 30
+        while "checkpoint bucket gone, making it again bucket=shardetcd_default-checkpoints" not in writer.log_tail(50):
+            assert time.monotonic() < deadline, writer.log_tail(30)
+            time.sleep(0.2)
+        put_many(writer, 200, 201)
+        wait_published(nats, 202)
+    finally:
+        writer.kill()
+    again = shardetcd_on(nats, tmp_path / "w2").start()  # a fresh data dir: NATS alone
+    try:
+        assert keys(again) == [b"k%03d" % i for i in range(201)]
+    finally:
+        again.stop()
