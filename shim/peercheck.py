@@ -17,8 +17,10 @@ import ipaddress
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography import x509
+if TYPE_CHECKING:  # imported where a certificate is read: ~50 ms of every start that checks none
+    from cryptography import x509
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,8 @@ class CertificateCheck:
         st = os.stat(self.crl_file)
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp != self._crl_stamp:
+            from cryptography import x509
+
             data = Path(self.crl_file).read_bytes()
             crl = (x509.load_pem_x509_crl(data) if data.lstrip().startswith(b"-----")
                    else x509.load_der_x509_crl(data))
@@ -48,6 +52,8 @@ class CertificateCheck:
         return self._revoked
 
     def __call__(self, der: bytes | None) -> str | None:
+        from cryptography import x509
+
         cert = x509.load_der_x509_certificate(der) if der else None
         if self.crl_file is not None and cert is not None:
             try:
@@ -82,6 +88,8 @@ def rejects(check: CertificateCheck, transport) -> bool:
 def names_host(cert: x509.Certificate, host: str) -> bool:
     """Go's x509 VerifyHostname: an IP against the IP SANs, a name against the DNS SANs (case
     aside, a trailing dot aside, ``*.`` standing for one whole leftmost label)."""
+    from cryptography import x509
+
     try:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
