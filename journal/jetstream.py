@@ -1074,20 +1074,23 @@ class JetStreamJournal(Appender):
     async def _gone_for_good(self) -> bool:
         """Whether JetStream does not know the stream, asked now and again ``GONE_CONFIRM_S`` later (a
         writer or follower then stops). A "not found" about something else (a follower's consumer) is
-        answered at once; NATS not answering is not an answer."""
+        answered at once."""
+        if not await self._unknown(self.stream):
+            return False
+        await asyncio.sleep(GONE_CONFIRM_S)
+        return await self._unknown(self.stream)
+
+    async def _unknown(self, stream: str) -> bool:
+        """Whether JetStream says it does not know ``stream`` now; NATS not answering is not an answer."""
         from nats.js.errors import NotFoundError
 
-        for attempt in range(2):
-            if attempt:
-                await asyncio.sleep(GONE_CONFIRM_S)
-            try:
-                await self.log.js.stream_info(self.stream)
-            except NotFoundError:
-                continue
-            except Exception:  # noqa: BLE001 - unreachable or unavailable now: not known to be gone
-                pass
-            return False
-        return True
+        try:
+            await self.log.js.stream_info(stream)
+        except NotFoundError:
+            return True
+        except Exception:  # noqa: BLE001 - unreachable or unavailable now: not known to be gone
+            pass
+        return False
 
     async def unread_gap(self) -> tuple[int, int] | None:
         """(the next message to read, the first one stored) when messages after those
@@ -1378,16 +1381,6 @@ class JetStreamJournal(Appender):
     def checkpoint_bucket(self) -> str:
         return checkpoint_bucket(self.stream)
 
-    async def _bucket_gone(self) -> bool:
-        """Whether JetStream does not know the checkpoint bucket's stream."""
-        from nats.js.errors import NotFoundError
-
-        try:
-            await self.log.js.stream_info(checkpoint_stream(self.stream))
-        except NotFoundError:
-            return True
-        return False
-
     async def _bucket_store(self):
         if self._bucket is None:
             from nats.js.api import ObjectStoreConfig
@@ -1421,7 +1414,7 @@ class JetStreamJournal(Appender):
         try:
             await self.log.retrying("store checkpoint", store)
         except NotFoundError:
-            if not await self._bucket_gone():
+            if not await self._unknown(checkpoint_stream(self.stream)):
                 raise
             # deleted since this process opened it (by hand, or lost by NATS), and with it what the
             # journal released up to its checkpoints: a checkpoint holds the whole state, so made again
