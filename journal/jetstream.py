@@ -857,6 +857,7 @@ class JetStreamJournal(Appender):
             NotFoundError)
         check_keeps_messages(info)
         await self._check_bucket_keeps_messages()
+        await self._bucket_store()  # made now, while the other journals of the process make theirs
         self.released_before = info.state.first_seq > 1  # purged up to a checkpoint
         if follow:
             self.following = True

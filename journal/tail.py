@@ -64,14 +64,14 @@ class LocalMembers:
     def __init__(self, writer_data_dir: Path) -> None:
         root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         tag = hashlib.sha256(str(Path(writer_data_dir).absolute()).encode()).hexdigest()[:12]
-        self._prefix = f"shardetcd-{os.getuid()}-members-"  # every writer's directory, this one ends in its tag
-        self.directory = root / f"{self._prefix}{tag}"
+        self.prefix = f"shardetcd-{os.getuid()}-members-"  # every writer's directory, this one ends in its tag
+        self.directory = root / f"{self.prefix}{tag}"
         self._swept = False
 
     async def announce(self, key: str, value: str, ttl_s: float) -> None:
         if not self._swept:
             self._swept = True
-            sweep_members(self.directory.parent, self._prefix, STALE_TTLS * ttl_s)
+            sweep_members(self.directory.parent, self.prefix, STALE_TTLS * ttl_s)
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{key}.tmp"
         tmp.write_text(value)

@@ -40,6 +40,23 @@ async def cancel_and_wait(*tasks: asyncio.Future | None) -> None:
     await asyncio.gather(*given, return_exceptions=True)  # all done: only marks their exceptions retrieved
 
 
+async def together(*aws):
+    """Await ``aws`` at once; their results, in order. The first to fail ends the others
+    (``cancel_and_wait``) and its own exception is raised, not an ExceptionGroup: callers answer
+    each kind of failure in its own words."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except asyncio.CancelledError:
+        await cancel_and_wait(*tasks)
+        raise
+    failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+    if failed:
+        await cancel_and_wait(*pending)
+        raise failed[0].exception()
+    return [t.result() for t in tasks]
+
+
 def awaiting(task: asyncio.Future) -> str:
     """Where ``task`` waits: its chain of awaits, outermost first, one ``file:line function``
     each (what a stuck stop reports; a task's own ``get_stack`` shows its outer frame only)."""

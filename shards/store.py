@@ -24,7 +24,7 @@ from journal import JournalConfig, failpoints
 from journal.errors import JournalFailed, JournalGap
 from journal.jetstream import JetStreamConfig, meta_bucket
 from journal.journal import LocalLog
-from journal.tasks import cancel_and_wait
+from journal.tasks import cancel_and_wait, together
 from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter
 
 from . import collector
@@ -159,12 +159,14 @@ class Store:
                 acknowledged = _acknowledged_before(datadir, config.journal)
                 watermark = WatermarkWriter(datadir.path / WATERMARK_FILE, len(config.layout.shards),
                                             datadir.member_id, acknowledged)
-            for sid, spec in enumerate(config.layout.shards):
+            extra = {"follow": True} if follow else {}
+            # opened at once: a replicated journal's are round trips to NATS (making a stream and its
+            # checkpoint bucket is a few of them each), a local one's are file reads
+            journals = await together(*(log.open_journal(spec.name, datadir.shard_dir(spec.name), config.journal,
+                                                         **extra) for spec in config.layout.shards))
+            for sid, (spec, journal) in enumerate(zip(config.layout.shards, journals)):
                 state_dir = datadir.state_dir(config.state_dir, spec.name)
-                shard_dir = datadir.shard_dir(spec.name)
-                extra = {"follow": True} if follow else {}
-                journal = await log.open_journal(spec.name, shard_dir, config.journal, **extra)
-                shards.append(Shard(sid, spec.name, shard_dir, state_dir, journal))
+                shards.append(Shard(sid, spec.name, datadir.shard_dir(spec.name), state_dir, journal))
             store = cls(config, datadir, shards)
             store.log, store._owns_log, store.watermark = log, owns_log, watermark
             if watermark is not None:
@@ -203,7 +205,7 @@ class Store:
         for shard in self.shards:
             shard.journal.on_durable = _durable_callback(self, shard)
             shard.journal.on_failure = self._fail
-            await shard.journal.start()
+        await together(*(shard.journal.start() for shard in self.shards))  # a replicated one's cut: a round trip
         self._expiry_task = asyncio.get_running_loop().create_task(self._expire_leases())
         if hasattr(self.log, "put_meta"):
             self._acknowledging = asyncio.get_running_loop().create_task(self._publish_acknowledged())

@@ -32,6 +32,33 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(REPO_ROOT / package, quiet=1)
 
 
+def _members_dirs() -> set[Path]:
+    """The local followers' member directories (journal/tail.LocalMembers) of this user."""
+    from journal.tail import LocalMembers
+
+    probe = LocalMembers(REPO_ROOT)
+    return set(probe.directory.parent.glob(probe.prefix + "*"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_MEMBERS_BEFORE] = _members_dirs()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Every server the tests started is stopped by now. A member killed with SIGKILL could not
+    withdraw its entry, and the next member would sweep it only ten TTLs later: the suite's own go."""
+    if hasattr(session.config, "workerinput") or _MEMBERS_BEFORE not in session.config.stash:
+        return
+    import shutil
+
+    for directory in _members_dirs() - session.config.stash[_MEMBERS_BEFORE]:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+_MEMBERS_BEFORE = pytest.StashKey[set]()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest files first (tests/durations.py): the workers take whole files in this order, so
     the long ones start early instead of one of them running alone at the end."""

@@ -1,9 +1,10 @@
-"""cancel_and_wait: a cancellation lost inside what a task awaits does not leave the task running."""
+"""cancel_and_wait: a cancellation lost inside what a task awaits does not leave the task running;
+together: awaits run at once, the first failure ends the rest and is raised as itself."""
 import asyncio
 
 import pytest
 
-from journal.tasks import awaiting, cancel_and_wait
+from journal.tasks import awaiting, cancel_and_wait, together
 
 
 def run(coro):
@@ -123,5 +124,63 @@ def test_awaiting_names_each_coroutine_a_task_waits_in_outermost_first():
         assert names[:3] == ["outer", "inner", "wait"], chain  # Event.wait: the await it is parked in
         assert chain.startswith("journal/test_tasks.py:"), chain
         assert awaiting(task) == repr(task)  # ended: nothing to walk
+
+    run(main())
+
+
+def test_together_runs_the_awaits_at_once_and_gives_their_results_in_order():
+    async def main():
+        b_ran = asyncio.Event()
+
+        async def a():
+            await b_ran.wait()  # awaited one after the other, this would never end
+            return "a"
+
+        async def b():
+            b_ran.set()
+            return "b"
+
+        assert await together(a(), b(), asyncio.sleep(0, "c")) == ["a", "b", "c"]
+
+    run(main())
+
+
+def test_together_raises_the_first_failure_as_itself_and_ends_the_rest():
+    async def main():
+        ended = []
+
+        async def slow():
+            try:
+                await asyncio.sleep(30)
+            finally:
+                ended.append("slow")
+
+        async def fails():
+            await asyncio.sleep(0)
+            raise KeyError("refused")
+
+        with pytest.raises(KeyError, match="refused"):  # not an ExceptionGroup
+            await together(slow(), fails())
+        assert ended == ["slow"]  # cancelled and finished before together returned
+
+    run(main())
+
+
+def test_together_cancelled_cancels_every_await():
+    async def main():
+        ended = []
+
+        async def slow(name):
+            try:
+                await asyncio.sleep(30)
+            finally:
+                ended.append(name)
+
+        task = asyncio.create_task(together(slow("a"), slow("b")))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sorted(ended) == ["a", "b"]
 
     run(main())
