@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     members: list[Member] = []
     try:
         members.append(Member(nats, out, "m0"))
-        members += [Member(nats, out, f"m{i}", "--follow", "--standby") for i in (1, 2)]
+        for i in (1, 2):  # one by one: the finally below stops those that started if one does not
+            members.append(Member(nats, out, f"m{i}", "--follow", "--standby"))
         ends = time.monotonic() + args.minutes * 60
         r = 0
         while (r < len(listed) if listed else r < args.rounds if args.rounds else time.monotonic() < ends):

@@ -46,8 +46,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Every server the tests started is stopped by now. A member killed with SIGKILL could not
+    """Any shardetcd a fixture left running (one that failed half-way through starting several) is
+    killed by PID, in each worker. Then, in the controller: a member killed with SIGKILL could not
     withdraw its entry, and the next member would sweep it only ten TTLs later: the suite's own go."""
+    from tests.shardetcd_fixture import kill_left_running
+
+    left = kill_left_running()
+    if left:
+        sys.stderr.write(f"killed {len(left)} shardetcd process(es) left running: {', '.join(left)}\n")
     if hasattr(session.config, "workerinput") or _MEMBERS_BEFORE not in session.config.stash:
         return
     import shutil

@@ -35,6 +35,20 @@ class ShardetcdStartError(RuntimeError):
     pass
 
 
+_STARTED: list[ShardetcdProcess] = []  # every one this Python process started (kill_left_running)
+
+
+def kill_left_running() -> list[str]:
+    """SIGKILL every shardetcd this Python process started that still runs, e.g. the ones a fixture
+    had started before one of its later starts failed; what they were. tests/conftest.py calls
+    it when a session ends."""
+    left = [p for p in _STARTED if p.running()]
+    for p in left:
+        p.kill()
+    _STARTED.clear()
+    return [repr(p) for p in left]
+
+
 class ShardetcdProcess:
     """A shardetcd server process; ``stop()`` is safe to call repeatedly."""
 
@@ -127,6 +141,8 @@ class ShardetcdProcess:
                 env=env,
                 cwd=self.source or REPO_ROOT,
             )
+        if self not in _STARTED:
+            _STARTED.append(self)
         if not wait:
             return self
         try:

@@ -41,11 +41,15 @@ from tests.watch_client import WatchClient
 
 @pytest.fixture
 def writer_and_followers(nats, tmp_path):
-    writer = server_on(nats, tmp_path / "w").start()
-    followers = [server_on(nats, tmp_path / f"f{i}", "--follow").start() for i in range(2)]
-    yield writer, followers
-    for s in (*followers, writer):
-        s.stop()
+    started = []
+    try:
+        for name, flags in (("w", ()), ("f0", ("--follow",)), ("f1", ("--follow",))):
+            started.append(server_on(nats, tmp_path / name, *flags))
+            started[-1].start()
+        yield started[0], started[1:]
+    finally:  # also when one of them did not start
+        for s in reversed(started):
+            s.stop()
 
 
 @pytest.mark.parametrize("seed", [11, 12])
