@@ -26,8 +26,8 @@ from pathlib import Path
 from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket, checkpoint_stream,
-                               connect_failure, connect_options, drops_messages, kv_stream, meta_bucket, refusal,
-                               refused, retrying, shown_urls)
+                               connect_failure, connect_options, drops_messages, fetch_object, kv_stream, meta_bucket,
+                               refusal, refused, retrying, shown_urls)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import verify_checkpoints
@@ -406,11 +406,11 @@ async def _verify_checkpoints(js, report: StreamReport) -> None:
             found.append(CheckpointReport(obj.name, int(m.group(1), 16), obj.size or 0, "older"))
     found.sort(key=lambda c: c.rev)
     if found:
-        await _check_newest(bucket, found[-1])
+        await _check_newest(js, bucket, report.bucket, found[-1])
     report.checkpoints = found
 
 
-async def _check_newest(bucket, ckpt: CheckpointReport) -> None:
+async def _check_newest(js, bucket, bucket_name: str, ckpt: CheckpointReport) -> None:
     """Download the newest checkpoint and read it through like a local one (frames, CRCs, row count)."""
     from nats.errors import Error as NatsError
 
@@ -418,7 +418,7 @@ async def _check_newest(bucket, ckpt: CheckpointReport) -> None:
         path = Path(tmp) / ckpt.name
         try:
             with open(path, "wb") as f:
-                await bucket.get(ckpt.name, writeinto=f)
+                await fetch_object(js, bucket, bucket_name, ckpt.name, f)
         except NatsError as exc:  # e.g. DigestMismatchError: the chunks are not what was stored
             ckpt.status, ckpt.detail = "corrupt", f"download failed: {type(exc).__name__}: {exc}"
             return

@@ -282,11 +282,14 @@ def test_bench_writepath_compares_the_store_with_a_bare_group_commit():
         assert all(float(c.replace(",", "")) > 0 for c in cells[1:7]), ln
 
 
-def test_bench_jsread_reads_back_every_message_written():
-    p = run_bench(["bench.jsread", "--messages", "300", "--records", "2", "--rounds", "2"], timeout=300)
+def test_bench_jsread_reads_back_every_message_written_and_a_checkpoint():
+    p = run_bench(["bench.jsread", "--messages", "300", "--records", "2", "--rounds", "2", "--checkpoint-mb", "0.5"],
+                  timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rounds = [ln for ln in p.stdout.splitlines() if ln.startswith("  round ")]
     assert len(rounds) == 2 and all(" 301 messages (600 records) in " in ln for ln in rounds), p.stdout  # and the fence
+    fetched = [ln for ln in p.stdout.splitlines() if ln.startswith("  checkpoint round ")]  # each checked byte for byte
+    assert len(fetched) == 2 and all(" 0.5 MB in " in ln for ln in fetched), p.stdout
 
 
 def test_stage_timers_count_each_stage_once_without_its_nested_stages_or_waits():

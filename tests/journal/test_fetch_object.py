@@ -1,0 +1,117 @@
+"""fetch_object: a checkpoint's chunks read through a pull consumer come back byte for byte,
+across fetch batches, and a damaged object is refused as nats-py's own get refuses it (a real
+three-server NATS; checkpoint buckets are R3)."""
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+
+import pytest
+
+from journal.jetstream import FETCH_CHUNKS, fetch_object, retrying
+from tests.nats_fixture import start_nats_cluster
+
+
+@pytest.fixture(scope="module")
+def nats_cluster(tmp_path_factory):
+    cluster = start_nats_cluster(tmp_path_factory.mktemp("nats"), size=3)
+    yield cluster
+    cluster.stop()
+
+
+def with_bucket(nats_cluster, body):
+    """``body(js, bucket, name)`` on a fresh R3 object store of its own."""
+    import nats
+    from nats.js.api import ObjectStoreConfig
+
+    async def main():
+        nc = await nats.connect(servers=nats_cluster.urls.split(","))
+        try:
+            js = nc.jetstream()
+            name = f"fetch-{os.urandom(4).hex()}"
+            bucket = await retrying("create", lambda: js.create_object_store(  # a young cluster may not answer yet
+                name, config=ObjectStoreConfig(bucket=name, replicas=3)))
+            return await body(js, bucket, name)
+        finally:
+            await nc.close()
+
+    return asyncio.run(asyncio.wait_for(main(), 60))  # a deadline for a hang, not a timing
+
+
+@pytest.mark.parametrize("size", [0, 1, 128 * 1024, (FETCH_CHUNKS + 3) * 128 * 1024 + 17])
+def test_an_object_comes_back_byte_for_byte(nats_cluster, size):
+    data = os.urandom(size)
+
+    async def body(js, bucket, name):
+        await retrying("put", lambda: bucket.put("checkpoint-1", data))
+        out = io.BytesIO()
+
+        async def fetch():  # as the journal fetches: again while JetStream is unavailable
+            out.seek(0)
+            out.truncate()
+            await fetch_object(js, bucket, name, "checkpoint-1", out)
+
+        await retrying("fetch", fetch)
+        return out.getvalue()
+
+    assert with_bucket(nats_cluster, body) == data
+
+
+def test_a_chunk_added_to_an_object_is_refused_as_nats_py_refuses_it(nats_cluster):
+    from nats.js.errors import DigestMismatchError
+
+    async def body(js, bucket, name):
+        await retrying("put", lambda: bucket.put("checkpoint-1", os.urandom(300_000)))
+        info = await bucket.get_info("checkpoint-1")
+        await js.publish(f"$O.{name}.C.{info.nuid}", b"not part of it")
+        refused = []
+        for fetch in (lambda out: bucket.get("checkpoint-1", writeinto=out),
+                      lambda out: fetch_object(js, bucket, name, "checkpoint-1", out)):
+            try:
+                await fetch(io.BytesIO())
+            except DigestMismatchError:
+                refused.append(True)
+        return refused
+
+    assert with_bucket(nats_cluster, body) == [True, True]
+
+
+def test_a_missing_object_is_not_found(nats_cluster):
+    from nats.js.errors import ObjectNotFoundError
+
+    async def body(js, bucket, name):
+        with pytest.raises(ObjectNotFoundError):
+            await fetch_object(js, bucket, name, "checkpoint-9", io.BytesIO())
+
+    with_bucket(nats_cluster, body)
+
+
+def test_a_checkpoint_replaced_while_it_is_fetched_is_listed_again(nats_cluster, tmp_path):
+    """A standby lists the bucket, and before it fetches the newest checkpoint the writer has
+    stored a newer one and deleted it: the fetch finds no such object and lists again."""
+    from journal.jetstream import JetStreamConfig, JetStreamLog
+
+    async def main():
+        log = await JetStreamLog(JetStreamConfig(urls=tuple(nats_cluster.urls.split(",")), prefix="replaced")).connect()
+        try:
+            journal = await log.open_journal("j", tmp_path / "j")
+            await journal.start()
+            await journal.save_checkpoint(5, b"meta-5", iter([b"a", b"b"]))
+            listed = journal._checkpoint_objects
+            listings = []
+
+            async def stale_first(bucket):
+                listings.append(await listed(bucket))
+                if len(listings) == 1:  # as listed before the writer replaced and deleted it
+                    return [("checkpoint-0000000000000003", 3)]
+                return listings[-1]
+
+            journal._checkpoint_objects = stale_first
+            ckpt = await journal.load_checkpoint()
+            await journal.close()
+            return ckpt.rev, list(ckpt.rows()), len(listings)
+        finally:
+            await log.close()
+
+    assert asyncio.run(asyncio.wait_for(main(), 60)) == (5, [b"a", b"b"], 2)
