@@ -18,6 +18,7 @@ from journal.errors import JournalGap
 from journal.reader import iter_frames
 from journal.record import FrameError
 from journal.segment import list_segments
+from journal.tasks import together
 
 from . import collector
 from .errors import DataDirError
@@ -112,12 +113,18 @@ def check_acknowledged(store: Store, rev: int, found: list[Recovered] | None = N
         "start again")
 
 
+async def _fetch_checkpoints(store: Store) -> list:
+    """Every shard's newest checkpoint, asked for at once: from NATS each is a download (a local one
+    is a file opened in place); their rows are then loaded one shard after another."""
+    return await together(*(shard.journal.load_checkpoint() for shard in store.shards))
+
+
 async def recover(store: Store) -> None:
     """The writer's start: the longest whole prefix is kept, the rest is cut."""
     started = time.monotonic()
     with collector.paused():
         _track_lease_keys(store)
-        found = [await shard.read_disk() for shard in store.shards]
+        found = [await shard.read_disk(ckpt) for shard, ckpt in zip(store.shards, await _fetch_checkpoints(store))]
         _check_complete(store, found)
         rev = recovered_revision(found)
         check_acknowledged(store, rev, found)
@@ -146,7 +153,7 @@ async def recover_to_follow(store: Store) -> Follower:
 
 async def _recover_to_follow(store: Store, started: float) -> Follower:
     _track_lease_keys(store)
-    loaded = [await shard.load_checkpoint() for shard in store.shards]
+    loaded = [await shard.load_checkpoint(ckpt) for shard, ckpt in zip(store.shards, await _fetch_checkpoints(store))]
     await failpoints.pause("recovery.follow_after_checkpoints")
     for shard, (ckpt_rev, _, _) in zip(store.shards, loaded):
         await shard.journal.catch_up()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from journal import Journal
+from journal.checkpoint import Checkpoint
 from journal.record import Record
 from proto.kv_pb2 import KeyValue
 
@@ -80,12 +81,13 @@ class Shard:
 
     # -- recovery -------------------------------------------------------
 
-    async def read_disk(self) -> Recovered:
-        return await self.collect(*await self.load_checkpoint())
+    async def read_disk(self, ckpt: Checkpoint | None) -> Recovered:
+        return await self.collect(*await self.load_checkpoint(ckpt))
 
-    async def load_checkpoint(self) -> tuple[int, int, bytes]:
-        """Load the newest checkpoint's rows into the state: (its revision, compact revision, extra meta)."""
-        ckpt = await self.journal.load_checkpoint()
+    async def load_checkpoint(self, ckpt: Checkpoint | None) -> tuple[int, int, bytes]:
+        """Load the rows of ``ckpt``, the journal's newest checkpoint (``journal.load_checkpoint()``,
+        fetched by the caller for every shard at once), into the state: (its revision, compact
+        revision, extra meta)."""
         ckpt_rev, compact_rev, extra = 0, -1, b""
         if ckpt is not None:
             ckpt_rev, compact_rev, sid = _CKPT_META.unpack_from(ckpt.meta)
