@@ -269,10 +269,16 @@ def check_logger(name: str) -> None:
         raise OutputError(f'unknown logger option "{name}"')
 
 
+QUIET_LIBRARIES = ("hpack",)  # at debug: a line per header field of every request the gRPC server reads
+
+
 def setup(level: str, outputs: tuple[str, ...] = ("default",), rotate: Rotation | None = None) -> None:
     """The root logger at ``level`` (debug, info, warn, error) writing to ``outputs``."""
     made = handlers(outputs, rotate)
     formatter = logging.Formatter(FORMAT)
     for h in made:
         h.setFormatter(formatter)
-    logging.basicConfig(level=getattr(logging, level.upper().replace("WARN", "WARNING")), handlers=made, force=True)
+    root = getattr(logging, level.upper().replace("WARN", "WARNING"))
+    logging.basicConfig(level=root, handlers=made, force=True)
+    for name in QUIET_LIBRARIES:  # their debug lines are about their own workings, not the server's
+        logging.getLogger(name).setLevel(max(root, logging.INFO))

@@ -116,3 +116,24 @@ def test_rotation_config_is_read_as_etcd_reads_it():
     for outputs in (("default",), ("stdout",), ("a.log", "b.log")):
         with pytest.raises(logs.OutputError, match="requires a single file path"):
             logs.rotation(outputs, logs.ROTATION_DEFAULT)
+
+
+def test_a_server_at_debug_logs_its_own_debug_lines_and_not_the_header_decoders(tmp_path):
+    """hpack logs each header field it decodes at debug: a dozen lines a request, drowning the
+    server's own debug lines. At --log-level debug the server's are there and hpack's are not."""
+    import re
+
+    import grpc
+
+    from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+    from tests.shardetcd_fixture import start_shardetcd
+
+    server = start_shardetcd(tmp_path, extra_args=("--log-level", "debug"))
+    try:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            pbg.KVStub(ch).Put(pb.PutRequest(key=b"k", value=b"v"), timeout=10)
+    finally:
+        server.stop()
+    loggers = set(re.findall(r"level=DEBUG logger=([\w.]+)", server.log_path.read_text()))
+    assert any(name.startswith("journal.") for name in loggers), loggers
+    assert not any(name.startswith("hpack") for name in loggers), loggers
