@@ -1418,7 +1418,7 @@ class JetStreamJournal(Appender):
         try:
             info = await (self.log.retrying(f"stream {bucket}", ask) if retry else ask())
         except NotFoundError:
-            return None  # made with the first checkpoint, by this code
+            return None  # made by this code: by the open, next; if deleted later, by the next checkpoint
         check_keeps_messages(info, journal=False)
         return info
 

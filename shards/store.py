@@ -160,13 +160,15 @@ class Store:
                 watermark = WatermarkWriter(datadir.path / WATERMARK_FILE, len(config.layout.shards),
                                             datadir.member_id, acknowledged)
             extra = {"follow": True} if follow else {}
+            specs = config.layout.shards
+            shard_dirs = [datadir.shard_dir(spec.name) for spec in specs]  # made (and linked to --wal-dir) once
             # opened at once: a replicated journal's are round trips to NATS (making a stream and its
             # checkpoint bucket is a few of them each), a local one's are file reads
-            journals = await together(*(log.open_journal(spec.name, datadir.shard_dir(spec.name), config.journal,
-                                                         **extra) for spec in config.layout.shards))
-            for sid, (spec, journal) in enumerate(zip(config.layout.shards, journals)):
+            journals = await together(*(log.open_journal(spec.name, shard_dir, config.journal, **extra)
+                                        for spec, shard_dir in zip(specs, shard_dirs)))
+            for sid, (spec, shard_dir, journal) in enumerate(zip(specs, shard_dirs, journals)):
                 state_dir = datadir.state_dir(config.state_dir, spec.name)
-                shards.append(Shard(sid, spec.name, datadir.shard_dir(spec.name), state_dir, journal))
+                shards.append(Shard(sid, spec.name, shard_dir, state_dir, journal))
             store = cls(config, datadir, shards)
             store.log, store._owns_log, store.watermark = log, owns_log, watermark
             if watermark is not None:
