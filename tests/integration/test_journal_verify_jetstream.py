@@ -244,8 +244,14 @@ def test_verify_holds_each_partition_to_its_own_streams(nats, tmp_path):
                 pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % i, value=b"v"), timeout=10)
 
         async def published(js) -> set[str]:
+            from nats.js.errors import NoKeysError
+
             kv = await js.key_value("shardetcd-meta")
-            return {k for k in await kv.keys() if k.startswith(("acknowledged.", "layout."))}
+            try:
+                keys = await kv.keys()
+            except NoKeysError:  # a replica that has not stored the keys yet: asked again below
+                return set()
+            return {k for k in keys if k.startswith(("acknowledged.", "layout."))}
 
         deadline = time.monotonic() + 30
         want = {f"{kind}.{name}" for kind in ("acknowledged", "layout") for name in ("events", "main")}
