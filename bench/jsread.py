@@ -10,10 +10,11 @@ it. Reported: messages/s and the reader's CPU µs per message (its process, the 
 nats-server's). etcd has no counterpart (a member restarts from its own bbolt file and WAL):
 compare with bench.scale's restart for the local journal.
 
-They also fetch each shard's newest checkpoint from its bucket first: with --checkpoint-mb, an
-object of M MB (random bytes) in a bucket of R replicas is fetched R rounds both ways, the way
-shardetcd fetches it (``fetch_object``: pull fetches) and with nats-py's ``ObjectStore.get``, in
-turn. Reported: seconds and MB/s of each.
+They also fetch each shard's newest checkpoint from its bucket first, which a writer stored there:
+with --checkpoint-mb, an object of M MB (random bytes) in a bucket of R replicas is stored R rounds
+both ways, the way shardetcd stores it (``store_object``: chunks in flight) and with nats-py's
+``ObjectStore.put``, and fetched both ways, the way shardetcd fetches it (``fetch_object``: pull
+fetches) and with nats-py's ``ObjectStore.get``, in turn. Reported: seconds and MB/s of each.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from journal.jetstream import JetStreamConfig, JetStreamLog, fetch_object
+from journal.jetstream import JetStreamConfig, JetStreamLog, fetch_object, store_object
 from tests.nats_fixture import start_nats_cluster
 
 from . import runargs
@@ -56,8 +57,9 @@ async def read(config: JetStreamConfig, scratch: Path) -> tuple[int, int, float,
     return count, records, wall, cpu
 
 
-async def checkpoint_fetches(urls: str, replicas: int, scratch: Path, mb: float, rounds: int) -> list[tuple[float, float]]:
-    """Seconds to fetch an object of ``mb`` MB with fetch_object and with nats-py's get, per round."""
+async def checkpoint_rounds(urls: str, replicas: int, scratch: Path, mb: float, rounds: int) -> list[dict[str, float]]:
+    """Seconds to store an object of ``mb`` MB with store_object and with nats-py's put, and to fetch
+    it with fetch_object and with nats-py's get, per round (each way checked byte for byte)."""
     import os
 
     import nats
@@ -69,22 +71,41 @@ async def checkpoint_fetches(urls: str, replicas: int, scratch: Path, mb: float,
         bucket = await js.create_object_store("bench-ckpt", config=ObjectStoreConfig(bucket="bench-ckpt",
                                                                                        replicas=replicas))
         data = os.urandom(int(mb * 1e6))
-        await bucket.put("checkpoint", data)
-        out, times = scratch / "fetched", []
+        source, out, times = scratch / "stored", scratch / "fetched", []
+        source.write_bytes(data)
+        get = lambda: _into(out, lambda f: bucket.get("checkpoint", writeinto=f))  # noqa: E731
+        stores = {
+            "store_object": lambda: _from(source, lambda f: store_object(js, bucket, "bench-ckpt", "checkpoint", f, 10.0)),
+            "nats-py's put": lambda: _from(source, lambda f: bucket.put("checkpoint", f)),
+        }
+        fetches = {
+            "fetch_object": lambda: _into(out, lambda f: fetch_object(js, bucket, "bench-ckpt", "checkpoint", f)),
+            "nats-py's get": get,
+        }
         for _ in range(rounds):
-            took = []
-            for how in (lambda f: fetch_object(js, bucket, "bench-ckpt", "checkpoint", f),
-                        lambda f: bucket.get("checkpoint", writeinto=f)):
+            took = {}
+            for way, run in {**stores, **fetches}.items():
                 started = time.monotonic()
-                with open(out, "wb") as f:
-                    await how(f)
-                took.append(time.monotonic() - started)
+                await run()
+                took[way] = time.monotonic() - started
+                if way in stores:
+                    await get()  # what was stored, as nats-py reads it back
                 if out.read_bytes() != data:
-                    raise SystemExit("bench.jsread: a checkpoint came back different from what was stored")
-            times.append((took[0], took[1]))
+                    raise SystemExit(f"bench.jsread: a checkpoint came back different ({way})")
+            times.append(took)
         return times
     finally:
         await nc.close()
+
+
+async def _from(path: Path, op) -> None:
+    with open(path, "rb") as f:
+        await op(f)
+
+
+async def _into(path: Path, op) -> None:
+    with open(path, "wb") as f:
+        await op(f)
 
 
 def main(argv=None) -> int:
@@ -112,13 +133,14 @@ def main(argv=None) -> int:
         print(f"median: {statistics.median(r[0] for r in rows):,.0f} messages/s, "
               f"{statistics.median(r[1] for r in rows):.0f} µs/message of reader CPU", flush=True)
         if args.checkpoint_mb:
-            fetches = asyncio.run(checkpoint_fetches(nats.urls, args.replicas, tmp, args.checkpoint_mb, args.rounds))
-            for i, (ours, theirs) in enumerate(fetches):
-                print(f"  checkpoint round {i + 1}: {args.checkpoint_mb:g} MB in {ours:.3f} s (fetch_object), "
-                      f"{theirs:.3f} s (nats-py's get)", flush=True)
-            ours, theirs = (statistics.median(f[k] for f in fetches) for k in (0, 1))
-            print(f"checkpoint median: fetch_object {ours:.3f} s ({args.checkpoint_mb / ours:,.1f} MB/s), "
-                  f"nats-py's get {theirs:.3f} s ({args.checkpoint_mb / theirs:,.1f} MB/s)", flush=True)
+            mb = args.checkpoint_mb
+            rounds = asyncio.run(checkpoint_rounds(nats.urls, args.replicas, tmp, mb, args.rounds))
+            for i, took in enumerate(rounds):
+                print(f"  checkpoint round {i + 1}, {mb:g} MB: " + ", ".join(f"{way} {s:.3f} s" for way, s in took.items()),
+                      flush=True)
+            print("checkpoint medians: " + ", ".join(
+                f"{way} {statistics.median(t[way] for t in rounds):.3f} s "
+                f"({mb / statistics.median(t[way] for t in rounds):,.1f} MB/s)" for way in rounds[0]), flush=True)
     finally:
         nats.stop()
     return 0

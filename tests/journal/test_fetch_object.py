@@ -1,6 +1,8 @@
-"""fetch_object: a checkpoint's chunks read through a pull consumer come back byte for byte,
-across fetch batches, and a damaged object is refused as nats-py's own get refuses it (a real
-three-server NATS; checkpoint buckets are R3)."""
+"""Checkpoint objects on a real three-server NATS (checkpoint buckets are R3). fetch_object: the
+chunks read through a pull consumer come back byte for byte, across fetch batches, and a damaged
+object is refused as nats-py's own get refuses it. store_object: what it stores with chunks in
+flight is what nats-py's get reads back, an object replaced leaves no chunks of the old one, and a
+store JetStream refuses leaves none of its own."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +11,7 @@ import os
 
 import pytest
 
-from journal.jetstream import FETCH_CHUNKS, fetch_object, retrying
+from journal.jetstream import FETCH_CHUNKS, STORE_CHUNKS, fetch_object, retrying, store_object
 from tests.nats_fixture import start_nats_cluster
 
 
@@ -20,8 +22,9 @@ def nats_cluster(tmp_path_factory):
     cluster.stop()
 
 
-def with_bucket(nats_cluster, body):
-    """``body(js, bucket, name)`` on a fresh R3 object store of its own."""
+def with_bucket(nats_cluster, body, **config):
+    """``body(js, bucket, name)`` on a fresh R3 object store of its own (``config``: more of its
+    ObjectStoreConfig)."""
     import nats
     from nats.js.api import ObjectStoreConfig
 
@@ -31,7 +34,7 @@ def with_bucket(nats_cluster, body):
             js = nc.jetstream()
             name = f"fetch-{os.urandom(4).hex()}"
             bucket = await retrying("create", lambda: js.create_object_store(  # a young cluster may not answer yet
-                name, config=ObjectStoreConfig(bucket=name, replicas=3)))
+                name, config=ObjectStoreConfig(bucket=name, replicas=3, **config)))
             return await body(js, bucket, name)
         finally:
             await nc.close()
@@ -115,3 +118,72 @@ def test_a_checkpoint_replaced_while_it_is_fetched_is_listed_again(nats_cluster,
             await log.close()
 
     assert asyncio.run(asyncio.wait_for(main(), 60)) == (5, [b"a", b"b"], 2)
+
+
+CHUNK = 128 * 1024
+
+
+def stored(js, bucket, name, object_name, data: bytes):
+    """store_object of ``data``, retried as the journal retries it."""
+    return retrying("store", lambda: store_object(js, bucket, name, object_name, io.BytesIO(data), 10.0))
+
+
+async def chunk_messages(js, name: str) -> int:
+    """Messages on the bucket's chunk subjects."""
+    info = await js.stream_info(f"OBJ_{name}", subjects_filter=f"$O.{name}.C.>")
+    return sum((info.state.subjects or {}).values())
+
+
+@pytest.mark.parametrize("size", [0, 1, CHUNK, (STORE_CHUNKS + 3) * CHUNK + 17])
+def test_a_stored_object_is_what_nats_py_and_fetch_object_read_back(nats_cluster, size):
+    data = os.urandom(size)
+
+    async def body(js, bucket, name):
+        await stored(js, bucket, name, "checkpoint-1", data)
+        info = await bucket.get_info("checkpoint-1")
+        theirs = (await retrying("get", lambda: bucket.get("checkpoint-1"))).data
+        ours = io.BytesIO()
+        await retrying("fetch", lambda: fetch_object(js, bucket, name, "checkpoint-1", ours))
+        return info.size, info.chunks, await chunk_messages(js, name), theirs, ours.getvalue()
+
+    chunks = -(-size // CHUNK)
+    assert with_bucket(nats_cluster, body) == (size, chunks, chunks, data, data)
+
+
+def test_an_object_stored_again_leaves_no_chunk_of_the_one_it_replaced(nats_cluster):
+    first, second = os.urandom(3 * CHUNK), os.urandom(CHUNK + 5)
+
+    async def body(js, bucket, name):
+        await stored(js, bucket, name, "checkpoint-1", first)
+        await stored(js, bucket, name, "checkpoint-1", second)
+        return (await bucket.get("checkpoint-1")).data, await chunk_messages(js, name)
+
+    assert with_bucket(nats_cluster, body) == (second, 2)
+
+
+def test_a_store_jetstream_refuses_leaves_no_chunk_and_no_object(nats_cluster):
+    """A bucket with room for 3 chunks (its stream discards new messages): the 4th chunk is refused
+    by JetStream; the store raises that refusal and purges the chunks it had stored."""
+    from nats.js.errors import APIError, ObjectNotFoundError
+
+    async def body(js, bucket, name):
+        with pytest.raises(APIError) as refused:
+            await store_object(js, bucket, name, "checkpoint-1", io.BytesIO(os.urandom(10 * CHUNK)), 10.0)
+        with pytest.raises(ObjectNotFoundError):
+            await bucket.get_info("checkpoint-1")
+        return refused.value.err_code, await chunk_messages(js, name)
+
+    code, left = with_bucket(nats_cluster, body, max_bytes=3 * CHUNK + 4096)
+    assert (code, left) == (10077, 0)  # JetStream's "maximum bytes exceeded" (a storage error: publish_error_kind)
+
+
+def test_a_store_into_a_deleted_bucket_is_not_found(nats_cluster):
+    """What tells the journal to make its checkpoint bucket again (JetStreamJournal.store_checkpoint)."""
+    from nats.js.errors import NotFoundError
+
+    async def body(js, bucket, name):
+        await js.delete_stream(f"OBJ_{name}")
+        with pytest.raises(NotFoundError):
+            await store_object(js, bucket, name, "checkpoint-1", io.BytesIO(b"x" * 100), 2.0)
+
+    with_bucket(nats_cluster, body)
