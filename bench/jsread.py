@@ -12,8 +12,9 @@ compare with bench.scale's restart for the local journal.
 
 They also fetch each shard's newest checkpoint from its bucket first, which a writer stored there:
 with --checkpoint-mb, an object of M MB (random bytes) in a bucket of R replicas is stored R rounds
-both ways, the way shardetcd stores it (``store_object``: chunks in flight) and with nats-py's
-``ObjectStore.put``, and fetched both ways, the way shardetcd fetches it (``fetch_object``: pull
+each way: as shardetcd stores it (``store_object``, a restore's STORE_CHUNKS chunks in flight and a
+serving writer's one), timing a journal's writes on the same connection meanwhile, and with
+nats-py's ``ObjectStore.put``; then fetched both ways, the way shardetcd fetches it (``fetch_object``: pull
 fetches) and with nats-py's ``ObjectStore.get``, in turn. Reported: seconds and MB/s of each.
 """
 from __future__ import annotations
@@ -23,9 +24,10 @@ import asyncio
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from journal.jetstream import JetStreamConfig, JetStreamLog, fetch_object, store_object
+from journal.jetstream import STORE_CHUNKS, JetStreamConfig, JetStreamLog, fetch_object, store_object
 from tests.nats_fixture import start_nats_cluster
 
 from . import runargs
@@ -57,45 +59,79 @@ async def read(config: JetStreamConfig, scratch: Path) -> tuple[int, int, float,
     return count, records, wall, cpu
 
 
-async def checkpoint_rounds(urls: str, replicas: int, scratch: Path, mb: float, rounds: int) -> list[dict[str, float]]:
-    """Seconds to store an object of ``mb`` MB with store_object and with nats-py's put, and to fetch
-    it with fetch_object and with nats-py's get, per round (each way checked byte for byte)."""
+async def checkpoint_rounds(config: JetStreamConfig, scratch: Path, mb: float, rounds: int) -> list[dict[str, tuple]]:
+    """Per round and way: seconds to store an object of ``mb`` MB (store_object with STORE_CHUNKS
+    and with one chunk in flight, nats-py's put), with the latencies of a journal's writes on the
+    same connection meanwhile, and seconds to fetch it (fetch_object, nats-py's get); each way
+    checked byte for byte (what was stored read back by nats-py's get)."""
     import os
 
-    import nats
     from nats.js.api import ObjectStoreConfig
 
-    nc = await nats.connect(servers=urls.split(","))
+    log = await JetStreamLog(config).connect()
     try:
-        js = nc.jetstream()
+        js = log.js
+        journal = await log.open_journal("writes", scratch / "writes")
+        await journal.start()
         bucket = await js.create_object_store("bench-ckpt", config=ObjectStoreConfig(bucket="bench-ckpt",
-                                                                                       replicas=replicas))
+                                                                                       replicas=config.replicas))
         data = os.urandom(int(mb * 1e6))
         source, out, times = scratch / "stored", scratch / "fetched", []
         source.write_bytes(data)
         get = lambda: _into(out, lambda f: bucket.get("checkpoint", writeinto=f))  # noqa: E731
+
+        def ours(in_flight: int):
+            return lambda: _from(source, lambda f: store_object(js, bucket, "bench-ckpt", "checkpoint", f, 10.0,
+                                                                in_flight))
+
         stores = {
-            "store_object": lambda: _from(source, lambda f: store_object(js, bucket, "bench-ckpt", "checkpoint", f, 10.0)),
+            f"store_object, {STORE_CHUNKS} in flight (a restore)": ours(STORE_CHUNKS),
+            "store_object, 1 in flight (a serving writer)": ours(1),
             "nats-py's put": lambda: _from(source, lambda f: bucket.put("checkpoint", f)),
         }
         fetches = {
             "fetch_object": lambda: _into(out, lambda f: fetch_object(js, bucket, "bench-ckpt", "checkpoint", f)),
             "nats-py's get": get,
         }
+        rev = 0
         for _ in range(rounds):
             took = {}
             for way, run in {**stores, **fetches}.items():
+                done, latencies = asyncio.Event(), []
+
+                async def writes():  # one durable write at a time, as a writer at one client
+                    nonlocal rev
+                    while not done.is_set():
+                        rev += 1
+                        journal.append(1, rev, b"x" * 300)
+                        started = time.perf_counter()
+                        await journal.sync()
+                        latencies.append(time.perf_counter() - started)
+
+                writer = asyncio.create_task(writes()) if way in stores else None
                 started = time.monotonic()
                 await run()
-                took[way] = time.monotonic() - started
-                if way in stores:
+                seconds = time.monotonic() - started
+                done.set()
+                if writer is not None:
+                    await writer
+                    latencies.sort()
+                    took[way] = (seconds, len(latencies), latencies[len(latencies) // 2],
+                                 latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)])
                     await get()  # what was stored, as nats-py reads it back
+                else:
+                    took[way] = (seconds,)
                 if out.read_bytes() != data:
                     raise SystemExit(f"bench.jsread: a checkpoint came back different ({way})")
             times.append(took)
+        await journal.close()
         return times
     finally:
-        await nc.close()
+        await log.close()
+
+
+def _median(rounds: list[dict[str, tuple]], way: str, i: int) -> float:
+    return statistics.median(took[way][i] for took in rounds)
 
 
 async def _from(path: Path, op) -> None:
@@ -115,7 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--replicas", type=int, default=1, choices=(1, 3), help="NATS servers and stream replicas")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--checkpoint-mb", type=float, default=0.0,
-                   help="also fetch a checkpoint of this many MB both ways (default: %(default)s, none)")
+                   help="also store and fetch a checkpoint of this many MB each way (default: %(default)s, none)")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="shardetcd-bench-jsread-"))
     nats = start_nats_cluster(tmp / "nats", size=args.replicas)
@@ -134,13 +170,17 @@ def main(argv=None) -> int:
               f"{statistics.median(r[1] for r in rows):.0f} µs/message of reader CPU", flush=True)
         if args.checkpoint_mb:
             mb = args.checkpoint_mb
-            rounds = asyncio.run(checkpoint_rounds(nats.urls, args.replicas, tmp, mb, args.rounds))
+            rounds = asyncio.run(checkpoint_rounds(replace(config, prefix="bench-ckpt"), tmp, mb, args.rounds))
             for i, took in enumerate(rounds):
-                print(f"  checkpoint round {i + 1}, {mb:g} MB: " + ", ".join(f"{way} {s:.3f} s" for way, s in took.items()),
+                print(f"  checkpoint round {i + 1}, {mb:g} MB: " + ", ".join(f"{way} {t[0]:.3f} s" for way, t in took.items()),
                       flush=True)
-            print("checkpoint medians: " + ", ".join(
-                f"{way} {statistics.median(t[way] for t in rounds):.3f} s "
-                f"({mb / statistics.median(t[way] for t in rounds):,.1f} MB/s)" for way in rounds[0]), flush=True)
+            print(f"checkpoint medians of {args.rounds} rounds, {mb:g} MB:", flush=True)
+            for way, first in rounds[0].items():
+                line = f"  {way}: {_median(rounds, way, 0):.3f} s ({mb / _median(rounds, way, 0):,.1f} MB/s)"
+                if len(first) > 1:
+                    line += (f"; a journal's writes meanwhile on the same connection: p50 {_median(rounds, way, 2) * 1e3:.1f} ms, "
+                             f"p99 {_median(rounds, way, 3) * 1e3:.1f} ms ({_median(rounds, way, 1):,.0f} writes)")
+                print(line, flush=True)
     finally:
         nats.stop()
     return 0

@@ -89,7 +89,9 @@ WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected
 
 
 FETCH_CHUNKS = 64  # an object's chunks (128 KiB each) asked for at once by fetch_object
-STORE_CHUNKS = 32  # chunks store_object has sent and not yet seen acknowledged (and reads from its file at once)
+# Chunks (128 KiB each) a restore's store_object has sent and not yet seen acknowledged; also what it
+# reads from the file at once. A serving writer's checkpoints go one chunk at a time (see store_object).
+STORE_CHUNKS = 32
 CHECKPOINT_TRIES = 10  # a checkpoint replaced while it is fetched: the newest one is listed and fetched again
 
 
@@ -194,16 +196,20 @@ class _Acks:
             fut.set_exception(exc)
 
 
-async def store_object(js, bucket, bucket_name: str, name: str, data, ack_timeout_s: float) -> None:
+async def store_object(js, bucket, bucket_name: str, name: str, data, ack_timeout_s: float,
+                       in_flight: int = 1) -> None:
     """The open file ``data`` stored as object ``name`` of the object store ``bucket`` (named
     ``bucket_name``), as nats-py's ``ObjectStore.put`` stores it: 128 KiB chunks on a subject of a
     new NUID, then the object's meta message (nats-py's ObjectInfo, rolled up), then the chunks of
     the object it replaces purged. What nats-py, the ``nats`` CLI and ``fetch_object`` read.
 
-    nats-py's ``put`` waits for each chunk's acknowledgement before it sends the next: 64 MB took
-    1.4–1.7 s (R3). Here up to STORE_CHUNKS chunks are in flight, sent in order on the one
-    connection and so stored in order: 0.8–0.9 s (bench.jsread --checkpoint-mb). The meta message is
-    sent only once every chunk is acknowledged, so no reader sees a part of the object. A chunk not
+    Up to ``in_flight`` chunks are sent and not yet acknowledged, in order on the one connection and
+    so stored in order; the meta message is sent only once every chunk is acknowledged, so no
+    reader sees a part of the object. nats-py's ``put`` sends one chunk at a time: 64 MB took
+    1.6 s at R3; with 32 in flight 0.9 s (bench.jsread --checkpoint-mb). But chunks in flight fill
+    the NATS servers' replication, and a serving writer's journal publishes wait behind them: its
+    writes' p99 went from 7 ms to 37–68 ms while such a store ran, and a connection of its own did
+    not help. So only a restore, which serves nothing, stores with STORE_CHUNKS. A chunk not
     acknowledged within ``ack_timeout_s`` is a NATS timeout; on any failure the chunks sent are purged
     and the error raised (the errors of ``js.publish``), for ``retrying`` to store it again; a bucket
     deleted meanwhile raises the NotFoundError of that purge, as nats-py's put does."""
@@ -237,17 +243,17 @@ async def store_object(js, bucket, bucket_name: str, name: str, data, ack_timeou
 
     try:
         async with _Acks(js._nc) as acks:
-            in_flight: deque[asyncio.Future] = deque()
+            sent: deque[asyncio.Future] = deque()
             while block := await asyncio.to_thread(data.read, chunk * STORE_CHUNKS):
                 digest.update(block)
                 size += len(block)
                 for at in range(0, len(block), chunk):
-                    in_flight.append(await acks.publish(subject, block[at:at + chunk]))
+                    sent.append(await acks.publish(subject, block[at:at + chunk]))
                     chunks += 1
-                    if len(in_flight) > STORE_CHUNKS:
-                        await acked(in_flight.popleft())
-            while in_flight:
-                await acked(in_flight.popleft())
+                    if len(sent) >= in_flight:
+                        await acked(sent.popleft())
+            while sent:
+                await acked(sent.popleft())
         info = ObjectInfo(name=name, bucket=bucket_name, nuid=nuid, size=size, chunks=chunks,
                           mtime=datetime.now(timezone.utc).isoformat(),
                           options=ObjectMetaOptions(max_chunk_size=chunk),
@@ -1583,7 +1589,8 @@ class JetStreamJournal(Appender):
 
     async def store_checkpoint(self, path: Path, rev: int, only: bool = False) -> str:
         """Store the checkpoint file ``path`` (of revision ``rev``) in the bucket; older ones go, and
-        with ``only`` every other one (a restore's: newer ones left by a restore cut short too)."""
+        with ``only`` every other one (a restore's: newer ones left by a restore cut short too, and
+        stored with STORE_CHUNKS chunks in flight: nothing is served meanwhile)."""
         from nats.js.errors import NotFoundError
 
         bucket = await self._bucket_store()
@@ -1591,7 +1598,7 @@ class JetStreamJournal(Appender):
         async def store():
             with open(path, "rb") as f:
                 await store_object(self.log.js, bucket, self.checkpoint_bucket, path.name, f,
-                                   self.log.config.publish_timeout_s)
+                                   self.log.config.publish_timeout_s, in_flight=STORE_CHUNKS if only else 1)
 
         try:
             await self.log.retrying("store checkpoint", store)

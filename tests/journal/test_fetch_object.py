@@ -123,9 +123,9 @@ def test_a_checkpoint_replaced_while_it_is_fetched_is_listed_again(nats_cluster,
 CHUNK = 128 * 1024
 
 
-def stored(js, bucket, name, object_name, data: bytes):
+def stored(js, bucket, name, object_name, data: bytes, in_flight: int = 1):
     """store_object of ``data``, retried as the journal retries it."""
-    return retrying("store", lambda: store_object(js, bucket, name, object_name, io.BytesIO(data), 10.0))
+    return retrying("store", lambda: store_object(js, bucket, name, object_name, io.BytesIO(data), 10.0, in_flight))
 
 
 async def chunk_messages(js, name: str) -> int:
@@ -134,12 +134,13 @@ async def chunk_messages(js, name: str) -> int:
     return sum((info.state.subjects or {}).values())
 
 
-@pytest.mark.parametrize("size", [0, 1, CHUNK, (STORE_CHUNKS + 3) * CHUNK + 17])
-def test_a_stored_object_is_what_nats_py_and_fetch_object_read_back(nats_cluster, size):
+@pytest.mark.parametrize("size, in_flight", [(0, 1), (1, 1), (CHUNK, STORE_CHUNKS), (3 * CHUNK + 17, 1),
+                                             ((2 * STORE_CHUNKS + 3) * CHUNK + 17, STORE_CHUNKS)])
+def test_a_stored_object_is_what_nats_py_and_fetch_object_read_back(nats_cluster, size, in_flight):
     data = os.urandom(size)
 
     async def body(js, bucket, name):
-        await stored(js, bucket, name, "checkpoint-1", data)
+        await stored(js, bucket, name, "checkpoint-1", data, in_flight)
         info = await bucket.get_info("checkpoint-1")
         theirs = (await retrying("get", lambda: bucket.get("checkpoint-1"))).data
         ours = io.BytesIO()
@@ -163,12 +164,13 @@ def test_an_object_stored_again_leaves_no_chunk_of_the_one_it_replaced(nats_clus
 
 def test_a_store_jetstream_refuses_leaves_no_chunk_and_no_object(nats_cluster):
     """A bucket with room for 3 chunks (its stream discards new messages): the 4th chunk is refused
-    by JetStream; the store raises that refusal and purges the chunks it had stored."""
+    by JetStream, while later ones are in flight; the store raises that refusal and purges the
+    chunks it had stored."""
     from nats.js.errors import APIError, ObjectNotFoundError
 
     async def body(js, bucket, name):
         with pytest.raises(APIError) as refused:
-            await store_object(js, bucket, name, "checkpoint-1", io.BytesIO(os.urandom(10 * CHUNK)), 10.0)
+            await store_object(js, bucket, name, "checkpoint-1", io.BytesIO(os.urandom(10 * CHUNK)), 10.0, STORE_CHUNKS)
         with pytest.raises(ObjectNotFoundError):
             await bucket.get_info("checkpoint-1")
         return refused.value.err_code, await chunk_messages(js, name)
