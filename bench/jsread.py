@@ -81,7 +81,7 @@ async def checkpoint_rounds(config: JetStreamConfig, scratch: Path, mb: float, r
         get = lambda: _into(out, lambda f: bucket.get("checkpoint", writeinto=f))  # noqa: E731
 
         def ours(in_flight: int):
-            return lambda: _from(source, lambda f: store_object(js, bucket, "bench-ckpt", "checkpoint", f, 10.0,
+            return lambda: _from(source, lambda f: store_object(log.nc, js, bucket, "bench-ckpt", "checkpoint", f, 10.0,
                                                                 in_flight))
 
         stores = {

@@ -196,10 +196,11 @@ class _Acks:
             fut.set_exception(exc)
 
 
-async def store_object(js, bucket, bucket_name: str, name: str, data, ack_timeout_s: float,
+async def store_object(nc, js, bucket, bucket_name: str, name: str, data, ack_timeout_s: float,
                        in_flight: int = 1) -> None:
     """The open file ``data`` stored as object ``name`` of the object store ``bucket`` (named
-    ``bucket_name``), as nats-py's ``ObjectStore.put`` stores it: 128 KiB chunks on a subject of a
+    ``bucket_name``; ``js``: the JetStream context of the connection ``nc``), as nats-py's
+    ``ObjectStore.put`` stores it: 128 KiB chunks on a subject of a
     new NUID, then the object's meta message (nats-py's ObjectInfo, rolled up), then the chunks of
     the object it replaces purged. What nats-py, the ``nats`` CLI and ``fetch_object`` read.
 
@@ -242,7 +243,7 @@ async def store_object(js, bucket, bucket_name: str, name: str, data, ack_timeou
             raise NatsTimeout from None
 
     try:
-        async with _Acks(js._nc) as acks:
+        async with _Acks(nc) as acks:
             sent: deque[asyncio.Future] = deque()
             while block := await asyncio.to_thread(data.read, chunk * STORE_CHUNKS):
                 digest.update(block)
@@ -1597,7 +1598,7 @@ class JetStreamJournal(Appender):
 
         async def store():
             with open(path, "rb") as f:
-                await store_object(self.log.js, bucket, self.checkpoint_bucket, path.name, f,
+                await store_object(self.log.nc, self.log.js, bucket, self.checkpoint_bucket, path.name, f,
                                    self.log.config.publish_timeout_s, in_flight=STORE_CHUNKS if only else 1)
 
         try:

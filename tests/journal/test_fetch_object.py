@@ -23,7 +23,7 @@ def nats_cluster(tmp_path_factory):
 
 
 def with_bucket(nats_cluster, body, **config):
-    """``body(js, bucket, name)`` on a fresh R3 object store of its own (``config``: more of its
+    """``body(nc, js, bucket, name)`` on a fresh R3 object store of its own (``config``: more of its
     ObjectStoreConfig)."""
     import nats
     from nats.js.api import ObjectStoreConfig
@@ -35,7 +35,7 @@ def with_bucket(nats_cluster, body, **config):
             name = f"fetch-{os.urandom(4).hex()}"
             bucket = await retrying("create", lambda: js.create_object_store(  # a young cluster may not answer yet
                 name, config=ObjectStoreConfig(bucket=name, replicas=3, **config)))
-            return await body(js, bucket, name)
+            return await body(nc, js, bucket, name)
         finally:
             await nc.close()
 
@@ -46,7 +46,7 @@ def with_bucket(nats_cluster, body, **config):
 def test_an_object_comes_back_byte_for_byte(nats_cluster, size):
     data = os.urandom(size)
 
-    async def body(js, bucket, name):
+    async def body(nc, js, bucket, name):
         await retrying("put", lambda: bucket.put("checkpoint-1", data))
         out = io.BytesIO()
 
@@ -64,7 +64,7 @@ def test_an_object_comes_back_byte_for_byte(nats_cluster, size):
 def test_a_chunk_added_to_an_object_is_refused_as_nats_py_refuses_it(nats_cluster):
     from nats.js.errors import DigestMismatchError
 
-    async def body(js, bucket, name):
+    async def body(nc, js, bucket, name):
         await retrying("put", lambda: bucket.put("checkpoint-1", os.urandom(300_000)))
         info = await bucket.get_info("checkpoint-1")
         await js.publish(f"$O.{name}.C.{info.nuid}", b"not part of it")
@@ -83,7 +83,7 @@ def test_a_chunk_added_to_an_object_is_refused_as_nats_py_refuses_it(nats_cluste
 def test_a_missing_object_is_not_found(nats_cluster):
     from nats.js.errors import ObjectNotFoundError
 
-    async def body(js, bucket, name):
+    async def body(nc, js, bucket, name):
         with pytest.raises(ObjectNotFoundError):
             await fetch_object(js, bucket, name, "checkpoint-9", io.BytesIO())
 
@@ -123,9 +123,9 @@ def test_a_checkpoint_replaced_while_it_is_fetched_is_listed_again(nats_cluster,
 CHUNK = 128 * 1024
 
 
-def stored(js, bucket, name, object_name, data: bytes, in_flight: int = 1):
+def stored(nc, js, bucket, name, object_name, data: bytes, in_flight: int = 1):
     """store_object of ``data``, retried as the journal retries it."""
-    return retrying("store", lambda: store_object(js, bucket, name, object_name, io.BytesIO(data), 10.0, in_flight))
+    return retrying("store", lambda: store_object(nc, js, bucket, name, object_name, io.BytesIO(data), 10.0, in_flight))
 
 
 async def chunk_messages(js, name: str) -> int:
@@ -139,8 +139,8 @@ async def chunk_messages(js, name: str) -> int:
 def test_a_stored_object_is_what_nats_py_and_fetch_object_read_back(nats_cluster, size, in_flight):
     data = os.urandom(size)
 
-    async def body(js, bucket, name):
-        await stored(js, bucket, name, "checkpoint-1", data, in_flight)
+    async def body(nc, js, bucket, name):
+        await stored(nc, js, bucket, name, "checkpoint-1", data, in_flight)
         info = await bucket.get_info("checkpoint-1")
         theirs = (await retrying("get", lambda: bucket.get("checkpoint-1"))).data
         ours = io.BytesIO()
@@ -154,9 +154,9 @@ def test_a_stored_object_is_what_nats_py_and_fetch_object_read_back(nats_cluster
 def test_an_object_stored_again_leaves_no_chunk_of_the_one_it_replaced(nats_cluster):
     first, second = os.urandom(3 * CHUNK), os.urandom(CHUNK + 5)
 
-    async def body(js, bucket, name):
-        await stored(js, bucket, name, "checkpoint-1", first)
-        await stored(js, bucket, name, "checkpoint-1", second)
+    async def body(nc, js, bucket, name):
+        await stored(nc, js, bucket, name, "checkpoint-1", first)
+        await stored(nc, js, bucket, name, "checkpoint-1", second)
         return (await bucket.get("checkpoint-1")).data, await chunk_messages(js, name)
 
     assert with_bucket(nats_cluster, body) == (second, 2)
@@ -168,9 +168,9 @@ def test_a_store_jetstream_refuses_leaves_no_chunk_and_no_object(nats_cluster):
     chunks it had stored."""
     from nats.js.errors import APIError, ObjectNotFoundError
 
-    async def body(js, bucket, name):
+    async def body(nc, js, bucket, name):
         with pytest.raises(APIError) as refused:
-            await store_object(js, bucket, name, "checkpoint-1", io.BytesIO(os.urandom(10 * CHUNK)), 10.0, STORE_CHUNKS)
+            await store_object(nc, js, bucket, name, "checkpoint-1", io.BytesIO(os.urandom(10 * CHUNK)), 10.0, STORE_CHUNKS)
         with pytest.raises(ObjectNotFoundError):
             await bucket.get_info("checkpoint-1")
         return refused.value.err_code, await chunk_messages(js, name)
@@ -183,9 +183,32 @@ def test_a_store_into_a_deleted_bucket_is_not_found(nats_cluster):
     """What tells the journal to make its checkpoint bucket again (JetStreamJournal.store_checkpoint)."""
     from nats.js.errors import NotFoundError
 
-    async def body(js, bucket, name):
+    async def body(nc, js, bucket, name):
         await js.delete_stream(f"OBJ_{name}")
         with pytest.raises(NotFoundError):
-            await store_object(js, bucket, name, "checkpoint-1", io.BytesIO(b"x" * 100), 2.0)
+            await store_object(nc, js, bucket, name, "checkpoint-1", io.BytesIO(b"x" * 100), 2.0)
 
     with_bucket(nats_cluster, body)
+
+
+def test_a_chunk_no_stream_takes_is_no_stream_response_as_js_publish_raises_it(nats_cluster):
+    """NATS answers a publish no stream takes (as during a stream leader election) with a 503
+    status: the transient error ``retrying`` waits out, as ``js.publish`` raises it."""
+    from nats.js.errors import NoStreamResponseError
+
+    from journal.jetstream import _Acks
+
+    async def acked_once(nc, subject, payload):
+        async with _Acks(nc) as acks:
+            await asyncio.wait_for(await acks.publish(subject, payload), 5)
+
+    async def body(nc, js, bucket, name):
+        raised = []
+        for publish in (lambda: js.publish(f"no-stream.{name}", b"x", timeout=5),
+                        lambda: acked_once(nc, f"no-stream.{name}", b"x")):
+            with pytest.raises(NoStreamResponseError):
+                await publish()
+            raised.append(True)
+        return raised
+
+    assert with_bucket(nats_cluster, body) == [True, True]
