@@ -288,8 +288,14 @@ def test_bench_jsread_reads_back_every_message_written_and_a_checkpoint():
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rounds = [ln for ln in p.stdout.splitlines() if ln.startswith("  round ")]
     assert len(rounds) == 2 and all(" 301 messages (600 records) in " in ln for ln in rounds), p.stdout  # and the fence
-    fetched = [ln for ln in p.stdout.splitlines() if ln.startswith("  checkpoint round ")]  # each checked byte for byte
-    assert len(fetched) == 2 and all(" 0.5 MB in " in ln for ln in fetched), p.stdout
+    ways = ("store_object, 32 in flight (a restore)", "store_object, 1 in flight (a serving writer)", "nats-py's put",
+            "fetch_object", "nats-py's get")
+    stored = [ln for ln in p.stdout.splitlines() if ln.startswith("  checkpoint round ")]  # each checked byte for byte
+    assert len(stored) == 2 and all(ln.count(" s, ") == 4 and all(f"{way} " in ln for way in ways)
+                                    for ln in stored), p.stdout
+    medians = p.stdout.split("checkpoint medians of 2 rounds, 0.5 MB:\n")[1].splitlines()
+    assert [ln.split(":")[0].strip() for ln in medians[:5]] == list(ways), p.stdout
+    assert all("a journal's writes meanwhile" in ln for ln in medians[:3]), p.stdout
 
 
 def test_stage_timers_count_each_stage_once_without_its_nested_stages_or_waits():
