@@ -197,7 +197,7 @@ class _Acks:
 
 
 async def store_object(nc, js, bucket, bucket_name: str, name: str, data, ack_timeout_s: float,
-                       in_flight: int = 1) -> None:
+                       in_flight: int = 1, sent: Callable[[int], None] | None = None) -> None:
     """The open file ``data`` stored as object ``name`` of the object store ``bucket`` (named
     ``bucket_name``; ``js``: the JetStream context of the connection ``nc``), as nats-py's
     ``ObjectStore.put`` stores it: 128 KiB chunks on a subject of a
@@ -211,7 +211,8 @@ async def store_object(nc, js, bucket, bucket_name: str, name: str, data, ack_ti
     the NATS servers' replication, and a serving writer's journal publishes wait behind them: its
     writes' p99 went from 7 ms to 37–68 ms while such a store ran, and a connection of its own did
     not help. So only a restore, which serves nothing, stores with STORE_CHUNKS. A chunk not
-    acknowledged within ``ack_timeout_s`` is a NATS timeout; on any failure the chunks sent are purged
+    acknowledged within ``ack_timeout_s`` is a NATS timeout; ``sent`` is told the bytes sent so far
+    after every STORE_CHUNKS chunks (a restore's progress lines); on any failure the chunks sent are purged
     and the error raised (the errors of ``js.publish``), for ``retrying`` to store it again; a bucket
     deleted meanwhile raises the NotFoundError of that purge, as nats-py's put does."""
     import hashlib
@@ -244,17 +245,19 @@ async def store_object(nc, js, bucket, bucket_name: str, name: str, data, ack_ti
 
     try:
         async with _Acks(nc) as acks:
-            sent: deque[asyncio.Future] = deque()
+            waiting: deque[asyncio.Future] = deque()
             while block := await asyncio.to_thread(data.read, chunk * STORE_CHUNKS):
                 digest.update(block)
-                size += len(block)
                 for at in range(0, len(block), chunk):
-                    sent.append(await acks.publish(subject, block[at:at + chunk]))
+                    waiting.append(await acks.publish(subject, block[at:at + chunk]))
                     chunks += 1
-                    if len(sent) >= in_flight:
-                        await acked(sent.popleft())
-            while sent:
-                await acked(sent.popleft())
+                    if len(waiting) >= in_flight:
+                        await acked(waiting.popleft())
+                size += len(block)
+                if sent is not None:
+                    sent(size)
+            while waiting:
+                await acked(waiting.popleft())
         info = ObjectInfo(name=name, bucket=bucket_name, nuid=nuid, size=size, chunks=chunks,
                           mtime=datetime.now(timezone.utc).isoformat(),
                           options=ObjectMetaOptions(max_chunk_size=chunk),
@@ -1588,10 +1591,12 @@ class JetStreamJournal(Appender):
             path = await asyncio.to_thread(write_checkpoint, Path(tmp), rev, meta, rows)
             return await self.store_checkpoint(path, rev)
 
-    async def store_checkpoint(self, path: Path, rev: int, only: bool = False) -> str:
+    async def store_checkpoint(self, path: Path, rev: int, only: bool = False,
+                               sent: Callable[[int], None] | None = None) -> str:
         """Store the checkpoint file ``path`` (of revision ``rev``) in the bucket; older ones go, and
         with ``only`` every other one (a restore's: newer ones left by a restore cut short too, and
-        stored with STORE_CHUNKS chunks in flight: nothing is served meanwhile)."""
+        stored with STORE_CHUNKS chunks in flight: nothing is served meanwhile). ``sent``: see
+        store_object."""
         from nats.js.errors import NotFoundError
 
         bucket = await self._bucket_store()
@@ -1599,7 +1604,8 @@ class JetStreamJournal(Appender):
         async def store():
             with open(path, "rb") as f:
                 await store_object(self.log.nc, self.log.js, bucket, self.checkpoint_bucket, path.name, f,
-                                   self.log.config.publish_timeout_s, in_flight=STORE_CHUNKS if only else 1)
+                                   self.log.config.publish_timeout_s, in_flight=STORE_CHUNKS if only else 1,
+                                   sent=sent)
 
         try:
             await self.log.retrying("store checkpoint", store)

@@ -174,7 +174,7 @@ def restore_snapshot(snapshot: Path, data_dir: Path, layout: Layout, wal_dir: Pa
         build = _Build(data_dir, layout, imported, imported.leases, wal_dir, jetstream)
         try:
             _fill(imported, {sid: [f] for sid, f in enumerate(build.files)}, report)
-            build.place()
+            build.place(report=report)
         finally:
             build.drop()
     else:
@@ -254,7 +254,8 @@ def _build_cluster(imported: Imported, data_dir: Path, cluster: ClusterLayout, w
             files = {pid: [b.files[0]] for pid, b in enumerate(builds)}  # a partition's layout is one shard
             files[PartitionRouter.EVERY] = [b.files[0] for b in builds]  # rows every partition keeps
             _fill(imported, files, report)
-            members = {p.name: b.place(make_wal=False, role=p.name) for p, b in zip(cluster.partitions, builds)}
+            members = {p.name: b.place(make_wal=False, role=p.name, report=report)
+                       for p, b in zip(cluster.partitions, builds)}
         finally:
             for b in builds:
                 b.drop()
@@ -286,6 +287,14 @@ class _Report:
 
     def written(self, done: int) -> None:
         self.say(f"written {done:,} of {self.rows:,} rows ({100 * done // max(self.rows, 1)} %)")
+
+
+def _upload_lines(report: _Report, shard: str, size: int, prefix: str) -> Callable[[int], None]:
+    """What tells ``report`` how the upload of ``shard``'s checkpoint (``size`` bytes) goes."""
+    def sent(done: int) -> None:
+        report.say(f"stored {done / 1e6:,.1f} of {size / 1e6:,.1f} MB of shard {shard}'s checkpoint in JetStream "
+                   f"(prefix {prefix})")
+    return sent
 
 
 def _fill(imported: Imported, files: dict[int, list[CheckpointFile]], report: _Report | None) -> None:
@@ -338,15 +347,16 @@ class _Build:
             self.drop()
             raise
 
-    def place(self, make_wal: bool = True, role: str = "writer") -> int:
-        """The data dir whole and in place; its member id."""
+    def place(self, make_wal: bool = True, role: str = "writer", report: _Report | None = None) -> int:
+        """The data dir whole and in place; its member id. ``report``: the restore's progress lines,
+        told how the checkpoints' upload to JetStream goes."""
         for f in self.files:
             f.finish()
             failpoints.hit("snapshot.restore_between_shards")
         self.datadir.close()
         self.datadir = None
         if self.jetstream is not None:  # the checkpoints go to JetStream, and only there
-            asyncio.run(_to_jetstream(self.jetstream, self.layout, self.new, self.rev, role))
+            asyncio.run(_to_jetstream(self.jetstream, self.layout, self.new, self.rev, role, report))
         _fsync_tree(self.new)
         if self.data_dir.exists():
             self.data_dir.rmdir()  # empty, checked above
@@ -389,7 +399,8 @@ async def _refuse_used(log: JetStreamLog, names: list[str]) -> None:
                                f"messages): restore needs a new --journal-prefix, or that one's streams deleted")
 
 
-async def _to_jetstream(config: JetStreamConfig, layout: Layout, built: Path, rev: int, role: str) -> None:
+async def _to_jetstream(config: JetStreamConfig, layout: Layout, built: Path, rev: int, role: str,
+                        report: _Report | None = None) -> None:
     """Move each shard's checkpoint from the data dir being built to its stream's bucket, then
     set the writer's acknowledged revision to the restored one; all the while holding the
     writer lease of ``role`` (``writer``, or the partition's name), so that a server started on
@@ -413,7 +424,8 @@ async def _to_jetstream(config: JetStreamConfig, layout: Layout, built: Path, re
             shard_dir = built / "shards" / spec.name
             path = shard_dir / checkpoint_name(rev)
             journal = await log.open_journal(spec.name, shard_dir / "upload", follow=True)  # made if missing
-            await journal.store_checkpoint(path, rev, only=True)
+            sent = None if report is None else _upload_lines(report, spec.name, path.stat().st_size, config.prefix)
+            await journal.store_checkpoint(path, rev, only=True, sent=sent)
             path.unlink()
             failpoints.hit("snapshot.restore_between_uploads")
             await failpoints.pause("snapshot.restore_between_uploads")

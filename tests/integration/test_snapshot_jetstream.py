@@ -209,3 +209,42 @@ def test_a_snapshot_restores_into_the_partitions_jetstream_streams(nats, tmp_pat
             assert everything(part.endpoint) == (want_rev, [k for k in want if mine(k[0])]), name
         finally:
             part.stop()
+
+
+def test_a_restore_into_jetstream_tells_how_each_checkpoints_upload_goes(nats, tmp_path, monkeypatch):
+    """Uploading the checkpoints is a restore's last long step: its progress lines say how much of
+    each shard's checkpoint is stored (here a line per 128 KiB chunk, and a line at every chance)."""
+    import re
+
+    import journal.jetstream
+    from journal.jetstream import JetStreamConfig
+    from shards import snapshot
+    from shards.layout import Router, load_layout
+
+    source = start_shardetcd(tmp_path, name="source")
+    try:
+        with grpc.insecure_channel(source.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            for i in range(3):  # ~300 KB in the pods shard: three chunks
+                kv.Put(pb.PutRequest(key=b"/registry/pods/ns/big%d" % i, value=os.urandom(100_000)), timeout=10)
+            kv.Put(pb.PutRequest(key=b"/registry/configmaps/ns/c", value=b"v"), timeout=10)
+            snap = tmp_path / "snap.db"
+            snap.write_bytes(b"".join(r.blob for r in pbg.MaintenanceStub(ch).Snapshot(pb.SnapshotRequest(),
+                                                                                        timeout=30)))
+    finally:
+        source.stop()
+    monkeypatch.setattr(snapshot, "PROGRESS_S", 0.0)
+    monkeypatch.setattr(journal.jetstream, "STORE_CHUNKS", 1)
+    lines: list[str] = []
+    layout = load_layout(None)
+    snapshot.restore_snapshot(snap, tmp_path / "data", layout, progress=lines.append,
+                              jetstream=JetStreamConfig(urls=tuple(nats.urls.split(",")), prefix="told"))
+    stored: dict[str, list[tuple[float, float]]] = {}
+    for line in lines:
+        if m := re.fullmatch(r"stored ([\d.]+) of ([\d.]+) MB of shard (\w+)'s checkpoint in JetStream \(prefix told\)",
+                             line):
+            stored.setdefault(m[3], []).append((float(m[1]), float(m[2])))
+    assert sorted(stored) == sorted(s.name for s in layout.shards), lines
+    assert all(told[-1][0] == told[-1][1] for told in stored.values()), stored  # each to its end
+    pods = stored[layout.shards[Router(layout).shard_for_key(b"/registry/pods/ns/big0")].name]
+    assert len(pods) == 3 and pods[0][0] <= pods[1][0] <= pods[2][0] == pods[2][1] >= 0.3 > pods[0][0], pods
