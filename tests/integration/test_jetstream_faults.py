@@ -353,8 +353,11 @@ def test_metrics_show_the_nats_connection_and_the_writer_lease_through_a_cut(tmp
     proxy = TcpProxy(nats.servers[0].client_port).start()
     via = SimpleNamespace(urls=f"nats://127.0.0.1:{proxy.port}")
     standby_metrics = f"http://127.0.0.1:{free_port()}"
-    writer = server_on(via, tmp_path / "w", "--journal-replicas", "1").start()
-    standby = server_on(nats, tmp_path / "s", "--journal-replicas", "1", "--standby",
+    # a lease of 15 s (renewed every 5): the cut fails a renewal well before the standby could take
+    # the lease, also on a loaded machine (with the default 3 s it once did, and the writer stopped)
+    ttl = ("--journal-lease-ttl", "15")
+    writer = server_on(via, tmp_path / "w", "--journal-replicas", "1", *ttl).start()
+    standby = server_on(nats, tmp_path / "s", "--journal-replicas", "1", "--standby", *ttl,
                         "--listen-metrics-urls", standby_metrics)
     try:
         standby.start(wait=False)
