@@ -157,11 +157,15 @@ class _Acks:
         self.sub = await self.nc.subscribe(f"{self.inbox}.*", cb=self._answered)
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, typ, exc, tb) -> None:
         for fut in self.waiting.values():
             if not fut.cancel() and not fut.cancelled():
                 fut.exception()  # retrieved: the first failure is the one raised
-        await self.sub.unsubscribe()
+        try:
+            await self.sub.unsubscribe()
+        except Exception:  # noqa: BLE001 - the connection closed, say: the error that ended the store is the one to raise
+            if exc is None:
+                raise
 
     async def publish(self, subject: str, payload: bytes) -> asyncio.Future:
         self.sent += 1

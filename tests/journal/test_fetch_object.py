@@ -212,3 +212,20 @@ def test_a_chunk_no_stream_takes_is_no_stream_response_as_js_publish_raises_it(n
         return raised
 
     assert with_bucket(nats_cluster, body) == [True, True]
+
+
+def test_a_store_ended_by_a_closed_connection_raises_what_ended_it(nats_cluster):
+    """Leaving the acknowledgements' inbox cannot be done on a closed connection: the error that
+    ended the store is raised, not that one."""
+    import nats
+
+    from journal.jetstream import _Acks
+
+    async def main():
+        nc = await nats.connect(servers=nats_cluster.urls.split(","))
+        with pytest.raises(ZeroDivisionError):
+            async with _Acks(nc):
+                await nc.close()
+                1 / 0
+
+    asyncio.run(asyncio.wait_for(main(), 60))
