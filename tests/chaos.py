@@ -32,6 +32,7 @@ import argparse
 import math
 import os
 import random
+import shlex
 import signal
 import sys
 import tempfile
@@ -58,8 +59,8 @@ READS = (1, 0, 0, 0)  # only gets (test_linearizability.MIXED: every kind of ope
 class Member:
     """One shardetcd process slot: its data dir and port outlive each process in it."""
 
-    def __init__(self, nats, base: Path, name: str, *flags: str) -> None:
-        self.base, self.name = base / name, name
+    def __init__(self, nats, base: Path, name: str, *flags: str, server_args: tuple[str, ...] = ()) -> None:
+        self.base, self.name, self.server_args = base / name, name, server_args
         self.proxies = [TcpProxy(server.client_port).start() for server in nats.servers]
         self.urls = ",".join(f"nats://127.0.0.1:{p.port}" for p in self.proxies)
         self.port, self.metrics_port = free_port(), free_port()
@@ -69,7 +70,8 @@ class Member:
         return ShardetcdProcess(data_dir=self.base / "data", state_dir=self.base / "state", port=self.port,
                                 log_path=self.base / "shardetcd.log", timeout=120,  # a long run's catch-up reads grow
                                 extra_args=("--journal-url", self.urls,
-                                            "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}", *flags))
+                                            "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}",
+                                            *self.server_args, *flags))
 
     @property
     def endpoint(self) -> str:
@@ -228,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"(default: a random one per round, of {','.join(FAULTS)})")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--dir", type=Path, default=None, help="where data, logs and failing histories go")
+    ap.add_argument("--server-args", default="", help="more shardetcd flags for every member, e.g. "
+                    "'--checkpoint-journal-bytes 20000' for a checkpoint stored and the journal released every few writes")
     args = ap.parse_args(argv)
+    server_args = tuple(shlex.split(args.server_args))
     listed = [f for f in args.faults.split(",") if f]
     if unknown := set(listed) - set(FAULTS):
         ap.error(f"unknown faults: {sorted(unknown)}")
@@ -244,9 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     nats = start_nats_cluster(out / "nats", size=3, extra=("--no_advertise",))  # members go through their proxies
     members: list[Member] = []
     try:
-        members.append(Member(nats, out, "m0"))
+        members.append(Member(nats, out, "m0", server_args=server_args))
         for i in (1, 2):  # one by one: the finally below stops those that started if one does not
-            members.append(Member(nats, out, f"m{i}", "--follow", "--standby"))
+            members.append(Member(nats, out, f"m{i}", "--follow", "--standby", server_args=server_args))
         ends = time.monotonic() + args.minutes * 60
         r = 0
         while (r < len(listed) if listed else r < args.rounds if args.rounds else time.monotonic() < ends):
