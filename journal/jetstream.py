@@ -1625,10 +1625,14 @@ class JetStreamJournal(Appender):
             await self.log.retrying("store checkpoint", store)
         for name, other in await self._checkpoint_objects(bucket):
             if other < rev or (only and name != path.name):
-                try:
-                    await bucket.delete(name)
-                except NotFoundError:
-                    pass
+                async def delete(name=name) -> None:
+                    try:
+                        await bucket.delete(name)
+                    except NotFoundError:
+                        pass  # gone already (an earlier try deleted it)
+
+                # again while NATS does not answer (a server lost): else the checkpoint, stored, would count as failed
+                await self.log.retrying(f"delete checkpoint {name}", delete)
         return f"nats:{self.checkpoint_bucket}/{path.name}"
 
     async def load_checkpoint(self) -> Checkpoint | None:

@@ -229,3 +229,38 @@ def test_a_store_ended_by_a_closed_connection_raises_what_ended_it(nats_cluster)
                 1 / 0
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_an_older_checkpoint_whose_delete_gets_no_answer_is_deleted_on_a_retry(nats_cluster, tmp_path):
+    """A NATS server lost just after a checkpoint is stored: deleting the older one times out.
+    The delete is tried again (the checkpoint, stored, does not count as failed) and the older
+    one goes."""
+    from nats.errors import TimeoutError as NatsTimeout
+
+    from journal.jetstream import JetStreamConfig, JetStreamLog
+
+    async def main():
+        log = await JetStreamLog(JetStreamConfig(urls=tuple(nats_cluster.urls.split(",")), prefix="deletes")).connect()
+        try:
+            journal = await log.open_journal("j", tmp_path / "j")
+            await journal.start()
+            await journal.save_checkpoint(5, b"meta-5", iter([b"a"]))
+            bucket = await journal._bucket_store()
+            real, tries = bucket.delete, []
+
+            async def no_answer_first(name):
+                tries.append(name)
+                if len(tries) == 1:
+                    raise NatsTimeout
+                return await real(name)
+
+            bucket.delete = no_answer_first
+            await journal.save_checkpoint(9, b"meta-9", iter([b"b"]))
+            left = sorted(rev for _, rev in await journal._checkpoint_objects(bucket))
+            await journal.close()
+            return tries, left
+        finally:
+            await log.close()
+
+    tries, left = asyncio.run(asyncio.wait_for(main(), 60))
+    assert tries == ["checkpoint-0000000000000005.ckpt"] * 2 and left == [9]
