@@ -92,6 +92,16 @@ class Member:
             return f"{self.name}: no metrics ({exc})"
         return f"{self.name}: " + "; ".join(line for line in text.splitlines() if line.startswith("shardetcd_follower_"))
 
+    def checkpoints_stored(self) -> int | None:
+        """Checkpoints its process stored since it started, every shard's (None: no metrics)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        return sum(int(float(line.rpartition(" ")[2])) for line in text.splitlines()
+                   if line.startswith("shardetcd_shard_checkpoints_total{"))
+
     def status(self) -> pb.StatusResponse | None:
         try:
             with grpc.insecure_channel(self.endpoint) as ch:
@@ -218,7 +228,8 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     check_linearizable(history, out, f"round{r}-{fault}", keys)
     writer = the_writer(members)
     view = converged(members, keys, log)
-    log(f"  linearizable; writer {writer.name}; members agree on {sum(len(v) for v in view.values())} keys")
+    log(f"  linearizable; writer {writer.name}; members agree on {sum(len(v) for v in view.values())} keys; "
+        f"the writer stored {writer.checkpoints_stored()} checkpoints since it started")
 
 
 def main(argv: list[str] | None = None) -> int:
