@@ -561,7 +561,12 @@ async def start(config: ServerConfig) -> Running:
     served = [f"etcdserverpb.{name}" for name in services] + ["v3lockpb.Lock", "v3electionpb.Election",
                                                                "grpc.health.v1.Health"]
     server.add_generic_rpc_handlers([unknown_methods(served)])  # last: only what nothing else serves
-    ports = []
+    gateway = Gateway(services | recipes, config.max_message_bytes, front, gate)  # as a gRPC call would go
+    endpoint = HttpEndpoint(member, Metrics(member), gateway)
+    if isinstance(server, grpcserver.Server):  # HTTP on the client port too, as etcd serves it
+        server.http1, server.http2 = endpoint.handle_client_port, endpoint.serve
+        server.http1_read_limit = READER_LIMIT
+    ports, http = [], []
     try:
         creds = tls_credentials(config) if any(tls for _, tls in addresses) else None
         for url, (addr, tls) in zip(config.listen_client_urls, addresses):
@@ -569,8 +574,15 @@ async def start(config: ServerConfig) -> Running:
                 ports.append(server.add_secure_port(addr, creds) if tls else server.add_insecure_port(addr))
             except RuntimeError:
                 raise StartupError(f"cannot listen on {url}: address in use or not available") from None
+        # the metrics URLs before the client port serves: whoever finds that serving finds them too
+        # (a probe of /health, a scrape right after a start)
+        http = await serve_metrics(config, endpoint)
         await server.start()
     except BaseException:
+        for listener in http:
+            listener.close()
+        if registry is not None:
+            await registry.stop()
         await store.close()
         await release_writer_lease(lease)
         raise
@@ -578,24 +590,13 @@ async def start(config: ServerConfig) -> Running:
     logger.info("serving event_loop=%s", type(loop).__module__.split(".")[0])  # uvloop or asyncio
     progress = loop.create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
     running = Running(server, store, ports, failed, progress, lease=lease, link=link, following=following,
-                      registry=registry)
+                      registry=registry, http=http)
     if member.leader_probe is not None:  # a replicated journal's writer or follower can lose its leader
         running.leaderless = loop.create_task(member.end_streams_without_a_leader(config.journal_lease_ttl_s / 3))
     if link is None:  # a follower's journals are written by the writer, compactions included
         running.autocompact = autocompact.start(config.auto_compaction, lambda: store.committed, store.compact)
     elif lease is not None:
         running.promotion = loop.create_task(promote_when_free(running, member, config))
-
-    try:
-        gateway = Gateway(services | recipes, config.max_message_bytes, front, gate)  # as a gRPC call would go
-        endpoint = HttpEndpoint(member, Metrics(member), gateway)
-        if isinstance(server, grpcserver.Server):  # HTTP on the client port too, as etcd serves it
-            server.http1, server.http2 = endpoint.handle_client_port, endpoint.serve
-            server.http1_read_limit = READER_LIMIT
-        running.http = await serve_metrics(config, endpoint)
-    except BaseException:
-        await stop(running)
-        raise
     return running
 
 
