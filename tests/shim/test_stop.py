@@ -1,4 +1,5 @@
-"""shim.server.bounded: a stop that hangs ends the process, saying where it hung."""
+"""shim.server.bounded: a stop that hangs ends the process, saying where it hung; and what a start
+has bound by the time the client port serves."""
 import asyncio
 import logging
 
@@ -111,3 +112,37 @@ def test_after_the_stop_every_task_left_is_ended_even_one_that_loses_a_cancel():
         assert left.cancelled() and lost == [1] and ended.is_set()
 
     asyncio.run(asyncio.wait_for(main(), 10))  # a deadline for a hang, not a timing
+
+
+def test_the_metrics_urls_are_bound_before_the_client_port_serves(tmp_path, monkeypatch):
+    """Whoever finds the client port serving finds the metrics URLs too (a probe of /health, or a
+    test's scrape right after a start): they are listening when the gRPC server starts."""
+    import socket
+
+    from shim import grpcserver, server
+    from shim.config import ServerConfig
+    from tests.etcd_fixture import free_port
+
+    client, metrics = free_port(), free_port()
+    config = ServerConfig(data_dir=tmp_path / "data", state_dir=tmp_path / "state",
+                          listen_client_urls=(f"http://127.0.0.1:{client}",),
+                          listen_metrics_urls=(f"http://127.0.0.1:{metrics}",))
+    listening = []
+    real_start = grpcserver.Server.start
+
+    async def start(self):
+        try:
+            socket.create_connection(("127.0.0.1", metrics), timeout=2).close()
+            listening.append(True)
+        except OSError:
+            listening.append(False)
+        return await real_start(self)
+
+    monkeypatch.setattr(grpcserver.Server, "start", start)
+
+    async def main():
+        running = await server.start(config)
+        await server.stop(running)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert listening == [True]
