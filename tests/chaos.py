@@ -46,6 +46,7 @@ import grpc
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.test_linearizability import KEYS, MIXED, check_linearizable, client
+from tests.integration.test_metrics import scrape
 from tests.nats_fixture import start_nats_cluster
 from tests.shardetcd_fixture import ShardetcdProcess
 from tests.tcp_proxy import TcpProxy
@@ -95,12 +96,10 @@ class Member:
     def checkpoints_stored(self) -> int | None:
         """Checkpoints its process stored since it started, every shard's (None: no metrics)."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-                text = r.read().decode()
+            m = scrape(f"http://127.0.0.1:{self.metrics_port}")
         except OSError:
             return None
-        return sum(int(float(line.rpartition(" ")[2])) for line in text.splitlines()
-                   if line.startswith("shardetcd_shard_checkpoints_total{"))
+        return int(sum(v for (name, _), v in m.items() if name == "shardetcd_shard_checkpoints_total"))
 
     def status(self) -> pb.StatusResponse | None:
         try:
