@@ -16,7 +16,7 @@ import heapq
 import logging
 from collections import Counter, deque
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from .errors import (
     CompactedError,
     DataDirError,
     FutureRevisionError,
+    KeyNotFoundError,
     LeaseExistsError,
     LeaseNotFoundError,
     LeaseTTLTooLargeError,
@@ -54,6 +55,9 @@ from .watch import WatchHub
 from .steps import Steps, T
 from .counts import MvccCounts
 from .write import STEP_KEYS, WriteTxn, single_key_writes
+
+# what a write's own checks refuse before it changes anything: answered to that write alone
+REFUSALS = (LeaseNotFoundError, KeyNotFoundError, CompactedError, FutureRevisionError)
 
 logger = logging.getLogger(__name__)
 ACKNOWLEDGED_EVERY_S = 1.0  # how often a replicated journal's writer publishes its committed revision
@@ -461,6 +465,34 @@ class Store:
         await self.wait_committed(self._append(w))
         return result
 
+    async def put_many(self, reqs: Sequence[PutReq]) -> list[PutResult | Exception]:
+        """Puts that arrived together (shim.handlers.batched), each its own revision, in order, and
+        waited for as one: committed once the last is. A put its checks refuse (an unknown lease, a
+        missing key for ignore_value) has that error in its place and takes no revision; an error
+        of the store itself (failed, timed out) is raised for all."""
+        if self.failure is not None:
+            self._check_alive()
+        if self._grants_in_flight:
+            await self._grants_durable([req.lease for req in reqs if req.lease])
+        if self._gate is not None:
+            await self._gate_open()
+        results: list[PutResult | Exception] = []
+        rev = 0
+        for req in reqs:
+            w = WriteTxn(self)
+            try:
+                w.check_put(req)
+            except REFUSALS as exc:
+                results.append(exc)
+                continue
+            results.append(w.put(req))
+            if w.ops > 1:  # it read the previous value: etcd counts a txn (counts.py)
+                self.counts.txns += 1
+            rev = self._append(w)
+        if rev:
+            await self.wait_committed(rev)
+        return results
+
     async def delete_range(self, req: DeleteReq) -> DeleteResult:
         if self.failure is not None:
             self._check_alive()
@@ -476,17 +508,63 @@ class Store:
             await self._grants_durable(_txn_leases(req))
         if self._gate is not None:
             await self._gate_open()
-        w = WriteTxn(self)
         writes = single_key_writes(req)
         if writes is None:
+            w = WriteTxn(self)
             return await self._run(w, w.txn_steps(req))
+        w, result, rev = self._txn_now(req, writes)
+        await self._answerable(w, rev)
+        return result
+
+    async def txn_many(self, reqs: Sequence[TxnReq]) -> list[TxnResult | Exception]:
+        """Txns that arrived together, as put_many: those on one key each (single_key_writes) run at
+        once, in order, and are waited for as one; any other runs as ``txn`` runs it, beside them,
+        with whatever it raises in its place. A txn its checks refuse has that error in its place;
+        an error of the store itself is raised for all."""
+        if self.failure is not None:
+            self._check_alive()
+        if self._grants_in_flight:
+            await self._grants_durable([lease for req in reqs for lease in _txn_leases(req)])
+        if self._gate is not None:
+            await self._gate_open()
+        results: list = []
+        others = []
+        rev = None
+        read_only = False
+        for req in reqs:
+            writes = single_key_writes(req)
+            if writes is None:
+                others.append((len(results), req))
+                results.append(None)
+                continue
+            try:
+                w, result, rev_w = self._txn_now(req, writes)
+            except REFUSALS as exc:
+                results.append(exc)
+                continue
+            results.append(result)
+            rev = rev_w  # revisions only grow: a read-only txn's is the latest
+            read_only = read_only or not w.sub
+        if others:
+            done = await asyncio.gather(*(self.txn(req) for _, req in others), return_exceptions=True)
+            for (i, _), result in zip(others, done):
+                results[i] = result
+        if rev is not None:
+            await self.wait_committed(rev)
+            if read_only and self.read_guard is not None and (unsure := self.read_guard()) is not None:
+                await unsure
+        return results
+
+    def _txn_now(self, req: TxnReq, writes: bool) -> tuple[WriteTxn, TxnResult, int]:
+        """A txn on one key each (single_key_writes gave ``writes``) run and journaled at once:
+        its write txn, its result and the revision to wait for."""
+        w = WriteTxn(self)
         try:
             result = w.txn_now(req, writes)
             rev = self._append(w)
         finally:
             w.end_metrics_txn()
-        await self._answerable(w, rev)
-        return result
+        return w, result, rev
 
     async def _pause(self) -> None:
         """Between two slices of long work: let the loop run others for a while
