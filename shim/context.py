@@ -147,6 +147,18 @@ async def confirmed_or_abort(context: grpc.aio.ServicerContext, unsure: Awaitabl
         await abort_with(context, exc)
 
 
+def ended_with(context, exc: BaseException) -> BaseException:
+    """abort_with for a call answered in a batch (handlers.batched, the native server's Call):
+    the call ends now with etcd's status for ``exc`` and the AbortError its handler would have
+    raised is returned; an unexpected error is logged and returned as it is."""
+    status = status_of(exc)
+    if status is None:
+        logger.error("unexpected error serving request", exc_info=exc)
+        return exc
+    context.end(*status)
+    return grpc.aio.AbortError()
+
+
 async def abort_with(context: grpc.aio.ServicerContext, exc: Exception):
     """Answer with etcd's status for ``exc``; unexpected errors are logged and re-raised."""
     status = status_of(exc)

@@ -290,7 +290,7 @@ class Call:
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
         """The call ends now with this status, whichever task aborts it (as grpc.aio's): a
         stream's request reader aborting ends the call its handler is still serving."""
-        self._end(code, details)
+        self.end(code, details)
         raise grpc.aio.AbortError()
 
     def set_code(self, code: grpc.StatusCode) -> None:
@@ -366,7 +366,7 @@ class Call:
     def received(self, data: bytes) -> bool:
         """DATA for this call: complete messages queued; False if the call was refused."""
         if self.refusal is not None:
-            self._end(*self.refusal)
+            self.end(*self.refusal)
             return False
         recv = self.recv
         recv += data
@@ -375,7 +375,7 @@ class Call:
             options = self.conn.server.options
             size_cap = options.max_receive_message_bytes
             if size > size_cap:  # refused before it is held, in grpc-go's words
-                self._end(grpc.StatusCode.RESOURCE_EXHAUSTED, f"grpc: received message larger than max ({size} "
+                self.end(grpc.StatusCode.RESOURCE_EXHAUSTED, f"grpc: received message larger than max ({size} "
                             f"vs. {options.receive_limit_bytes or size_cap})")
                 return False
             if len(recv) < 5 + size:
@@ -386,7 +386,7 @@ class Call:
             if compressed:
                 refused = self._decompress(raw, compressed, options.receive_limit_bytes or size_cap)
                 if type(refused) is not bytes:
-                    self._end(*refused)
+                    self.end(*refused)
                     return False
                 raw = refused
                 if self.streaming_request:  # taking it credits len(raw) + 5: what was sent is size + 5
@@ -409,7 +409,7 @@ class Call:
         except TooLarge as exc:
             return grpc.StatusCode.RESOURCE_EXHAUSTED, f"grpc: received message larger than max ({exc.size} vs. {limit})"
 
-    def _end(self, code: grpc.StatusCode, message: str) -> None:
+    def end(self, code: grpc.StatusCode, message: str) -> None:
         """The call ends now with this status, its handler cancelled (unless it is the caller)."""
         if self.closed:
             return
@@ -498,7 +498,7 @@ class Call:
         if self.closed:
             return
         self.expired = True
-        self._end(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        self.end(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         self.conn.reset(self.sid, CANCEL)
 
     def cancel(self) -> None:
@@ -1070,14 +1070,16 @@ class Connection(asyncio.Protocol):
         call.half_closed()
         if call.streaming_request:
             if call.recv and not call.closed:  # in the middle of a message: a streaming Recv's error
-                call._end(grpc.StatusCode.INTERNAL, "unexpected EOF")
+                call.end(grpc.StatusCode.INTERNAL, "unexpected EOF")
             return
         if call.task is not None or call.closed:
             return
         if call.refusal is not None:
             call.finish(*call.refusal)
         elif call.messages:
-            if getattr(call.handler.unary_unary, "eager", False):
+            if (batch := getattr(call.handler.unary_unary, "batch", None)) is not None:
+                self.server.batch(batch, call)
+            elif getattr(call.handler.unary_unary, "eager", False):
                 self.starting.append(call)  # begun once the rest of this read is handled (data_received)
             else:
                 call.task = self.loop.create_task(self.server.run(call))
@@ -1261,6 +1263,7 @@ class Server:
         self.listeners: list[asyncio.AbstractServer] = []
         self.connections: set[Connection] = set()
         self.tasks: set[asyncio.Task] = set()
+        self.batches: dict = {}  # handlers.batched's batch -> its calls completed this loop turn
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
         # an HTTP/1.1 connection on the gRPC port goes here: handler(reader, writer), as asyncio.start_server's
@@ -1324,13 +1327,71 @@ class Server:
 
     def begin(self, call: Call) -> None:
         """Run a unary call's handler here and now, up to where it first waits; a task takes the rest."""
-        coro = self.run(call)
+        call.task = self._start(self.run(call))
+
+    def _start(self, coro) -> asyncio.Task | None:
+        """Run ``coro`` here and now up to where it first waits; a task (returned) takes the rest."""
         try:
             awaited = coro.send(None)
         except StopIteration:
-            return
-        call.task = task = self.loop.create_task(_Rest(coro, awaited))
+            return None
+        task = self.loop.create_task(_Rest(coro, awaited))
         self.tasks.add(task)
+        return task
+
+    def batch(self, batch, call: Call) -> None:
+        """``call``'s request is complete and its method is batched (handlers.batched): it joins the
+        calls to ``batch`` of this loop turn, which start together at the turn's end."""
+        calls = self.batches.get(batch)
+        if calls is None:
+            if not self.batches:
+                self.loop.call_soon(self._start_batches)
+            calls = self.batches[batch] = []
+        calls.append(call)
+
+    def _start_batches(self) -> None:
+        batches, self.batches = self.batches, {}
+        for batch, calls in batches.items():
+            calls = [call for call in calls if not call.closed]  # not reset or expired meanwhile
+            if len(calls) > 1:
+                self._start(self._run_batch(batch, calls))
+            elif calls:  # alone: its own handler is cheaper than a batch of one
+                self.begin(calls[0])
+
+    async def _run_batch(self, batch, calls: list[Call]) -> None:
+        """Answer ``calls`` through ``batch``, each with its own response or status. The calls
+        have no task of their own (call.task): one reset, expiring or aborted leaves the others be."""
+        try:
+            try:
+                results = await batch([call.deserialize(call.messages.popleft()) for call in calls], calls)
+            except asyncio.CancelledError as exc:  # the server is stopping
+                results = [exc] * len(calls)
+            except Exception as exc:
+                logger.exception("gRPC handler failed method=%s", calls[0].method)
+                results = [exc] * len(calls)
+            for call, result in zip(calls, results):
+                if call.closed:  # reset, expired or refused meanwhile
+                    continue
+                if isinstance(result, BaseException):
+                    self._failed(call, result)
+                else:
+                    call.send_message(call.serialize(result))
+                    call.finish()
+        finally:
+            for call in calls:
+                self.call_over(call, None)
+            self.tasks.discard(asyncio.current_task())
+
+    @staticmethod
+    def _failed(call: Call, exc: BaseException) -> None:
+        """``call``'s handler ended in ``exc``: the status the call ends with."""
+        if isinstance(exc, grpc.aio.AbortError):
+            call.finish(call._code or grpc.StatusCode.UNKNOWN, call._details)  # set by abort; this is for a handler's own
+        elif isinstance(exc, asyncio.CancelledError):
+            if not call.closed:  # the server is stopping
+                call.finish(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+        elif not isinstance(exc, _Ended):
+            call.finish(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
 
     async def run(self, call: Call) -> None:
         """Run ``call``'s handler and send its answer and status."""
@@ -1357,16 +1418,11 @@ class Server:
                 fn = handler.stream_unary if handler.request_streaming else handler.unary_unary
                 call.send_message(call.serialize(await fn(request, call)))
             call.finish()
-        except grpc.aio.AbortError:
-            call.finish(call._code or grpc.StatusCode.UNKNOWN, call._details)  # set by abort; this is for a handler's own
-        except _Ended:
-            pass
-        except asyncio.CancelledError:
-            if not call.closed:  # the server is stopping
-                call.finish(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+        except (grpc.aio.AbortError, _Ended, asyncio.CancelledError) as exc:
+            self._failed(call, exc)
         except Exception as exc:
             logger.exception("gRPC handler failed method=%s", call.method)
-            call.finish(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
+            self._failed(call, exc)
         finally:
             self.call_over(call, call.task)
 

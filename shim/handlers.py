@@ -200,6 +200,76 @@ def eager(method):
     return method
 
 
+def batched(batch):
+    """Mark a unary servicer method as one the native gRPC server may answer in batches: the calls to
+    it whose requests were completed in one loop turn are handed at its end, together, to
+    ``batch(self, requests, contexts)`` in one task, which returns per call its response or the
+    exception that ended it (``context.ended_with``). A write's task, future and wake-up are then
+    one per batch instead of one per call. The method itself still answers a call alone (grpc.aio's
+    server, the HTTP gateway, a follower's gate)."""
+    def mark(method):
+        method.batch = batch
+        return method
+
+    return mark
+
+
+def _ended(context, code: grpc.StatusCode, message: str) -> grpc.aio.AbortError:
+    """A batched call refused before its handler sees it: ended now, as an abort would."""
+    context.end(code, message)
+    return grpc.aio.AbortError()
+
+
+def _unary_batch(batch, stats: RpcStats):
+    """_unary for the calls of a batch (``batched``): each refused and counted as _unary does one;
+    the rest answered by ``batch`` together. Returns per call its response or what ended it."""
+    async def handle(requests: list, contexts: list) -> list:
+        results: list = [None] * len(requests)
+        taken, taken_requests, taken_contexts = [], [], []
+        for i, (request, context) in enumerate(zip(requests, contexts)):
+            if type(request) is Malformed:  # grpc-go refuses it before its metrics see the call
+                results[i] = _ended(context, request.code, request.message)
+                continue
+            ClientRequests.note("unary", context)
+            if Leader.missing and requires_a_leader(context):
+                results[i] = _ended(context, *NO_LEADER)
+                continue
+            taken.append(i)
+            taken_requests.append(request)
+            taken_contexts.append(context)
+        if not taken:
+            return results
+        n = len(taken)
+        stats.started += n
+        stats.received += n
+        Traffic.calls += n
+        start = perf_counter()
+        try:
+            answers = await batch(taken_requests, taken_contexts)
+        except BaseException as exc:
+            for context in taken_contexts:
+                stats.ended(context, exc)
+            raise
+        finally:
+            Traffic.calls -= n
+            if (took := perf_counter() - start) > Slow.threshold_s:
+                for request in taken_requests:
+                    Slow.noted(stats, took, request)
+            if Handling.on:
+                for _ in taken:
+                    stats.handled_in(took)
+        for i, context, answer in zip(taken, taken_contexts, answers):
+            if isinstance(answer, BaseException):
+                stats.ended(context, answer)
+            else:
+                stats.handled[0] += 1
+                stats.sent += 1
+            results[i] = answer
+        return results
+
+    return handle
+
+
 def _unary(fn, gate, stats: RpcStats):
     async def handle(request, context):
         if type(request) is Malformed:  # grpc-go refuses it before its metrics see the call
@@ -229,6 +299,8 @@ def _unary(fn, gate, stats: RpcStats):
         return result
 
     handle.eager = gate is None and getattr(fn, "eager", False)
+    if gate is None and (batch := getattr(fn, "batch", None)) is not None:
+        handle.batch = _unary_batch(batch.__get__(fn.__self__), stats)
     return handle
 
 

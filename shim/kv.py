@@ -6,8 +6,10 @@ import grpc
 from proto import rpc_pb2 as pb
 
 from . import convert, quota, txn, validate, wire
-from .context import Member, abort_with
-from .handlers import eager
+from shards.types import PutReq, PutResult, TxnReq, TxnResult
+
+from .context import Member, abort_with, ended_with
+from .handlers import batched, eager
 
 
 class KVService:
@@ -35,21 +37,33 @@ class KVService:
             await abort_with(context, exc)
         return wire.range_response(self.m.headers.framed(r.revision), r.kvs, r.more, r.count)
 
+    def _put_req(self, request: pb.PutRequest, context: grpc.aio.ServicerContext) -> PutReq:
+        """A Put's checks, in etcd's order, and the store's request for it."""
+        validate.check_put(request)
+        if self.m.guard is not None:
+            validate.check_partition(self.m.guard, (request.key,))
+        if auth := self.auth.enabled:
+            user = self.access.caller(context)
+        validate.check_size(request, self.m.config.max_request_bytes)
+        if auth:
+            self.access.put(user, request)
+        self.m.quota.check(quota.cost_put(request), capped=True)
+        return convert.put_req(request)
+
+    def _put_answer(self, r: PutResult) -> bytes:
+        return wire.put_response(self.m.headers.framed(r.revision), r.prev_kv)
+
+    async def put_batch(self, requests: list, contexts: list) -> list:
+        """Put for calls that arrived together: checked one by one, stored as one (Store.put_many)."""
+        return await self._batch(requests, contexts, self._put_req, self.store.put_many, self._put_answer)
+
+    @batched(put_batch)
     async def Put(self, request: pb.PutRequest, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            validate.check_put(request)
-            if self.m.guard is not None:
-                validate.check_partition(self.m.guard, (request.key,))
-            if auth := self.auth.enabled:
-                user = self.access.caller(context)
-            validate.check_size(request, self.m.config.max_request_bytes)
-            if auth:
-                self.access.put(user, request)
-            self.m.quota.check(quota.cost_put(request), capped=True)
-            r = await self.store.put(convert.put_req(request))
+            r = await self.store.put(self._put_req(request, context))
         except Exception as exc:
             await abort_with(context, exc)
-        return wire.put_response(self.m.headers.framed(r.revision), r.prev_kv)
+        return self._put_answer(r)
 
     async def DeleteRange(self, request: pb.DeleteRangeRequest, context: grpc.aio.ServicerContext) -> bytes:
         try:
@@ -66,21 +80,58 @@ class KVService:
             await abort_with(context, exc)
         return wire.delete_response(self.m.headers.framed(r.revision), r.deleted, r.prev_kvs)
 
+    def _txn_req(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> TxnReq:
+        """A Txn's checks, in etcd's order, and the store's request for it."""
+        checked = txn.check_txn(request, self.m.config.max_txn_ops)
+        if self.m.guard is not None:
+            validate.check_partition(self.m.guard, checked.written)
+        if auth := self.auth.enabled:
+            user = self.access.caller(context)
+        validate.check_size(request, self.m.config.max_request_bytes)
+        if auth:
+            self.access.txn(user, request)
+        self.m.quota.check(checked.cost, capped=checked.cost > 0)
+        return checked.req
+
+    def _txn_answer(self, r: TxnResult) -> bytes:
+        return wire.txn_response(self.m.headers.framed(r.revision), r)
+
+    async def txn_batch(self, requests: list, contexts: list) -> list:
+        """Txn for calls that arrived together: checked one by one, stored as one (Store.txn_many)."""
+        return await self._batch(requests, contexts, self._txn_req, self.store.txn_many, self._txn_answer)
+
+    @batched(txn_batch)
     async def Txn(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            checked = txn.check_txn(request, self.m.config.max_txn_ops)
-            if self.m.guard is not None:
-                validate.check_partition(self.m.guard, checked.written)
-            if auth := self.auth.enabled:
-                user = self.access.caller(context)
-            validate.check_size(request, self.m.config.max_request_bytes)
-            if auth:
-                self.access.txn(user, request)
-            self.m.quota.check(checked.cost, capped=checked.cost > 0)
-            r = await self.store.txn(checked.req)
+            r = await self.store.txn(self._txn_req(request, context))
         except Exception as exc:
             await abort_with(context, exc)
-        return wire.txn_response(self.m.headers.framed(r.revision), r)
+        return self._txn_answer(r)
+
+    @staticmethod
+    async def _batch(requests: list, contexts: list, check, store_many, answer) -> list:
+        """Calls that arrived together (shim.handlers.batched): each checked (``check``: its
+        store request, or the error it is refused with), the rest stored as one (``store_many``),
+        each answered (``answer``). Per call: its response, or what ended it (``ended_with``)."""
+        results: list = []
+        reqs = []
+        for request, context in zip(requests, contexts):
+            try:
+                reqs.append(check(request, context))
+                results.append(None)
+            except Exception as exc:
+                results.append(ended_with(context, exc))
+        if reqs:
+            try:
+                done = await store_many(reqs)
+            except Exception as exc:  # the store's own error: every call's
+                done = [exc] * len(reqs)
+            stored = iter(done)
+            for i, result in enumerate(results):
+                if result is None:
+                    r = next(stored)
+                    results[i] = ended_with(contexts[i], r) if isinstance(r, BaseException) else answer(r)
+        return results
 
     async def Compact(self, request: pb.CompactionRequest, context: grpc.aio.ServicerContext) -> pb.CompactionResponse:
         try:

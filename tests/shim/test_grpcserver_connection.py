@@ -50,6 +50,9 @@ class Transport:
     def get_write_buffer_size(self) -> int:
         return 0
 
+    def can_write_eof(self) -> bool:
+        return False
+
 
 def frames(data: bytes) -> list[tuple[int, int, bytes]]:
     """(type, stream, payload) of each whole frame in ``data``."""
@@ -393,5 +396,167 @@ def test_an_eager_reads_wait_for_a_sure_writer_lease_runs_in_a_task():
         assert len(inside) == 1 and inside[0] is not None
         assert answer(transport) == ([b"read"], "0", None)
         conn.connection_lost(None)
+
+    asyncio.run(run())
+
+
+# -- unary calls answered in batches (handlers.batched) ----------------------------------------
+
+
+def requests_bytes(requests: dict[int, bytes], first: bool = True) -> bytes:
+    """Whole unary calls of the test server's one method, one per stream: {stream id: request}
+    (after the connection's preface if ``first``)."""
+    headers = hpack_literals([(":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+                              ("content-type", "application/grpc"), ("te", "trailers")])
+    out = PREFACE + frame(SETTINGS, 0, 0) if first else b""
+    for sid, request in requests.items():
+        out += frame(HEADERS, END_HEADERS, sid, headers) + frame(DATA, END_STREAM, sid, grpc_message(request))
+    return out
+
+
+def answers(transport: Transport) -> dict[int, tuple[list[bytes], str | None, str | None]]:
+    """Each stream's messages, grpc-status and grpc-message as written so far."""
+    decoder, out = hpack.Decoder(), {}
+    for kind, sid, payload in frames(bytes(transport.out)):
+        if sid == 0:
+            continue
+        messages, status, details = out.get(sid, ([], None, None))
+        if kind == DATA and payload:
+            messages.append(payload[5:])
+        elif kind == HEADERS:
+            fields = dict(decoder.decode(payload))
+            status, details = fields.get("grpc-status", status), fields.get("grpc-message", details)
+        out[sid] = messages, status, details
+    return out
+
+
+def batching_server(batch, alone=None) -> tuple[gs.Server, gs.Connection, Transport]:
+    """A server whose one unary method is answered in batches by ``batch``, and a call on its own
+    by ``alone`` (by default, never)."""
+    async def never(request, context):
+        raise AssertionError("a batched method's call was answered alone")
+
+    alone = alone or never
+    alone.batch = batch
+    server, conn, transport, _ = connected(grpc.unary_unary_rpc_method_handler(alone))
+    return server, conn, transport
+
+
+def test_calls_completed_in_one_read_are_answered_as_one_batch():
+    """Three calls completed by one read go to the batch together, at the end of that loop turn, in
+    stream order, outside any task until the batch first waits; each gets its own answer: a
+    response, the status it was ended with, or UNKNOWN for what the batch raised for it. Calls
+    read on a later turn, while the first batch waits, make a batch of their own."""
+    async def run():
+        release = asyncio.get_running_loop().create_future()
+        batches = []
+
+        async def batch(requests, contexts):
+            batches.append((list(requests), asyncio.current_task()))
+            await release
+            if len(requests) == 2:
+                return [request + b"!" for request in requests]
+            contexts[1].end(grpc.StatusCode.INVALID_ARGUMENT, "no")
+            return [requests[0] + b"!", grpc.aio.AbortError(), ValueError("bad")]
+
+        server, conn, transport = batching_server(batch)
+        server.loop.call_soon(conn.data_received, requests_bytes({1: b"a", 3: b"b", 5: b"c"}))
+        await asyncio.sleep(0)
+        assert batches == []  # not within the read: at the end of its turn
+        await asyncio.sleep(0)
+        assert batches == [([b"a", b"b", b"c"], None)] and len(server.tasks) == 1
+        conn.data_received(requests_bytes({7: b"d", 9: b"e"}, first=False))
+        await turns()
+        assert [requests for requests, _ in batches] == [[b"a", b"b", b"c"], [b"d", b"e"]]
+        release.set_result(None)
+        await turns()
+        assert answers(transport) == {1: ([b"a!"], "0", None), 3: ([], "3", "no"),
+                                      5: ([], "2", "Unexpected <class 'ValueError'>: bad"), 7: ([b"d!"], "0", None),
+                                      9: ([b"e!"], "0", None)}
+        assert not server.tasks and not conn.calls
+        conn.connection_lost(None)
+
+    asyncio.run(run())
+
+
+def test_a_call_alone_in_its_turn_is_answered_by_its_method():
+    """A batch of one would only add its lists to the call's own handler: a call whose turn
+    completed no other is answered by the method itself, in a task of its own."""
+    async def run():
+        async def batch(requests, contexts):
+            raise AssertionError("a lone call was batched")
+
+        async def alone(request, context):
+            await asyncio.sleep(0)
+            return request + b" alone"
+
+        server, conn, transport = batching_server(batch, alone)
+        server.loop.call_soon(conn.data_received, requests_bytes({1: b"a"}))
+        await turns(6)
+        assert answers(transport) == {1: ([b"a alone"], "0", None)} and not server.tasks
+        conn.connection_lost(None)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("how", ["reset", "deadline"])
+def test_a_batched_call_that_ends_early_leaves_the_others_be(how):
+    """A call reset in the read that completed it never joins its batch; one reset (or past its
+    deadline) while its batch waits is not answered, and the batch, which has no task per call,
+    is not cancelled: the other calls are answered."""
+    async def run():
+        release = asyncio.get_running_loop().create_future()
+        seen, cancelled = [], []
+
+        async def batch(requests, contexts):
+            seen.append(list(requests))
+            try:
+                await release
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+            return [request + b"!" for request in requests]
+
+        server, conn, transport = batching_server(batch)
+        deadline = [("grpc-timeout", "50m")] if how == "deadline" else []
+        headers = hpack_literals([(":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+                                  ("content-type", "application/grpc"), ("te", "trailers"), *deadline])
+        reset_now = frame(RST_STREAM, 0, 1, (8).to_bytes(4, "big"))
+        server.loop.call_soon(conn.data_received, requests_bytes({1: b"a", 3: b"c"}) + reset_now + frame(
+            HEADERS, END_HEADERS, 5, headers) + frame(DATA, END_STREAM, 5, grpc_message(b"b")))
+        await turns()
+        assert seen == [[b"c", b"b"]]
+        if how == "reset":
+            conn.data_received(frame(RST_STREAM, 0, 5, (8).to_bytes(4, "big")))
+        else:
+            await asyncio.sleep(0.1)
+        release.set_result(None)
+        await turns()
+        got = answers(transport)
+        assert not cancelled and got[3] == ([b"c!"], "0", None) and 1 not in got
+        assert got.get(5) == (None if how == "reset" else ([], "4", "Deadline Exceeded"))
+        assert not server.tasks and not conn.calls
+        conn.connection_lost(None)
+
+    asyncio.run(run())
+
+
+def test_a_stopping_server_ends_a_waiting_batch_as_it_ends_a_call():
+    """The server stops while a batch waits: the batch is cancelled, and each of its calls is
+    answered UNAVAILABLE "server is shutting down", as a call's own task would be."""
+    async def run():
+        async def batch(requests, contexts):
+            await asyncio.Event().wait()
+
+        server, conn, transport = batching_server(batch)
+        server.loop.call_soon(conn.data_received, requests_bytes({1: b"a", 3: b"b"}))
+        await turns()
+        assert len(server.tasks) == 1
+        stopping = asyncio.ensure_future(server.stop(0))
+        await turns(5)
+        got = answers(transport)
+        assert {sid: got[sid] for sid in (1, 3)} == {sid: ([], "14", "server is shutting down") for sid in (1, 3)}
+        conn.connection_lost(None)
+        await stopping
 
     asyncio.run(run())
