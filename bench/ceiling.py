@@ -83,8 +83,12 @@ class GroupCommit:
             threading.Thread(target=self._thread, daemon=True).start()
 
     def append(self, data: bytes) -> asyncio.Future:
+        return self.append_many((data,))
+
+    def append_many(self, parts) -> asyncio.Future:
+        """``parts`` (a batch of calls' requests: shim.handlers.batched), answered together."""
         fut = self.loop.create_future()
-        self.parts.append(data)
+        self.parts.extend(parts)
         self.waiters.append(fut)
         if not self.busy:
             if self.mode == "hybrid" and self.lone and _calls[0] <= 1:
@@ -148,7 +152,9 @@ _commit: list[GroupCommit | None] = [None]
 _calls = [0]  # unary calls being handled (the hybrid mode writes inline only when one is)
 
 
-def _counted(handler):
+def _counted(handler, batch=None):
+    """``handler`` counted in _calls; with ``batch``, answerable in batches as shardetcd's Put and Txn
+    are (shim.handlers.batched: the native server hands the calls of one loop turn over together)."""
     async def counted(request: bytes, context) -> bytes:
         _calls[0] += 1
         try:
@@ -156,6 +162,15 @@ def _counted(handler):
         finally:
             _calls[0] -= 1
 
+    async def counted_batch(requests: list, contexts: list) -> list:
+        _calls[0] += len(requests)
+        try:
+            return await batch(requests, contexts)
+        finally:
+            _calls[0] -= len(requests)
+
+    if batch is not None:
+        counted.batch = counted_batch
     return counted
 _FSYNC = Histogram("etcd_disk_wal_fsync_duration_seconds", "GroupCommit write + fdatasync latency.")
 
@@ -168,6 +183,17 @@ async def _put(request: bytes, context) -> bytes:
         _revision[0] += 1
         _fan_out(req, _revision[0])
     return PUT_RESPONSE
+
+
+async def _put_batch(requests: list, contexts: list) -> list:
+    reqs = [pb.PutRequest.FromString(request) for request in requests]
+    if _commit[0] is not None:
+        await _commit[0].append_many(requests)
+    if _watch_streams:
+        for req in reqs:
+            _revision[0] += 1
+            _fan_out(req, _revision[0])
+    return [PUT_RESPONSE] * len(requests)
 
 
 def _fan_out(req: pb.PutRequest, rev: int) -> None:
@@ -185,6 +211,14 @@ async def _txn(request: bytes, context) -> bytes:
     if _commit[0] is not None:
         await _commit[0].append(request)
     return TXN_RESPONSE
+
+
+async def _txn_batch(requests: list, contexts: list) -> list:
+    for request in requests:
+        pb.TxnRequest.FromString(request)
+    if _commit[0] is not None:
+        await _commit[0].append_many(requests)
+    return [TXN_RESPONSE] * len(requests)
 
 
 async def _watch(requests, context):
@@ -240,9 +274,9 @@ async def serve(port: int, fsync_dir: str | None = None, fsync_mode: str = "hybr
               else grpcserver.Server())
     # no (de)serializers: handlers see and return raw bytes
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("etcdserverpb.KV", {
-        "Put": grpc.unary_unary_rpc_method_handler(_counted(_put)),
+        "Put": grpc.unary_unary_rpc_method_handler(_counted(_put, _put_batch)),  # batched as shardetcd's
         "Range": grpc.unary_unary_rpc_method_handler(eager(_counted(_range))),  # as shardetcd's (shim/kv.py)
-        "Txn": grpc.unary_unary_rpc_method_handler(_counted(_txn)),
+        "Txn": grpc.unary_unary_rpc_method_handler(_counted(_txn, _txn_batch)),
     }), grpc.method_handlers_generic_handler("etcdserverpb.Watch", {
         "Watch": grpc.stream_stream_rpc_method_handler(_watch),
     }), grpc.method_handlers_generic_handler("etcdserverpb.Lease", {

@@ -20,6 +20,7 @@ same load uninstrumented.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -62,7 +63,7 @@ def timed(owner, name: str, stage: str) -> None:
         finally:
             _leave()
 
-    setattr(owner, name, wrapper)
+    setattr(owner, name, functools.update_wrapper(wrapper, fn))
 
 
 class _Steps:
@@ -102,7 +103,8 @@ def timed_async(owner, name: str, stage: str) -> None:
     async def wrapper(*args, **kwargs):
         return await _Steps(fn(*args, **kwargs), stage)
 
-    setattr(owner, name, wrapper)
+    # its marks too (shim.handlers.eager, batched), so the staged server serves as shipped
+    setattr(owner, name, functools.update_wrapper(wrapper, fn))
 
 
 def _gc(phase: str, info: dict) -> None:
@@ -120,6 +122,8 @@ SPECS: tuple[tuple[str, str, str, bool], ...] = (
     ("shim.kv", "KVService.Put", "handler: Put", True),
     ("shim.kv", "KVService.Txn", "handler: Txn", True),
     ("shim.kv", "KVService.Range", "handler: Range", True),
+    ("shim.kv", "KVService.put_batch", "handler: Put", True),  # the native server's batches of calls
+    ("shim.kv", "KVService.txn_batch", "handler: Txn", True),
     ("shim.txn", "check_txn", "check + convert a Txn", False),
     ("shim.validate", "check_put", "check a Put", False),
     ("shim.validate", "check_size", "request size (ByteSize)", False),
@@ -128,6 +132,8 @@ SPECS: tuple[tuple[str, str, str, bool], ...] = (
     ("shim.convert", "range_req", "convert a Put or Range", False),
     ("shards.store", "Store.put", "store: write (revision, steps, bookkeeping)", True),
     ("shards.store", "Store.txn", "store: write (revision, steps, bookkeeping)", True),
+    ("shards.store", "Store.put_many", "store: write (revision, steps, bookkeeping)", True),
+    ("shards.store", "Store.txn_many", "store: write (revision, steps, bookkeeping)", True),
     ("shards.write", "WriteTxn.put", "store: MVCC row + key index (WriteTxn.put)", False),
     ("shards.store", "Store._append", "store: journal record + pending revision", False),
     ("shards.store", "Store.wait_committed", "store: wait for the commit (register)", False),
@@ -148,12 +154,17 @@ def stage_names() -> list[str]:
 def install() -> None:
     import importlib
 
+    wrapped = []
     for module, path, stage, is_coroutine in SPECS:
         owner = importlib.import_module(module)
         *outer, name = path.split(".")
         for part in outer:
             owner = getattr(owner, part)
         (timed_async if is_coroutine else timed)(owner, name, stage)
+        wrapped.append((owner, getattr(owner, name)))
+    for owner, wrapper in wrapped:  # once all are wrapped: a batched method's batch (handlers.batched), timed
+        if (batch := getattr(wrapper, "batch", None)) is not None:
+            wrapper.batch = getattr(owner, batch.__name__)
     gc.callbacks.append(_gc)
 
 
