@@ -37,16 +37,21 @@ class KVService:
             await abort_with(context, exc)
         return wire.range_response(self.m.headers.framed(r.revision), r.kvs, r.more, r.count)
 
-    def _put_req(self, request: pb.PutRequest, context: grpc.aio.ServicerContext) -> PutReq:
-        """A Put's checks, in etcd's order, and the store's request for it."""
-        validate.check_put(request)
+    def _admit(self, request, context: grpc.aio.ServicerContext, written, permitted) -> None:
+        """A write's checks after its own, in etcd's order: the partition its keys belong to, the
+        caller's token, the request's size, then ``permitted(user, request)``."""
         if self.m.guard is not None:
-            validate.check_partition(self.m.guard, (request.key,))
+            validate.check_partition(self.m.guard, written)
         if auth := self.auth.enabled:
             user = self.access.caller(context)
         validate.check_size(request, self.m.config.max_request_bytes)
         if auth:
-            self.access.put(user, request)
+            permitted(user, request)
+
+    def _put_req(self, request: pb.PutRequest, context: grpc.aio.ServicerContext) -> PutReq:
+        """A Put's checks, in etcd's order, and the store's request for it."""
+        validate.check_put(request)
+        self._admit(request, context, (request.key,), self.access.put)
         self.m.quota.check(quota.cost_put(request), capped=True)
         return convert.put_req(request)
 
@@ -68,13 +73,7 @@ class KVService:
     async def DeleteRange(self, request: pb.DeleteRangeRequest, context: grpc.aio.ServicerContext) -> bytes:
         try:
             validate.check_delete(request)
-            if self.m.guard is not None:
-                validate.check_partition(self.m.guard, (request.key,))
-            if auth := self.auth.enabled:
-                user = self.access.caller(context)
-            validate.check_size(request, self.m.config.max_request_bytes)
-            if auth:
-                self.access.delete(user, request)
+            self._admit(request, context, (request.key,), self.access.delete)
             r = await self.store.delete_range(convert.delete_req(request))
         except Exception as exc:
             await abort_with(context, exc)
@@ -83,13 +82,7 @@ class KVService:
     def _txn_req(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> TxnReq:
         """A Txn's checks, in etcd's order, and the store's request for it."""
         checked = txn.check_txn(request, self.m.config.max_txn_ops)
-        if self.m.guard is not None:
-            validate.check_partition(self.m.guard, checked.written)
-        if auth := self.auth.enabled:
-            user = self.access.caller(context)
-        validate.check_size(request, self.m.config.max_request_bytes)
-        if auth:
-            self.access.txn(user, request)
+        self._admit(request, context, checked.written, self.access.txn)
         self.m.quota.check(checked.cost, capped=checked.cost > 0)
         return checked.req
 
