@@ -9,7 +9,8 @@ the way any durable server must: its bytes appended to a file and answered
 once a group-committed fdatasync covering them has returned (GroupCommit) --
 the same fdatasync cadence as shardetcd's journal with fsync=always, nothing
 else. On the native gRPC server, Put and Txn calls completed in one loop turn are
-answered as one batch (one append, one wait), as shardetcd's are (shim.handlers.batched). --fsync-mode chooses where write + fdatasync run: shardetcd's journal's
+answered as one batch (one append, one wait), as shardetcd's are (shim.handlers.batched).
+--fsync-mode chooses where write + fdatasync run: shardetcd's journal's
 policy (hybrid, the default: a dedicated thread, a lone writer's batch inline on
 the loop), a dedicated thread always, the default executor, or inline on the
 event loop always (measured in bench/README.md). With --metrics-port it serves
