@@ -206,7 +206,8 @@ def batched(batch):
     ``batch(self, requests, contexts)`` in one task, which returns per call its response or the
     exception that ended it (``context.ended_with``). A write's task, future and wake-up are then
     one per batch instead of one per call. The method itself still answers a call alone (grpc.aio's
-    server, the HTTP gateway, a follower's gate)."""
+    server, the HTTP gateway). A follower forwards its writes to the writer before these are
+    reached; once it took over as the writer, its writes are batched too."""
     def mark(method):
         method.batch = batch
         return method
@@ -220,9 +221,10 @@ def _ended(context, code: grpc.StatusCode, message: str) -> grpc.aio.AbortError:
     return grpc.aio.AbortError()
 
 
-def _unary_batch(batch, stats: RpcStats):
-    """_unary for the calls of a batch (``batched``): each refused and counted as _unary does one;
-    the rest answered by ``batch`` together. Returns per call its response or what ended it."""
+def _unary_batch(batch, gate, stats: RpcStats):
+    """_unary for the calls of a batch (``batched``): each refused, let through ``gate`` and counted
+    as _unary does one; the rest answered by ``batch`` together. Returns per call its response or
+    what ended it."""
     async def handle(requests: list, contexts: list) -> list:
         results: list = [None] * len(requests)
         taken, taken_requests, taken_contexts = [], [], []
@@ -245,6 +247,10 @@ def _unary_batch(batch, stats: RpcStats):
         Traffic.calls += n
         start = perf_counter()
         try:
+            if gate is not None:  # a follower's: it may time itself out, which needs a task (a batch
+                await asyncio.sleep(0)  # starts outside any: Server.batch); once taken over, it passes
+                for context in taken_contexts:
+                    await gate(context)
             answers = await batch(taken_requests, taken_contexts)
         except BaseException as exc:
             for context in taken_contexts:
@@ -299,8 +305,8 @@ def _unary(fn, gate, stats: RpcStats):
         return result
 
     handle.eager = gate is None and getattr(fn, "eager", False)
-    if gate is None and (batch := getattr(fn, "batch", None)) is not None:
-        handle.batch = _unary_batch(batch.__get__(fn.__self__), stats)
+    if (batch := getattr(fn, "batch", None)) is not None:
+        handle.batch = _unary_batch(batch.__get__(fn.__self__), gate, stats)
     return handle
 
 

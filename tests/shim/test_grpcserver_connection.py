@@ -560,3 +560,37 @@ def test_a_stopping_server_ends_a_waiting_batch_as_it_ends_a_call():
         await stopping
 
     asyncio.run(run())
+
+
+def test_a_batched_method_behind_a_gate_lets_each_call_through_it_in_a_task():
+    """A follower's services sit behind a gate (its token catch-up, which times itself out with
+    ``asyncio.timeout``, so it needs a current task) and are reached once it took over as the
+    writer: each call of a batch passes the gate, in the batch's task, before the batch runs, and
+    is counted once."""
+    from shim import handlers
+
+    async def run():
+        class Servicer:
+            async def put_batch(self, requests, contexts):
+                return [request + b"!" for request in requests]
+
+            @handlers.batched(put_batch)
+            async def Put(self, request, context):
+                return request + b" alone"
+
+        gated = []
+
+        async def gate(context):
+            async with asyncio.timeout(5):
+                gated.append((context.sid, asyncio.current_task() is not None))
+
+        stats = handlers.RpcStats("t.S", "M", "unary")
+        server, conn, transport, _ = connected(grpc.unary_unary_rpc_method_handler(
+            handlers._unary(Servicer().Put, gate, stats)))
+        server.loop.call_soon(conn.data_received, requests_bytes({1: b"a", 3: b"b"}))
+        await turns(6)
+        assert answers(transport) == {1: ([b"a!"], "0", None), 3: ([b"b!"], "0", None)}
+        assert gated == [(1, True), (3, True)] and (stats.started, stats.handled[0]) == (2, 2)
+        conn.connection_lost(None)
+
+    asyncio.run(run())
