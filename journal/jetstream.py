@@ -1335,7 +1335,8 @@ class JetStreamJournal(Appender):
         cut = sum(1 for r in self._found if r.rev > rev)
         if cut:
             self._found = [r for r in self._found if r.rev <= rev]
-            self._last_rev = rev
+        # also when what is cut was not in _found: a follower hands what it read over (follow())
+        self._last_rev = min(self._last_rev, rev)
         self._cut = rev  # published by start() on every stream, cut or not: followers need it
         return cut
 

@@ -382,6 +382,42 @@ def test_a_jetstream_takeover_reads_again_what_was_lost_on_the_way(nats_cluster,
     asyncio.run(go())
 
 
+def test_a_jetstream_takeover_below_what_it_followed_writes_on_from_the_cut(nats_cluster, tmp_path):
+    """A standby takes over at a revision below records it read (the store cuts what was not whole
+    on every shard: the old writer died between two shards' parts), after following handed what
+    catch_up() read over. The cut journal's last revision is the cut's, so the new writer's next
+    revision is appended: a journal still counting the records cut refused every write
+    ("revision tag 26 is below the last appended tag 40") and the new writer never wrote."""
+    async def go():
+        backend = Backend("jetstream", tmp_path, nats_cluster.urls)
+        log, journal, flog, followed = await open_followed(backend)
+        for rtype, rev, payload in items(30):
+            journal.append(rtype, rev, payload)
+        await journal.sync()
+        await followed.catch_up()
+        got, (gaps, covered) = [], recording_gaps()
+        task = asyncio.ensure_future(followed.follow(
+            lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records), covered))
+        for rtype, rev, payload in items(10, first_rev=31):
+            journal.append(rtype, rev, payload)
+        await journal.sync()
+        for _ in range(500):
+            if len(got) >= 10:
+                break
+            await asyncio.sleep(0.01)
+        await cancel_and_wait(task)
+        await followed.take_over(lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records), covered)
+        assert got == items(10, first_rev=31) and gaps == []
+        followed.truncate_after(25)
+        await followed.start()
+        followed.append(1, 26, b"the new writer's first")
+        await followed.sync()
+        await close_all(followed, flog, journal, log)
+        assert await backend.reopen_records() == items(25) + [(1, 26, b"the new writer's first")]
+
+    asyncio.run(go())
+
+
 def test_opening_a_jetstream_journal_fences_out_the_one_opened_before(nats_cluster, tmp_path):
     """Two processes on one stream: the second's open fences the stream, so the
     first's next append is refused and it fails; what the second wrote stays."""
