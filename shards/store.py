@@ -669,10 +669,14 @@ class Store:
         rev = w.rev
         self.rev = rev
         participants = tuple(sorted(w.parts))
-        for i, sid in enumerate(participants):
-            if i:
-                failpoints.hit("store.between_txn_parts")
-            self.shards[sid].append_write(rev, participants, w.parts[sid])
+        try:
+            for i, sid in enumerate(participants):
+                if i:
+                    failpoints.hit("store.between_txn_parts")
+                self.shards[sid].append_write(rev, participants, w.parts[sid])
+        except Exception as exc:  # the state holds a write its journals did not all take: nothing after
+            self._fail(exc)  # it could commit, so fail-stop rather than time every later write out
+            raise StoreFailedError(str(exc)) from exc
         self._pending[rev] = len(participants)
         self._changes[rev] = w.parts
         return rev

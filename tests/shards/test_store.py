@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from proto.kv_pb2 import KeyValue
-from shards.errors import CompactedError, FutureRevisionError, LeaseNotFoundError
+from shards.errors import CompactedError, FutureRevisionError, LeaseNotFoundError, StoreFailedError
 from shards.types import (
     CMP_MOD,
     RESULT_EQUAL,
@@ -727,3 +727,30 @@ def test_deleted_and_recreated_keys_are_live_as_before_a_restart(tmp_path, run):
         await store.close()
 
     run(go())
+
+
+def test_a_write_a_journal_refuses_stops_the_store(tmp_path):
+    """A journal that refuses a write's record (here as a journal refuses a revision below its last)
+    leaves the state holding a write no journal took, and no revision after it could commit: the
+    store fail-stops (StoreFailedError for this write and every later one) instead of timing every
+    later write out while it goes on serving."""
+    async def go():
+        store = await open_store(tmp_path)
+        try:
+            await store.put(PutReq(b"/registry/pods/a", b"1"))
+            shard = store.shards[store.router.shard_for_key(b"/registry/pods/b")]
+
+            def refuse(rev, participants, changes):
+                raise ValueError(f"revision tag {rev} is below the last appended tag {rev + 10}")
+
+            shard.append_write = refuse
+            with pytest.raises(StoreFailedError, match="below the last appended tag"):
+                await store.put(PutReq(b"/registry/pods/b", b"2"))
+            assert store.failure_source == "journal"
+            with pytest.raises(StoreFailedError):
+                await store.put(PutReq(b"/registry/other", b"3"))
+        finally:
+            del shard.append_write
+            await store.close()
+
+    asyncio.run(go())
