@@ -49,16 +49,20 @@ def test_losing_the_nats_server_that_leads_the_lease_bucket_costs_no_takeover(tm
         nats.wait_stream_leaders(live)
         elected_after = time.monotonic() - lost_at
 
+        def logs() -> str:
+            return (f"{elected_after:.1f} s to elect {LEASE_STREAM}'s leader after {leader} was lost\n"
+                    f"writer:\n{writer.log_tail(30)}\nstandby:\n{standby.log_tail(30)}")
+
         def acknowledged() -> bool:
-            assert writer.running(), f"writer exited ({elected_after:.1f} s to elect):\n{writer.log_tail(30)}"
+            assert writer.running(), f"writer exited; {logs()}"
             return put(writer.endpoint, b"/registry/leases/after", b"2")
 
         # the writer renews (or takes its lapsed lease again and fences the journals) and writes on
         wait_until("a write acknowledged by the writer after the election", acknowledged, timeout=30)
         time.sleep(2 * TTL_S)  # long enough for a standby that does not defer to take the lease
-        assert writer.running(), f"writer exited ({elected_after:.1f} s to elect):\n{writer.log_tail(30)}"
-        assert put(writer.endpoint, b"/registry/leases/later", b"3")
-        assert standby.running() and "writer lease acquired" not in standby.log_tail(200), standby.log_tail(30)
+        assert writer.running(), f"writer exited; {logs()}"
+        assert put(writer.endpoint, b"/registry/leases/later", b"3"), logs()
+        assert standby.running() and "writer lease acquired" not in standby.log_tail(200), logs()
         nats.start(lost)
         assert writer.stop() == 0
         # the standby takes over at once from a writer that stopped while NATS answered all along
