@@ -58,6 +58,7 @@ def test_a_publish_answered_after_the_duplicate_window_is_recognised(nats_cluste
         await log.js.update_stream(info.config)
         real = log.js.publish
         tries = []
+        remembered = []  # ids JetStream still had 30 s past the window: the path under test did not run
 
         async def forgotten(subject: str, msg_id: str) -> bool:
             """Has JetStream forgotten ``msg_id``? A publish under it that expects a last sequence
@@ -76,11 +77,20 @@ def test_a_publish_answered_after_the_duplicate_window_is_recognised(nats_cluste
             tries.append(kwargs["headers"]["Nats-Msg-Id"])
             ack = await real(*args, **kwargs)
             if len(tries) == 1:
-                await asyncio.sleep(1.0)  # the 1 s duplicate window; JetStream forgets ids on a timer,
-                for _ in range(60):      # late under load: wait until it has
+                # the window changed again, now that the message is stored: a change restarts JetStream's
+                # purge timer (nats-server 2.15.1). Once, under the suite's load, the id was still
+                # remembered 30 s past a 1 s window set before it was stored; why is not known (perhaps
+                # the stream's leader applied that window late).
+                again = await log.js.stream_info(journal.stream)
+                again.config.duplicate_window = 1.5
+                await log.js.update_stream(again.config)
+                await asyncio.sleep(1.5)  # JetStream forgets ids on a timer, late under load: wait until it has
+                for _ in range(60):
                     if await forgotten(args[0], tries[0]):
                         break
                     await asyncio.sleep(0.5)
+                else:
+                    remembered.append(tries[0])
                 raise nats.errors.TimeoutError
             return ack
 
@@ -92,6 +102,7 @@ def test_a_publish_answered_after_the_duplicate_window_is_recognised(nats_cluste
         await journal.sync()
         await journal.close()
         await log.close()
+        assert not remembered, f"JetStream still remembered {remembered} 30 s past the duplicate window"
         assert tries[0] == tries[1] and len(set(tries)) == 2, tries  # the retry used the same id
 
         log = await JetStreamLog(config).connect()
