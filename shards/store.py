@@ -767,9 +767,9 @@ class Store:
         since the in-memory index may no longer match the rows."""
         if self.failure is not None:
             return
-        source = "state" if isinstance(exc, StateStoreError) else "journal"
-        logger.critical("%s failure, no longer acknowledging writes error=%s", source, exc)
         self.failure = exc
+        source = self.failure_source
+        logger.critical("%s failure, no longer acknowledging writes error=%s", source, exc)
         for _, _, fut in self._waiters:
             if not fut.done():
                 fut.set_exception(StoreFailedError(str(exc)))

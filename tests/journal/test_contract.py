@@ -250,16 +250,12 @@ def test_a_follower_reads_every_record_once_in_order(backend):
         async def never(expected: int, got: int) -> bool:
             return False
 
-        task = asyncio.ensure_future(followed.follow(
-            lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records), never))
+        task = asyncio.ensure_future(followed.follow(into(got), never))
         for i, (rtype, rev, payload) in enumerate(items(60, first_rev=31)):
             journal.append(rtype, rev, payload)
             if i % 10 == 9:
                 await journal.sync()
-        for _ in range(500):
-            if len(got) >= 60:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: len(got) >= 60)
         await asyncio.sleep(0.05)
         assert got == items(60, first_rev=31)
         await journal.save_checkpoint(90, b"meta-90", iter([b"r1", b"r2"]))
@@ -273,6 +269,19 @@ def test_a_follower_reads_every_record_once_in_order(backend):
         await log.close()
 
     asyncio.run(go())
+
+
+def into(got: list):
+    """An on_message that adds each record of a message to ``got``, as (rtype, rev, payload)."""
+    return lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records)
+
+
+async def until(done, tries: int = 500) -> None:
+    """Ask ``done()`` every 10 ms, at most ``tries`` times (the caller asserts what it needs)."""
+    for _ in range(tries):
+        if done():
+            return
+        await asyncio.sleep(0.01)
 
 
 def recording_gaps():
@@ -342,15 +351,11 @@ def test_a_jetstream_follower_reads_again_what_was_lost_on_the_way(nats_cluster,
         # the first consumer loses 11-13 (14 shows the hole), the second the last two (nothing after them)
         subscriptions = losing(followed, [{base + 11, base + 12, base + 13}, {base + 19, base + 20}])
         got, (gaps, covered) = [], recording_gaps()
-        task = asyncio.ensure_future(followed.follow(
-            lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records), covered))
+        task = asyncio.ensure_future(followed.follow(into(got), covered))
         for rtype, rev, payload in items(20):
             journal.append(rtype, rev, payload)
             await journal.sync()  # one message each
-        for _ in range(1000):
-            if len(got) >= 20 or task.done():
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: len(got) >= 20 or task.done(), tries=1000)
         assert not task.done(), task
         assert got == items(20) and gaps == [], (got, gaps)
         assert len(subscriptions) >= 3  # a new consumer read them again each time (one more: an empty fetch under load)
@@ -374,7 +379,7 @@ def test_a_jetstream_takeover_reads_again_what_was_lost_on_the_way(nats_cluster,
             await journal.sync()  # one message each
         subscriptions = losing(followed, [{base + 5, base + 6}])
         got, (gaps, covered) = [], recording_gaps()
-        await followed.take_over(lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records), covered)
+        await followed.take_over(into(got), covered)
         assert got == items(20) and gaps == [], (got, gaps)
         assert len(subscriptions) == 2
         await close_all(followed, flog, journal, log)
@@ -396,17 +401,13 @@ def test_a_jetstream_takeover_below_what_it_followed_writes_on_from_the_cut(nats
         await journal.sync()
         await followed.catch_up()
         got, (gaps, covered) = [], recording_gaps()
-        task = asyncio.ensure_future(followed.follow(
-            lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records), covered))
+        task = asyncio.ensure_future(followed.follow(into(got), covered))
         for rtype, rev, payload in items(10, first_rev=31):
             journal.append(rtype, rev, payload)
         await journal.sync()
-        for _ in range(500):
-            if len(got) >= 10:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: len(got) >= 10)
         await cancel_and_wait(task)
-        await followed.take_over(lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records), covered)
+        await followed.take_over(into(got), covered)
         assert got == items(10, first_rev=31) and gaps == []
         followed.truncate_after(25)
         await followed.start()

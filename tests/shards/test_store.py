@@ -736,9 +736,9 @@ def test_a_write_a_journal_refuses_stops_the_store(tmp_path):
     later write out while it goes on serving."""
     async def go():
         store = await open_store(tmp_path)
+        shard = store.shards[store.router.shard_for_key(b"/registry/pods/b")]
         try:
             await store.put(PutReq(b"/registry/pods/a", b"1"))
-            shard = store.shards[store.router.shard_for_key(b"/registry/pods/b")]
 
             def refuse(rev, participants, changes):
                 raise ValueError(f"revision tag {rev} is below the last appended tag {rev + 10}")
