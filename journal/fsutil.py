@@ -6,12 +6,13 @@ import os
 from pathlib import Path
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """os.write until every byte is written (short writes are continued, errors propagate)."""
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """os.pwrite at ``offset`` until every byte is written (short writes are continued, errors propagate)."""
     view = memoryview(data)
     while view:
-        written = os.write(fd, view)
+        written = os.pwrite(fd, view, offset)
         view = view[written:]
+        offset += written
 
 
 def fdatasync(fd: int) -> None:

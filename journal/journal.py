@@ -365,7 +365,7 @@ class Journal(Appender):
         self._acknowledge(batch[-1].seq, touched)
 
     def _thread_exited(self) -> None:
-        self._writer.close()
+        self._writer.close(trim=self._failure is None)  # a failed journal's file is left for recovery as it is
         if not self._stopped.done():
             self._stopped.set_result(None)
 

@@ -17,7 +17,10 @@ def iter_frames(f: BinaryIO, start: int, end: int, record_bytes_max: int,
     """Yield the frames in f[start:end] in order.
 
     Raises FrameError (with the absolute offset) at the first bad frame; a
-    frame cut short by `end` raises FrameTruncated.
+    frame cut short by `end` raises FrameTruncated. A frame boundary followed
+    by nothing but zeros up to `end` is the end of the frames: the zeros the
+    writer writes ahead of its records (journal/writer.py); a frame never
+    starts with a zero byte (MAGIC).
 
     Each frame is read as its header, then its payload, straight from `f` (a
     buffered file serves small frames from its buffer; a large payload is read
@@ -40,8 +43,23 @@ def iter_frames(f: BinaryIO, start: int, end: int, record_bytes_max: int,
                     pos += hb + length
                     continue
                 head += payload
+        if head and not head.strip(b"\0") and zeros_up_to(f, end):
+            return
         decode_frame(head, 0, record_bytes_max, base=pos)  # raises this frame's error
         raise AssertionError(f"decode_frame accepted a frame iter_frames did not, at offset {pos}")
+
+
+def zeros_up_to(f: BinaryIO, end: int) -> bool:
+    """Whether ``f`` holds nothing but zeros from where it is to ``end`` (or to its end, if sooner)."""
+    pos = f.tell()
+    while pos < end:
+        chunk = f.read(min(SEARCH_CHUNK_BYTES, end - pos))
+        if not chunk:
+            return True
+        if chunk.count(0) != len(chunk):
+            return False
+        pos += len(chunk)
+    return True
 
 
 def checked_frames(f: BinaryIO, path: Path, start: int, end: int, record_bytes_max: int,
@@ -51,6 +69,44 @@ def checked_frames(f: BinaryIO, path: Path, start: int, end: int, record_bytes_m
         yield from iter_frames(f, start, end, record_bytes_max, chunk_bytes)
     except FrameError as exc:
         raise JournalCorrupt(path, exc.offset, exc.reason) from exc
+
+
+SECTOR_BYTES = 512  # what a disk writes whole, at least (etcd's WAL assumes the same)
+
+
+def corrupt_unless_torn(f: BinaryIO, bad: int, end: int, record_bytes_max: int) -> int | None:
+    """For the first bad frame (at offset ``bad``) of a journal's last segment: the offset of a
+    valid frame after it that makes it corruption, or None when it is a write that never finished
+    (a torn tail, to be cut). It is one when no valid frame follows it, or when a whole sector
+    of the bad frame still holds zeros: every batch but the last was fdatasynced whole, so only
+    the last one can be partly on disk, and since segments are written over zeros
+    (journal/writer.py) a sector of it the disk had not written yet reads as zeros, even with a
+    later sector of the same batch, valid frames and all, written before the process died."""
+    later = find_valid_frame(f, bad, end, record_bytes_max)
+    if later is None:
+        return None
+    f.seek(bad)
+    head = f.read(HEADER_BYTES)
+    stop = bad + len(head)
+    if len(head) == HEADER_BYTES:
+        magic, rtype, flags, length, _, _ = HEADER.unpack(head)
+        if magic == MAGIC and rtype and not flags and length <= record_bytes_max:
+            stop = min(end, bad + HEADER_BYTES + length)  # the frame as its header says it was meant
+    return None if _zero_sector(f, bad, stop) else later
+
+
+def _zero_sector(f: BinaryIO, start: int, stop: int) -> bool:
+    """Whether a whole, aligned sector overlapping f[start:stop] holds nothing but zeros."""
+    pos = start - start % SECTOR_BYTES
+    f.seek(pos)
+    while pos < stop:
+        sector = f.read(SECTOR_BYTES)
+        if len(sector) < SECTOR_BYTES:
+            return False
+        if sector.count(0) == SECTOR_BYTES:
+            return True
+        pos += SECTOR_BYTES
+    return False
 
 
 def find_valid_frame(f: BinaryIO, after: int, end: int, record_bytes_max: int) -> int | None:

@@ -3,11 +3,13 @@
 Rules:
   * Segments must have contiguous sequence numbers.
   * Revision tags must never decrease, within or across segments.
-  * A bad frame in the last segment with no valid frame anywhere after it is
-    a torn tail (an interrupted write): the tail is copied to
+  * A frame boundary followed by nothing but zeros ends a segment's frames:
+    the zeros its writer writes ahead (journal/writer.py).
+  * A bad frame in the last segment with no valid frame anywhere after it, or
+    with a whole sector of zeros in it, is a torn tail (an interrupted write:
+    journal/reader.corrupt_unless_torn): the tail is copied to
     `<segment>.broken-<offset>` and the segment is truncated at the bad frame.
     Only the newest BROKEN_COPIES_KEPT copies are kept in a directory.
-    A zero-filled tail has no magic and therefore counts as torn.
   * Any other bad frame raises JournalCorrupt.
   * Unless the fsync policy is "off", every segment found is fdatasynced, so
     whatever is replayed is durable even if its writer died before fsyncing.
@@ -23,7 +25,7 @@ from pathlib import Path
 from journal.config import JournalConfig
 from journal.errors import JournalCorrupt
 from journal.fsutil import fdatasync, fsync_dir
-from journal.reader import checked_frames, find_valid_frame, iter_frames
+from journal.reader import checked_frames, corrupt_unless_torn, iter_frames
 from journal.record import HEADER_BYTES, FrameError, Record
 from journal.segment import SegmentInfo, list_segments
 
@@ -85,7 +87,7 @@ def _recover_segment(path: Path, seq: int, prev_rev: int, is_last: bool,
             return info
         if not is_last:
             raise JournalCorrupt(path, bad.offset, f"{bad.reason} (not in the last segment)")
-        later = find_valid_frame(f, bad.offset, file_bytes, config.record_bytes_max)
+        later = corrupt_unless_torn(f, bad.offset, file_bytes, config.record_bytes_max)
         if later is not None:
             raise JournalCorrupt(path, bad.offset, f"{bad.reason}; valid frame follows at offset {later}")
         cut_torn_tail(f, path, bad.offset, file_bytes, bad.reason)

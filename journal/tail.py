@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import json
 import logging
 import os
@@ -413,11 +414,14 @@ class SegmentTail:
         nbytes = 0
         tail_seq, tail_len = mark.tails[self.sid]
         while self._seq <= tail_seq and nbytes < READ_ROUND_BYTES:
-            f = self._open()
-            if f is None:
+            raw = self._open()
+            if raw is None:
                 break
-            end = tail_len if self._seq == tail_seq else os.fstat(f.fileno()).st_size
+            end = tail_len if self._seq == tail_seq else os.fstat(raw.fileno()).st_size
             held = False
+            # a buffer of this round only: one kept would hand a later round the zeros the writer had
+            # written ahead of its records (journal/writer.py) where records are now
+            f = io.BufferedReader(raw)
             try:
                 for frame in iter_frames(f, self._offset, end, self.config.record_bytes_max,
                                          self.config.read_chunk_bytes):
@@ -435,6 +439,8 @@ class SegmentTail:
                     break
                 raise JournalCorrupt(self._path, exc.offset, f"{exc.reason} (below the writer's durable "
                                      f"position {end})") from None
+            finally:
+                f.detach()
             if held or self._seq == tail_seq:
                 break
             self._seq, self._offset = self._seq + 1, 0  # the writer went on to the next segment: this one is whole
@@ -458,7 +464,7 @@ class SegmentTail:
         for seq, path in listed:
             if seq == self._seq:
                 try:
-                    self._file = open(path, "rb")
+                    self._file = open(path, "rb", buffering=0)  # read through a buffer per round (_read)
                 except FileNotFoundError:
                     break
                 self._path = path

@@ -13,7 +13,7 @@ from pathlib import Path
 from journal.checkpoint import _list_checkpoints, _load
 from journal.config import CheckpointConfig, JournalConfig
 from journal.errors import JournalCorrupt
-from journal.reader import find_valid_frame
+from journal.reader import corrupt_unless_torn
 from journal.recovery import recover, scan_segment, sequence_gaps
 from journal.segment import list_segments
 
@@ -43,7 +43,7 @@ def verify(directory: Path, config: JournalConfig = JournalConfig()) -> list[Fil
                 continue
             status, detail = "ok", ""
             if bad is not None:
-                later = find_valid_frame(f, bad.offset, size, config.record_bytes_max)
+                later = corrupt_unless_torn(f, bad.offset, size, config.record_bytes_max)
                 if index == len(listed) - 1 and later is None:
                     status = "torn tail"
                     detail = f"{size - bad.offset} bytes from offset {bad.offset} ({bad.reason}); `journal repair` cuts them"

@@ -3,6 +3,18 @@
 A SegmentWriter owns the file descriptor of the segment being appended to.
 Its methods do blocking I/O and are called from one worker thread at a time
 (the journal's writer task awaits each call before making the next).
+
+Segments are written ahead with zeros, as etcd preallocates its WAL files: a
+write + fdatasync that grows a file must also commit the file's new size and
+blocks to the filesystem's own journal, one that lands on blocks already
+written only flushes the data (on this machine's ext4, 20-40 % less time per
+fdatasync, more for larger batches: bench/README.md). So before a batch would
+pass the zeros written so far, the zeros are extended (by as much as the
+segment holds, from 64 KiB up to 1 MiB at a time, never past
+segment_bytes_max) in the same write + fdatasync as the batch. Readers take a
+frame boundary followed by nothing but zeros as the end of the frames
+(journal/reader.py); a clean close cuts the zeros off the last segment, so
+only a process that died leaves them there.
 """
 
 from __future__ import annotations
@@ -15,11 +27,23 @@ from typing import Sequence
 
 from journal import failpoints
 from journal.config import JournalConfig
-from journal.fsutil import fdatasync, fsync_dir, write_all
+from journal.fsutil import fdatasync, fsync_dir, pwrite_all
 from journal.record import HEADER_BYTES, frame_header
 from journal.segment import SegmentInfo, segment_name
 
 logger = logging.getLogger(__name__)
+
+ZEROS_AHEAD_MIN = 64 * 1024
+ZEROS_AHEAD_MAX = 1024 * 1024
+
+
+def zeros_ahead(fd: int, end: int, limit: int) -> int:
+    """Zeros written into ``fd`` from ``end`` (where the batch about to be written ends) on, as much
+    again as the file holds within the bounds above, not past ``limit``; where they end."""
+    target = max(end, min(end + min(max(end, ZEROS_AHEAD_MIN), ZEROS_AHEAD_MAX), limit))
+    if target > end:
+        pwrite_all(fd, bytes(target - end), end)
+    return target
 
 
 @dataclass(unsafe_hash=True, slots=True)  # immutable by convention: a frozen dataclass's __init__ costs ~1.4 µs more
@@ -45,11 +69,14 @@ class SegmentWriter:
         self._info = tail
         self._fd: int | None = None
         self._next_seq = tail.seq + 1 if tail is not None else 0
+        self._written = 0  # the segment's bytes so far, data and zeros ahead of it
 
     def open_tail(self) -> None:
-        """Open the existing last segment (if any) for appending."""
+        """Open the existing last segment (if any) for appending (after the zeros a process that
+        died may have left ahead of its records: recovery counted the records only)."""
         if self._info is not None and self._fd is None:
-            self._fd = os.open(self._info.path, os.O_WRONLY | os.O_APPEND)
+            self._fd = os.open(self._info.path, os.O_WRONLY)
+            self._written = os.fstat(self._fd).st_size
 
     def write_batch(self, batch: Sequence[PendingRecord]) -> list[SegmentInfo]:
         """Write (and, per policy, fdatasync) a batch; return the final state of each segment touched."""
@@ -69,10 +96,16 @@ class SegmentWriter:
         failpoints.hit("journal.after_fsync_before_ack")
         return touched
 
-    def close(self) -> None:
+    def close(self, trim: bool = False) -> None:
+        """Close the segment; ``trim``: cut the zeros ahead of its records first (a clean close; after a
+        failure the file is left as it is, for recovery to read)."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            os.close(fd)
+            try:
+                if trim and self._written > self._info.size:
+                    os.ftruncate(fd, self._info.size)
+            finally:
+                os.close(fd)
 
     def _needs_roll(self, frame_bytes: int) -> bool:
         if self._info is None:
@@ -84,16 +117,22 @@ class SegmentWriter:
         if not parts:
             return
         failpoints.hit("journal.before_write")
-        write_all(self._fd, b"".join(parts))
+        data = b"".join(parts)
+        start = self._info.size - len(data)  # _info already counts these records
+        end = self._info.size
+        if end > self._written:
+            self._written = zeros_ahead(self._fd, end, self._config.segment_bytes_max)
+        pwrite_all(self._fd, data, start)
         failpoints.hit("journal.after_write_before_fsync")
         if self._config.sync_writes:
             fdatasync(self._fd)
 
     def _roll(self, first_rev: int) -> None:
-        self.close()
+        self.close()  # the zeros ahead stay: the file is no longer written, readers stop at them
         path = self._directory / segment_name(self._next_seq, first_rev)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         self._fd = os.open(path, flags, 0o644)
+        self._written = 0
         self._info = SegmentInfo(path=path, seq=self._next_seq)
         self._next_seq += 1
         failpoints.hit("segment.after_create_before_dirsync")

@@ -256,12 +256,16 @@ def test_the_ceiling_makes_puts_and_txns_durable_before_answering(tmp_path):
     async def go() -> None:
         os_fdatasync, synced = os.fdatasync, []
         try:
-            os.fdatasync = lambda fd: (synced.append(os.fstat(fd).st_size), os_fdatasync(fd))[1]
+            # what each fdatasync covers: the requests' bytes before the zeros written ahead of them
+            log = tmp_path / "ceiling.log"
+            os.fdatasync = lambda fd: (synced.append(len(log.read_bytes().rstrip(b"\0"))), os_fdatasync(fd))[1]
             gc = ceiling.GroupCommit(str(tmp_path), "thread")
             ceiling._commit[0] = gc
             puts = [ceiling._put(b"\x0a\x01" + bytes([65 + i]), None) for i in range(20)]
             await asyncio.gather(*puts, ceiling._txn(b"", None))
-            size = (tmp_path / "ceiling.log").stat().st_size
+            written = log.read_bytes().rstrip(b"\0")
+            assert sorted(written[i + 2] for i in range(0, 60, 3)) == list(range(65, 85))
+            size = len(written)
             assert size == 20 * 3 and synced and synced[-1] == size  # every answer came after the sync covering it
             assert len(synced) < 21  # group commit: puts arriving during a sync share the next one
         finally:

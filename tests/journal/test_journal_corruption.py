@@ -47,8 +47,10 @@ def test_bit_flip_in_last_record_of_a_non_last_segment(jdir, write_journal, make
 def test_truncated_non_last_segment_is_corruption(jdir, write_journal, make_items):
     config = JournalConfig(segment_bytes_max=100)
     write_journal(jdir, make_items(6, payload_bytes=23), config)
-    first = Journal.open(jdir, config).segments[0]
-    first.write_bytes(first.read_bytes()[:-3])
+    journal = Journal.open(jdir, config)
+    first = journal.segments[0]
+    last = [r for r in journal.records() if r.segment == first][-1]
+    first.write_bytes(first.read_bytes()[:last.offset + 20 + 23 - 3])  # its records' bytes, not the zeros after them
     with pytest.raises(JournalCorrupt):
         Journal.open(jdir, config)
 

@@ -63,7 +63,7 @@ def test_fdatasync_failure_is_fail_stop(jdir, monkeypatch, reopen_records):
 
 
 def test_write_failure_is_fail_stop(jdir, monkeypatch, reopen_records):
-    seen = run_failing_journal(jdir, lambda: monkeypatch.setattr(os, "write", eio))
+    seen = run_failing_journal(jdir, lambda: monkeypatch.setattr(os, "pwrite", eio))
     assert_fail_stop(seen)
     monkeypatch.undo()
     assert reopen_records(jdir) == [(1, r, b"fine") for r in (1, 2, 3)]

@@ -171,7 +171,7 @@ def test_a_write_failure_on_the_loop_is_fail_stop(jdir, monkeypatch, syncs, reop
         def eio(*_args):
             raise OSError(errno.EIO, "injected")
 
-        monkeypatch.setattr(os, "write", eio)
+        monkeypatch.setattr(os, "pwrite", eio)
         journal.append(1, rev, b"doomed")
         with pytest.raises(JournalFailed):
             await journal.sync()

@@ -40,16 +40,89 @@ def test_torn_tail_in_last_of_several_segments(tmp_path, jdir, write_journal, ma
 
 
 @pytest.mark.parametrize("zeros", [1, 19, 20, 4096])
-def test_zero_filled_tail_is_torn(jdir, write_journal, make_items, reopen_records, zeros):
+def test_zeros_after_the_last_record_end_the_records_and_are_written_over(jdir, write_journal, make_items,
+                                                                          reopen_records, zeros):
+    """The zeros a writer writes ahead of its records (left there when it died) are where the records
+    end, not a torn tail: nothing is cut or copied, and the next writer writes over them; its clean
+    close leaves the file its records' length."""
     items = make_items(3)
     write_journal(jdir, items)
     segment = Journal.open(jdir).segments[-1]
     size = segment.stat().st_size
+    assert size == 3 * (20 + 16)  # a clean close cut the zeros ahead
     with open(segment, "ab") as f:
         f.write(b"\x00" * zeros)
     assert reopen_records(jdir) == items
-    assert segment.stat().st_size == size
-    assert segment.with_name(f"{segment.name}.broken-{size}").read_bytes() == b"\x00" * zeros
+    assert segment.stat().st_size == size + zeros and not list(jdir.glob("*.broken-*"))
+    write_journal(jdir, [(1, 9, b"after the zeros")])
+    assert reopen_records(jdir) == items + [(1, 9, b"after the zeros")]
+    assert segment.stat().st_size == size + 20 + 15 and not list(jdir.glob("*.broken-*"))
+
+
+def test_a_writer_keeps_zeros_ahead_of_its_records_while_it_writes(jdir, make_items):
+    """Written but not closed (a process that died): the segment runs on in zeros past its records,
+    from 64 KiB, and the records read back whole."""
+    import asyncio
+
+    from journal.writer import ZEROS_AHEAD_MIN
+
+    items = make_items(5)
+
+    async def go():
+        journal = Journal.open(jdir)
+        await journal.start()
+        for rtype, rev, payload in items:
+            journal.append(rtype, rev, payload)
+        await journal.sync()
+        segment = journal.segments[-1]
+        data = segment.read_bytes()
+        return segment, data, journal
+
+    segment, data, journal = asyncio.run(go())
+    used = 5 * (20 + 16)
+    assert len(data) == used + ZEROS_AHEAD_MIN and data[used:] == bytes(ZEROS_AHEAD_MIN)
+    assert [(r.rtype, r.rev, r.payload) for r in Journal.open(jdir).records()] == items
+
+
+def torn_in_the_middle(jdir, write_journal, make_items, damage):
+    """Four 1,020-byte frames; ``damage`` changes the second one's bytes from 1,536 to 2,048 (a
+    512-byte sector; the third frame starts at 2,040); the fourth stays whole."""
+    items = make_items(4, payload_bytes=1000)
+    write_journal(jdir, items)
+    segment = Journal.open(jdir).segments[-1]
+    data = bytearray(segment.read_bytes())
+    assert len(data) == 4 * 1020
+    data[1536:2048] = damage
+    segment.write_bytes(bytes(data) + bytes(4096))
+    return items, segment, bytes(data) + bytes(4096)
+
+
+def test_a_sector_of_zeros_in_the_last_write_is_a_torn_tail_even_with_whole_frames_after_it(
+        jdir, write_journal, make_items, reopen_records):
+    """A batch written over the zeros ahead and cut short by a crash can leave a sector the disk
+    had not written yet (still zeros) before one it had: the write never finished, so what follows
+    the bad frame is cut (and copied) as a torn tail, not refused as corruption."""
+    from journal.verify import verify
+
+    items, segment, written = torn_in_the_middle(jdir, write_journal, make_items, bytes(512))
+    assert [r.status for r in verify(jdir)] == ["torn tail"]
+    assert reopen_records(jdir) == items[:1]
+    assert segment.stat().st_size == 1020
+    assert segment.with_name(f"{segment.name}.broken-1020").read_bytes() == written[1020:]
+
+
+@pytest.mark.parametrize("damage", [b"\x00" * 511 + b"\x01", b"\xaa" * 512], ids=["all-but-one-zero", "garbage"])
+def test_a_bad_frame_without_a_sector_of_zeros_before_a_whole_one_is_corruption(jdir, write_journal, make_items,
+                                                                                 damage):
+    """The same damage without a whole sector of zeros is not what an unfinished write leaves:
+    with a whole frame after it, it is corruption, as before."""
+    from journal.errors import JournalCorrupt
+    from journal.verify import verify
+
+    torn_in_the_middle(jdir, write_journal, make_items, damage)
+    assert [r.status for r in verify(jdir)] == ["corrupt"]
+    with pytest.raises(JournalCorrupt, match="valid frame follows at offset 3060"):
+        Journal.open(jdir)
 
 
 def test_partial_record_then_zeros_is_torn(jdir, write_journal, make_items, reopen_records):
@@ -88,10 +161,10 @@ def test_only_the_newest_torn_tail_copies_are_kept(jdir, write_journal, make_ite
         write_journal(jdir, [(1, 10 + i, b"more")])  # each tear at a new offset
         size = segment.stat().st_size
         with open(segment, "ab") as f:
-            f.write(b"\x00" * (100 + i))
+            f.write(b"\xff" * (100 + i))
         Journal.open(jdir)
         copy = segment.with_name(f"{segment.name}.broken-{size}")
-        assert copy.read_bytes() == b"\x00" * (100 + i)
+        assert copy.read_bytes() == b"\xff" * (100 + i)
         os.utime(copy, ns=(i * 10**9, i * 10**9))  # distinct ages even on a coarse clock
         made.append(copy.name)
     assert BROKEN_COPIES_KEPT == 3
