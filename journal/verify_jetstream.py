@@ -212,14 +212,19 @@ async def _holds_a_record(js, info) -> bool:
 
 
 async def _acknowledged(js, prefix: str) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """``acknowledged.<role>`` and the shards of ``layout.<role>`` in the meta bucket (shards/store.py)."""
-    from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
+    """``acknowledged.<role>`` and the shards of ``layout.<role>`` in the meta bucket (shards/store.py).
+    Its keys are the subjects its stream holds, as the stream's leader answers: nats-py's kv.keys()
+    reads them through a consumer, which on a NATS cluster has answered "no keys" for a bucket that
+    held them, so that a lost stream passed as sound."""
+    from nats.js.errors import BucketNotFoundError, NotFoundError
 
+    bucket = meta_bucket(prefix)
     try:
-        kv = await js.key_value(meta_bucket(prefix))
-        keys = await kv.keys()
-    except (BucketNotFoundError, NoKeysError, NotFoundError):
+        kv = await js.key_value(bucket)
+        held = (await js.stream_info(kv_stream(bucket), subjects_filter=f"$KV.{bucket}.>")).state.subjects or {}
+    except (BucketNotFoundError, NotFoundError):
         return {}, {}
+    keys = sorted(subject.removeprefix(f"$KV.{bucket}.") for subject in held)
     found, spans = {}, {}
     for key in keys:
         kind, _, role = key.partition(".")
