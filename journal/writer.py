@@ -7,14 +7,14 @@ Its methods do blocking I/O and are called from one worker thread at a time
 Segments are written ahead with zeros, as etcd preallocates its WAL files: a
 write + fdatasync that grows a file must also commit the file's new size and
 blocks to the filesystem's own journal, one that lands on blocks already
-written only flushes the data (on this machine's ext4, 20-40 % less time per
-fdatasync, more for larger batches: bench/README.md). So before a batch would
-pass the zeros written so far, the zeros are extended (by as much as the
-segment holds, from 64 KiB up to 1 MiB at a time, never past
+written only flushes the data (on this machine's ext4, ~20 % less time per
+fdatasync for a 200-byte batch, ~40 % for an 8 KB one: bench/README.md). So
+before a batch would pass the zeros written so far, the zeros are extended (by
+as much as the segment holds, from 64 KiB up to 1 MiB at a time, never past
 segment_bytes_max) in the same write + fdatasync as the batch. Readers take a
 frame boundary followed by nothing but zeros as the end of the frames
-(journal/reader.py); a clean close cuts the zeros off the last segment, so
-only a process that died leaves them there.
+(journal/reader.py). A clean close cuts the zeros off the segment being
+written; the segments it rolled past keep theirs.
 """
 
 from __future__ import annotations
