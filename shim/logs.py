@@ -8,7 +8,8 @@ words (exit 1), and several targets all get every line.
 With --enable-log-rotation the one file target is rotated as etcd's lumberjack rotates it
 (--log-rotation-config-json: maxsize in MiB, maxage in days, maxbackups, localtime, compress):
 before a line would take the file past maxsize it is renamed ``NAME-<time>.EXT`` (the time of
-the rotation, UTC unless localtime, to the millisecond) and a new one is started; backups past
+the rotation, UTC unless localtime, to the millisecond; a millisecond later if a backup already has
+that name, where lumberjack would replace it) and a new one is started; backups past
 maxbackups or older than maxage days are deleted, and with compress gzipped, in a thread of their
 own. The config is read as etcd reads it (Go's JSON, its error words); ``null`` is the defaults
 (etcd crashes on it), and a maxsize of 0 or less is the default 100 MiB (etcd's would refuse
@@ -167,7 +168,7 @@ class RotatingFile(logging.handlers.BaseRotatingHandler):
             self.stream = None
         if os.path.exists(self.baseFilename):
             mode = os.stat(self.baseFilename).st_mode & 0o777
-            os.rename(self.baseFilename, self.backup_name(self._now()))
+            os.rename(self.baseFilename, self.free_backup_name(self._now()))
         else:
             mode = None
         self.stream = self._open()
@@ -181,6 +182,13 @@ class RotatingFile(logging.handlers.BaseRotatingHandler):
     def backup_name(self, when: datetime.datetime) -> str:
         stem, ext = os.path.splitext(self.baseFilename)
         return f"{stem}-{when.strftime('%Y-%m-%dT%H-%M-%S')}.{when.microsecond // 1000:03d}{ext}"
+
+    def free_backup_name(self, when: datetime.datetime) -> str:
+        """The backup name for a rotation at ``when``, a millisecond later for each one a rotation in
+        the same millisecond already took (gzipped or not): lumberjack would rename over that one."""
+        while os.path.exists(name := self.backup_name(when)) or os.path.exists(name + ".gz"):
+            when += datetime.timedelta(milliseconds=1)
+        return name
 
     def backups(self) -> list[tuple[datetime.datetime, str]]:
         """The backups beside the file, newest first: (time in their name, path)."""

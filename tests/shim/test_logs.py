@@ -85,8 +85,6 @@ def test_rotation_keeps_maxbackups_drops_old_ones_and_gzips(tmp_path):
     try:
         for i in range(4 * 1048 + 10):  # a rotation about every 1,048 lines
             log.info("%d %s", i, line)
-            if i % 1048 == 1047:
-                time.sleep(0.002)  # each backup its own millisecond
     finally:
         log.removeHandler(handler)
         handler.close()
@@ -106,6 +104,34 @@ def test_rotation_keeps_maxbackups_drops_old_ones_and_gzips(tmp_path):
         numbers.append([int(x.split(" ")[0]) for x in lines])
     first = min(n[0] for n in numbers)
     assert first > 1000 and sorted(sum(numbers, [])) == list(range(first, first + sum(map(len, numbers))))
+
+
+def test_rotations_in_the_same_millisecond_keep_every_backup(tmp_path, monkeypatch):
+    """Three rotations stamped with one time (a clock that does not move): each backup gets its own
+    name, a millisecond apart, rather than the next rename replacing the one before (lumberjack's
+    os.Rename would), and every line is in one of them."""
+    import datetime
+    import os
+
+    path = tmp_path / "server.log"
+    handler = logs.RotatingFile(str(path), logs.rotation((str(path),), '{"maxsize": 1}'))
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    when = datetime.datetime(2026, 11, 30, 1, 2, 3, 456000, tzinfo=datetime.timezone.utc)
+    monkeypatch.setattr(handler, "_now", lambda: when)
+    log = logging.getLogger("test_logs.same_ms")
+    log.propagate, log.level = False, logging.INFO
+    log.addHandler(handler)
+    try:
+        for i in range(3 * 1048 + 10):  # a rotation about every 1,048 lines of ~1 KB
+            log.info("%d %s", i, "x" * 1000)
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["server-2026-11-30T01-02-03.456.log", "server-2026-11-30T01-02-03.457.log",
+                     "server-2026-11-30T01-02-03.458.log", "server.log"], names
+    numbers = [int(line.split(" ")[0]) for name in names for line in (tmp_path / name).read_text().splitlines()]
+    assert numbers == list(range(3 * 1048 + 10))
 
 
 def test_rotation_config_is_read_as_etcd_reads_it():
