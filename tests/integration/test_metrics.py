@@ -264,6 +264,9 @@ def test_slow_requests_are_logged_and_counted(tmp_path):
     s = start_shardetcd(tmp_path, extra_args=("--listen-metrics-urls", f"http://127.0.0.1:{port}",
                                               "--experimental-warning-apply-duration", "1ms"))
     try:
+        # the fixture's readiness Range can itself take a millisecond on a busy machine, and be the
+        # second's one logged line: the puts start in the next second
+        time.sleep(1.1)
         with grpc.insecure_channel(s.endpoint) as ch:
             for _ in range(20):  # 400 KB written and fsynced each: mostly over a millisecond
                 pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/slow", value=b"v" * 400_000))
