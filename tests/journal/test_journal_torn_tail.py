@@ -95,8 +95,9 @@ def torn_in_the_middle(jdir, write_journal, make_items, damage):
     data = bytearray(segment.read_bytes())
     assert len(data) == 4 * 1020
     data[1536:2048] = damage
-    segment.write_bytes(bytes(data) + bytes(4096))
-    return items, segment, bytes(data) + bytes(4096)
+    written = bytes(data) + bytes(4096)
+    segment.write_bytes(written)
+    return items, segment, written
 
 
 def test_a_sector_of_zeros_in_the_last_write_is_a_torn_tail_even_with_whole_frames_after_it(
