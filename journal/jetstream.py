@@ -200,6 +200,39 @@ class _Acks:
             fut.set_exception(exc)
 
 
+async def list_objects(js, bucket_name: str, stall_s: float = READ_STALL_S) -> list:
+    """The objects of the object store ``bucket_name`` as nats-py's ``ObjectStore.list`` gives them
+    (ObjectInfo, deleted ones included) but [] for an empty bucket; NotFoundError when the bucket is
+    gone; a listing that gets nothing for ``stall_s`` is a NATS timeout, for ``retrying``.
+
+    nats-py's ``list`` reads the meta messages through an ordered push consumer and waits for them
+    without a bound: a bucket deleted while it listed (by hand, or lost by NATS) left it waiting for
+    good (7 of 40 tries in a probe), and with it a writer's checkpoints and its shutdown. Here a pull
+    consumer reads the newest meta message of each object, as ``fetch_object`` reads chunks."""
+    import json
+
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ObjectInfo
+    from nats.js.object_store import OBJ_ALL_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
+
+    sub = await js.pull_subscribe(
+        OBJ_ALL_META_PRE_TEMPLATE.format(bucket=bucket_name), stream=OBJ_STREAM_TEMPLATE.format(bucket=bucket_name),
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE,
+                              num_replicas=1, mem_storage=True, inactive_threshold=stall_s * 3))
+    try:
+        found = []
+        pending = (await sub.consumer_info()).num_pending
+        while pending:
+            for msg in await sub.fetch(batch=FETCH_CHUNKS, timeout=stall_s):
+                found.append(ObjectInfo.from_response(json.loads(msg.data)))
+                pending = msg.metadata.num_pending
+        return found
+    finally:
+        try:
+            await sub.unsubscribe()
+        except Exception:  # noqa: BLE001 - the listing's own error (the bucket gone, say) is the one to raise
+            pass
+
+
 async def store_object(nc, js, bucket, bucket_name: str, name: str, data, ack_timeout_s: float,
                        in_flight: int = 1, sent: Callable[[int], None] | None = None) -> None:
     """The open file ``data`` stored as object ``name`` of the object store ``bucket`` (named
@@ -1624,7 +1657,7 @@ class JetStreamJournal(Appender):
             self._bucket = None
             bucket = await self._bucket_store()
             await self.log.retrying("store checkpoint", store)
-        for name, other in await self._checkpoint_objects(bucket):
+        for name, other in await self._checkpoint_objects():
             if other < rev or (only and name != path.name):
                 async def delete(name=name) -> None:
                     try:
@@ -1644,7 +1677,7 @@ class JetStreamJournal(Appender):
 
         bucket = await self._bucket_store()
         for _ in range(CHECKPOINT_TRIES):
-            found = await self._checkpoint_objects(bucket)
+            found = await self._checkpoint_objects()
             if not found:
                 return None
             name, rev = max(found, key=lambda t: t[1])
@@ -1668,15 +1701,16 @@ class JetStreamJournal(Appender):
 
     async def newest_checkpoint_rev(self) -> int:
         """The revision of the newest checkpoint in the bucket (0: none)."""
-        found = await self._checkpoint_objects(await self._bucket_store())
+        await self._bucket_store()
+        found = await self._checkpoint_objects()
         return max((rev for _, rev in found), default=0)
 
-    async def _checkpoint_objects(self, bucket) -> list[tuple[str, int]]:
+    async def _checkpoint_objects(self) -> list[tuple[str, int]]:
         from nats.js.errors import NotFoundError
 
         try:
-            infos = await self.log.retrying("list checkpoints", bucket.list)
-        except NotFoundError:  # an empty bucket
+            infos = await self.log.retrying("list checkpoints", lambda: list_objects(self.log.js, self.checkpoint_bucket))
+        except NotFoundError:  # the bucket gone
             return []
         out = []
         for info in infos:

@@ -26,8 +26,8 @@ from pathlib import Path
 from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket, checkpoint_stream,
-                               connect_failure, connect_options, drops_messages, fetch_object, kv_stream, meta_bucket,
-                               refusal, refused, retrying, shown_urls)
+                               connect_failure, connect_options, drops_messages, fetch_object, kv_stream, list_objects,
+                               meta_bucket, refusal, refused, retrying, shown_urls)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import verify_checkpoints
@@ -401,8 +401,8 @@ async def _verify_checkpoints(js, report: StreamReport) -> None:
     except (BucketNotFoundError, NotFoundError):
         return
     try:
-        objects = await bucket.list()
-    except NotFoundError:  # an empty bucket
+        objects = await list_objects(js, report.bucket)
+    except NotFoundError:  # the bucket gone since
         return
     found = []
     for obj in objects:

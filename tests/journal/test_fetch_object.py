@@ -2,7 +2,8 @@
 chunks read through a pull consumer come back byte for byte, across fetch batches, and a damaged
 object is refused as nats-py's own get refuses it. store_object: what it stores with chunks in
 flight is what nats-py's get reads back, an object replaced leaves no chunks of the old one, and a
-store JetStream refuses leaves none of its own."""
+store JetStream refuses leaves none of its own. list_objects: what nats-py's list lists, and a
+listing whose bucket is deleted under it ends."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +12,7 @@ import os
 
 import pytest
 
-from journal.jetstream import FETCH_CHUNKS, STORE_CHUNKS, fetch_object, retrying, store_object
+from journal.jetstream import FETCH_CHUNKS, STORE_CHUNKS, fetch_object, list_objects, retrying, store_object
 from tests.nats_fixture import start_nats_cluster
 
 
@@ -104,8 +105,8 @@ def test_a_checkpoint_replaced_while_it_is_fetched_is_listed_again(nats_cluster,
             listed = journal._checkpoint_objects
             listings = []
 
-            async def stale_first(bucket):
-                listings.append(await listed(bucket))
+            async def stale_first():
+                listings.append(await listed())
                 if len(listings) == 1:  # as listed before the writer replaced and deleted it
                     return [("checkpoint-0000000000000003", 3)]
                 return listings[-1]
@@ -256,7 +257,7 @@ def test_an_older_checkpoint_whose_delete_gets_no_answer_is_deleted_on_a_retry(n
 
             bucket.delete = no_answer_first
             await journal.save_checkpoint(9, b"meta-9", iter([b"b"]))
-            left = sorted(rev for _, rev in await journal._checkpoint_objects(bucket))
+            left = sorted(rev for _, rev in await journal._checkpoint_objects())
             await journal.close()
             return tries, left
         finally:
@@ -264,3 +265,87 @@ def test_an_older_checkpoint_whose_delete_gets_no_answer_is_deleted_on_a_retry(n
 
     tries, left = asyncio.run(asyncio.wait_for(main(), 60))
     assert tries == ["checkpoint-0000000000000005.ckpt"] * 2 and left == [9]
+
+
+def described(infos) -> list[tuple]:
+    return sorted((i.name, i.size, i.chunks, i.nuid, i.digest, bool(i.deleted)) for i in infos)
+
+
+def test_objects_are_listed_as_nats_py_lists_them(nats_cluster):
+    """Across fetch batches, with objects replaced and deleted (a deleted one is listed as deleted,
+    as nats-py lists it); an empty bucket is an empty list, where nats-py's list raises."""
+    from nats.js.errors import NotFoundError
+
+    async def body(nc, js, bucket, name):
+        empty = await retrying("list", lambda: list_objects(js, name))
+        with pytest.raises(NotFoundError):
+            await bucket.list()
+        for i in range(FETCH_CHUNKS + 5):
+            await retrying("put", lambda i=i: bucket.put(f"checkpoint-{i}", os.urandom(i)))
+        await retrying("put", lambda: bucket.put("checkpoint-3", b"again"))
+        await retrying("delete", lambda: bucket.delete("checkpoint-4"))
+        ours = await retrying("list", lambda: list_objects(js, name))
+        return empty, described(ours), described(await bucket.list())
+
+    empty, ours, theirs = with_bucket(nats_cluster, body)
+    assert empty == [] and ours == theirs and len(ours) == FETCH_CHUNKS + 5
+    assert [o[5] for o in ours if o[0] == "checkpoint-4"] == [True]
+
+
+def test_a_bucket_deleted_at_any_step_of_a_listing_ends_it(nats_cluster):
+    """The bucket deleted just before and just after each of the JetStream API calls a listing
+    makes in turn (the consumer made, asked for its pending count, asked for messages): the listing
+    ends, with the bucket not found or with an error ``retrying`` tries again after (whose next
+    listing finds no bucket). nats-py's own list waited for good when the bucket went after its
+    consumer was made."""
+    import nats
+    from nats.js.errors import NotFoundError
+
+    from journal.jetstream import transient_errors
+
+    async def listing_deleted_at(call: int, after: bool):
+        nc = await nats.connect(servers=nats_cluster.urls.split(","))
+        other = await nats.connect(servers=nats_cluster.urls.split(","))
+        try:
+            js = nc.jetstream()
+            name = f"list-{os.urandom(4).hex()}"
+            bucket = await retrying("create", lambda: js.create_object_store(name))
+            await retrying("put", lambda: bucket.put("checkpoint-1", b"x"))
+            real, calls = nc.publish, []
+
+            async def publish(subject, *args, **kwargs):
+                if not subject.startswith("$JS.API."):
+                    return await real(subject, *args, **kwargs)
+                calls.append(subject)
+                if len(calls) == call + 1 and not after:
+                    await other.jetstream().delete_stream(f"OBJ_{name}")
+                await real(subject, *args, **kwargs)
+                if len(calls) == call + 1 and after:
+                    await nc.flush()  # the call reaches NATS before the deletion does
+                    await other.jetstream().delete_stream(f"OBJ_{name}")
+
+            async def listing():
+                try:
+                    return [i.name for i in await list_objects(js, name, stall_s=1.0)]
+                except (NotFoundError, *transient_errors()) as exc:
+                    return type(exc).__name__
+
+            nc.publish = publish
+            return await asyncio.wait_for(listing(), 30), len(calls)  # a listing that hangs fails the test here
+        finally:
+            await other.close()
+            await nc.close()
+
+    outcomes = []
+    for after in (False, True):
+        call = 0
+        while True:
+            outcome, calls = asyncio.run(listing_deleted_at(call, after))
+            if calls <= call:  # made fewer calls than that: the bucket was never deleted
+                assert outcome == ["checkpoint-1"]
+                break
+            outcomes.append((call, after, outcome))
+            call += 1
+    print(outcomes)
+    assert len(outcomes) == 6 and outcomes[0][2] == "NotFoundError" and all(
+        isinstance(o, str) or o == ["checkpoint-1"] for _, _, o in outcomes), outcomes
