@@ -233,6 +233,29 @@ async def list_objects(js, bucket_name: str, stall_s: float = READ_STALL_S) -> l
             pass
 
 
+async def delete_object(js, bucket_name: str, name: str) -> None:
+    """Object ``name`` of the object store ``bucket_name`` deleted with nothing left of it: its chunks,
+    then its meta message. nats-py's ``delete`` leaves a meta message marking the object deleted, which
+    every later listing reads: a writer deleting its older checkpoint at each new one piled them up
+    (one per checkpoint ever written), and each checkpoint listed them all. Chunks first, so a try cut
+    short leaves the object listed, to be deleted again; an object gone already is left be."""
+    import json
+
+    from nats.js.api import ObjectInfo
+    from nats.js.errors import NotFoundError
+    from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, OBJ_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
+
+    stream = OBJ_STREAM_TEMPLATE.format(bucket=bucket_name)
+    meta = OBJ_META_PRE_TEMPLATE.format(bucket=bucket_name, obj=base64.urlsafe_b64encode(name.encode()).decode())
+    try:
+        info = ObjectInfo.from_response(json.loads((await js.get_last_msg(stream, meta)).data))
+    except NotFoundError:
+        return  # gone already (an earlier try deleted it), or the bucket with it
+    if info.nuid:
+        await js.purge_stream(stream, subject=OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket_name, obj=info.nuid))
+    await js.purge_stream(stream, subject=meta)
+
+
 async def store_object(nc, js, bucket, bucket_name: str, name: str, data, ack_timeout_s: float,
                        in_flight: int = 1, sent: Callable[[int], None] | None = None) -> None:
     """The open file ``data`` stored as object ``name`` of the object store ``bucket`` (named
@@ -1657,16 +1680,11 @@ class JetStreamJournal(Appender):
             self._bucket = None
             bucket = await self._bucket_store()
             await self.log.retrying("store checkpoint", store)
-        for name, other in await self._checkpoint_objects():
+        for name, other in await self._checkpoint_objects(deleted=True):  # (the markers nats-py's delete left)
             if other < rev or (only and name != path.name):
-                async def delete(name=name) -> None:
-                    try:
-                        await bucket.delete(name)
-                    except NotFoundError:
-                        pass  # gone already (an earlier try deleted it)
-
                 # again while NATS does not answer (a server lost): else the checkpoint, stored, would count as failed
-                await self.log.retrying(f"delete checkpoint {name}", delete)
+                await self.log.retrying(f"delete checkpoint {name}",
+                                        lambda name=name: delete_object(self.log.js, self.checkpoint_bucket, name))
         return f"nats:{self.checkpoint_bucket}/{path.name}"
 
     async def load_checkpoint(self) -> Checkpoint | None:
@@ -1705,7 +1723,9 @@ class JetStreamJournal(Appender):
         found = await self._checkpoint_objects()
         return max((rev for _, rev in found), default=0)
 
-    async def _checkpoint_objects(self) -> list[tuple[str, int]]:
+    async def _checkpoint_objects(self, deleted: bool = False) -> list[tuple[str, int]]:
+        """(name, revision) of the checkpoints in the bucket; with ``deleted``, those marked deleted too
+        (by nats-py's delete, which earlier versions used), as revision 0."""
         from nats.js.errors import NotFoundError
 
         try:
@@ -1717,6 +1737,8 @@ class JetStreamJournal(Appender):
             m = _CKPT_NAME.match(info.name)
             if m and not info.deleted:
                 out.append((info.name, int(m.group(1), 16)))
+            elif m and deleted:
+                out.append((info.name, 0))
         return out
 
     def _scratch_dir(self) -> Path:

@@ -233,9 +233,9 @@ def test_a_store_ended_by_a_closed_connection_raises_what_ended_it(nats_cluster)
 
 
 def test_an_older_checkpoint_whose_delete_gets_no_answer_is_deleted_on_a_retry(nats_cluster, tmp_path):
-    """A NATS server lost just after a checkpoint is stored: deleting the older one times out.
-    The delete is tried again (the checkpoint, stored, does not count as failed) and the older
-    one goes."""
+    """A NATS server lost just after a checkpoint is stored: purging the older one's chunks times
+    out. The delete is tried again (the checkpoint, stored, does not count as failed) and the older
+    one goes, with nothing left of it."""
     from nats.errors import TimeoutError as NatsTimeout
 
     from journal.jetstream import JetStreamConfig, JetStreamLog
@@ -246,25 +246,68 @@ def test_an_older_checkpoint_whose_delete_gets_no_answer_is_deleted_on_a_retry(n
             journal = await log.open_journal("j", tmp_path / "j")
             await journal.start()
             await journal.save_checkpoint(5, b"meta-5", iter([b"a"]))
-            bucket = await journal._bucket_store()
-            real, tries = bucket.delete, []
+            real, tries = log.js.purge_stream, []
 
-            async def no_answer_first(name):
-                tries.append(name)
+            async def no_answer_first(stream, **kwargs):
+                tries.append(kwargs["subject"].split(".")[2])  # C: chunks, M: meta
                 if len(tries) == 1:
                     raise NatsTimeout
-                return await real(name)
+                return await real(stream, **kwargs)
 
-            bucket.delete = no_answer_first
+            log.js.purge_stream = no_answer_first
             await journal.save_checkpoint(9, b"meta-9", iter([b"b"]))
-            left = sorted(rev for _, rev in await journal._checkpoint_objects())
+            log.js.purge_stream = real
+            left = sorted(rev for _, rev in await journal._checkpoint_objects(deleted=True))
             await journal.close()
-            return tries, left
+            return tries, left, await meta_messages(log.js, journal.checkpoint_bucket)
         finally:
             await log.close()
 
-    tries, left = asyncio.run(asyncio.wait_for(main(), 60))
-    assert tries == ["checkpoint-0000000000000005.ckpt"] * 2 and left == [9]
+    tries, left, metas = asyncio.run(asyncio.wait_for(main(), 60))
+    assert tries == ["C", "C", "M"] and left == [9] and metas == 1
+
+
+async def meta_messages(js, name: str) -> int:
+    """Messages on the bucket's meta subjects (one per object, deleted ones' markers included)."""
+    info = await js.stream_info(f"OBJ_{name}", subjects_filter=f"$O.{name}.M.>")
+    return sum((info.state.subjects or {}).values())
+
+
+def test_checkpoints_replaced_leave_nothing_behind(nats_cluster, tmp_path):
+    """Each checkpoint stored deletes the older ones whole, meta message included (nats-py's delete
+    leaves one marking the object deleted, which every later listing would read), and the markers
+    an older version left that way go at the next checkpoint."""
+    from nats.js.errors import ObjectNotFoundError
+
+    from journal.jetstream import JetStreamConfig, JetStreamLog
+
+    async def main():
+        log = await JetStreamLog(JetStreamConfig(urls=tuple(nats_cluster.urls.split(",")), prefix="leftovers")).connect()
+        try:
+            journal = await log.open_journal("j", tmp_path / "j")
+            await journal.start()
+            name = journal.checkpoint_bucket
+            bucket = await journal._bucket_store()
+            for rev in (3, 4, 5):  # as an older version left them: deleted by nats-py
+                await bucket.put(f"checkpoint-{rev:016x}.ckpt", b"old")
+                await bucket.delete(f"checkpoint-{rev:016x}.ckpt")
+            before = await meta_messages(log.js, name), await chunk_messages(log.js, name)
+            for rev in (6, 7, 8, 9):
+                await journal.save_checkpoint(rev, b"meta-%d" % rev, iter([b"x" * 1000]))
+            after = await meta_messages(log.js, name), await chunk_messages(log.js, name)
+            listed = await journal._checkpoint_objects(deleted=True)
+            with pytest.raises(ObjectNotFoundError):
+                await bucket.get_info("checkpoint-0000000000000008.ckpt", show_deleted=True)
+            newest = await journal.load_checkpoint()
+            await journal.close()
+            return before, after, listed, newest.rev
+        finally:
+            await log.close()
+
+    before, after, listed, newest = asyncio.run(asyncio.wait_for(main(), 60))
+    assert before == (3, 0)
+    assert after == (1, 1) and listed == [("checkpoint-0000000000000009.ckpt", 9)] and newest == 9
+
 
 
 def described(infos) -> list[tuple]:
