@@ -707,13 +707,10 @@ class JetStreamLog:
 
     async def announced(self, prefix: str, ttl_s: float) -> list[str]:
         """The values of the live entries of ``<prefix>-members`` whose key starts with ``prefix``."""
-        from nats.js.errors import KeyNotFoundError, NoKeysError
+        from nats.js.errors import KeyNotFoundError
 
         kv = await self._members(ttl_s)
-        try:
-            keys = await self.retrying("list members", kv.keys)
-        except NoKeysError:
-            return []
+        keys = await self.retrying("list members", lambda: kv_keys(self.js, f"{self.config.prefix}-members"))
         out = []
         for key in keys:
             if key.startswith(prefix):
@@ -965,6 +962,17 @@ def checkpoint_stream(stream: str) -> str:
 def kv_stream(bucket: str) -> str:
     """The stream that holds the KV bucket ``bucket`` (nats-py's naming)."""
     return f"KV_{bucket}"
+
+
+async def kv_keys(js, bucket: str) -> list[str]:
+    """The keys the KV bucket ``bucket`` holds a message for, sorted: the subjects of its stream, as
+    the stream's leader answers in one request (a key deleted or purged keeps a marker message
+    until it lapses: ``kv.get`` tells). nats-py's ``kv.keys()`` reads them through an ordered
+    consumer, which on a NATS cluster has answered "no keys" for a bucket that held them, and
+    waits without a bound for messages that do not come (as ``ObjectStore.list``: list_objects).
+    NotFoundError when the bucket is gone."""
+    held = (await js.stream_info(kv_stream(bucket), subjects_filter=f"$KV.{bucket}.>")).state.subjects or {}
+    return sorted(subject.removeprefix(f"$KV.{bucket}.") for subject in held)
 
 
 KNOWN_WITHIN_S = 5.0  # how long something just made may be unknown to the NATS server this process talks to

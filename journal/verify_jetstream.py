@@ -26,8 +26,8 @@ from pathlib import Path
 from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket, checkpoint_stream,
-                               connect_failure, connect_options, drops_messages, fetch_object, kv_stream, list_objects,
-                               meta_bucket, refusal, refused, retrying, shown_urls)
+                               connect_failure, connect_options, drops_messages, fetch_object, kv_keys, kv_stream,
+                               list_objects, meta_bucket, refusal, refused, retrying, shown_urls)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import verify_checkpoints
@@ -212,19 +212,17 @@ async def _holds_a_record(js, info) -> bool:
 
 
 async def _acknowledged(js, prefix: str) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """``acknowledged.<role>`` and the shards of ``layout.<role>`` in the meta bucket (shards/store.py).
-    Its keys are the subjects its stream holds, as the stream's leader answers: nats-py's kv.keys()
-    reads them through a consumer, which on a NATS cluster has answered "no keys" for a bucket that
-    held them, so that a lost stream passed as sound."""
+    """``acknowledged.<role>`` and the shards of ``layout.<role>`` in the meta bucket (shards/store.py),
+    its keys listed by kv_keys (nats-py's kv.keys() has answered "no keys" on a NATS cluster for a
+    bucket that held them, so that a lost stream passed as sound)."""
     from nats.js.errors import BucketNotFoundError, NotFoundError
 
     bucket = meta_bucket(prefix)
     try:
         kv = await js.key_value(bucket)
-        held = (await js.stream_info(kv_stream(bucket), subjects_filter=f"$KV.{bucket}.>")).state.subjects or {}
+        keys = await kv_keys(js, bucket)
     except (BucketNotFoundError, NotFoundError):
         return {}, {}
-    keys = sorted(subject.removeprefix(f"$KV.{bucket}.") for subject in held)
     found, spans = {}, {}
     for key in keys:
         kind, _, role = key.partition(".")

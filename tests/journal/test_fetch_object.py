@@ -3,7 +3,8 @@ chunks read through a pull consumer come back byte for byte, across fetch batche
 object is refused as nats-py's own get refuses it. store_object: what it stores with chunks in
 flight is what nats-py's get reads back, an object replaced leaves no chunks of the old one, and a
 store JetStream refuses leaves none of its own. list_objects: what nats-py's list lists, and a
-listing whose bucket is deleted under it ends."""
+listing whose bucket is deleted under it ends. The members bucket's keys, listed as kv_keys lists
+them."""
 from __future__ import annotations
 
 import asyncio
@@ -392,3 +393,25 @@ def test_a_bucket_deleted_at_any_step_of_a_listing_ends_it(nats_cluster):
     print(outcomes)
     assert len(outcomes) == 6 and outcomes[0][2] == "NotFoundError" and all(
         isinstance(o, str) or o == ["checkpoint-1"] for _, _, o in outcomes), outcomes
+
+
+def test_members_announced_are_listed_by_prefix_and_a_deleted_one_is_not(nats_cluster):
+    """JetStreamLog.announced lists the members bucket's keys from its stream's subjects (kv_keys),
+    not through nats-py's kv.keys() consumer: the live entries whose key has the prefix, none of a
+    key deleted (its marker message is a subject too), and nothing for a prefix no one announced."""
+    from journal.jetstream import JetStreamConfig, JetStreamLog, kv_keys
+
+    async def main():
+        log = await JetStreamLog(JetStreamConfig(urls=tuple(nats_cluster.urls.split(",")), prefix="announce")).connect()
+        try:
+            for key, value in (("p1.a", "A"), ("p1.b", "B"), ("p2.c", "C"), ("p1.d", "D")):
+                await log.announce(key, value, 60.0)
+            kv = await log._members(60.0)
+            await kv.delete("p1.d")
+            keys = await kv_keys(log.js, "announce-members")
+            return keys, sorted(await log.announced("p1.", 60.0)), await log.announced("p3.", 60.0)
+        finally:
+            await log.close()
+
+    keys, p1, p3 = asyncio.run(asyncio.wait_for(main(), 60))
+    assert keys == ["p1.a", "p1.b", "p1.d", "p2.c"] and p1 == ["A", "B"] and p3 == []
