@@ -11,7 +11,8 @@ written only flushes the data (on this machine's ext4, ~20 % less time per
 fdatasync for a 200-byte batch, ~40 % for an 8 KB one: bench/README.md). So
 before a batch would pass the zeros written so far, the zeros are extended (by
 as much as the segment holds, from 64 KiB up to 1 MiB at a time, never past
-segment_bytes_max) in the same write + fdatasync as the batch. Readers take a
+segment_bytes_max, a page per write: see zeros_ahead) in the same fdatasync as
+the batch. Readers take a
 frame boundary followed by nothing but zeros as the end of the frames
 (journal/reader.py). A clean close cuts the zeros off the segment being
 written; the segments it rolled past keep theirs.
@@ -37,12 +38,25 @@ ZEROS_AHEAD_MIN = 64 * 1024
 ZEROS_AHEAD_MAX = 1024 * 1024
 
 
+PAGE = 4096
+_PAGE_OF_ZEROS = memoryview(bytes(PAGE))
+
+
 def zeros_ahead(fd: int, end: int, limit: int) -> int:
     """Zeros written into ``fd`` from ``end`` (where the batch about to be written ends) on, as much
-    again as the file holds within the bounds above, not past ``limit``; where they end."""
+    again as the file holds within the bounds above, not past ``limit``; where they end.
+
+    A page at a time, each write within one page: Linux (6.x, ext4 with large folios) may cache
+    one write of many pages as one large folio, and then every later fdatasync over a byte of it
+    writes the whole folio back. Zeros written 1 MiB at once made each 326-byte batch write 1–2 MiB
+    to the disk (126 KB per put through the server at one client, against 4.4 KB appending);
+    page by page, 4 KiB as appending does, and the fdatasync as short."""
     target = max(end, min(end + min(max(end, ZEROS_AHEAD_MIN), ZEROS_AHEAD_MAX), limit))
-    if target > end:
-        pwrite_all(fd, bytes(target - end), end)
+    at = end
+    while at < target:
+        upto = min(at - at % PAGE + PAGE, target)
+        pwrite_all(fd, _PAGE_OF_ZEROS[:upto - at], at)
+        at = upto
     return target
 
 
