@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import tempfile
 import time
@@ -183,6 +184,7 @@ def main(argv=None) -> int:
                 print(line, flush=True)
     finally:
         nats.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -292,6 +292,7 @@ def test_bench_jsread_reads_back_every_message_written_and_a_checkpoint():
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rounds = [ln for ln in p.stdout.splitlines() if ln.startswith("  round ")]
     assert len(rounds) == 2 and all(" 301 messages (600 records) in " in ln for ln in rounds), p.stdout  # and the fence
+    assert not Path(p.stdout.split("data under ", 1)[1].split()[0]).exists()  # its NATS data and files went with it
     ways = ("store_object, 32 in flight (a restore)", "store_object, 1 in flight (a serving writer)", "nats-py's put",
             "fetch_object", "nats-py's get")
     stored = [ln for ln in p.stdout.splitlines() if ln.startswith("  checkpoint round ")]  # each checked byte for byte
