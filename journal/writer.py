@@ -12,9 +12,8 @@ fdatasync for a 200-byte batch, ~40 % for an 8 KB one: bench/README.md). So
 before a batch would pass the zeros written so far, the zeros are extended (by
 as much as the segment holds, from 64 KiB up to 1 MiB at a time, never past
 segment_bytes_max, a page per write: see zeros_ahead) in the same fdatasync as
-the batch. Readers take a
-frame boundary followed by nothing but zeros as the end of the frames
-(journal/reader.py). A clean close cuts the zeros off the segment being
+the batch. Readers take a frame boundary followed by nothing but zeros as the
+end of the frames (journal/reader.py). A clean close cuts the zeros off the segment being
 written; the segments it rolled past keep theirs.
 """
 

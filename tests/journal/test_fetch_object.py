@@ -130,9 +130,10 @@ def stored(nc, js, bucket, name, object_name, data: bytes, in_flight: int = 1):
     return retrying("store", lambda: store_object(nc, js, bucket, name, object_name, io.BytesIO(data), 10.0, in_flight))
 
 
-async def chunk_messages(js, name: str) -> int:
-    """Messages on the bucket's chunk subjects."""
-    info = await js.stream_info(f"OBJ_{name}", subjects_filter=f"$O.{name}.C.>")
+async def messages_on(js, name: str, kind: str) -> int:
+    """Messages on the bucket's chunk (``kind`` "C") or meta ("M": one per object, deleted ones'
+    markers included) subjects."""
+    info = await js.stream_info(f"OBJ_{name}", subjects_filter=f"$O.{name}.{kind}.>")
     return sum((info.state.subjects or {}).values())
 
 
@@ -147,7 +148,7 @@ def test_a_stored_object_is_what_nats_py_and_fetch_object_read_back(nats_cluster
         theirs = (await retrying("get", lambda: bucket.get("checkpoint-1"))).data
         ours = io.BytesIO()
         await retrying("fetch", lambda: fetch_object(js, bucket, name, "checkpoint-1", ours))
-        return info.size, info.chunks, await chunk_messages(js, name), theirs, ours.getvalue()
+        return info.size, info.chunks, await messages_on(js, name, "C"), theirs, ours.getvalue()
 
     chunks = -(-size // CHUNK)
     assert with_bucket(nats_cluster, body) == (size, chunks, chunks, data, data)
@@ -159,7 +160,7 @@ def test_an_object_stored_again_leaves_no_chunk_of_the_one_it_replaced(nats_clus
     async def body(nc, js, bucket, name):
         await stored(nc, js, bucket, name, "checkpoint-1", first)
         await stored(nc, js, bucket, name, "checkpoint-1", second)
-        return (await bucket.get("checkpoint-1")).data, await chunk_messages(js, name)
+        return (await bucket.get("checkpoint-1")).data, await messages_on(js, name, "C")
 
     assert with_bucket(nats_cluster, body) == (second, 2)
 
@@ -175,7 +176,7 @@ def test_a_store_jetstream_refuses_leaves_no_chunk_and_no_object(nats_cluster):
             await store_object(nc, js, bucket, name, "checkpoint-1", io.BytesIO(os.urandom(10 * CHUNK)), 10.0, STORE_CHUNKS)
         with pytest.raises(ObjectNotFoundError):
             await bucket.get_info("checkpoint-1")
-        return refused.value.err_code, await chunk_messages(js, name)
+        return refused.value.err_code, await messages_on(js, name, "C")
 
     code, left = with_bucket(nats_cluster, body, max_bytes=3 * CHUNK + 4096)
     assert (code, left) == (10077, 0)  # JetStream's "maximum bytes exceeded" (a storage error: publish_error_kind)
@@ -260,18 +261,12 @@ def test_an_older_checkpoint_whose_delete_gets_no_answer_is_deleted_on_a_retry(n
             log.js.purge_stream = real
             left = sorted(rev for _, rev in await journal._checkpoint_objects(deleted=True))
             await journal.close()
-            return tries, left, await meta_messages(log.js, journal.checkpoint_bucket)
+            return tries, left, await messages_on(log.js, journal.checkpoint_bucket, "M")
         finally:
             await log.close()
 
     tries, left, metas = asyncio.run(asyncio.wait_for(main(), 60))
     assert tries == ["C", "C", "M"] and left == [9] and metas == 1
-
-
-async def meta_messages(js, name: str) -> int:
-    """Messages on the bucket's meta subjects (one per object, deleted ones' markers included)."""
-    info = await js.stream_info(f"OBJ_{name}", subjects_filter=f"$O.{name}.M.>")
-    return sum((info.state.subjects or {}).values())
 
 
 def test_checkpoints_replaced_leave_nothing_behind(nats_cluster, tmp_path):
@@ -292,10 +287,10 @@ def test_checkpoints_replaced_leave_nothing_behind(nats_cluster, tmp_path):
             for rev in (3, 4, 5):  # as an older version left them: deleted by nats-py
                 await bucket.put(f"checkpoint-{rev:016x}.ckpt", b"old")
                 await bucket.delete(f"checkpoint-{rev:016x}.ckpt")
-            before = await meta_messages(log.js, name), await chunk_messages(log.js, name)
+            before = await messages_on(log.js, name, "M"), await messages_on(log.js, name, "C")
             for rev in (6, 7, 8, 9):
                 await journal.save_checkpoint(rev, b"meta-%d" % rev, iter([b"x" * 1000]))
-            after = await meta_messages(log.js, name), await chunk_messages(log.js, name)
+            after = await messages_on(log.js, name, "M"), await messages_on(log.js, name, "C")
             listed = await journal._checkpoint_objects(deleted=True)
             with pytest.raises(ObjectNotFoundError):
                 await bucket.get_info("checkpoint-0000000000000008.ckpt", show_deleted=True)
@@ -308,7 +303,6 @@ def test_checkpoints_replaced_leave_nothing_behind(nats_cluster, tmp_path):
     before, after, listed, newest = asyncio.run(asyncio.wait_for(main(), 60))
     assert before == (3, 0)
     assert after == (1, 1) and listed == [("checkpoint-0000000000000009.ckpt", 9)] and newest == 9
-
 
 
 def described(infos) -> list[tuple]:
@@ -390,7 +384,6 @@ def test_a_bucket_deleted_at_any_step_of_a_listing_ends_it(nats_cluster):
                 break
             outcomes.append((call, after, outcome))
             call += 1
-    print(outcomes)
     assert len(outcomes) == 6 and outcomes[0][2] == "NotFoundError" and all(
         isinstance(o, str) or o == ["checkpoint-1"] for _, _, o in outcomes), outcomes
 
