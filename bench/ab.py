@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 
 from . import etcdtool, runargs, scenarios as sc
-from .servers import REPO_ROOT, Server, start_ceiling, start_shardetcd_default
+from .servers import REPO_ROOT, Server, start_ceiling, start_floor, start_shardetcd_default
 
-STARTERS = {"shardetcd": start_shardetcd_default, "ceiling": start_ceiling}
+STARTERS = {"shardetcd": start_shardetcd_default, "ceiling": start_ceiling, "floor": start_floor}
 DEFAULT_LOADS = "put-seq:1/1,put-seq:64/8,txn-put:64/8,range-l:1/1,range-l:64/8"
 
 
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--a", required=True, help="the build before: a directory or a git revision")
     ap.add_argument("--b", default=str(REPO_ROOT), help="the build after (default: this working tree)")
     ap.add_argument("--loads", default=DEFAULT_LOADS, help="comma-separated scenario:clients/conns (default: %(default)s)")
-    ap.add_argument("--servers", default="shardetcd,ceiling", help="comma-separated: shardetcd,ceiling")
+    ap.add_argument("--servers", default="shardetcd,ceiling", help="comma-separated: shardetcd,ceiling,floor (the floor needs both trees to have it)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--tiny", action="store_true", help="one round of a few hundred requests per load (harness check)")
     runargs.add_tool(ap)

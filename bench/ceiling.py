@@ -25,6 +25,10 @@ nothing is stored, so there is no history, no prev_kv and no filtering.
 --grpc-server chooses the gRPC server as shardetcd's flag of that name does, with
 the same default: the ceiling does the gRPC work shardetcd does, and nothing else.
 
+--mvcc STATE_DIR makes it the *floor* (class Floor): each Put and Txn also does the
+least any multi-version store must (a revision, the key's versions, its row in RocksDB,
+the row as the journal record), so floor/ceiling is what such a store costs in Python.
+
     python -m bench.ceiling --port 23790
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+from pathlib import Path
 from queue import SimpleQueue
 import signal
 import threading
@@ -41,11 +46,13 @@ import grpc
 from prometheus_client import Histogram, start_http_server
 
 from journal.fsutil import pwrite_all
+from journal.record import frame_header
 from journal.writer import zeros_ahead
 from proto import kv_pb2, rpc_pb2 as pb
 from shim import grpcserver
 from shim.handlers import eager
 from shim.config import GRPC_SERVERS, ServerConfig
+from shim.wire import varint
 from shim.loop import EVENT_LOOPS, default_event_loop, run as run_loop
 
 _HEADER = pb.ResponseHeader(cluster_id=1, member_id=1, revision=1, raft_term=2)
@@ -161,6 +168,51 @@ class GroupCommit:
 
 
 _commit: list[GroupCommit | None] = [None]
+
+
+class Floor:
+    """--mvcc: the least any multi-version store must add to the ceiling's durable write, for the
+    *floor* (bench/README.md): a revision per write, the key's revisions (its create revision and
+    version follow from them), a new key in a sorted list (ranges read keys in order), the row
+    (etcd's mvccpb.KeyValue) put in RocksDB on tmpfs as shardetcd's state is, a journal record (the
+    row, framed with its CRC) group-committed in place of the request's bytes, and a response
+    carrying the revision. No checks, leases, watches, sharding, history reads or metrics: what
+    shardetcd costs beyond this is its etcd contract and its own design, not Python's floor."""
+
+    def __init__(self, state_dir: str) -> None:
+        from sortedcontainers import SortedList
+
+        from shards.state import open_rocks
+        from shim.wire import Headers
+        self.db = open_rocks(Path(state_dir))
+        self.index: dict[bytes, list[int]] = {}
+        self.keys = SortedList()
+        self.rev = 1
+        self.headers = Headers(1, 1, 2)
+
+    def put(self, req: pb.PutRequest) -> tuple[bytes, bytes]:
+        """The put's journal record and its response."""
+        self.rev = rev = self.rev + 1
+        key = req.key
+        revs = self.index.get(key)
+        if revs is None:
+            revs = self.index[key] = [rev]
+            self.keys.add(key)
+        else:
+            revs.append(rev)
+        row = kv_pb2.KeyValue(key=key, create_revision=revs[0], mod_revision=rev, version=len(revs),
+                              value=req.value, lease=req.lease).SerializeToString()
+        self.db[rev.to_bytes(8, "big")] = row
+        return frame_header(1, rev, row) + row, self.headers.framed(rev)
+
+    def txn(self, req: pb.TxnRequest) -> tuple[bytes, bytes]:
+        """A Txn of one Put (the tool's txn-put): that put, answered as a TxnResponse."""
+        record, header = self.put(req.success[0].request_put)
+        put = b"\x12" + varint(len(header)) + header
+        return record, header + b"\x10\x01\x1a" + varint(len(put)) + put
+
+
+_floor: list[Floor | None] = [None]
 _calls = [0]  # unary calls being handled (the hybrid mode writes inline only when one is)
 
 
@@ -189,6 +241,10 @@ _FSYNC = Histogram("etcd_disk_wal_fsync_duration_seconds", "GroupCommit write + 
 
 async def _put(request: bytes, context) -> bytes:
     req = pb.PutRequest.FromString(request)
+    if _floor[0] is not None:
+        record, response = _floor[0].put(req)
+        await _commit[0].append(record)
+        return response
     if _commit[0] is not None:
         await _commit[0].append(request)
     if _watch_streams:
@@ -199,6 +255,10 @@ async def _put(request: bytes, context) -> bytes:
 
 async def _put_batch(requests: list, contexts: list) -> list:
     reqs = [pb.PutRequest.FromString(request) for request in requests]
+    if _floor[0] is not None:
+        done = [_floor[0].put(req) for req in reqs]
+        await _commit[0].append_many([record for record, _ in done])
+        return [response for _, response in done]
     if _commit[0] is not None:
         await _commit[0].append_many(requests)
     if _watch_streams:
@@ -219,15 +279,22 @@ def _fan_out(req: pb.PutRequest, rev: int) -> None:
 
 
 async def _txn(request: bytes, context) -> bytes:
-    pb.TxnRequest.FromString(request)
+    req = pb.TxnRequest.FromString(request)
+    if _floor[0] is not None:
+        record, response = _floor[0].txn(req)
+        await _commit[0].append(record)
+        return response
     if _commit[0] is not None:
         await _commit[0].append(request)
     return TXN_RESPONSE
 
 
 async def _txn_batch(requests: list, contexts: list) -> list:
-    for request in requests:
-        pb.TxnRequest.FromString(request)
+    reqs = [pb.TxnRequest.FromString(request) for request in requests]
+    if _floor[0] is not None:
+        done = [_floor[0].txn(req) for req in reqs]
+        await _commit[0].append_many([record for record, _ in done])
+        return [response for _, response in done]
     if _commit[0] is not None:
         await _commit[0].append_many(requests)
     return [TXN_RESPONSE] * len(requests)
@@ -277,11 +344,14 @@ async def _keepalive(requests, context):
 
 
 async def serve(port: int, fsync_dir: str | None = None, fsync_mode: str = "hybrid",
-                metrics_port: int | None = None, grpc_server: str = ServerConfig.grpc_server) -> None:
+                metrics_port: int | None = None, grpc_server: str = ServerConfig.grpc_server,
+                mvcc_dir: str | None = None) -> None:
     if metrics_port:
         start_http_server(metrics_port, addr="127.0.0.1")
     if fsync_dir:
         _commit[0] = GroupCommit(fsync_dir, fsync_mode)
+        if mvcc_dir:
+            _floor[0] = Floor(mvcc_dir)
     server = (grpc.aio.server(options=[("grpc.so_reuseport", 0)]) if grpc_server == "grpcio"
               else grpcserver.Server())
     # no (de)serializers: handlers see and return raw bytes
@@ -315,8 +385,14 @@ def main() -> None:
                     help="the same choice as shardetcd's --event-loop, whose default it shares (default: %(default)s)")
     ap.add_argument("--grpc-server", choices=GRPC_SERVERS, default=ServerConfig.grpc_server,
                     help="the same choice as shardetcd's --grpc-server, whose default it shares (default: %(default)s)")
+    ap.add_argument("--mvcc", default=None, metavar="STATE_DIR",
+                    help="the floor: with --fsync-dir, also do the least a multi-version store must (class Floor), "
+                         "its rows in RocksDB in STATE_DIR (tmpfs, as shardetcd's state)")
     args = ap.parse_args()
-    run_loop(serve(args.port, args.fsync_dir, args.fsync_mode, args.metrics_port, args.grpc_server), args.event_loop)
+    if args.mvcc and not args.fsync_dir:
+        ap.error("--mvcc needs --fsync-dir")
+    run_loop(serve(args.port, args.fsync_dir, args.fsync_mode, args.metrics_port, args.grpc_server, args.mvcc),
+             args.event_loop)
 
 
 if __name__ == "__main__":

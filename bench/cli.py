@@ -1,10 +1,10 @@
-"""python -m bench [--quick|--tiny] [--only S1,S2] [--servers etcd,shardetcd,ceiling] [--tool PATH]
+"""python -m bench [--quick|--tiny] [--only S1,S2] [--servers etcd,shardetcd,floor,ceiling] [--tool PATH]
 
-Starts the servers (real etcd 3.5.1, shardetcd with its defaults, the
-do-nothing ceiling server), runs every scenario point on each in turn (etcd,
-shardetcd, ceiling, then the next point: the runs a ratio compares are
-seconds apart), stops them by PID, and reports side by side in one table with
-ratios.  etcd's shapes are
+Starts the servers (real etcd 3.5.1, shardetcd with its defaults, the floor
+for the durable writes, the do-nothing ceiling server), runs every scenario
+point on each in turn (etcd, shardetcd, floor, ceiling, then the next point:
+the runs a ratio compares are seconds apart), stops them by PID, and reports
+side by side in one table with ratios.  etcd's shapes are
 driven by etcd's own benchmark tool (--tool PATH, $SHARDETCD_BENCHMARK_TOOL,
 or ../shared/bin/etcd-benchmark.xz); the Python generator drives only what
 the tool cannot (lease-keepalive-many, k8s-mix).
@@ -44,7 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "1000/100) with a few hundred requests, a small k8s-mix; keeps the harness working, "
                          "its figures mean nothing")
     ap.add_argument("--only", default="", help="comma-separated scenario names: " + ",".join(s.name for s in sc.SCENARIOS))
-    ap.add_argument("--servers", default="etcd,shardetcd,ceiling", help="comma-separated: etcd,shardetcd,ceiling")
+    ap.add_argument("--servers", default="etcd,shardetcd,floor,ceiling", help="comma-separated: etcd,shardetcd,floor,ceiling")
     ap.add_argument("--grpc-server", choices=GRPC_SERVERS, default=ServerConfig.grpc_server,
                     help="the gRPC server of shardetcd and of the ceiling alike (default: %(default)s, shardetcd's)")
     runargs.add_tool(ap)
@@ -166,18 +166,18 @@ def main(argv=None) -> int:
         """Wait (bounded) until the machine is idle apart from the server; return the last busy %."""
         return runargs.wait_quiet(quiet_wait, args.quiet_below)
     # Every server is started first and the scenarios' points are run in turn on each (etcd, shardetcd,
-    # ceiling, then the next point): the ratios compare runs seconds apart, not minutes, so this VM's
+    # floor, ceiling, then the next point): the ratios compare runs seconds apart, not minutes, so this VM's
     # drifting speed moves them less. Each server still sees the same scenarios in the same order.
     started: dict[str, object] = {}
     prepared: dict[str, dict[str, dict]] = {}
     try:
         for srv in servers:
-            if not any(srv in s.servers for s, _ in runs) and not (do_check_perf and srv != "ceiling"):
+            if not any(srv in s.servers for s, _ in runs) and not (do_check_perf and srv in ("etcd", "shardetcd")):
                 continue
-            transport = ("--grpc-server", args.grpc_server)  # shardetcd's and the ceiling's alike
+            transport = ("--grpc-server", args.grpc_server)  # shardetcd's, the floor's and the ceiling's alike
             if srv == "etcd":
                 server = STARTERS[srv](tmp)
-            elif srv == "ceiling":
+            elif srv in ("ceiling", "floor"):
                 server = STARTERS[srv](tmp, transport)
             else:
                 server = STARTERS[srv](tmp, transport, " ".join(transport))
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
                       f"µs/req  other CPU {report._f(main_row.get('other_cpu_pct'), '{:.0f}')}%"
                       + (f"  errors {errs}" if errs else ""), flush=True)
         for srv, server in started.items():
-            if do_check_perf and srv != "ceiling":
+            if do_check_perf and srv in ("etcd", "shardetcd"):
                 print(f"  etcdctl check perf --load=s against {srv} (~60 s) ...", flush=True)
                 perf[srv] = check_perf(server.endpoint)
                 print(f"  etcdctl check datascale --load=s against {srv} ...", flush=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-SERVER_ORDER = ("etcd", "shardetcd", "ceiling")
+SERVER_ORDER = ("etcd", "shardetcd", "floor", "ceiling")
 NOTE = ("Client (load generator) and server share the same 2 cores: every number here is "
         "for both together, loopback only (127.0.0.1).")
 GENERATOR = {"tool": "etcd tool", "python": "Python"}
@@ -117,21 +117,24 @@ def _ratio(a: dict | None, b: dict | None, key: str, suffix: str = "") -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown table, every row; a shardetcd row carries its ratios to etcd (and to the ceiling)."""
+    """Markdown table, every row; a shardetcd row carries its ratios to etcd, the floor and the
+    ceiling, a floor row its ratio to the ceiling."""
     index, points = _points(rows)
     head = ["scenario", "clients/conns", "generator", "server", "req/s", "p50 ms", "p99 ms", "srv CPU µs/req",
             "cli CPU µs/req", "other CPU %", "writes/fsync", "shardetcd/etcd req/s", "shardetcd/etcd p99",
-            "shardetcd/ceiling req/s"]
+            "shardetcd/ceiling req/s", "shardetcd/floor req/s", "floor/ceiling req/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for k in points:
         for srv in SERVER_ORDER:
             r = index.get((*k, srv))
             if not r:
                 continue
-            ratios = ["", "", ""]
+            ratios = ["", "", "", "", ""]
+            e, f, c = (index.get((*k, other)) for other in ("etcd", "floor", "ceiling"))
             if srv == "shardetcd":
-                e, c = index.get((*k, "etcd")), index.get((*k, "ceiling"))
-                ratios = [_ratio(r, e, "req_s"), _ratio(r, e, "p99_ms"), _ratio(r, c, "req_s")]
+                ratios = [_ratio(r, e, "req_s"), _ratio(r, e, "p99_ms"), _ratio(r, c, "req_s"), _ratio(r, f, "req_s"), ""]
+            elif srv == "floor":
+                ratios[4] = _ratio(r, c, "req_s")
             name = r["scenario"] + (f" {r['op']}" if r.get("op") else "")
             cells = [name, r["point"], GENERATOR.get(r.get("generator"), "?"), srv, _thr(r["req_s"]),
                      _f(r.get("p50_ms")), _f(r.get("p99_ms")), _f(r.get("srv_cpu_us"), "{:.0f}"),
@@ -143,24 +146,26 @@ def table(rows: list[dict]) -> str:
 
 def summary(rows: list[dict]) -> str:
     """One line per scenario point (k8s-mix: its total only): req/s of each server, the ratios,
-    p50 and p99 of etcd and shardetcd, server CPU per request of all three. The README's
-    Performance table is this table."""
+    p50 and p99 of etcd and shardetcd, server CPU per request of every server. The README's
+    Performance table is this table. The floor runs the durable writes only."""
     index, points = _points(rows)
     head = ["scenario", "clients/conns", "generator", "etcd req/s", "shardetcd req/s", "ceiling req/s",
-            "shardetcd/etcd", "shardetcd/ceiling", "p50 ms etcd / shardetcd", "p99 ms etcd / shardetcd",
-            "srv CPU µs/req etcd / shardetcd / ceiling"]
+            "shardetcd/etcd", "shardetcd/ceiling", "floor req/s", "shardetcd/floor", "floor/ceiling",
+            "p50 ms etcd / shardetcd", "p99 ms etcd / shardetcd", "srv CPU µs/req etcd / shardetcd / ceiling / floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for k in (k for k in points if k[2] in (None, "all writes+reads")):
-        e, s, c = (index.get((*k, srv)) for srv in SERVER_ORDER)
-        gen = GENERATOR.get(next(x for x in (e, s, c) if x).get("generator"), "?")
+        e, s, f, c = (index.get((*k, srv)) for srv in SERVER_ORDER)
+        gen = GENERATOR.get(next(x for x in (e, s, c, f) if x).get("generator"), "?")
 
         def pair(key: str, fmt: str, of=(e, s)) -> str:
             return " / ".join(_f(x.get(key), fmt) if x else "-" for x in of)
 
+        cpu = pair("srv_cpu_us", "{:.0f}", (e, s, c, f) if f else (e, s, c))
         lines.append("| " + " | ".join([k[0], k[1], gen, *(_thr(x["req_s"]) if x else "" for x in (e, s, c)),
                                          _ratio(s, e, "req_s", "×"), _ratio(s, c, "req_s", "×"),
-                                         pair("p50_ms", "{:.1f}"), pair("p99_ms", "{:.1f}"),
-                                         pair("srv_cpu_us", "{:.0f}", (e, s, c))]) + " |")
+                                         _thr(f["req_s"]) if f else "", _ratio(s, f, "req_s", "×"),
+                                         _ratio(f, c, "req_s", "×"),
+                                         pair("p50_ms", "{:.1f}"), pair("p99_ms", "{:.1f}"), cpu]) + " |")
     return "\n".join(lines)
 
 

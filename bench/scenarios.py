@@ -81,15 +81,17 @@ def _kv_points(*extra: Point, tiny_many: bool = False) -> list[Point]:
 
 
 _PUT = ("put", "--key-size", "8", "--val-size", str(VAL_SIZE))
+# durable writes run on the floor too (bench/ceiling.py --mvcc): the ceiling plus the least MVCC work
+WRITE_SERVERS = ("etcd", "shardetcd", "floor", "ceiling")
 _SEQ = ("--sequential-keys", "--key-space-size", "100000")
 
 SCENARIOS: list[Scenario] = [
-    Scenario("put-hot", "tool", _kv_points(), _PUT,
+    Scenario("put-hot", "tool", _kv_points(), _PUT, servers=WRITE_SERVERS,
              describe="Put, one hot key (8 zero bytes: the tool's default key space of 1), 256-byte value"),
     Scenario("put-seq", "tool",
              _kv_points(Point(64, 8, (None, 10_000, 50_000)), Point(256, 32, (None, None, 50_000)),
                         tiny_many=True),  # --tiny: one run of the many-connections path
-             (*_PUT, *_SEQ),
+             (*_PUT, *_SEQ), servers=WRITE_SERVERS,
              describe="Put, sequential distinct 8-byte keys (varints of 0..99,999), 256-byte value"),
     Scenario("range-l", "tool",
              _kv_points(Point(64, 8, (None, 10_000, 50_000)), Point(256, 32, (None, None, 50_000))),
@@ -98,6 +100,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("range-s", "tool", _kv_points(), ("range", RANGE_KEY, "--consistency", "s"),
              describe="Range one key, serializable"),
     Scenario("txn-put", "tool", _kv_points(), ("txn-put", "--key-size", "8", "--val-size", str(VAL_SIZE), *_SEQ[1:]),
+             servers=WRITE_SERVERS,
              describe="Txn with no compare, success = one Put (the tool's txn-put), keys varints of i mod 100,000"),
     Scenario("watch-latency", "tool",
              [Point(100, 10, (20, 300, 1_500), ("--put-rate", "100"), "100 watchers/10 conns, 100 put/s"),

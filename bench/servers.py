@@ -1,4 +1,4 @@
-"""Start and stop the servers under test: real etcd, shardetcd, and the ceiling.
+"""Start and stop the servers under test: real etcd, shardetcd, the ceiling and the floor.
 
 Every server listens on 127.0.0.1 only, keeps its data under the run's temp
 dir, and is stopped by its PID.
@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ def etcd351_binary() -> str:
 
 @dataclass
 class Server:
-    name: str  # "etcd" | "shardetcd" | "ceiling"
+    name: str  # "etcd" | "shardetcd" | "ceiling" | "floor"
     endpoint: str  # "127.0.0.1:PORT"
     pid: int
     version: str
@@ -179,7 +180,30 @@ def start_ceiling(tmp: Path, extra_args: tuple[str, ...] = (), source: Path | No
                   metrics_url=f"http://127.0.0.1:{metrics_port}")
 
 
-STARTERS = {"etcd": start_real_etcd, "shardetcd": start_shardetcd_default, "ceiling": start_ceiling}
+def start_floor(tmp: Path, extra_args: tuple[str, ...] = (), source: Path | None = None) -> Server:
+    """The floor: the ceiling doing the least any multi-version store must do per write (bench.ceiling's
+    ``--mvcc``), its rows in RocksDB on tmpfs as shardetcd's state is; the dir goes when it stops."""
+    floor = tmp / "floor"
+    floor.mkdir(exist_ok=True)
+    state = Path(tempfile.mkdtemp(prefix=f"shardetcd-floor-{os.getuid()}-", dir="/dev/shm"))
+    try:
+        server = start_ceiling(floor, ("--mvcc", str(state / "rows"), *extra_args), source)
+    except BaseException:
+        shutil.rmtree(state, ignore_errors=True)
+        raise
+    stop_ceiling = server._stop
+
+    def stop() -> None:
+        stop_ceiling()
+        shutil.rmtree(state, ignore_errors=True)
+
+    server.name, server._stop, server.state_dir = "floor", stop, state
+    server.version = server.version.replace("do-nothing gRPC server", "the ceiling + the least MVCC work", 1)
+    return server
+
+
+STARTERS = {"etcd": start_real_etcd, "shardetcd": start_shardetcd_default, "ceiling": start_ceiling,
+            "floor": start_floor}
 
 
 def fsync_count(metrics_url: str | None) -> float | None:

@@ -70,13 +70,19 @@ def test_bench_tiny_runs_every_scenario_on_every_server(tmp_path):
         ops = {r["op"] for r in data["rows"] if r["scenario"] == "k8s-mix" and r["server"] == srv}
         assert {"heartbeat", "pod-create", "pod-update", "pod-delete", "event", "list", "count", "compact",
                 "progress", "watch /registry/pods/"} <= ops, (srv, ops)
-    # one table puts shardetcd beside etcd and the ceiling as ratios, with p50/p99 and server CPU
+    # one table puts shardetcd beside etcd, the ceiling and (for durable writes) the floor as ratios,
+    # with p50/p99 and server CPU
     summary = data["summary_md"]
-    assert "| shardetcd/etcd | shardetcd/ceiling | p50 ms etcd / shardetcd | p99 ms etcd / shardetcd | " \
-           "srv CPU µs/req etcd / shardetcd / ceiling |" in summary
+    assert "| shardetcd/etcd | shardetcd/ceiling | floor req/s | shardetcd/floor | floor/ceiling | " \
+           "p50 ms etcd / shardetcd | p99 ms etcd / shardetcd | srv CPU µs/req etcd / shardetcd / ceiling / floor |" \
+           in summary
     put_seq = next(line for line in summary.splitlines() if line.startswith("| put-seq | 1/1 | etcd tool |"))
     cells = [c.strip() for c in put_seq.strip("|").split("|")]
-    assert float(cells[6].rstrip("×")) > 0 and float(cells[7].rstrip("×")) > 0, put_seq
+    assert all(float(cells[i].rstrip("×")) > 0 for i in (6, 7, 9, 10)), put_seq
+    assert len(cells[13].split(" / ")) == 4, put_seq  # the floor's CPU too
+    range_l = next(line for line in summary.splitlines() if line.startswith("| range-l | 1/1 | etcd tool |"))
+    cells = [c.strip() for c in range_l.strip("|").split("|")]
+    assert cells[8:11] == ["", "", ""] and len(cells[13].split(" / ")) == 3, range_l  # reads: no floor
     assert any(line.startswith("| k8s-mix | 34 clients/4 conns | Python |") for line in summary.splitlines())
     # every server was stopped by PID
     assert p.stdout.count("  stopped ") == len({srv for *_, srv, _ in want}), p.stdout
@@ -142,7 +148,7 @@ def test_readme_performance_table_is_the_kept_quick_run():
 
     kept = json.loads((REPO / "bench" / "results" / "latest-quick.json").read_text())
     assert kept["meta"]["mode"] == "quick" and kept["meta"]["machine"]["cores"]
-    assert {r["server"] for r in kept["rows"]} == {"etcd", "shardetcd", "ceiling"}
+    assert {r["server"] for r in kept["rows"]} == {"etcd", "shardetcd", "floor", "ceiling"}
     assert {r["generator"] for r in kept["rows"]} == {"tool", "python"}
     readme = (REPO / "README.md").read_text()
     block = readme.split("<!-- bench-summary:", 1)[1].split("-->", 1)[1].split("<!-- /bench-summary -->", 1)[0]
@@ -274,6 +280,40 @@ def test_the_ceiling_makes_puts_and_txns_durable_before_answering(tmp_path):
             gc.close()
 
     asyncio.run(go())
+
+
+def test_the_floor_keeps_versions_journals_rows_and_answers_revisions(tmp_path):
+    """The floor (the ceiling + the least MVCC work) does the work it stands for: each write gets the
+    next revision in its answer, its row (mvccpb.KeyValue, create revision and version from the key's
+    earlier writes) framed with a CRC in the group-committed file, and its tmpfs state goes with it."""
+    import grpc
+
+    from bench import servers
+    from journal.record import HEADER_BYTES, decode_frame
+    from proto import kv_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
+
+    floor = servers.start_floor(tmp_path)
+    try:
+        assert floor.state_dir.is_dir() and str(floor.state_dir).startswith("/dev/shm/")
+        with grpc.insecure_channel(floor.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            revs = [kv.Put(pb.PutRequest(key=k, value=v)).header.revision
+                    for k, v in ((b"a", b"1"), (b"b", b"2"), (b"a", b"3"))]
+            t = kv.Txn(pb.TxnRequest(success=[pb.RequestOp(request_put=pb.PutRequest(key=b"a", value=b"4"))]))
+    finally:
+        floor.stop()
+    assert revs == [2, 3, 4]  # a fresh store's first write is revision 2, as etcd's
+    assert t.succeeded and t.header.revision == 5 and t.responses[0].response_put.header.revision == 5
+    assert not floor.state_dir.exists()
+    data = (tmp_path / "floor" / "ceiling-journal" / "ceiling.log").read_bytes()
+    rows, pos = [], 0
+    while pos + HEADER_BYTES <= len(data) and data[pos:pos + HEADER_BYTES].strip(b"\0"):  # zeros follow the last
+        frame = decode_frame(data, pos, 1 << 20)
+        row = kv_pb2.KeyValue.FromString(bytes(frame.payload))
+        rows.append((frame.rev, row.key, row.value, row.create_revision, row.mod_revision, row.version))
+        pos += HEADER_BYTES + len(frame.payload)
+    assert rows == [(2, b"a", b"1", 2, 2, 1), (3, b"b", b"2", 3, 3, 1), (4, b"a", b"3", 2, 4, 2),
+                    (5, b"a", b"4", 2, 5, 3)]
 
 
 def test_bench_writepath_compares_the_store_with_a_bare_group_commit():
