@@ -51,6 +51,7 @@ class Event:
     kv: bytes
     prev_kv: bytes | None = None
     encoded: bytes | None = None  # the gRPC layer's encoding, shared by every watcher sent this event
+    field: bytes | None = None  # the same as a WatchResponse's events field (the gRPC layer's, shared too)
 
 
 @dataclass(slots=True)
@@ -140,6 +141,9 @@ class WatchStream:
         self._drained.set()
         self._room = asyncio.Event()  # outbox holds few enough messages to take more requests
         self._room.set()
+        # _room and _drained cleared (set again once the outbox is down to half): get() looks at
+        # these flags, not at the events, for each message it takes
+        self._no_room = self._backlog = False
         self._catchup: asyncio.Task | None = None
 
     # -- requests -------------------------------------------------------
@@ -200,16 +204,21 @@ class WatchStream:
     def put(self, msg: Message) -> None:
         if self.closed:
             return
-        self.outbox.append(msg)
-        if len(self.outbox) >= self.hub.outbox_messages_max:
+        outbox = self.outbox
+        outbox.append(msg)
+        queued = len(outbox)
+        if queued == 1:  # get() waits only on an empty outbox
+            self._ready.set()
+        elif queued >= self.hub.outbox_messages_max:
             self._room.clear()
+            self._no_room = True
         n = len(msg.events)
         if n:
             self.outbox_events += n
             self.hub.events_queued += n
             if self.outbox_events >= self.hub.outbox_events_max:
                 self._drained.clear()
-        self._ready.set()
+                self._backlog = True
 
     async def wait_room(self) -> None:
         """Back-pressure for a client that sends requests but does not read the
@@ -229,11 +238,13 @@ class WatchStream:
             self._ready.clear()
             await self._ready.wait()
         msg = self.outbox.popleft()
-        if len(self.outbox) <= self.hub.outbox_messages_max // 2:
+        if self._no_room and len(self.outbox) <= self.hub.outbox_messages_max // 2:
+            self._no_room = False
             self._room.set()
         if msg.events:
             self.outbox_events -= len(msg.events)
-            if self.outbox_events <= self.hub.outbox_events_max // 2:
+            if self._backlog and self.outbox_events <= self.hub.outbox_events_max // 2:
+                self._backlog = False
                 self._drained.set()
         return msg
 
@@ -384,13 +395,13 @@ class WatchHub:
             events = batches[w]
             if events is None:
                 return
-        elif w.stream.full:
+        elif w.stream.outbox_events >= self.outbox_events_max:  # the stream is full
             batches[w] = None
             w.next_rev = rev  # everything before rev was delivered
             return
         else:
             events = batches[w] = []
-        if w.wants(change.kind):
+        if not (w.no_put if change.kind == PUT else w.no_delete):  # w.wants(change.kind)
             i = int(w.prev_kv)
             ev = shared[i]
             if ev is None:

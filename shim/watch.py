@@ -52,8 +52,15 @@ class WatchService:
         if require_leader:
             self.m.leader_streams.add(end_without_leader)
         reader = asyncio.ensure_future(self.apply_requests(requests, stream, context))
+        framed, one_event = self.m.headers.framed, wire.watch_event_response
         try:
             while (msg := await stream.get()) is not None:
+                if len(msg.events) == 1 and msg.watch_id > 0 and not (
+                        msg.created or msg.canceled or msg.compact_revision or msg.cancel_reason):
+                    # a live event to one watcher, most messages of a busy server (encode's first case)
+                    event = msg.events[0]
+                    yield one_event(framed(msg.revision), msg.watch_id, event.field or self._event_field(event))
+                    continue
                 for response in self.encode(msg):
                     yield response
             if leaderless:
@@ -98,12 +105,17 @@ class WatchService:
         e.encoded = wire.encode_event(e.kind, e.kv, e.prev_kv)
         return e.encoded
 
+    @classmethod
+    def _event_field(cls, e) -> bytes:
+        e.field = wire.event_field(e.encoded or cls._encode_event(e))
+        return e.field
+
     def encode(self, msg: Message) -> list[bytes]:
         header = self.m.headers.framed(msg.revision)
         events = msg.events
         if (len(events) == 1 and not (msg.created or msg.canceled or msg.compact_revision or msg.cancel_reason)
-                and msg.watch_id):  # a live event to one watcher: most messages of a busy server
-            field = events[0].encoded or self._encode_event(events[0])
+                and msg.watch_id > 0):  # a live event to one watcher: most messages of a busy server
+            field = events[0].field or self._event_field(events[0])
             return [wire.watch_event_response(header, msg.watch_id, field)]  # one event is never fragmented
         events = [e.encoded or self._encode_event(e) for e in events]
         flags = dict(created=msg.created, canceled=msg.canceled, compact_revision=msg.compact_revision,

@@ -162,9 +162,15 @@ def watch_response(
     return b"".join(parts)
 
 
-def watch_event_response(header: bytes, watch_id: int, event: bytes) -> bytes:
-    """watch_response(header, watch_id, [event]) for a watch id > 0, with nothing else set."""
-    return b"".join((header, b"\x10", varint(watch_id), b"\x5a", varint(len(event)), event))
+def event_field(event: bytes) -> bytes:
+    """An encoded mvccpb.Event as a WatchResponse's events field (tag and length included)."""
+    return b"\x5a" + varint(len(event)) + event
+
+
+def watch_event_response(header: bytes, watch_id: int, field: bytes) -> bytes:
+    """watch_response(header, watch_id, [event]) for a watch id > 0, with nothing else set;
+    ``field``: the event as ``event_field`` frames it (once for every watcher it goes to)."""
+    return b"".join((header, b"\x10", varint(watch_id), field))
 
 
 def fragments(events: list[bytes], base_bytes: int, max_bytes: int) -> list[list[bytes]]:

@@ -109,6 +109,34 @@ def test_slow_reader_is_bounded_and_catches_up(tmp_path, run):
     run(go())
 
 
+def test_a_reader_taking_messages_one_by_one_lets_a_fallen_behind_watcher_catch_up(tmp_path, run):
+    """The gRPC layer reads a stream through get(), one message at a time: a watcher that fell
+    behind while nobody read is caught up once get() has taken the outbox down, and a reader
+    waiting on an empty outbox wakes for the next message."""
+    async def go():
+        store = await open_store(tmp_path)
+        store.hub.outbox_events_max = 20
+        stream = store.hub.open_stream()
+        stream.create(WatchSpec(b"k", b"l"))
+        for i in range(200):
+            await store.put(PutReq(b"k%d" % i, b"v"))
+        assert stream.unsynced  # nobody read: it fell behind
+        got = []
+        want = list(range(2, store.committed + 1))
+        async with asyncio.timeout(10):
+            while [r for r, *_ in events_of(got)] != want:
+                got.append(await stream.get())
+            waiting = asyncio.ensure_future(stream.get())  # the outbox is empty now
+            await asyncio.sleep(0.01)
+            assert not waiting.done()
+            await store.put(PutReq(b"k", b"last"))
+            last = await waiting
+        assert not stream.unsynced and [r for r, *_ in events_of([last])] == [store.committed]
+        await store.close()
+
+    run(go())
+
+
 def test_compacted_start_revision_is_canceled(tmp_path, run):
     async def go():
         store = await open_store(tmp_path)

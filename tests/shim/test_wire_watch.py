@@ -21,6 +21,6 @@ def test_one_event_response_is_protobufs_encoding():
         expected = pb.WatchResponse(header=header, watch_id=watch_id, events=[event]).SerializeToString()
         framed_header = b"\x0a" + wire.varint(header.ByteSize()) + header.SerializeToString()
         encoded_event = wire.encode_event(kind, kv.SerializeToString(), prev.SerializeToString() if prev else None)
-        got = wire.watch_event_response(framed_header, watch_id, encoded_event)
+        got = wire.watch_event_response(framed_header, watch_id, wire.event_field(encoded_event))
         assert got == expected
         assert got == wire.watch_response(framed_header, watch_id, [encoded_event])
