@@ -57,7 +57,8 @@ class WatchService:
             while (msg := await stream.get()) is not None:
                 if len(msg.events) == 1 and msg.watch_id > 0 and not (
                         msg.created or msg.canceled or msg.compact_revision or msg.cancel_reason):
-                    # a live event to one watcher, most messages of a busy server (encode's first case)
+                    # a live event to one watcher, most messages of a busy server: what encode makes
+                    # of it (one event is never fragmented), framed here without a call or a list
                     event = msg.events[0]
                     yield one_event(framed(msg.revision), msg.watch_id, event.field or self._event_field(event))
                     continue
@@ -111,13 +112,9 @@ class WatchService:
         return e.field
 
     def encode(self, msg: Message) -> list[bytes]:
+        """A message's response, or its fragments (Watch frames a live event to one watcher itself)."""
         header = self.m.headers.framed(msg.revision)
-        events = msg.events
-        if (len(events) == 1 and not (msg.created or msg.canceled or msg.compact_revision or msg.cancel_reason)
-                and msg.watch_id > 0):  # a live event to one watcher: most messages of a busy server
-            field = events[0].field or self._event_field(events[0])
-            return [wire.watch_event_response(header, msg.watch_id, field)]  # one event is never fragmented
-        events = [e.encoded or self._encode_event(e) for e in events]
+        events = [e.encoded or self._encode_event(e) for e in msg.events]
         flags = dict(created=msg.created, canceled=msg.canceled, compact_revision=msg.compact_revision,
                      cancel_reason=msg.cancel_reason)
         whole = wire.watch_response(header, msg.watch_id, events, **flags)
