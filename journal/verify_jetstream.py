@@ -13,7 +13,11 @@ fewer is a finding: a lost server would take what only it holds.
 
 Read-only: it lists, reads through an ephemeral consumer that acknowledges nothing, and
 downloads; it never publishes, purges or fences, so it is safe while a server writes (each
-stream is read up to the last sequence it had when its turn came).
+stream is read up to the last sequence it had when the streams were listed). What a writer does
+meanwhile is not taken for damage: the revision it acknowledged is read before the streams (a
+write acknowledged later is in messages past those read), a stream purged while it is read
+(a checkpoint stored, its records released) is read on from where it now starts, and a
+checkpoint deleted while it is downloaded (a newer one stored first) gives way to the newest.
 """
 from __future__ import annotations
 
@@ -25,14 +29,15 @@ from pathlib import Path
 
 from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
-from journal.jetstream import (_CKPT_NAME, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket, checkpoint_stream,
-                               connect_failure, connect_options, drops_messages, fetch_object, kv_keys, kv_stream,
-                               list_objects, meta_bucket, refusal, refused, retrying, shown_urls)
+from journal.jetstream import (_CKPT_NAME, CHECKPOINT_TRIES, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket,
+                               checkpoint_stream, connect_failure, connect_options, drops_messages, fetch_object,
+                               kv_keys, kv_stream, list_objects, meta_bucket, refusal, refused, retrying, shown_urls)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import verify_checkpoints
 
 MAX_ERRORS_SHOWN = 20
+READ_BATCH = 256  # messages a fetch asks for
 
 
 @dataclass
@@ -147,6 +152,8 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
     try:
         js = nc.jetstream(timeout=10.0)
         try:
+            # first: what a writer acknowledged before the streams are listed is in what is read of them
+            acknowledged, spans = await _acknowledged(js, prefix)
             infos = await retrying("list streams", js.streams_info, deadline_s=15.0)
         except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
             raise JournalUnreachable(f"NATS at {shown_urls(urls)} does not answer JetStream requests: {exc}") from None
@@ -156,10 +163,9 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
         for info in journals:
             try:
                 reports.append(await _verify_stream(js, info, prefix, config, by_name))
-            except (NatsError, asyncio.TimeoutError) as exc:
+            except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
                 raise JournalUnreachable(f"NATS at {shown_urls(urls)} stopped answering while stream "
                                          f"{info.config.name} was read: {exc!r}") from None
-        acknowledged, spans = await _acknowledged(js, prefix)
         return Verified(reports, acknowledged, _replicas(by_name, journals, prefix), spans)
     finally:
         await nc.close()
@@ -336,7 +342,8 @@ async def _read_messages(js, report: StreamReport, count: int, config: JournalCo
     try:
         while prev is None or prev < report.last_seq:
             try:  # (a consumer just created may have no leader for a moment)
-                batch = await retrying("read stream", lambda: sub.fetch(batch=256, timeout=5.0), deadline_s=30.0)
+                batch = await retrying("read stream", lambda: sub.fetch(batch=READ_BATCH, timeout=5.0),
+                                       deadline_s=30.0)
             except JournalFailed:
                 report.errors.append(f"seq {(prev or report.first_seq - 1) + 1}..{report.last_seq}: not delivered "
                                      "(the stream read got no answer for 30 s)")
@@ -346,9 +353,13 @@ async def _read_messages(js, report: StreamReport, count: int, config: JournalCo
                 if seq > report.last_seq:  # appended after we started: not ours to judge
                     prev = seq
                     break
-                expected = report.first_seq if prev is None else prev + 1
-                if seq > expected and prev is not None:  # the first may move on: a purge while we read
-                    report.errors.append(f"seq {expected}..{seq - 1}: missing inside the stream (deleted)")
+                if prev is None:  # (purged since it was listed: it starts later now)
+                    report.first_seq = seq
+                elif seq > prev + 1 and await _purged_before(js, report, prev + 1, seq):
+                    # read on from here as a read started now would: the records before were released
+                    # to a checkpoint, which the bucket holds by now (stored before the purge)
+                    live.clear()
+                    top = 0
                 prev = seq
                 report.messages += 1
                 top = _take(report, seq, msg.data or b"", msg.headers or {}, live, top, config)
@@ -357,6 +368,21 @@ async def _read_messages(js, report: StreamReport, count: int, config: JournalCo
     report.records = len(live)
     if live:
         report.first_rev, report.last_rev = live[0], live[-1]
+
+
+async def _purged_before(js, report: StreamReport, expected: int, seq: int) -> bool:
+    """Messages expected..seq-1 did not come: purged from the front while the stream was read
+    (True: ``report`` starts over at ``seq``, what is below it released) or missing inside it (an
+    error in ``report``; the part below where the stream now starts is taken as purged)."""
+    first = (await retrying("stream info", lambda: js.stream_info(report.stream))).state.first_seq
+    if first <= expected:
+        report.errors.append(f"seq {expected}..{seq - 1}: missing inside the stream (deleted)")
+        return False
+    report.first_seq, report.messages, report.fences, report.cuts = seq, 0, 0, 0
+    report.errors.clear()  # all of messages below expected: gone now
+    if first < seq:
+        report.errors.append(f"seq {first}..{seq - 1}: missing inside the stream (deleted)")
+    return True
 
 
 def _take(report: StreamReport, seq: int, data: bytes, headers: dict, live: list[int], top: int,
@@ -392,46 +418,61 @@ def _take(report: StreamReport, seq: int, data: bytes, headers: dict, live: list
 
 
 async def _verify_checkpoints(js, report: StreamReport) -> None:
+    """The checkpoints in the stream's bucket, the newest downloaded and checked. One whose download
+    fails is damaged only if it is still the newest when the bucket is listed again: a writer stores
+    a new checkpoint before it deletes the older ones, so one deleted meanwhile gives way to a newer."""
     from nats.js.errors import BucketNotFoundError, NotFoundError
 
     try:
-        bucket = await js.object_store(report.bucket)
+        bucket = await retrying(f"open {report.bucket}", lambda: js.object_store(report.bucket))
     except (BucketNotFoundError, NotFoundError):
         return
-    try:
-        objects = await list_objects(js, report.bucket)
-    except NotFoundError:  # the bucket gone since
-        return
-    found = []
-    for obj in objects:
-        m = _CKPT_NAME.match(obj.name or "")
-        if m and not obj.deleted:
-            found.append(CheckpointReport(obj.name, int(m.group(1), 16), obj.size or 0, "older"))
-    found.sort(key=lambda c: c.rev)
-    if found:
-        await _check_newest(js, bucket, report.bucket, found[-1])
-    report.checkpoints = found
+    failed: dict[str, CheckpointReport] = {}  # by name: a download that failed
+    for _ in range(CHECKPOINT_TRIES):
+        try:
+            objects = await retrying(f"list {report.bucket}", lambda: list_objects(js, report.bucket))
+        except NotFoundError:  # the bucket gone since
+            return
+        found = []
+        for obj in objects:
+            m = _CKPT_NAME.match(obj.name or "")
+            if m and not obj.deleted:
+                found.append(CheckpointReport(obj.name, int(m.group(1), 16), obj.size or 0, "older"))
+        found.sort(key=lambda c: c.rev)
+        if found and found[-1].name in failed:  # still the newest: damaged
+            found[-1] = failed[found[-1].name]
+        report.checkpoints = found
+        if not found or found[-1].status != "older" or not await _check_newest(js, bucket, report.bucket, found[-1]):
+            return
+        failed[found[-1].name] = found[-1]
+    found[-1].detail += f" (and a newer checkpoint stored meanwhile each of {CHECKPOINT_TRIES} times)"
 
 
-async def _check_newest(js, bucket, bucket_name: str, ckpt: CheckpointReport) -> None:
-    """Download the newest checkpoint and read it through like a local one (frames, CRCs, row count)."""
+async def _check_newest(js, bucket, bucket_name: str, ckpt: CheckpointReport) -> bool:
+    """Download the newest checkpoint and read it through like a local one (frames, CRCs, row
+    count); True if the download failed (then ``ckpt`` says how)."""
     from nats.errors import Error as NatsError
 
     with tempfile.TemporaryDirectory(prefix="shardetcd-verify-") as tmp:
         path = Path(tmp) / ckpt.name
-        try:
+
+        async def fetch():
             with open(path, "wb") as f:
                 await fetch_object(js, bucket, bucket_name, ckpt.name, f)
-        except NatsError as exc:  # e.g. DigestMismatchError: the chunks are not what was stored
+
+        try:  # again while JetStream answers that it is unavailable (a loaded or electing cluster)
+            await retrying(f"download {bucket_name}/{ckpt.name}", fetch)
+        except (NatsError, JournalFailed) as exc:  # e.g. DigestMismatchError: the chunks are not what was stored
             ckpt.status, ckpt.detail = "corrupt", f"download failed: {type(exc).__name__}: {exc}"
-            return
+            return True
         reports = await asyncio.to_thread(verify_checkpoints, Path(tmp))
     if not reports:
         ckpt.status, ckpt.detail = "corrupt", "not a checkpoint file"
-        return
+        return False
     checked = reports[0]
     ckpt.status, ckpt.rows = checked.status, checked.records
     ckpt.detail = "" if checked.status == "ok" else checked.detail
+    return False
 
 
 def report_lines(reports: list[StreamReport]) -> list[str]:

@@ -8,6 +8,7 @@ import asyncio
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,12 +59,13 @@ async def acknowledged(js) -> int:
 
 
 async def stream_states(js) -> dict[str, tuple[int, int, int]]:
+    """The journal streams' states and their checkpoint buckets' (a checkpoint being stored moves them)."""
     return {i.config.name: (i.state.first_seq, i.state.last_seq, i.state.messages)
-            for i in await js.streams_info() if i.config.name.startswith("shardetcd_")}
+            for i in await js.streams_info() if i.config.name.startswith(("shardetcd_", "OBJ_shardetcd_"))}
 
 
 def settled(urls: str, timeout: float = 60.0) -> dict[str, tuple[int, int, int]]:
-    """The streams' states once two reads 2 s apart agree (a checkpoint may still be purging)."""
+    """The streams' states once two reads 2 s apart agree (a checkpoint may still be stored or purging)."""
     deadline = time.monotonic() + timeout
     last = on_nats(urls, stream_states)
     while True:
@@ -286,3 +288,196 @@ def test_verify_holds_each_partition_to_its_own_streams(nats, tmp_path):
         "checkpoint of its shards (events) holds a revision past 1: acknowledged records are gone, and a start "
         "refuses them"], lost.stdout
     assert lost.stdout.strip().splitlines()[-1].endswith(": all sound; acknowledged records are gone")
+
+
+# -- verify while a writer writes: what it does meanwhile is not damage ---------------------------
+# Each test holds a real writer's journal (JetStreamLog, as a server opens it) and does at one chosen
+# moment of the verify what a server does at any moment: store a checkpoint and release the stream
+# below it, append and acknowledge a write.
+
+async def a_writer(urls: str, tmp_path: Path, prefix: str = "t"):
+    from journal.jetstream import JetStreamConfig, JetStreamLog
+
+    log = await JetStreamLog(JetStreamConfig(urls=tuple(urls.split(",")), prefix=prefix)).connect()
+    journal = await log.open_journal("pods", tmp_path / "pods")
+    await journal.start()
+    return log, journal
+
+
+async def write(journal, revs) -> None:
+    for rev in revs:  # one message each
+        journal.append(1, rev, b"w" * 20)
+        await journal.sync()
+
+
+async def checkpoint(journal, rev: int) -> None:
+    """What a shard does at a checkpoint: store it (older ones deleted), then release the stream below."""
+    await journal.save_checkpoint(rev, b"meta", iter([b"row"]))
+    await journal.release(rev - 1)
+
+
+def verify_with(monkeypatch, urls: str, name: str, when):
+    """verify_jetstream, ``when()`` awaited right after its first call of ``retrying(name, ...)``."""
+    from journal import verify_jetstream as vj
+
+    real, done = vj.retrying, []
+
+    async def retrying(what, fn, **kw):
+        got = await real(what, fn, **kw)
+        if what == name and not done:
+            done.append(what)
+            await when()
+        return got
+
+    monkeypatch.setattr(vj, "retrying", retrying)
+    return vj.verify_jetstream(tuple(urls.split(",")), "t")
+
+
+def test_verify_reads_on_past_a_purge_made_while_it_reads(nats, tmp_path, monkeypatch):
+    """A checkpoint stored and the stream released below it while verify reads the stream: the
+    messages it had yet to read before the new first are released, not "missing inside"."""
+    from journal import verify_jetstream as vj
+
+    monkeypatch.setattr(vj, "READ_BATCH", 5)  # the purge lands between two fetches
+
+    async def go():
+        log, journal = await a_writer(nats.urls, tmp_path)
+        try:
+            await write(journal, range(2, 42))
+            await checkpoint(journal, 10)
+            found = await verify_with(monkeypatch, nats.urls, "read stream", lambda: checkpoint(journal, 30))
+            return found, await log.js.stream_info("t_pods")
+        finally:
+            await journal.close()
+            await log.close()
+
+    found, info = asyncio.run(go())
+    (pods,) = found.streams
+    assert pods.sound and not pods.errors, vj.report_lines([pods])
+    assert (pods.first_seq, pods.last_seq, pods.messages) == (info.state.first_seq, info.state.last_seq,
+                                                              info.state.messages)
+    assert (pods.first_rev, pods.last_rev, pods.records) == (30, 41, 12)
+    assert [(c.rev, c.status) for c in pods.checkpoints] == [(30, "ok")]
+
+
+def test_verify_reports_a_message_missing_inside_a_stream(nats, tmp_path):
+    """A message deleted inside the stream (not purged from its front) is named by its sequence."""
+    from journal import verify_jetstream as vj
+
+    async def go():
+        log, journal = await a_writer(nats.urls, tmp_path)
+        try:
+            await write(journal, range(2, 12))
+            info = await log.js.stream_info("t_pods")
+            await log.js.delete_msg("t_pods", info.state.last_seq - 3)
+            return await vj.verify_jetstream(tuple(nats.urls.split(",")), "t"), info.state.last_seq - 3
+        finally:
+            await journal.close()
+            await log.close()
+
+    found, deleted = asyncio.run(go())
+    (pods,) = found.streams
+    assert pods.errors == [f"seq {deleted}..{deleted}: missing inside the stream (deleted)"], pods.errors
+    assert not pods.sound
+
+
+def test_verify_takes_the_newer_checkpoint_when_the_one_it_downloads_is_replaced(nats, tmp_path, monkeypatch):
+    """A checkpoint stored while verify downloads the newest it listed: the writer deletes the one
+    being downloaded; verify checks the new one instead of calling the deleted one corrupt."""
+    from journal import jetstream
+    from journal import verify_jetstream as vj
+
+    async def go():
+        log, journal = await a_writer(nats.urls, tmp_path)
+        try:
+            await write(journal, range(2, 30))
+            await checkpoint(journal, 10)
+            real, replaced = jetstream.fetch_object, []
+
+            async def fetch_object(js, bucket, bucket_name, name, into):
+                if not replaced:  # listed, about to be downloaded: the writer checkpoints
+                    replaced.append(name)
+                    await checkpoint(journal, 20)
+                return await real(js, bucket, bucket_name, name, into)
+
+            monkeypatch.setattr(vj, "fetch_object", fetch_object)
+            return await vj.verify_jetstream(tuple(nats.urls.split(",")), "t"), replaced
+        finally:
+            await journal.close()
+            await log.close()
+
+    found, replaced = asyncio.run(go())
+    (pods,) = found.streams
+    assert replaced == ["checkpoint-000000000000000a.ckpt"]
+    assert pods.sound, vj.report_lines([pods])
+    assert [(c.name, c.rev, c.status, c.rows) for c in pods.checkpoints] == [
+        ("checkpoint-0000000000000014.ckpt", 20, "ok", 1)]
+
+
+def test_verify_does_not_take_a_write_acknowledged_while_it_reads_for_a_lost_one(nats, tmp_path, monkeypatch):
+    """The writer acknowledges a write appended after verify read the stream: the revision it
+    published then is not held against what verify read (a write acknowledged before the streams
+    were listed is; test_verify_a_jetstream_journal)."""
+    from journal import verify_jetstream as vj
+    from shards.layout import load_layout
+    from shards.store import acknowledged_key
+
+    async def go():
+        log, journal = await a_writer(nats.urls, tmp_path)
+        key = acknowledged_key(load_layout(None))
+        try:
+            await write(journal, range(2, 12))
+            await log.put_meta(key, "11")
+
+            async def acknowledge_another():
+                await write(journal, [12])
+                await log.put_meta(key, "12")
+
+            return await verify_with(monkeypatch, nats.urls, "read stream", acknowledge_another)
+        finally:
+            await journal.close()
+            await log.close()
+
+    found = asyncio.run(go())
+    lines, gone = vj.acknowledged_lines(found.streams, found.acknowledged, "t", found.spans)
+    assert found.acknowledged == {"default": 11} and not gone, lines
+    assert lines == ["acknowledged: default: writes up to revision 11 (key acknowledged.default of t-meta); the "
+                     "streams reach 11"]
+
+
+def test_verify_while_a_server_writes_finds_it_sound(nats, tmp_path):
+    """`journal verify` run again and again while a server writes, checkpoints every 16 KiB of the
+    pods journal and purges its stream: every run exits 0, all sound, nothing taken for lost."""
+    server = server_on(nats, tmp_path / "a", "--checkpoint-journal-bytes", "16384").start()
+    stop, written, failures = threading.Event(), [], []
+
+    def write_on():
+        try:
+            with grpc.insecure_channel(server.endpoint) as ch:
+                kv = pbg.KVStub(ch)
+                while not stop.is_set():
+                    kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (len(written) % 40), value=b"v" * 1000),
+                           timeout=10)
+                    written.append(1)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(repr(exc))
+
+    writer = threading.Thread(target=write_on)
+    writer.start()
+    runs = []
+    try:
+        for _ in range(6):
+            runs.append((len(written), journal("verify", "--journal-url", nats.urls)))
+    finally:
+        stop.set()
+        writer.join()
+        server.stop()
+    assert not failures, failures
+    assert len(written) > runs[-1][0] > runs[0][0], "the server did not write throughout"
+    for _, run in runs:
+        summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+        if run.returncode != 0 or not summary.endswith(": all sound"):
+            pytest.fail(f"journal verify while the server wrote: exit {run.returncode}\n{run.stdout}\n{run.stderr}")
+    checkpoints = [line for _, run in runs for line in run.stdout.splitlines()
+                   if line.startswith("pods: shardetcd_pods-checkpoints/checkpoint-")]
+    assert len(set(checkpoints)) > 1, "no checkpoint was written between the runs"
