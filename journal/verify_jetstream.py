@@ -224,9 +224,9 @@ async def _acknowledged(js, prefix: str) -> tuple[dict[str, int], dict[str, list
     from nats.js.errors import BucketNotFoundError, NotFoundError
 
     bucket = meta_bucket(prefix)
-    try:
-        kv = await js.key_value(bucket)
-        keys = await kv_keys(js, bucket)
+    try:  # (each again while JetStream answers that it is unavailable, as the streams' reads)
+        kv = await retrying(f"open {bucket}", lambda: js.key_value(bucket))
+        keys = await retrying(f"list {bucket}", lambda: kv_keys(js, bucket))
     except (BucketNotFoundError, NotFoundError):
         return {}, {}
     found, spans = {}, {}
@@ -235,7 +235,7 @@ async def _acknowledged(js, prefix: str) -> tuple[dict[str, int], dict[str, list
         if kind not in ("acknowledged", "layout"):
             continue
         try:
-            value = (await kv.get(key)).value.decode()
+            value = (await retrying(f"get {key}", lambda key=key: kv.get(key))).value.decode()
             if kind == "acknowledged":
                 found[role] = int(value)
             else:
