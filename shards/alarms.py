@@ -20,8 +20,8 @@ class AlarmStore:
         """(member id, alarm type) pairs, all of them for NONE."""
         return sorted(a for a in self._alarms if alarm == NONE or a[1] == alarm)
 
-    def active(self, alarm: int) -> bool:
-        return any(a[1] == alarm for a in self._alarms)
+    def active(self, alarm: int) -> bool:  # (asked by every write: most often of none)
+        return bool(self._alarms) and any(a[1] == alarm for a in self._alarms)
 
     def activate(self, member_id: int, alarm: int) -> tuple[int, int]:
         entry = (member_id, alarm)
