@@ -1,7 +1,9 @@
 """`shardetcd journal verify --journal-url` on real NATS JetStream journals: a healthy
 journal after writes and checkpoints (checked while the server runs, changing nothing),
 a message of garbage named by stream and sequence, a stream purged past a checkpoint that
-is gone, and the one-line answers (NATS unreachable, no such prefix, repair, wrong flags)."""
+is gone, and the one-line answers (NATS unreachable, no such prefix, repair, wrong flags);
+and what a writer does while verify reads (a checkpoint stored, the stream purged, a write
+acknowledged) not taken for damage, at chosen moments and under a server writing."""
 from __future__ import annotations
 
 import asyncio
