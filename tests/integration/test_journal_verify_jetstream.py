@@ -416,6 +416,39 @@ def test_verify_takes_the_newer_checkpoint_when_the_one_it_downloads_is_replaced
         ("checkpoint-0000000000000014.ckpt", 20, "ok", 1)]
 
 
+def test_verify_calls_a_checkpoint_damaged_when_it_stays_the_newest(nats, tmp_path, monkeypatch):
+    """A checkpoint whose download fails (its chunks not what was stored) and that is still the
+    newest when the bucket is listed again is damaged: the stream purged up to it says so; it is
+    downloaded once, not once per try."""
+    from nats.js.errors import DigestMismatchError
+
+    from journal import verify_jetstream as vj
+
+    async def go():
+        log, journal = await a_writer(nats.urls, tmp_path)
+        try:
+            await write(journal, range(2, 20))
+            await checkpoint(journal, 10)
+            tried = []
+
+            async def fetch_object(js, bucket, bucket_name, name, into):
+                tried.append(name)
+                raise DigestMismatchError
+
+            monkeypatch.setattr(vj, "fetch_object", fetch_object)
+            return await vj.verify_jetstream(tuple(nats.urls.split(",")), "t"), tried
+        finally:
+            await journal.close()
+            await log.close()
+
+    found, tried = asyncio.run(go())
+    (pods,) = found.streams
+    assert tried == ["checkpoint-000000000000000a.ckpt"]
+    assert [(c.rev, c.status) for c in pods.checkpoints] == [(10, "corrupt")]
+    assert pods.checkpoints[0].detail.startswith("download failed: DigestMismatchError"), pods.checkpoints[0].detail
+    assert pods.status == "purged past its checkpoint" and "does not load" in pods.purge_problem, pods.purge_problem
+
+
 def test_verify_does_not_take_a_write_acknowledged_while_it_reads_for_a_lost_one(nats, tmp_path, monkeypatch):
     """The writer acknowledges a write appended after verify read the stream: the revision it
     published then is not held against what verify read (a write acknowledged before the streams
