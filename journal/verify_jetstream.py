@@ -439,12 +439,16 @@ async def _verify_checkpoints(js, report: StreamReport) -> None:
             if m and not obj.deleted:
                 found.append(CheckpointReport(obj.name, int(m.group(1), 16), obj.size or 0, "older"))
         found.sort(key=lambda c: c.rev)
-        if found and found[-1].name in failed:  # still the newest: damaged
-            found[-1] = failed[found[-1].name]
         report.checkpoints = found
-        if not found or found[-1].status != "older" or not await _check_newest(js, bucket, report.bucket, found[-1]):
+        if not found:
             return
-        failed[found[-1].name] = found[-1]
+        newest = found[-1]
+        if newest.name in failed:  # its download failed and it is still the newest: damaged
+            found[-1] = failed[newest.name]
+            return
+        if not await _check_newest(js, bucket, report.bucket, newest):
+            return
+        failed[newest.name] = newest
     found[-1].detail += f" (and a newer checkpoint stored meanwhile each of {CHECKPOINT_TRIES} times)"
 
 
