@@ -7,6 +7,7 @@ acknowledged) not taken for damage, at chosen moments and under a server writing
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import subprocess
 import sys
@@ -297,13 +298,21 @@ def test_verify_holds_each_partition_to_its_own_streams(nats, tmp_path):
 # moment of the verify what a server does at any moment: store a checkpoint and release the stream
 # below it, append and acknowledge a write.
 
+@contextlib.asynccontextmanager
 async def a_writer(urls: str, tmp_path: Path, prefix: str = "t"):
+    """(log, journal): the pods journal of ``prefix``, opened and started as a server does; closed after."""
     from journal.jetstream import JetStreamConfig, JetStreamLog
 
     log = await JetStreamLog(JetStreamConfig(urls=tuple(urls.split(",")), prefix=prefix)).connect()
-    journal = await log.open_journal("pods", tmp_path / "pods")
-    await journal.start()
-    return log, journal
+    try:
+        journal = await log.open_journal("pods", tmp_path / "pods")
+        await journal.start()
+        try:
+            yield log, journal
+        finally:
+            await journal.close()
+    finally:
+        await log.close()
 
 
 async def write(journal, revs) -> None:
@@ -343,15 +352,11 @@ def test_verify_reads_on_past_a_purge_made_while_it_reads(nats, tmp_path, monkey
     monkeypatch.setattr(vj, "READ_BATCH", 5)  # the purge lands between two fetches
 
     async def go():
-        log, journal = await a_writer(nats.urls, tmp_path)
-        try:
+        async with a_writer(nats.urls, tmp_path) as (log, journal):
             await write(journal, range(2, 42))
             await checkpoint(journal, 10)
             found = await verify_with(monkeypatch, nats.urls, "read stream", lambda: checkpoint(journal, 30))
             return found, await log.js.stream_info("t_pods")
-        finally:
-            await journal.close()
-            await log.close()
 
     found, info = asyncio.run(go())
     (pods,) = found.streams
@@ -367,15 +372,11 @@ def test_verify_reports_a_message_missing_inside_a_stream(nats, tmp_path):
     from journal import verify_jetstream as vj
 
     async def go():
-        log, journal = await a_writer(nats.urls, tmp_path)
-        try:
+        async with a_writer(nats.urls, tmp_path) as (log, journal):
             await write(journal, range(2, 12))
             info = await log.js.stream_info("t_pods")
             await log.js.delete_msg("t_pods", info.state.last_seq - 3)
             return await vj.verify_jetstream(tuple(nats.urls.split(",")), "t"), info.state.last_seq - 3
-        finally:
-            await journal.close()
-            await log.close()
 
     found, deleted = asyncio.run(go())
     (pods,) = found.streams
@@ -390,8 +391,7 @@ def test_verify_takes_the_newer_checkpoint_when_the_one_it_downloads_is_replaced
     from journal import verify_jetstream as vj
 
     async def go():
-        log, journal = await a_writer(nats.urls, tmp_path)
-        try:
+        async with a_writer(nats.urls, tmp_path) as (log, journal):
             await write(journal, range(2, 30))
             await checkpoint(journal, 10)
             real, replaced = jetstream.fetch_object, []
@@ -404,9 +404,6 @@ def test_verify_takes_the_newer_checkpoint_when_the_one_it_downloads_is_replaced
 
             monkeypatch.setattr(vj, "fetch_object", fetch_object)
             return await vj.verify_jetstream(tuple(nats.urls.split(",")), "t"), replaced
-        finally:
-            await journal.close()
-            await log.close()
 
     found, replaced = asyncio.run(go())
     (pods,) = found.streams
@@ -425,8 +422,7 @@ def test_verify_calls_a_checkpoint_damaged_when_it_stays_the_newest(nats, tmp_pa
     from journal import verify_jetstream as vj
 
     async def go():
-        log, journal = await a_writer(nats.urls, tmp_path)
-        try:
+        async with a_writer(nats.urls, tmp_path) as (log, journal):
             await write(journal, range(2, 20))
             await checkpoint(journal, 10)
             tried = []
@@ -437,9 +433,6 @@ def test_verify_calls_a_checkpoint_damaged_when_it_stays_the_newest(nats, tmp_pa
 
             monkeypatch.setattr(vj, "fetch_object", fetch_object)
             return await vj.verify_jetstream(tuple(nats.urls.split(",")), "t"), tried
-        finally:
-            await journal.close()
-            await log.close()
 
     found, tried = asyncio.run(go())
     (pods,) = found.streams
@@ -458,9 +451,8 @@ def test_verify_does_not_take_a_write_acknowledged_while_it_reads_for_a_lost_one
     from shards.store import acknowledged_key
 
     async def go():
-        log, journal = await a_writer(nats.urls, tmp_path)
         key = acknowledged_key(load_layout(None))
-        try:
+        async with a_writer(nats.urls, tmp_path) as (log, journal):
             await write(journal, range(2, 12))
             await log.put_meta(key, "11")
 
@@ -469,9 +461,6 @@ def test_verify_does_not_take_a_write_acknowledged_while_it_reads_for_a_lost_one
                 await log.put_meta(key, "12")
 
             return await verify_with(monkeypatch, nats.urls, "read stream", acknowledge_another)
-        finally:
-            await journal.close()
-            await log.close()
 
     found = asyncio.run(go())
     lines, gone = vj.acknowledged_lines(found.streams, found.acknowledged, "t", found.spans)
