@@ -176,22 +176,32 @@ async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[s
     """The shards (a partition under ``cluster``: its name) of ``prefix``'s journal streams, other than
     ``besides``, whose stream holds a record or whose checkpoint bucket holds an object. A stream
     with nothing but writers' fences and cut markers (a start that took no write) holds no data.
-    Reads a stream's messages from its first only until a record: a few messages."""
+    Reads a stream's messages from its first only until a record: a few messages.
+
+    The stream is read before its bucket is asked: a writer still running may store a checkpoint and
+    release the records below it meanwhile, and it stores the checkpoint first (and deletes an older
+    one only after storing a newer), so records gone from the read are in the bucket asked after."""
     from nats.errors import Error as NatsError
+    from nats.js.errors import NotFoundError
 
     nc = await connect(urls, access)
     try:
         js = nc.jetstream(timeout=10.0)
         try:
             infos = await retrying("list streams", js.streams_info, deadline_s=15.0)
-            by_name = {i.config.name: i for i in infos}
             found = []
             for info in _journals(infos, prefix):
                 shard = info.config.name[len(prefix) + 1:]
                 if shard in besides:
                     continue
-                bucket = by_name.get(checkpoint_stream(info.config.name))
-                if (bucket is not None and bucket.state.messages) or await _holds_a_record(js, info):
+                if await _holds_a_record(js, info):
+                    found.append(shard)
+                    continue
+                try:  # asked now, after the read (not the listing's state)
+                    bucket = await retrying("bucket info", lambda: js.stream_info(checkpoint_stream(info.config.name)))
+                except NotFoundError:
+                    continue  # no checkpoint ever stored
+                if bucket.state.messages:
                     found.append(shard)
             return found
         except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
