@@ -48,3 +48,13 @@ class JournalGap(JournalError):
         self.expected = expected
         self.got = got
         super().__init__(f"journal {name}: expected message {expected} next, the stream gave {got}")
+
+
+class CheckpointOvertaken(JournalGap):
+    """A follower starting found its journal released past the checkpoint it fetched: the writer
+    stored a newer one meanwhile, and released the records after the fetched one."""
+
+    def __init__(self, name: str, ckpt_rev: int, first_rev: int) -> None:
+        JournalError.__init__(self, f"journal {name}: released past the checkpoint fetched (rev {ckpt_rev}) to a newer "
+                                    f"one meanwhile; its first record read is rev {first_rev}")
+        self.expected, self.got = ckpt_rev + 1, first_rev

@@ -40,7 +40,8 @@ POINTS = (
     "state.write",
     "snapshot.restore_between_shards",
     "snapshot.restore_between_uploads",  # a restore into JetStream, after a shard's checkpoint went up
-    "recovery.follow_after_checkpoints",  # a follower or standby starting: checkpoints loaded, journals not read
+    "recovery.follow_after_checkpoints",  # a follower or standby starting: checkpoints fetched, journals not read
+    "recovery.follow_loading_checkpoints",  # ... journals read, the checkpoints' rows not yet loaded
 )
 
 _armed: dict[str, str] = {}

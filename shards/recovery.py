@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from journal import failpoints
 from journal.config import JournalConfig
-from journal.errors import JournalGap
+from journal.errors import CheckpointOvertaken
 from journal.reader import iter_frames
 from journal.record import FrameError
 from journal.segment import list_segments
@@ -25,7 +25,7 @@ from .errors import DataDirError
 from .follow import Follower
 from .lease import GRANT, decode_lease_record
 from .progress import Progress
-from .shard import YIELD_EVERY
+from .shard import YIELD_EVERY, checkpoint_revision
 from .record import AUTH, TOKEN, WRITE, decode_compact, decode_extra_meta, decode_write, write_participants
 
 if TYPE_CHECKING:
@@ -143,9 +143,14 @@ async def recover_to_follow(store: Store) -> Follower:
     newest checkpoint's revision go into the state now; everything above goes
     to a Follower, which applies what is whole as more is read.
 
-    Every checkpoint is loaded before any journal is read: a revision at or
+    Every checkpoint is fetched before any journal is read: a revision at or
     below a checkpoint was committed before that checkpoint was written, so
-    every cut that concerns it is already in each journal read afterwards."""
+    every cut that concerns it is already in each journal read afterwards.
+    The journals are read before the checkpoints' rows are loaded: a writer
+    that checkpoints as it writes releases its journals up to each new
+    checkpoint, and the longer the time from fetching a checkpoint to reading
+    its journal, the likelier the records after it are gone by then (then the
+    start is made again with the newer one; a large state's load took long)."""
     started = time.monotonic()
     with collector.paused():
         return await _recover_to_follow(store, started)
@@ -153,14 +158,16 @@ async def recover_to_follow(store: Store) -> Follower:
 
 async def _recover_to_follow(store: Store, started: float) -> Follower:
     _track_lease_keys(store)
-    loaded = [await shard.load_checkpoint(ckpt) for shard, ckpt in zip(store.shards, await _fetch_checkpoints(store))]
+    ckpts = await _fetch_checkpoints(store)
     await failpoints.pause("recovery.follow_after_checkpoints")
-    for shard, (ckpt_rev, _, _) in zip(store.shards, loaded):
+    for shard, ckpt in zip(store.shards, ckpts):
         await shard.journal.catch_up()
-        # purged past the checkpoint loaded (a newer one was written meanwhile)?
-        journal = shard.journal
+        # released past the checkpoint fetched (a newer one was written meanwhile)?
+        journal, ckpt_rev = shard.journal, checkpoint_revision(ckpt)
         if journal.released_before and journal.first_top > ckpt_rev and await journal.newest_checkpoint_rev() > ckpt_rev:
-            raise JournalGap(journal.name, 0, 0)
+            raise CheckpointOvertaken(journal.name, ckpt_rev, journal.first_top)
+    await failpoints.pause("recovery.follow_loading_checkpoints")
+    loaded = [await shard.load_checkpoint(ckpt) for shard, ckpt in zip(store.shards, ckpts)]
     found = [await shard.collect(*ckpt) for shard, ckpt in zip(store.shards, loaded)]
     _check_complete(store, found)
     base = max([1, *(f.checkpoint_rev for f in found)])

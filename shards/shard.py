@@ -35,6 +35,11 @@ YIELD_EVERY = 8192
 CHECKPOINT_RETRY_S = 30.0  # after a failed checkpoint: the next one tried this long after, not a threshold later
 
 
+def checkpoint_revision(ckpt: Checkpoint | None) -> int:
+    """The revision a shard's checkpoint holds the state at (0: none)."""
+    return 0 if ckpt is None else _CKPT_META.unpack_from(ckpt.meta)[0]
+
+
 def checkpoint_meta(rev: int, compact_rev: int, sid: int, extra_meta: bytes = b"") -> bytes:
     """A shard checkpoint's meta: its revision, the compacted revision, the shard's
     id, then what the store keeps beside it (``record.encode_extra_meta``)."""

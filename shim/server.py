@@ -378,17 +378,23 @@ async def open_store(config: ServerConfig, log=None, follow: bool = False) -> St
     return store
 
 
+FOLLOW_START_TRIES = 10
+
+
 async def open_to_follow(config: ServerConfig, log, who: str) -> Store:
     """``open_store`` for a follower or a standby: the writer may release its journals past the
-    checkpoint loaded while this one starts (it checkpoints as it writes), and then the newer
-    checkpoint is loaded instead, a few times at most."""
-    for attempt in range(1, 4):
+    checkpoint fetched while this one starts (it checkpoints as it writes), and then the newer
+    checkpoint is fetched instead, FOLLOW_START_TRIES times at most (each try that fails that way
+    found a newer checkpoint: the writer checkpoints more often than a start takes)."""
+    for attempt in range(1, FOLLOW_START_TRIES + 1):
         try:
             return await open_store(config, log, follow=True)
         except JournalGap as exc:
-            if attempt == 3:
-                raise StartupError(f"the writer's checkpoints keep moving while this {who} loads: {exc}") from exc
-            logger.warning("journal released past the checkpoint loaded, loading again error=%s", exc)
+            if attempt == FOLLOW_START_TRIES:
+                raise StartupError(f"the writer's checkpoints keep moving while this {who} loads ({attempt} tries; "
+                                   f"a larger --checkpoint-journal-bytes on the writer spaces them out): {exc}") from exc
+            logger.warning("journal released past the checkpoint loaded, loading again attempt=%d error=%s",
+                           attempt, exc)
     raise AssertionError("unreachable")
 
 
