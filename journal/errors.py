@@ -44,17 +44,7 @@ class JournalGap(JournalError):
     """A follower found messages missing before the next one it could read (they
     were released up to a checkpoint newer than the one it loaded)."""
 
-    def __init__(self, name: str, expected: int, got: int) -> None:
+    def __init__(self, name: str, expected: int, got: int, detail: str | None = None) -> None:
         self.expected = expected
         self.got = got
-        super().__init__(f"journal {name}: expected message {expected} next, the stream gave {got}")
-
-
-class CheckpointOvertaken(JournalGap):
-    """A follower starting found its journal released past the checkpoint it fetched: the writer
-    stored a newer one meanwhile, and released the records after the fetched one."""
-
-    def __init__(self, name: str, ckpt_rev: int, first_rev: int) -> None:
-        JournalError.__init__(self, f"journal {name}: released past the checkpoint fetched (rev {ckpt_rev}) to a newer "
-                                    f"one meanwhile; its first record read is rev {first_rev}")
-        self.expected, self.got = ckpt_rev + 1, first_rev
+        super().__init__(f"journal {name}: {detail or f'expected message {expected} next, the stream gave {got}'}")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from journal import failpoints
 from journal.config import JournalConfig
-from journal.errors import CheckpointOvertaken
+from journal.errors import JournalGap
 from journal.reader import iter_frames
 from journal.record import FrameError
 from journal.segment import list_segments
@@ -165,7 +165,9 @@ async def _recover_to_follow(store: Store, started: float) -> Follower:
         # released past the checkpoint fetched (a newer one was written meanwhile)?
         journal, ckpt_rev = shard.journal, checkpoint_revision(ckpt)
         if journal.released_before and journal.first_top > ckpt_rev and await journal.newest_checkpoint_rev() > ckpt_rev:
-            raise CheckpointOvertaken(journal.name, ckpt_rev, journal.first_top)
+            raise JournalGap(journal.name, ckpt_rev + 1, journal.first_top,
+                             f"released past the checkpoint fetched (rev {ckpt_rev}) to a newer one meanwhile; "
+                             f"its first record read is rev {journal.first_top}")
     await failpoints.pause("recovery.follow_loading_checkpoints")
     loaded = [await shard.load_checkpoint(ckpt) for shard, ckpt in zip(store.shards, ckpts)]
     found = [await shard.collect(*ckpt) for shard, ckpt in zip(store.shards, loaded)]
