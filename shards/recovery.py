@@ -146,7 +146,7 @@ async def recover_to_follow(store: Store) -> Follower:
     Every checkpoint is fetched before any journal is read: a revision at or
     below a checkpoint was committed before that checkpoint was written, so
     every cut that concerns it is already in each journal read afterwards.
-    The journals are read before the checkpoints' rows are loaded: a writer
+    The journals are read at once, before the checkpoints' rows are loaded: a writer
     that checkpoints as it writes releases its journals up to each new
     checkpoint, and the longer the time from fetching a checkpoint to reading
     its journal, the likelier the records after it are gone by then (then the
@@ -160,8 +160,13 @@ async def _recover_to_follow(store: Store, started: float) -> Follower:
     _track_lease_keys(store)
     ckpts = await _fetch_checkpoints(store)
     await failpoints.pause("recovery.follow_after_checkpoints")
+
+    async def read(journal) -> None:
+        await journal.catch_up()
+        await failpoints.pause("recovery.follow_journal_read")
+
+    await together(*(read(shard.journal) for shard in store.shards))  # at once: no read waits for another's
     for shard, ckpt in zip(store.shards, ckpts):
-        await shard.journal.catch_up()
         # released past the checkpoint fetched (a newer one was written meanwhile)?
         journal, ckpt_rev = shard.journal, checkpoint_revision(ckpt)
         if journal.released_before and journal.first_top > ckpt_rev and await journal.newest_checkpoint_rev() > ckpt_rev:

@@ -764,6 +764,7 @@ def test_a_follower_started_first_makes_the_lease_bucket_with_its_ttl(nats, tmp_
 
 
 @pytest.mark.parametrize("point, reloads", [("recovery.follow_after_checkpoints", True),
+                                            ("recovery.follow_journal_read", False),
                                             ("recovery.follow_loading_checkpoints", False)])
 def test_a_standby_whose_checkpoint_is_released_while_it_starts_loads_the_newer_one(nats, tmp_path, point, reloads):
     """A standby fetches the newest checkpoints, then reads the journals after them. A writer that
@@ -771,13 +772,15 @@ def test_a_standby_whose_checkpoint_is_released_while_it_starts_loads_the_newer_
     stream purged past its checkpoint and exited with a traceback (seen in CI). It now fetches the
     newer checkpoint and stands by, as a follower already did. While it loads the checkpoints'
     rows (long for a large state) the journals are already read: released meanwhile, nothing is
-    missed and nothing fetched again."""
+    missed and nothing fetched again. The journals are read at once: while one read waits (here
+    the leases journal's, first in the layout), the pods journal's is done, not waiting its turn."""
     import os
 
     from tests.integration.followkit import write_past_checkpoints
 
     writer = server_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "65536").start()
-    standby = server_on(nats, tmp_path / "s", "--standby")
+    standby = server_on(nats, tmp_path / "s", "--standby", "--log-level", "info")  # (each journal read: a line)
+    log = lambda: standby.log_tail(100_000)  # noqa: E731 - the whole log
     try:
         with grpc.insecure_channel(writer.endpoint) as ch:
             pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/early", value=b"v" * 1000), timeout=10)
@@ -787,12 +790,17 @@ def test_a_standby_whose_checkpoint_is_released_while_it_starts_loads_the_newer_
         finally:
             del os.environ["SHARDETCD_FAILPOINTS"]
         deadline = time.monotonic() + 30
-        while f"failpoint pausing name={point}" not in standby.log_tail(20):
+        while f"failpoint pausing name={point}" not in log():
             assert standby.running() and time.monotonic() < deadline, standby.log_tail(20)
             time.sleep(0.05)
+        if point == "recovery.follow_journal_read":  # one read done and waiting: the pods journal's done too
+            deadline = time.monotonic() + 4
+            while "journal stream read stream=shardetcd_pods " not in log():
+                assert time.monotonic() < deadline, "the pods journal was not read while another read waited"
+                time.sleep(0.05)
         rev = write_past_checkpoints(writer.endpoint)  # within the pause: journals released past its checkpoint
         wait_standing_by(standby)
-        again = [l for l in standby.log_tail(100).splitlines() if "loading again" in l]
+        again = [l for l in log().splitlines() if "loading again" in l]
         assert bool(again) == reloads, again
         if reloads:  # which checkpoint was overtaken, by what
             assert re.search(r"attempt=1 error=journal nats:shardetcd_\w+: released past the checkpoint fetched "
