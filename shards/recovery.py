@@ -113,10 +113,10 @@ def check_acknowledged(store: Store, rev: int, found: list[Recovered] | None = N
         "start again")
 
 
-async def _fetch_checkpoints(store: Store) -> list:
+async def _fetch_checkpoints(shards: list) -> list:
     """Every shard's newest checkpoint, asked for at once: from NATS each is a download (a local one
     is a file opened in place); their rows are then loaded one shard after another."""
-    return await together(*(shard.journal.load_checkpoint() for shard in store.shards))
+    return await together(*(shard.journal.load_checkpoint() for shard in shards))
 
 
 async def recover(store: Store) -> None:
@@ -124,7 +124,7 @@ async def recover(store: Store) -> None:
     started = time.monotonic()
     with collector.paused():
         _track_lease_keys(store)
-        found = [await shard.read_disk(ckpt) for shard, ckpt in zip(store.shards, await _fetch_checkpoints(store))]
+        found = [await shard.read_disk(ckpt) for shard, ckpt in zip(store.shards, await _fetch_checkpoints(store.shards))]
         _check_complete(store, found)
         rev = recovered_revision(found)
         check_acknowledged(store, rev, found)
@@ -138,6 +138,9 @@ async def recover(store: Store) -> None:
                 rev, store.compact_rev, len(found), time.monotonic() - started)
 
 
+FOLLOW_FETCH_TRIES = 10
+
+
 async def recover_to_follow(store: Store) -> Follower:
     """A standby's start: what checkpoints hold plus journal records up to the
     newest checkpoint's revision go into the state now; everything above goes
@@ -149,30 +152,19 @@ async def recover_to_follow(store: Store) -> Follower:
     The journals are read at once, before the checkpoints' rows are loaded: a writer
     that checkpoints as it writes releases its journals up to each new
     checkpoint, and the longer the time from fetching a checkpoint to reading
-    its journal, the likelier the records after it are gone by then (then the
-    start is made again with the newer one; a large state's load took long)."""
+    its journal, the likelier the records after it are gone by then. A shard
+    whose journal was released past its checkpoint meanwhile has its newer
+    checkpoint fetched, and every journal is read again (after every fetch, as
+    above), FOLLOW_FETCH_TRIES times at most; then JournalGap (the writer
+    checkpoints more often than a start fetches and reads)."""
     started = time.monotonic()
     with collector.paused():
         return await _recover_to_follow(store, started)
 
 
 async def _recover_to_follow(store: Store, started: float) -> Follower:
+    ckpts = await _fetch_and_read(store.shards)
     _track_lease_keys(store)
-    ckpts = await _fetch_checkpoints(store)
-    await failpoints.pause("recovery.follow_after_checkpoints")
-
-    async def read(journal) -> None:
-        await journal.catch_up()
-        await failpoints.pause("recovery.follow_journal_read")
-
-    await together(*(read(shard.journal) for shard in store.shards))  # at once: no read waits for another's
-    for shard, ckpt in zip(store.shards, ckpts):
-        # released past the checkpoint fetched (a newer one was written meanwhile)?
-        journal, ckpt_rev = shard.journal, checkpoint_revision(ckpt)
-        if journal.released_before and journal.first_top > ckpt_rev and await journal.newest_checkpoint_rev() > ckpt_rev:
-            raise JournalGap(journal.name, ckpt_rev + 1, journal.first_top,
-                             f"released past the checkpoint fetched (rev {ckpt_rev}) to a newer one meanwhile; "
-                             f"its first record read is rev {journal.first_top}")
     await failpoints.pause("recovery.follow_loading_checkpoints")
     loaded = [await shard.load_checkpoint(ckpt) for shard, ckpt in zip(store.shards, ckpts)]
     found = [await shard.collect(*ckpt) for shard, ckpt in zip(store.shards, loaded)]
@@ -196,6 +188,44 @@ async def _recover_to_follow(store: Store, started: float) -> Follower:
     logger.info("standby loaded rev=%d applied=%d pending_records=%d seconds=%.3f",
                 base, follower.applied, follower.pending(), time.monotonic() - started)
     return follower
+
+
+async def _fetch_and_read(shards: list) -> list:
+    """Every shard's newest checkpoint, then every journal read after it (``recover_to_follow``);
+    the checkpoints. A journal released past its checkpoint meanwhile: that shard's newer one is
+    fetched and every journal read again."""
+    ckpts = await _fetch_checkpoints(shards)
+    for attempt in range(1, FOLLOW_FETCH_TRIES + 1):
+        await failpoints.pause("recovery.follow_after_checkpoints")
+
+        async def read(journal) -> None:
+            await journal.catch_up()
+            await failpoints.pause("recovery.follow_journal_read")
+
+        await together(*(read(shard.journal) for shard in shards))  # at once: no read waits for another's
+        overtaken = [(sid, gap) for sid, (shard, ckpt) in enumerate(zip(shards, ckpts))
+                     if (gap := await _overtaken(shard.journal, ckpt)) is not None]
+        if not overtaken:
+            return ckpts
+        if attempt == FOLLOW_FETCH_TRIES:
+            raise overtaken[0][1]
+        for _, gap in overtaken:
+            logger.warning("journal released past the checkpoint fetched, fetching the newer one attempt=%d error=%s",
+                           attempt, gap)
+        newer = await _fetch_checkpoints([shards[sid] for sid, _ in overtaken])
+        for (sid, _), ckpt in zip(overtaken, newer):
+            ckpts[sid] = ckpt
+    raise AssertionError("unreachable")
+
+
+async def _overtaken(journal, ckpt) -> JournalGap | None:
+    """A journal read that starts past the checkpoint fetched, released up to a newer one meanwhile."""
+    ckpt_rev = checkpoint_revision(ckpt)
+    if journal.released_before and journal.first_top > ckpt_rev and await journal.newest_checkpoint_rev() > ckpt_rev:
+        return JournalGap(journal.name, ckpt_rev + 1, journal.first_top,
+                          f"released past the checkpoint fetched (rev {ckpt_rev}) to a newer one meanwhile; "
+                          f"its first record read is rev {journal.first_top}")
+    return None
 
 
 def _learn_tokens(store: Store, base: int) -> None:

@@ -42,9 +42,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ATTEMPTS = 5  # a newer checkpoint may be written while one is loaded: load again
-
-
 async def keep_following(store: Store) -> None:
     """``store.follow_journals`` until cancelled, resynchronising whenever the
     journal can no longer be followed from where this store is."""
@@ -62,20 +59,12 @@ async def resync(store: Store, reason: BaseException) -> int:
 
     started = time.monotonic()
     before = store.committed
-    for attempt in range(1, ATTEMPTS + 1):
-        shadow = _shadow(store, attempt)
-        try:
-            shadow.follower = await recover_to_follow(shadow)
-            break
-        except JournalGap as exc:
-            _close_states(shadow)
-            if attempt == ATTEMPTS:
-                raise
-            logger.info("resync found the journal purged past the checkpoint it loaded, loading again error=%s", exc)
-            await asyncio.sleep(0.1 * attempt)
-        except BaseException:
-            _close_states(shadow)
-            raise
+    shadow = _shadow(store)
+    try:  # overtaken by the writer's checkpoints, it fetches the newer ones itself (a bounded number of times)
+        shadow.follower = await recover_to_follow(shadow)
+    except BaseException:
+        _close_states(shadow)
+        raise
     try:  # cancelled while waiting here (a standby taking over): the shadow's state files go too (tmpfs)
         if store._compaction is not None:  # it walks the old states
             store._compaction.cancel()
@@ -98,13 +87,13 @@ async def resync(store: Store, reason: BaseException) -> int:
     return store.committed
 
 
-def _shadow(store: Store, attempt: int) -> Store:
+def _shadow(store: Store) -> Store:
     """A store over the same journals and data dir, with empty states of its own."""
     generation = store.follow_stats.resyncs + 1
     shards = []
     try:
         for old in store.shards:
-            path = old.state.path.with_name(f"{old.name}.resync{generation}-{attempt}")
+            path = old.state.path.with_name(f"{old.name}.resync{generation}")
             shards.append(Shard(old.sid, old.name, old.dir, path, old.journal))
     except BaseException:
         for shard in shards:

@@ -26,6 +26,7 @@ from shards import collector
 from shards.errors import StateStoreError
 from shards.layout import load_layout, partition_layout
 from shards.partition import PartitionGuard, load_cluster_layout
+from shards.recovery import FOLLOW_FETCH_TRIES
 from shards.resync import keep_following
 from shards.store import Store, StoreConfig
 
@@ -378,24 +379,17 @@ async def open_store(config: ServerConfig, log=None, follow: bool = False) -> St
     return store
 
 
-FOLLOW_START_TRIES = 10
-
-
 async def open_to_follow(config: ServerConfig, log, who: str) -> Store:
-    """``open_store`` for a follower or a standby: the writer may release its journals past the
-    checkpoint fetched while this one starts (it checkpoints as it writes), and then the newer
-    checkpoint is fetched instead, FOLLOW_START_TRIES times at most (each try that fails that way
-    found a newer checkpoint: the writer checkpoints more often than a start takes)."""
-    for attempt in range(1, FOLLOW_START_TRIES + 1):
-        try:
-            return await open_store(config, log, follow=True)
-        except JournalGap as exc:
-            if attempt == FOLLOW_START_TRIES:
-                raise StartupError(f"the writer's checkpoints keep moving while this {who} loads ({attempt} tries; "
-                                   f"a larger --checkpoint-journal-bytes on the writer spaces them out): {exc}") from exc
-            logger.warning("journal released past the checkpoint loaded, loading again attempt=%d error=%s",
-                           attempt, exc)
-    raise AssertionError("unreachable")
+    """``open_store`` for a follower or a standby. The writer may release its journals past a
+    checkpoint while this one starts (it checkpoints as it writes); the start then fetches the newer
+    one (``recover_to_follow``), a bounded number of times: past that, the writer checkpoints more
+    often than a start fetches and reads, and this says so."""
+    try:
+        return await open_store(config, log, follow=True)
+    except JournalGap as exc:
+        raise StartupError(f"the writer's checkpoints keep moving while this {who} loads "
+                           f"({FOLLOW_FETCH_TRIES} tries; a larger --checkpoint-journal-bytes on the writer "
+                           f"spaces them out): {exc}") from exc
 
 
 async def stand_by(config: ServerConfig, lease: WriterLease) -> Store:

@@ -770,7 +770,7 @@ def test_a_standby_whose_checkpoint_is_released_while_it_starts_loads_the_newer_
     """A standby fetches the newest checkpoints, then reads the journals after them. A writer that
     checkpoints as it writes may release those journals in between; the standby then found the
     stream purged past its checkpoint and exited with a traceback (seen in CI). It now fetches the
-    newer checkpoint and stands by, as a follower already did. While it loads the checkpoints'
+    newer checkpoint (of the overtaken shard) and stands by, as a follower already did. While it loads the checkpoints'
     rows (long for a large state) the journals are already read: released meanwhile, nothing is
     missed and nothing fetched again. The journals are read at once: while one read waits (here
     the leases journal's, first in the layout), the pods journal's is done, not waiting its turn."""
@@ -800,7 +800,7 @@ def test_a_standby_whose_checkpoint_is_released_while_it_starts_loads_the_newer_
                 time.sleep(0.05)
         rev = write_past_checkpoints(writer.endpoint)  # within the pause: journals released past its checkpoint
         wait_standing_by(standby)
-        again = [l for l in log().splitlines() if "loading again" in l]
+        again = [l for l in log().splitlines() if "fetching the newer one" in l]
         assert bool(again) == reloads, again
         if reloads:  # which checkpoint was overtaken, by what
             assert re.search(r"attempt=1 error=journal nats:shardetcd_\w+: released past the checkpoint fetched "

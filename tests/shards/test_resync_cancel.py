@@ -26,7 +26,7 @@ def test_a_resync_cancelled_before_the_swap_closes_the_state_it_loaded(monkeypat
     async def loaded(store):
         return object()
 
-    monkeypatch.setattr(resync, "_shadow", lambda store, attempt: shadow)
+    monkeypatch.setattr(resync, "_shadow", lambda store: shadow)
     monkeypatch.setattr(recovery, "recover_to_follow", loaded)
 
     async def run() -> None:
