@@ -355,22 +355,23 @@ async def _read_messages(js, report: StreamReport, count: int, config: JournalCo
                 batch = await retrying("read stream", lambda: sub.fetch(batch=READ_BATCH, timeout=5.0),
                                        deadline_s=30.0)
             except JournalFailed:
-                report.errors.append(f"seq {(prev or report.first_seq - 1) + 1}..{report.last_seq}: not delivered "
-                                     "(the stream read got no answer for 30 s)")
+                stream = await retrying("stream info", lambda: js.stream_info(report.stream))
+                if stream.state.first_seq <= report.last_seq:
+                    report.errors.append(f"seq {(prev or report.first_seq - 1) + 1}..{report.last_seq}: not "
+                                         "delivered (the stream read got no answer for 30 s)")
+                elif await _skipped(js, report, prev, report.last_seq + 1):  # the rest released, nothing after
+                    live.clear()
                 break
             for msg in batch:
                 seq = msg.metadata.sequence.stream
-                if seq > report.last_seq:  # appended after we started: not ours to judge
-                    prev = seq
-                    break
-                if prev is None:  # (purged since it was listed: it starts later now)
-                    report.first_seq = seq
-                elif seq > prev + 1 and await _purged_before(js, report, prev + 1, seq):
+                if await _skipped(js, report, prev, min(seq, report.last_seq + 1)):
                     # read on from here as a read started now would: the records before were released
                     # to a checkpoint, which the bucket holds by now (stored before the purge)
                     live.clear()
                     top = 0
                 prev = seq
+                if seq > report.last_seq:  # appended after we started: not ours to judge
+                    break
                 report.messages += 1
                 top = _take(report, seq, msg.data or b"", msg.headers or {}, live, top, config)
     finally:
@@ -378,6 +379,17 @@ async def _read_messages(js, report: StreamReport, count: int, config: JournalCo
     report.records = len(live)
     if live:
         report.first_rev, report.last_rev = live[0], live[-1]
+
+
+async def _skipped(js, report: StreamReport, prev: int | None, upto: int) -> bool:
+    """The listed messages after ``prev`` (None: before any was read) and before ``upto`` did not
+    come: those before the first read were purged since the stream was listed (it starts later
+    now: at ``last_seq`` + 1 if every listed message went, which the purge check then holds to a
+    checkpoint), and a gap after one read is ``_purged_before``'s to tell; True: start over there."""
+    if prev is None:
+        report.first_seq = upto
+        return False
+    return upto > prev + 1 and await _purged_before(js, report, prev + 1, upto)
 
 
 async def _purged_before(js, report: StreamReport, expected: int, seq: int) -> bool:

@@ -367,6 +367,66 @@ def test_verify_reads_on_past_a_purge_made_while_it_reads(nats, tmp_path, monkey
     assert [(c.rev, c.status) for c in pods.checkpoints] == [(30, "ok")]
 
 
+@pytest.mark.parametrize("then", ["appended", "nothing"])
+def test_verify_holds_a_stream_emptied_after_it_was_listed_to_a_checkpoint(nats, tmp_path, monkeypatch, then):
+    """Every message listed gone before the first is read: verify took the first message it got,
+    appended since, as "not ours to judge", said "0 messages (empty)" and, the stream listed as
+    starting at 1, never asked for the checkpoint those records were released to: a stream purged
+    with no checkpoint passed as sound. With nothing appended, the read waited for the messages and
+    called them "not delivered". Either way the stream now starts past what was listed, and without a
+    checkpoint it is purged past one."""
+    from journal import verify_jetstream as vj
+
+    real = vj.retrying
+
+    async def retrying(what, fn, **kw):  # (the read of an emptied stream gives up in 1 s, not 30)
+        return await real(what, fn, **({**kw, "deadline_s": 1.0} if what == "read stream" else kw))
+
+    async def go():
+        async with a_writer(nats.urls, tmp_path) as (log, journal):
+            await write(journal, range(2, 12))
+            listed = await log.js.stream_info("t_pods")
+
+            async def purge():  # as an operator's `nats stream purge` would (no checkpoint)
+                await log.js.purge_stream("t_pods")
+                if then == "appended":
+                    await write(journal, [12])
+
+            monkeypatch.setattr(vj, "retrying", retrying)
+            found = await verify_with(monkeypatch, nats.urls, "list streams", purge)
+            return found, listed.state.last_seq
+
+    found, listed_last = asyncio.run(go())
+    (pods,) = found.streams
+    line = vj.report_lines([pods])[0]
+    assert (pods.first_seq, pods.messages, pods.records) == (listed_last + 1, 0, 0), line
+    assert not pods.errors and not pods.sound, line
+    assert pods.purge_problem == (f"messages before seq {listed_last + 1} were purged, but t_pods-checkpoints "
+                                  "holds no checkpoint: the records they held are gone"), line
+
+
+def test_verify_takes_a_stream_released_to_a_checkpoint_after_it_was_listed_as_sound(nats, tmp_path, monkeypatch):
+    """The same with the writer's own release: a checkpoint stored, then every listed message
+    released, then a write appended: sound, the checkpoint checked."""
+    from journal import verify_jetstream as vj
+
+    async def go():
+        async with a_writer(nats.urls, tmp_path) as (log, journal):
+            await write(journal, range(2, 12))
+            listed = await log.js.stream_info("t_pods")
+
+            async def release():
+                await write(journal, [12])
+                await checkpoint(journal, 12)
+
+            return await verify_with(monkeypatch, nats.urls, "list streams", release), listed.state.last_seq
+
+    found, listed_last = asyncio.run(go())
+    (pods,) = found.streams
+    assert pods.sound and pods.first_seq == listed_last + 1 and pods.messages == 0, vj.report_lines([pods])
+    assert [(c.rev, c.status) for c in pods.checkpoints] == [(12, "ok")]
+
+
 def test_verify_reports_a_message_missing_inside_a_stream(nats, tmp_path):
     """A message deleted inside the stream (not purged from its front) is named by its sequence."""
     from journal import verify_jetstream as vj
