@@ -73,6 +73,17 @@ DUPLICATE_IN_PROCESS = 10158
 STREAM_STORE_FAILED = 10077  # a stream limit ("maximum bytes exceeded", ...) or the server's store refused it
 _STORAGE_FULL_WORDS = ("maximum bytes", "maximum messages", "resources", "no space", "storage")
 _CKPT_NAME = re.compile(r"^checkpoint-([0-9a-f]{16})\.ckpt$")
+
+
+def checkpoint_files(objects, deleted: bool = False) -> list[tuple[object, int]]:
+    """(object info, revision named) of the checkpoint files among a bucket's ``objects``; with
+    ``deleted``, those marked deleted too."""
+    found = []
+    for info in objects:
+        m = _CKPT_NAME.match(info.name or "")
+        if m and (deleted or not info.deleted):
+            found.append((info, int(m.group(1), 16)))
+    return found
 MIN_MAX_PAYLOAD = 4 * 1024 * 1024
 # A follower's consumer acknowledges nothing, so JetStream counts a message delivered once it
 # is sent: one sent while the connection was being replaced is lost to this process. A hole
@@ -1740,14 +1751,7 @@ class JetStreamJournal(Appender):
             infos = await self.log.retrying("list checkpoints", lambda: list_objects(self.log.js, self.checkpoint_bucket))
         except NotFoundError:  # the bucket gone
             return []
-        out = []
-        for info in infos:
-            m = _CKPT_NAME.match(info.name)
-            if m and not info.deleted:
-                out.append((info.name, int(m.group(1), 16)))
-            elif m and deleted:
-                out.append((info.name, 0))
-        return out
+        return [(info.name, 0 if info.deleted else rev) for info, rev in checkpoint_files(infos, deleted)]
 
     def _scratch_dir(self) -> Path:
         self.scratch.mkdir(parents=True, exist_ok=True)

@@ -29,9 +29,10 @@ from pathlib import Path
 
 from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
-from journal.jetstream import (_CKPT_NAME, CHECKPOINT_TRIES, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket,
-                               checkpoint_stream, connect_failure, connect_options, drops_messages, fetch_object,
-                               kv_keys, kv_stream, list_objects, meta_bucket, refusal, refused, retrying, shown_urls)
+from journal.jetstream import (CHECKPOINT_TRIES, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket,
+                               checkpoint_files, checkpoint_stream, connect_failure, connect_options, drops_messages,
+                               fetch_object, kv_keys, kv_stream, list_objects, meta_bucket, refusal, refused, retrying,
+                               shown_urls)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import verify_checkpoints
@@ -455,11 +456,7 @@ async def _verify_checkpoints(js, report: StreamReport) -> None:
             objects = await retrying(f"list {report.bucket}", lambda: list_objects(js, report.bucket))
         except NotFoundError:  # the bucket gone since
             return
-        found = []
-        for obj in objects:
-            m = _CKPT_NAME.match(obj.name or "")
-            if m and not obj.deleted:
-                found.append(CheckpointReport(obj.name, int(m.group(1), 16), obj.size or 0, "older"))
+        found = [CheckpointReport(obj.name, rev, obj.size or 0, "older") for obj, rev in checkpoint_files(objects)]
         found.sort(key=lambda c: c.rev)
         report.checkpoints = found
         if not found:
