@@ -67,6 +67,7 @@ class StreamReport:
     checkpoints: list[CheckpointReport] = field(default_factory=list)
     purge_problem: str = ""  # set when the stream was purged past what its checkpoints cover
     drops: list[str] = field(default_factory=list)  # settings of it or its bucket that drop messages
+    revisions: list[int] = field(default_factory=list, repr=False)  # the tag of each record in force, in order
 
     @property
     def bucket(self) -> str:
@@ -279,13 +280,43 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
             gone = True
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but stream "
                          f"{', '.join(missing)} is gone: any acknowledged records it held are gone too")
+        lost = lost_revisions(mine, rev) if shards is not None or len(acknowledged) == 1 else []
         if rev > held:
             gone = True
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but no stream or checkpoint"
                          f"{scope} holds a revision past {held}: acknowledged records are gone, and a start refuses them")
+        elif lost:
+            gone = True
+            lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but revisions "
+                         f"{spans_text(lost)} are in no stream{scope}, and no checkpoint of a stream released before "
+                         "them reaches them: acknowledged records are gone")
         elif not missing:
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}); the streams{scope} reach {held}")
     return lines, gone
+
+
+def lost_revisions(reports: list[StreamReport], upto: int) -> list[int]:
+    """Revisions 2..``upto`` of one revision space (``reports``: its shards' streams) that no stream
+    holds and no checkpoint can. Each revision a writer makes is a record in the stream of every shard
+    it writes (revision 1 is the empty start); one in no stream was released from one whose records
+    now start past it, and is then kept only if that stream's newest checkpoint reaches it. (Which
+    shard it was is gone with it: a revision some such checkpoint reaches counts as kept.)"""
+    held = set().union(*(r.revisions for r in reports))
+    reach = max([1, *(min(min(r.revisions, default=upto + 1) - 1, max((c.rev for c in r.checkpoints), default=0))
+                      for r in reports if r.first_seq > 1)])
+    return [v for v in range(reach + 1, upto + 1) if v not in held]
+
+
+def spans_text(revs: list[int], shown: int = 5) -> str:
+    """Ascending revisions as runs: "3..5, 9" (the first ``shown`` runs, then how many more)."""
+    runs: list[list[int]] = []
+    for v in revs:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    text = ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in runs[:shown])
+    return text + (f" and {len(runs) - shown} more runs" if len(runs) > shown else "")
 
 
 def _replicas(by_name: dict, journals, prefix: str) -> list[ReplicaReport]:
@@ -377,7 +408,7 @@ async def _read_messages(js, report: StreamReport, count: int, config: JournalCo
                 top = _take(report, seq, msg.data or b"", msg.headers or {}, live, top, config)
     finally:
         await sub.unsubscribe()
-    report.records = len(live)
+    report.records, report.revisions = len(live), live
     if live:
         report.first_rev, report.last_rev = live[0], live[-1]
 

@@ -149,7 +149,13 @@ def test_verify_a_jetstream_journal(nats, tmp_path):
     pods = line_of(out, "pods: stream shardetcd_pods: purged past its checkpoint, ")
     assert "were purged, but shardetcd_pods-checkpoints holds no checkpoint" in pods
     assert "pods: shardetcd_pods-checkpoints: no checkpoint" in out.splitlines()
-    assert out.strip().splitlines()[-1] == f"summary: 5 streams, prefix shardetcd at {nats.urls}: 2 damaged (nodes, pods)"
+    first_pods_rev = int(re.search(r"revs (\d+)\.\.", pods)[1])
+    assert line_of(out, "acknowledged: ") == (  # the records released to the checkpoints deleted
+        f"acknowledged: default: writes up to revision 303 (key acknowledged.default of shardetcd-meta), but revisions "
+        f"2..{first_pods_rev - 1} are in no stream of its shards ({SHARDS}), and no checkpoint of a stream released "
+        "before them reaches them: acknowledged records are gone")
+    assert out.strip().splitlines()[-1] == (f"summary: 5 streams, prefix shardetcd at {nats.urls}: 2 damaged (nodes, "
+                                            "pods); acknowledged records are gone")
 
     async def delete_streams(js):  # the journals lost, the writer's word on what it acknowledged kept
         for name in ("leases", "events", "pods", "nodes", "default"):
@@ -425,6 +431,92 @@ def test_verify_takes_a_stream_released_to_a_checkpoint_after_it_was_listed_as_s
     (pods,) = found.streams
     assert pods.sound and pods.first_seq == listed_last + 1 and pods.messages == 0, vj.report_lines([pods])
     assert [(c.rev, c.status) for c in pods.checkpoints] == [(12, "ok")]
+
+
+def test_every_revision_a_server_makes_is_in_a_stream_or_under_a_checkpoint(nats, tmp_path):
+    """What `journal verify`'s lost-revision check rests on, against a real writer: every revision it
+    makes (puts, deletes, cross-shard txns, lease revokes that delete keys, with compaction and
+    checkpoints purging the streams between) is a record in some shard's stream, or under the
+    checkpoint of a stream released past it. Writes that make no revision (a txn whose compare
+    fails, a delete of nothing, a lease revoked with no keys) leave no hole."""
+    from journal import verify_jetstream as vj
+
+    server = server_on(nats, tmp_path / "a", "--checkpoint-journal-bytes", "16384").start()
+    try:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            kv, lease = pbg.KVStub(ch), pbg.LeaseStub(ch)
+            big = b"v" * 1000
+            for i in range(60):
+                kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (i % 7), value=big), timeout=10)
+                if i % 10 == 3:  # one txn on two shards
+                    kv.Txn(pb.TxnRequest(success=[
+                        pb.RequestOp(request_put=pb.PutRequest(key=b"/registry/pods/ns/t", value=big)),
+                        pb.RequestOp(request_put=pb.PutRequest(key=b"/registry/nodes/n%d" % i, value=b"n"))]),
+                        timeout=10)
+                if i % 10 == 5:  # a failing compare, a delete of nothing, a delete of something
+                    kv.Txn(pb.TxnRequest(compare=[pb.Compare(key=b"/registry/pods/ns/p0", target=pb.Compare.VERSION,
+                                                             result=pb.Compare.EQUAL, version=10**6)],
+                                         success=[pb.RequestOp(request_put=pb.PutRequest(key=b"/registry/x", value=b"x"))]),
+                           timeout=10)
+                    kv.DeleteRange(pb.DeleteRangeRequest(key=b"/registry/pods/ns/none"), timeout=10)
+                    kv.DeleteRange(pb.DeleteRangeRequest(key=b"/registry/nodes/n3"), timeout=10)
+                if i % 20 == 7:  # a lease with a key, revoked (a revision); an empty one revoked (none)
+                    held, empty = (lease.LeaseGrant(pb.LeaseGrantRequest(TTL=60), timeout=10).ID for _ in range(2))
+                    kv.Put(pb.PutRequest(key=b"/registry/events/ns/e%d" % i, value=b"e", lease=held), timeout=10)
+                    kv.Put(pb.PutRequest(key=b"/registry/leases/ns/l", value=b"l"), timeout=10)
+                    lease.LeaseRevoke(pb.LeaseRevokeRequest(ID=held), timeout=10)
+                    lease.LeaseRevoke(pb.LeaseRevokeRequest(ID=empty), timeout=10)
+                if i == 40:
+                    kv.Compact(pb.CompactionRequest(revision=30), timeout=10)
+            last = kv.Put(pb.PutRequest(key=b"/registry/configmaps/ns/c", value=b"c"), timeout=10).header.revision
+        deadline = time.monotonic() + 30
+        while on_nats(nats.urls, acknowledged) < last:  # the writer publishes it about once a second
+            assert time.monotonic() < deadline, "the writer never published its acknowledged revision"
+            time.sleep(0.2)
+        settled(nats.urls)
+        found = asyncio.run(vj.verify_jetstream(tuple(nats.urls.split(",")), "shardetcd"))
+    finally:
+        server.stop()
+    pods = next(r for r in found.streams if r.shard == "pods")
+    assert pods.first_seq > 1, "the pods stream was never released to a checkpoint"
+    assert all(r.sound for r in found.streams), vj.report_lines(found.streams)
+    assert vj.lost_revisions(found.streams, last) == []
+    lines, gone = vj.acknowledged_lines(found.streams, found.acknowledged, "shardetcd", found.spans)
+    assert not gone and lines[0].endswith(f"reach {last}"), lines
+
+
+def test_verify_finds_revisions_released_past_the_checkpoint(nats, tmp_path):
+    """A stream released further than its newest checkpoint reaches (what a release gone wrong or a
+    hand purge would do): the newest checkpoint exists and loads, the stream's own report is sound,
+    and yet acknowledged revisions are in no stream and under no checkpoint. verify names them."""
+    from journal import verify_jetstream as vj
+    from shards.store import acknowledged_key
+
+    async def go():
+        async with a_writer(nats.urls, tmp_path) as (log, journal):
+            await write(journal, range(2, 31))
+            await checkpoint(journal, 10)
+            await log.put_meta(acknowledged_key(load_layout(None)), "30")
+            info = await log.js.stream_info("t_pods")
+            await log.js.purge_stream("t_pods", seq=info.state.last_seq - 10)  # revisions 20..30 left
+            return await vj.verify_jetstream(tuple(nats.urls.split(",")), "t")
+
+    found = asyncio.run(go())
+    (pods,) = found.streams
+    assert pods.sound and (pods.first_rev, pods.last_rev) == (20, 30), vj.report_lines([pods])
+    assert vj.lost_revisions(found.streams, 30) == list(range(11, 20))
+    lines, gone = vj.acknowledged_lines(found.streams, found.acknowledged, "t", found.spans)
+    assert gone and lines == [
+        "acknowledged: default: writes up to revision 30 (key acknowledged.default of t-meta), but revisions 11..19 "
+        "are in no stream, and no checkpoint of a stream released before them reaches them: acknowledged records "
+        "are gone"], lines
+
+
+def test_lost_revisions_are_shown_as_runs():
+    from journal.verify_jetstream import spans_text
+
+    assert spans_text([3, 4, 5, 9]) == "3..5, 9"
+    assert spans_text(list(range(1, 40, 2)), shown=2) == "1, 3 and 18 more runs"
 
 
 def test_verify_reports_a_message_missing_inside_a_stream(nats, tmp_path):
