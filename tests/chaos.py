@@ -22,13 +22,16 @@ Each round, one fault, at a random time, from:
 
 At the end of each round the clients stop and the round's history must be
 linearizable key by key (tests/lincheck.py); every member must then serve the
-same values at the same revisions, and exactly one member must be the writer.
+same values at the same revisions, and exactly one member must be the writer;
+and ``journal verify``, run as an operator would while the writer runs, must find
+every stream and checkpoint sound and no acknowledged revision gone.
 A failing history is saved beside the log for ``python -m tests.lincheck``.
 All servers listen on 127.0.0.1 on free ports and are stopped by PID.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import os
 import random
@@ -202,6 +205,18 @@ def revive_ended(members: list[Member], log) -> None:
             m.revive()
 
 
+def verify_journals(nats) -> str:
+    """``journal verify`` against the NATS servers themselves (not through a member's proxies):
+    every stream and checkpoint sound, no acknowledged revision gone; its acknowledged line."""
+    from journal.verify_jetstream import acknowledged_lines, report_lines, verify_jetstream
+
+    found = asyncio.run(verify_jetstream(tuple(nats.urls.split(",")), "shardetcd"))
+    lines, gone = acknowledged_lines(found.streams, found.acknowledged, "shardetcd", found.spans)
+    assert all(r.sound for r in found.streams) and not gone, "journal verify: " + "\n".join(
+        report_lines(found.streams) + lines)
+    return "; ".join(lines)
+
+
 def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Random, out: Path, log) -> None:
     log(f"round {r}: {fault}")
     keys = [k + b"/round%d" % r for k in KEYS]  # each round's register starts absent
@@ -229,6 +244,7 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     view = converged(members, keys, log)
     log(f"  linearizable; writer {writer.name}; members agree on {sum(len(v) for v in view.values())} keys; "
         f"the writer stored {writer.checkpoints_stored()} checkpoints since it started")
+    log(f"  journal verify: all sound; {verify_journals(nats)}")
 
 
 def main(argv: list[str] | None = None) -> int:

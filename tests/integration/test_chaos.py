@@ -1,7 +1,8 @@
 """One round of each fault of tests/chaos.py against a JetStream deployment (three NATS
 servers, a writer and two following standbys), in one fixed order: after each, the
 round's history must be linearizable key by key, every member must serve the same
-values at the same revisions, and exactly one member must be the writer. Members
+values at the same revisions, exactly one member must be the writer, and `journal
+verify` (run while the writer runs) must find the journals sound with nothing lost. Members
 come back as following standbys on their old data dirs, so later rounds run on
 members that were writers before. Every member stores a checkpoint and releases its
 journal every 20 KB of journal, so checkpoints are stored and fetched (by followers that fell
@@ -15,6 +16,8 @@ from tests import chaos
 def test_one_round_of_each_fault_keeps_every_history_linearizable(tmp_path, capsys):
     assert chaos.main(["--faults", ",".join(chaos.FAULTS), "--seed", "0", "--dir", str(tmp_path),
                        "--server-args", "--checkpoint-journal-bytes 20000"]) == 0
-    stored = [int(line.rpartition("the writer stored ")[2].split()[0]) for line in capsys.readouterr().out.splitlines()
-              if "the writer stored " in line]
+    out = capsys.readouterr().out.splitlines()
+    stored = [int(line.rpartition("the writer stored ")[2].split()[0]) for line in out if "the writer stored " in line]
     assert len(stored) == len(chaos.FAULTS) and max(stored) > 0, stored
+    verified = [line for line in out if "journal verify: all sound; acknowledged: default: writes up to" in line]
+    assert len(verified) == len(chaos.FAULTS), out
