@@ -73,17 +73,6 @@ DUPLICATE_IN_PROCESS = 10158
 STREAM_STORE_FAILED = 10077  # a stream limit ("maximum bytes exceeded", ...) or the server's store refused it
 _STORAGE_FULL_WORDS = ("maximum bytes", "maximum messages", "resources", "no space", "storage")
 _CKPT_NAME = re.compile(r"^checkpoint-([0-9a-f]{16})\.ckpt$")
-
-
-def checkpoint_files(objects, deleted: bool = False) -> list[tuple[object, int]]:
-    """(object info, revision named) of the checkpoint files among a bucket's ``objects``; with
-    ``deleted``, those marked deleted too."""
-    found = []
-    for info in objects:
-        m = _CKPT_NAME.match(info.name or "")
-        if m and (deleted or not info.deleted):
-            found.append((info, int(m.group(1), 16)))
-    return found
 MIN_MAX_PAYLOAD = 4 * 1024 * 1024
 # A follower's consumer acknowledges nothing, so JetStream counts a message delivered once it
 # is sent: one sent while the connection was being replaced is lost to this process. A hole
@@ -956,6 +945,17 @@ def check_keeps_messages(info, journal: bool = True) -> None:
 def meta_bucket(prefix: str) -> str:
     """The key-value bucket of a prefix's writers' word: acknowledged revisions, restores."""
     return f"{prefix}-meta"
+
+
+def checkpoint_files(objects, deleted: bool = False) -> list[tuple[object, int]]:
+    """(object info, revision named) of the checkpoint files among a bucket's ``objects``; with
+    ``deleted``, those marked deleted too."""
+    found = []
+    for info in objects:
+        m = _CKPT_NAME.match(info.name or "")
+        if m and (deleted or not info.deleted):
+            found.append((info, int(m.group(1), 16)))
+    return found
 
 
 def checkpoint_bucket(stream: str) -> str:

@@ -124,7 +124,8 @@ async def recover(store: Store) -> None:
     started = time.monotonic()
     with collector.paused():
         _track_lease_keys(store)
-        found = [await shard.read_disk(ckpt) for shard, ckpt in zip(store.shards, await _fetch_checkpoints(store.shards))]
+        ckpts = await _fetch_checkpoints(store.shards)
+        found = [await shard.read_disk(ckpt) for shard, ckpt in zip(store.shards, ckpts)]
         _check_complete(store, found)
         rev = recovered_revision(found)
         check_acknowledged(store, rev, found)
@@ -194,14 +195,13 @@ async def _fetch_and_read(shards: list) -> list:
     """Every shard's newest checkpoint, then every journal read after it (``recover_to_follow``);
     the checkpoints. A journal released past its checkpoint meanwhile: that shard's newer one is
     fetched and every journal read again."""
+    async def read(journal) -> None:
+        await journal.catch_up()
+        await failpoints.pause("recovery.follow_journal_read")
+
     ckpts = await _fetch_checkpoints(shards)
     for attempt in range(1, FOLLOW_FETCH_TRIES + 1):
         await failpoints.pause("recovery.follow_after_checkpoints")
-
-        async def read(journal) -> None:
-            await journal.catch_up()
-            await failpoints.pause("recovery.follow_journal_read")
-
         await together(*(read(shard.journal) for shard in shards))  # at once: no read waits for another's
         overtaken = [(sid, gap) for sid, (shard, ckpt) in enumerate(zip(shards, ckpts))
                      if (gap := await _overtaken(shard.journal, ckpt)) is not None]
