@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Collection, Iterable
 
 from journal.checkpoint import _list_checkpoints, _load
 from journal.config import CheckpointConfig, JournalConfig
@@ -76,3 +77,32 @@ def repair(directory: Path, config: JournalConfig = JournalConfig()) -> None:
     """Cut a torn tail (raises JournalCorrupt for anything else); no journal, nothing to do."""
     if directory.is_dir():
         recover(directory, config)
+
+
+def lost_revisions(shards: Iterable[tuple[Collection[int], bool, int]], upto: int) -> list[int]:
+    """Revisions 2..``upto`` of one revision space that no journal holds and no checkpoint can; per
+    shard of it: (the revisions of the records its journal holds, whether the journal was released
+    up to a checkpoint, its newest checkpoint's revision). Each revision a writer makes is a record
+    in the journal of every shard it writes (revision 1 is the empty start); one in no journal was
+    released from one whose records now start past it, and is then kept only if that journal's
+    newest checkpoint reaches it. (Which shard it was is gone with it: a revision some such
+    checkpoint reaches counts as kept.)"""
+    held: set[int] = set()
+    reach = 1
+    for revisions, released, checkpoint_rev in shards:
+        held.update(revisions)
+        if released:
+            reach = max(reach, min(min(revisions, default=upto + 1) - 1, checkpoint_rev))
+    return [v for v in range(reach + 1, upto + 1) if v not in held]
+
+
+def runs_text(revs: list[int], shown: int = 5) -> str:
+    """Ascending revisions as runs: "3..5, 9" (the first ``shown`` runs, then how many more)."""
+    runs: list[list[int]] = []
+    for v in revs:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    text = ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in runs[:shown])
+    return text + (f" and {len(runs) - shown} more runs" if len(runs) > shown else "")

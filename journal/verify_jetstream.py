@@ -35,7 +35,7 @@ from journal.jetstream import (CHECKPOINT_TRIES, CUT_HEADER, FENCE_HEADER, NatsA
                                shown_urls)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
-from journal.verify import verify_checkpoints
+from journal.verify import lost_revisions as shared_lost_revisions, runs_text, verify_checkpoints
 
 MAX_ERRORS_SHOWN = 20
 READ_BATCH = 256  # messages a fetch asks for
@@ -288,7 +288,7 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
         elif lost:
             gone = True
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but revisions "
-                         f"{spans_text(lost)} are in no stream{scope}, and no checkpoint of a stream released before "
+                         f"{runs_text(lost)} are in no stream{scope}, and no checkpoint of a stream released before "
                          "them reaches them: acknowledged records are gone")
         elif not missing:
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}); the streams{scope} reach {held}")
@@ -296,27 +296,9 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
 
 
 def lost_revisions(reports: list[StreamReport], upto: int) -> list[int]:
-    """Revisions 2..``upto`` of one revision space (``reports``: its shards' streams) that no stream
-    holds and no checkpoint can. Each revision a writer makes is a record in the stream of every shard
-    it writes (revision 1 is the empty start); one in no stream was released from one whose records
-    now start past it, and is then kept only if that stream's newest checkpoint reaches it. (Which
-    shard it was is gone with it: a revision some such checkpoint reaches counts as kept.)"""
-    held = set().union(*(r.revisions for r in reports))
-    reach = max([1, *(min(min(r.revisions, default=upto + 1) - 1, max((c.rev for c in r.checkpoints), default=0))
-                      for r in reports if r.first_seq > 1)])
-    return [v for v in range(reach + 1, upto + 1) if v not in held]
-
-
-def spans_text(revs: list[int], shown: int = 5) -> str:
-    """Ascending revisions as runs: "3..5, 9" (the first ``shown`` runs, then how many more)."""
-    runs: list[list[int]] = []
-    for v in revs:
-        if runs and v == runs[-1][1] + 1:
-            runs[-1][1] = v
-        else:
-            runs.append([v, v])
-    text = ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in runs[:shown])
-    return text + (f" and {len(runs) - shown} more runs" if len(runs) > shown else "")
+    """``journal.verify.lost_revisions`` of the streams of one revision space."""
+    return shared_lost_revisions(((r.revisions, r.first_seq > 1, max((c.rev for c in r.checkpoints), default=0))
+                                  for r in reports), upto)
 
 
 def _replicas(by_name: dict, journals, prefix: str) -> list[ReplicaReport]:

@@ -50,28 +50,36 @@ def recovered_revision(found: list[Recovered]) -> int:
     return rev
 
 
-def whole_on_disk(data_dir: Path, names: list[str], checkpoint_revs: list[int],
-                  config: JournalConfig = JournalConfig()) -> int:
-    """For ``journal verify`` (reads, changes nothing): the revision up to which the local journals
-    of ``names`` (in layout order) above their checkpoints hold every revision whole, as a start
-    would find it; frames from a bad one on are left out (verify reports those)."""
-    from .shard import Recovered
-
+def writes_on_disk(data_dir: Path, names: list[str],
+                   config: JournalConfig = JournalConfig()) -> list[tuple[list[tuple[int, tuple[int, ...]]], bool]]:
+    """For ``journal verify`` (reads, changes nothing): per shard of ``names``, the (revision,
+    participants) of every write record its local journal holds, in order, and whether it was
+    released up to a checkpoint; frames from a bad one on are left out (verify reports those)."""
     found = []
-    for name, ckpt_rev in zip(names, checkpoint_revs):
+    for name in names:
         directory = data_dir / "shards" / name / "journal"
+        listed = list_segments(directory) if directory.is_dir() else []
         writes = []
-        for _, path in list_segments(directory) if directory.is_dir() else []:
+        for _, path in listed:
             with open(path, "rb") as f:
                 try:
                     for frame in iter_frames(f, 0, os.fstat(f.fileno()).st_size, config.record_bytes_max,
                                              config.read_chunk_bytes):
-                        if frame.rtype == WRITE and frame.rev > ckpt_rev:
-                            writes.append((frame.rev, write_participants(frame.payload), b"", 0))
+                        if frame.rtype == WRITE:
+                            writes.append((frame.rev, write_participants(frame.payload)))
                 except FrameError:
                     pass
-        found.append(Recovered(ckpt_rev, -1, writes, [], [], b""))
-    return recovered_revision(found)
+        found.append((writes, bool(listed) and listed[0][0] > 0))
+    return found
+
+
+def whole_on_disk(on_disk: list[tuple[list[tuple[int, tuple[int, ...]]], bool]], checkpoint_revs: list[int]) -> int:
+    """The revision up to which the journals read by ``writes_on_disk`` hold every revision above
+    their checkpoints whole, as a start would find it."""
+    from .shard import Recovered
+
+    return recovered_revision([Recovered(ckpt_rev, -1, [(r, p, b"", 0) for r, p in writes if r > ckpt_rev], [], [], b"")
+                               for (writes, _), ckpt_rev in zip(on_disk, checkpoint_revs)])
 
 
 def _check_complete(store: Store, found: list[Recovered]) -> None:

@@ -571,8 +571,9 @@ def _acknowledged(data_dir: Path, checkpoints: dict[str, int]) -> int:
     """The writer's watermark against the journals, as a start checks it: one line when known."""
     import json
 
+    from journal.verify import lost_revisions, runs_text
     from shards.datadir import acknowledged_on_disk
-    from shards.recovery import whole_on_disk
+    from shards.recovery import whole_on_disk, writes_on_disk
 
     try:
         meta = json.loads((data_dir / "meta.json").read_text())
@@ -582,13 +583,21 @@ def _acknowledged(data_dir: Path, checkpoints: dict[str, int]) -> int:
     if not acked:
         return 0
     names = list(meta.get("shards", []))
-    whole = whole_on_disk(data_dir, names, [checkpoints.get(n, 0) for n in names])
-    if whole >= acked:
-        print(f"acknowledged: writes up to revision {acked} (the writer's watermark), every one in the journals")
-        return 0
-    print(f"acknowledged: writes up to revision {acked} (the writer's watermark), but the journals hold every "
-          f"revision only up to {whole}: acknowledged records are gone, and a start refuses this data dir")
-    return 1
+    revs = [checkpoints.get(n, 0) for n in names]
+    on_disk = writes_on_disk(data_dir, names)
+    whole = whole_on_disk(on_disk, revs)
+    if whole < acked:
+        print(f"acknowledged: writes up to revision {acked} (the writer's watermark), but the journals hold every "
+              f"revision only up to {whole}: acknowledged records are gone, and a start refuses this data dir")
+        return 1
+    if lost := lost_revisions((({r for r, _ in writes}, released, rev) for (writes, released), rev in zip(on_disk, revs)),
+                              acked):
+        print(f"acknowledged: writes up to revision {acked} (the writer's watermark), but revisions {runs_text(lost)} "
+              "are in no journal, and no checkpoint of a journal released before them reaches them: acknowledged "
+              "records are gone")
+        return 1
+    print(f"acknowledged: writes up to revision {acked} (the writer's watermark), every one in the journals")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -512,13 +512,6 @@ def test_verify_finds_revisions_released_past_the_checkpoint(nats, tmp_path):
         "are gone"], lines
 
 
-def test_lost_revisions_are_shown_as_runs():
-    from journal.verify_jetstream import spans_text
-
-    assert spans_text([3, 4, 5, 9]) == "3..5, 9"
-    assert spans_text(list(range(1, 40, 2)), shown=2) == "1, 3 and 18 more runs"
-
-
 def test_verify_reports_a_message_missing_inside_a_stream(nats, tmp_path):
     """A message deleted inside the stream (not purged from its front) is named by its sequence."""
     from journal import verify_jetstream as vj

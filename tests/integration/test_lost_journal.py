@@ -107,6 +107,60 @@ def test_with_fsync_off_a_shorter_journal_is_what_an_os_crash_may_leave(tmp_path
         server.stop()
 
 
+def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
+    """The pods journal's oldest segments deleted by hand, records above its checkpoint with them,
+    while another shard (here default, whose journal was never released) holds a checkpoint above
+    them: a start's walk begins at the highest checkpoint and does not see the hole, the watermark
+    is reached, and only `journal verify` can tell: each revision is a record in some journal, and
+    these are in none and under no checkpoint of a journal released before them."""
+    from journal.checkpoint import checkpoint_name as ckpt_name, write_checkpoint
+    from journal.segment import list_segments, parse_segment_name
+    from shards.layout import load_layout
+    from shards.shard import checkpoint_meta
+
+    server = start_shardetcd(tmp_path, extra_args=("--journal-segment-bytes", "2048",
+                                                   "--checkpoint-journal-bytes", "8192"))
+    data = server.data_dir.absolute()
+    pods = data / "shards" / "pods"
+
+    def newest_checkpoint() -> int:
+        return max((int(p.name[11:27], 16) for p in pods.glob("checkpoint-*.ckpt")), default=0)
+
+    def after(rev: int) -> list[int]:  # segment seqs whose first record is above rev
+        return [seq for seq, path in list_segments(pods / "journal") if parse_segment_name(path.name)[1] > rev]
+
+    try:
+        with grpc.insecure_channel(server.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            for i in range(400):  # until the pods journal was released and holds 3 segments past its checkpoint
+                last = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (i % 10), value=b"v" * 400),
+                              timeout=10).header.revision
+                ckpt = newest_checkpoint()
+                if ckpt and list_segments(pods / "journal")[0][0] > 0 and len(after(ckpt)) >= 3:
+                    break
+            else:
+                raise AssertionError("the pods journal never held 3 segments past a checkpoint")
+    finally:
+        server.kill()
+    ckpt = newest_checkpoint()
+    keep_from = after(ckpt)[1]
+    kept_first_rev = None
+    for seq, path in list_segments(pods / "journal"):
+        if seq < keep_from:
+            path.unlink()  # (a prefix: no gap in the segment sequence)
+        elif kept_first_rev is None:
+            kept_first_rev = parse_segment_name(path.name)[1]
+    sid = load_layout(None).names.index("default")
+    write_checkpoint(data / "shards" / "default", last, checkpoint_meta(last, -1, sid), [])
+    verify = subprocess.run([sys.executable, "-m", "shim", "journal", "verify", "--data-dir", str(data)], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 1, verify.stdout
+    assert f"pods: {ckpt_name(ckpt)}: ok" in verify.stdout and "corrupt" not in verify.stdout, verify.stdout
+    assert (f"acknowledged: writes up to revision {last} (the writer's watermark), but revisions "
+            f"{ckpt + 1}..{kept_first_rev - 1} are in no journal, and no checkpoint of a journal released before them "
+            "reaches them: acknowledged records are gone") in verify.stdout.splitlines(), verify.stdout
+
+
 # -- a replicated journal: a JetStream stream deleted --------------------------------------------
 
 def delete_stream(nats, name: str) -> None:
