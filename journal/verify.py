@@ -79,20 +79,20 @@ def repair(directory: Path, config: JournalConfig = JournalConfig()) -> None:
         recover(directory, config)
 
 
-def lost_revisions(shards: Iterable[tuple[Collection[int], bool, int]], upto: int) -> list[int]:
+def lost_revisions(shards: Iterable[tuple[Collection[int], int]], upto: int) -> list[int]:
     """Revisions 2..``upto`` of one revision space that no journal holds and no checkpoint can; per
-    shard of it: (the revisions of the records its journal holds, whether the journal was released
-    up to a checkpoint, its newest checkpoint's revision). Each revision a writer makes is a record
-    in the journal of every shard it writes (revision 1 is the empty start); one in no journal was
-    released from one whose records now start past it, and is then kept only if that journal's
-    newest checkpoint reaches it. (Which shard it was is gone with it: a revision some such
-    checkpoint reaches counts as kept.)"""
+    shard of it: (the revisions of the write records its journal holds, its newest checkpoint's
+    revision, 0 for none). Each revision a writer makes is a write record in the journal of every
+    shard it writes, so one in no journal was either released from one (records are released up to
+    a checkpoint) or is older than its first record and in its checkpoint alone (a snapshot restore
+    or a migration starts every shard that way); either way a checkpoint that reaches it, of a shard
+    whose records start past it, keeps it. Which shard it was is gone with it: a revision some such
+    checkpoint reaches counts as kept (the check never guesses)."""
     held: set[int] = set()
     reach = 1
-    for revisions, released, checkpoint_rev in shards:
+    for revisions, checkpoint_rev in shards:
         held.update(revisions)
-        if released:
-            reach = max(reach, min(min(revisions, default=upto + 1) - 1, checkpoint_rev))
+        reach = max(reach, min(min(revisions, default=upto + 1) - 1, checkpoint_rev))
     return [v for v in range(reach + 1, upto + 1) if v not in held]
 
 

@@ -297,8 +297,7 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
 
 def lost_revisions(reports: list[StreamReport], upto: int) -> list[int]:
     """``journal.verify.lost_revisions`` of the streams of one revision space."""
-    return shared_lost_revisions(((r.revisions, r.first_seq > 1, max((c.rev for c in r.checkpoints), default=0))
-                                  for r in reports), upto)
+    return shared_lost_revisions(((r.revisions, max((c.rev for c in r.checkpoints), default=0)) for r in reports), upto)
 
 
 def _replicas(by_name: dict, journals, prefix: str) -> list[ReplicaReport]:

@@ -51,10 +51,10 @@ def recovered_revision(found: list[Recovered]) -> int:
 
 
 def writes_on_disk(data_dir: Path, names: list[str],
-                   config: JournalConfig = JournalConfig()) -> list[tuple[list[tuple[int, tuple[int, ...]]], bool]]:
+                   config: JournalConfig = JournalConfig()) -> list[list[tuple[int, tuple[int, ...]]]]:
     """For ``journal verify`` (reads, changes nothing): per shard of ``names``, the (revision,
-    participants) of every write record its local journal holds, in order, and whether it was
-    released up to a checkpoint; frames from a bad one on are left out (verify reports those)."""
+    participants) of every write record its local journal holds, in order; frames from a bad one
+    on are left out (verify reports those)."""
     found = []
     for name in names:
         directory = data_dir / "shards" / name / "journal"
@@ -69,17 +69,17 @@ def writes_on_disk(data_dir: Path, names: list[str],
                             writes.append((frame.rev, write_participants(frame.payload)))
                 except FrameError:
                     pass
-        found.append((writes, bool(listed) and listed[0][0] > 0))
+        found.append(writes)
     return found
 
 
-def whole_on_disk(on_disk: list[tuple[list[tuple[int, tuple[int, ...]]], bool]], checkpoint_revs: list[int]) -> int:
+def whole_on_disk(on_disk: list[list[tuple[int, tuple[int, ...]]]], checkpoint_revs: list[int]) -> int:
     """The revision up to which the journals read by ``writes_on_disk`` hold every revision above
     their checkpoints whole, as a start would find it."""
     from .shard import Recovered
 
     return recovered_revision([Recovered(ckpt_rev, -1, [(r, p, b"", 0) for r, p in writes if r > ckpt_rev], [], [], b"")
-                               for (writes, _), ckpt_rev in zip(on_disk, checkpoint_revs)])
+                               for writes, ckpt_rev in zip(on_disk, checkpoint_revs)])
 
 
 def _check_complete(store: Store, found: list[Recovered]) -> None:

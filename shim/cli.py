@@ -590,8 +590,7 @@ def _acknowledged(data_dir: Path, checkpoints: dict[str, int]) -> int:
         print(f"acknowledged: writes up to revision {acked} (the writer's watermark), but the journals hold every "
               f"revision only up to {whole}: acknowledged records are gone, and a start refuses this data dir")
         return 1
-    if lost := lost_revisions((({r for r, _ in writes}, released, rev) for (writes, released), rev in zip(on_disk, revs)),
-                              acked):
+    if lost := lost_revisions((({r for r, _ in writes}, rev) for writes, rev in zip(on_disk, revs)), acked):
         print(f"acknowledged: writes up to revision {acked} (the writer's watermark), but revisions {runs_text(lost)} "
               "are in no journal, and no checkpoint of a journal released before them reaches them: acknowledged "
               "records are gone")

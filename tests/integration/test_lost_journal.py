@@ -109,10 +109,11 @@ def test_with_fsync_off_a_shorter_journal_is_what_an_os_crash_may_leave(tmp_path
 
 def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
     """The pods journal's oldest segments deleted by hand, records above its checkpoint with them,
-    while another shard (here default, whose journal was never released) holds a checkpoint above
-    them: a start's walk begins at the highest checkpoint and does not see the hole, the watermark
-    is reached, and only `journal verify` can tell: each revision is a record in some journal, and
-    these are in none and under no checkpoint of a journal released before them."""
+    while another shard holds a checkpoint above them (here default, whose journal holds a record
+    from before them): a start's walk begins at the highest checkpoint and does not see the hole,
+    the watermark is reached, and only `journal verify` can tell: each revision is a record in some
+    journal, and these are in none, and under no checkpoint of a journal whose records start past
+    them."""
     from journal.checkpoint import checkpoint_name as ckpt_name, write_checkpoint
     from journal.segment import list_segments, parse_segment_name
     from shards.layout import load_layout
@@ -132,6 +133,7 @@ def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
     try:
         with grpc.insecure_channel(server.endpoint) as ch:
             kv = pbg.KVStub(ch)
+            kv.Put(pb.PutRequest(key=b"k", value=b"v"), timeout=10)  # default's first record: revision 2
             for i in range(400):  # until the pods journal was released and holds 3 segments past its checkpoint
                 last = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (i % 10), value=b"v" * 400),
                               timeout=10).header.revision

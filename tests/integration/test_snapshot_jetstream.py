@@ -93,6 +93,11 @@ def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, t
     finally:
         follower.stop()
         writer.stop()
+    # the revisions up to the snapshot's are in the checkpoints alone: none of them is taken for lost
+    verified = subprocess.run([sys.executable, "-m", "shim", "journal", "verify", *js], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+    assert verified.returncode == 0 and verified.stdout.strip().splitlines()[-1].endswith(": all sound"), \
+        verified.stdout + verified.stderr
 
     again = restore(snap, tmp_path / "again", *js)
     assert again.returncode == 2 and "JetStream stream restored_" in again.stderr and "already holds a journal" in \
