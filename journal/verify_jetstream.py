@@ -288,8 +288,8 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
         elif lost:
             gone = True
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but revisions "
-                         f"{runs_text(lost)} are in no stream{scope}, and no checkpoint of a stream released before "
-                         "them reaches them: acknowledged records are gone")
+                         f"{runs_text(lost)} are in no stream{scope}, and no checkpoint of a stream whose records "
+                         "start past them reaches them: acknowledged records are gone, and a start refuses them")
         elif not missing:
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}); the streams{scope} reach {held}")
     return lines, gone

@@ -19,6 +19,7 @@ from journal.reader import iter_frames
 from journal.record import FrameError
 from journal.segment import list_segments
 from journal.tasks import together
+from journal.verify import lost_revisions, runs_text
 
 from . import collector
 from .errors import DataDirError
@@ -103,6 +104,27 @@ def _check_complete(store: Store, found: list[Recovered]) -> None:
         )
 
 
+def check_kept(store: Store, found: list[Recovered]) -> None:
+    """Every revision the last writer acknowledged is in some journal or under a checkpoint that can
+    hold it (``journal.verify.lost_revisions``, which `journal verify` asks too). A journal released
+    past its checkpoint (its oldest segments deleted by hand, messages purged or dropped by NATS)
+    loses the records between; the walk of ``recovered_revision`` begins at the highest checkpoint
+    of any shard, so a hole below that is not seen there. Nothing is cut."""
+    if not store.acknowledged:
+        return
+    held = [(f.below + [w[0] for w in f.writes], f.checkpoint_rev) for f in found]  # what collect() read
+    lost = lost_revisions(held, store.acknowledged)
+    if not lost:
+        return
+    where, drop = store.acknowledged_where
+    raise DataDirError(
+        f"writes were acknowledged up to revision {store.acknowledged} ({where}), but revisions {runs_text(lost)} "
+        "are in no journal, and no checkpoint of a journal whose records start past them reaches them: acknowledged "
+        "journal records are gone (a journal released past its checkpoint: segments deleted, messages purged?). "
+        f"Refusing to start, and nothing was cut. Put the missing records back; or, to serve what is left and lose "
+        f"them, {drop} and start again")
+
+
 def check_acknowledged(store: Store, rev: int, found: list[Recovered] | None = None) -> None:
     """Every revision the last writer acknowledged must be whole again: if not, journal records it
     made durable are gone (a segment deleted, a disk replaced or restored from an older copy), and
@@ -137,6 +159,7 @@ async def recover(store: Store) -> None:
         _check_complete(store, found)
         rev = recovered_revision(found)
         check_acknowledged(store, rev, found)
+        check_kept(store, found)
         for shard in store.shards:
             cut = shard.journal.truncate_after(rev)
             if cut:

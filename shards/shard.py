@@ -59,6 +59,7 @@ class Recovered:
     leases: list[Record]
     extra_meta: bytes  # what the store saved beside this shard's last checkpoint
     auths: list[Record] = field(default_factory=list)
+    below: list[int] = field(default_factory=list)  # the revisions of the write records at or below it, in order
 
 
 class Shard:
@@ -106,7 +107,7 @@ class Shard:
 
     async def collect(self, ckpt_rev: int, compact_rev: int, extra: bytes) -> Recovered:
         """What the journal holds above the checkpoint, sorted by record type."""
-        writes, compacts, leases, auths = [], [], [], []
+        writes, compacts, leases, auths, below = [], [], [], [], []
         progress = Progress("journal read", shard=self.name)
         budget = YIELD_EVERY
         for rec in self.journal.records(after_rev=0):
@@ -116,6 +117,8 @@ class Shard:
                 if rec.rev > ckpt_rev:
                     writes.append((rec.rev, write_participants(rec.payload), rec.payload, rec.epoch))
                     budget -= len(rec.payload) >> 12  # read and checked, not yet decoded: yield every ~32 MB
+                else:
+                    below.append(rec.rev)
             elif rec.rtype == COMPACT:
                 compacts.append(rec)
             elif rec.rtype == LEASE:
@@ -126,7 +129,7 @@ class Shard:
                 budget = YIELD_EVERY
                 await asyncio.sleep(0)
         progress.done()
-        return Recovered(ckpt_rev, compact_rev, writes, compacts, leases, extra, auths)
+        return Recovered(ckpt_rev, compact_rev, writes, compacts, leases, extra, auths, below)
 
     async def _load_checkpoint_rows(self, ckpt) -> None:
         progress = Progress("checkpoint load", shard=self.name)

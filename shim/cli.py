@@ -592,8 +592,8 @@ def _acknowledged(data_dir: Path, checkpoints: dict[str, int]) -> int:
         return 1
     if lost := lost_revisions((({r for r, _ in writes}, rev) for writes, rev in zip(on_disk, revs)), acked):
         print(f"acknowledged: writes up to revision {acked} (the writer's watermark), but revisions {runs_text(lost)} "
-              "are in no journal, and no checkpoint of a journal released before them reaches them: acknowledged "
-              "records are gone")
+              "are in no journal, and no checkpoint of a journal whose records start past them reaches them: "
+              "acknowledged records are gone, and a start refuses this data dir")
         return 1
     print(f"acknowledged: writes up to revision {acked} (the writer's watermark), every one in the journals")
     return 0

@@ -152,8 +152,8 @@ def test_verify_a_jetstream_journal(nats, tmp_path):
     first_pods_rev = int(re.search(r"revs (\d+)\.\.", pods)[1])
     assert line_of(out, "acknowledged: ") == (  # the records released to the checkpoints deleted
         f"acknowledged: default: writes up to revision 303 (key acknowledged.default of shardetcd-meta), but revisions "
-        f"2..{first_pods_rev - 1} are in no stream of its shards ({SHARDS}), and no checkpoint of a stream released "
-        "before them reaches them: acknowledged records are gone")
+        f"2..{first_pods_rev - 1} are in no stream of its shards ({SHARDS}), and no checkpoint of a stream whose "
+        "records start past them reaches them: acknowledged records are gone, and a start refuses them")
     assert out.strip().splitlines()[-1] == (f"summary: 5 streams, prefix shardetcd at {nats.urls}: 2 damaged (nodes, "
                                             "pods); acknowledged records are gone")
 
@@ -305,11 +305,13 @@ def test_verify_holds_each_partition_to_its_own_streams(nats, tmp_path):
 # below it, append and acknowledge a write.
 
 @contextlib.asynccontextmanager
-async def a_writer(urls: str, tmp_path: Path, prefix: str = "t"):
-    """(log, journal): the pods journal of ``prefix``, opened and started as a server does; closed after."""
+async def a_writer(urls: str, tmp_path: Path, prefix: str = "t", replicas: int = 3):
+    """(log, journal): the pods journal of ``prefix``, opened and started as a server does; closed after.
+    With ``replicas`` 1, what a test deletes or purges by hand is gone from every read at once (an R3
+    stream's consumer may be placed on a replica that has yet to apply it)."""
     from journal.jetstream import JetStreamConfig, JetStreamLog
 
-    log = await JetStreamLog(JetStreamConfig(urls=tuple(urls.split(",")), prefix=prefix)).connect()
+    log = await JetStreamLog(JetStreamConfig(urls=tuple(urls.split(",")), prefix=prefix, replicas=replicas)).connect()
     try:
         journal = await log.open_journal("pods", tmp_path / "pods")
         await journal.start()
@@ -389,7 +391,7 @@ def test_verify_holds_a_stream_emptied_after_it_was_listed_to_a_checkpoint(nats,
         return await real(what, fn, **({**kw, "deadline_s": 1.0} if what == "read stream" else kw))
 
     async def go():
-        async with a_writer(nats.urls, tmp_path) as (log, journal):
+        async with a_writer(nats.urls, tmp_path, replicas=1) as (log, journal):
             await write(journal, range(2, 12))
             listed = await log.js.stream_info("t_pods")
 
@@ -493,7 +495,7 @@ def test_verify_finds_revisions_released_past_the_checkpoint(nats, tmp_path):
     from shards.store import acknowledged_key
 
     async def go():
-        async with a_writer(nats.urls, tmp_path) as (log, journal):
+        async with a_writer(nats.urls, tmp_path, replicas=1) as (log, journal):
             await write(journal, range(2, 31))
             await checkpoint(journal, 10)
             await log.put_meta(acknowledged_key(load_layout(None)), "30")
@@ -508,8 +510,8 @@ def test_verify_finds_revisions_released_past_the_checkpoint(nats, tmp_path):
     lines, gone = vj.acknowledged_lines(found.streams, found.acknowledged, "t", found.spans)
     assert gone and lines == [
         "acknowledged: default: writes up to revision 30 (key acknowledged.default of t-meta), but revisions 11..19 "
-        "are in no stream, and no checkpoint of a stream released before them reaches them: acknowledged records "
-        "are gone"], lines
+        "are in no stream, and no checkpoint of a stream whose records start past them reaches them: acknowledged "
+        "records are gone, and a start refuses them"], lines
 
 
 def test_verify_reports_a_message_missing_inside_a_stream(nats, tmp_path):
@@ -517,7 +519,7 @@ def test_verify_reports_a_message_missing_inside_a_stream(nats, tmp_path):
     from journal import verify_jetstream as vj
 
     async def go():
-        async with a_writer(nats.urls, tmp_path) as (log, journal):
+        async with a_writer(nats.urls, tmp_path, replicas=1) as (log, journal):
             await write(journal, range(2, 12))
             info = await log.js.stream_info("t_pods")
             await log.js.delete_msg("t_pods", info.state.last_seq - 3)

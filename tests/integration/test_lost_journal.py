@@ -110,10 +110,10 @@ def test_with_fsync_off_a_shorter_journal_is_what_an_os_crash_may_leave(tmp_path
 def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
     """The pods journal's oldest segments deleted by hand, records above its checkpoint with them,
     while another shard holds a checkpoint above them (here default, whose journal holds a record
-    from before them): a start's walk begins at the highest checkpoint and does not see the hole,
-    the watermark is reached, and only `journal verify` can tell: each revision is a record in some
-    journal, and these are in none, and under no checkpoint of a journal whose records start past
-    them."""
+    from before them): the start's walk begins at the highest checkpoint and does not see the hole,
+    and the watermark is reached. Each revision is a record in some journal, and these are in none,
+    and under no checkpoint of a journal whose records start past them: `journal verify` names them,
+    and the start is refused, nothing cut."""
     from journal.checkpoint import checkpoint_name as ckpt_name, write_checkpoint
     from journal.segment import list_segments, parse_segment_name
     from shards.layout import load_layout
@@ -159,8 +159,15 @@ def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
     assert verify.returncode == 1, verify.stdout
     assert f"pods: {ckpt_name(ckpt)}: ok" in verify.stdout and "corrupt" not in verify.stdout, verify.stdout
     assert (f"acknowledged: writes up to revision {last} (the writer's watermark), but revisions "
-            f"{ckpt + 1}..{kept_first_rev - 1} are in no journal, and no checkpoint of a journal released before them "
-            "reaches them: acknowledged records are gone") in verify.stdout.splitlines(), verify.stdout
+            f"{ckpt + 1}..{kept_first_rev - 1} are in no journal, and no checkpoint of a journal whose records start "
+            "past them reaches them: acknowledged records are gone, and a start refuses this data dir") in \
+        verify.stdout.splitlines(), verify.stdout
+    before = journal_bytes(data, "pods")
+    refused = refused_start(server)  # the start asks the same (its walk alone would serve without them)
+    assert refused.startswith(f"shardetcd: writes were acknowledged up to revision {last} (the writer's watermark "
+                              f"{data}/watermark), but revisions {ckpt + 1}..{kept_first_rev - 1} are in no journal, "
+                              "and no checkpoint of a journal whose records start past them reaches them"), refused
+    assert f"delete {data}/watermark" in refused and journal_bytes(data, "pods") == before, "nothing is cut"
 
 
 # -- a replicated journal: a JetStream stream deleted --------------------------------------------
