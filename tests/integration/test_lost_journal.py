@@ -383,3 +383,69 @@ def test_a_checkpoint_bucket_deleted_under_a_writer_is_made_again_with_the_whole
         assert keys(again) == [b"k%03d" % i for i in range(201)]
     finally:
         again.stop()
+
+
+def test_a_stream_purged_past_its_checkpoint_stops_the_next_writer(nats, tmp_path):
+    """The JetStream form of test_verify_names_revisions_released_past_a_shards_checkpoint: the pods
+    stream purged by hand past its checkpoint while the default shard holds a higher one. The start
+    is refused, naming the revisions, and nothing is purged or cut."""
+    import asyncio
+
+    import nats as nats_client
+
+    from journal.jetstream import JetStreamConfig, JetStreamLog
+    from shards.layout import load_layout
+    from shards.shard import checkpoint_meta
+
+    writer = shardetcd_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "16384").start()
+    try:
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            kv.Put(pb.PutRequest(key=b"k", value=b"v"), timeout=10)  # default's first record: revision 2
+            for i in range(30):  # ~31 KB: the pods journal checkpoints once, after ~16 KB
+                kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % (i % 5), value=b"v" * 1000), timeout=10)
+            for i in range(5):
+                last = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/s%d" % i, value=b"s"), timeout=10).header.revision
+        wait_published(nats, last)
+    finally:
+        writer.kill()
+
+    async def purge_past_checkpoint() -> tuple[int, int, int]:
+        nc = await nats_client.connect(nats.urls.split(","))
+        try:
+            js = nc.jetstream()
+            bucket = await js.object_store("shardetcd_pods-checkpoints")
+            ckpt = max(int(o.name[11:27], 16) for o in await bucket.list() if not o.deleted)
+            await js.purge_stream("shardetcd_pods", keep=2)  # the last two puts left
+            first = (await js.stream_info("shardetcd_pods")).state.first_seq
+            msg = await js.get_msg("shardetcd_pods", seq=first)
+            return ckpt, (await js.stream_info("shardetcd_pods")).state.messages, decode_first_rev(msg.data)
+        finally:
+            await nc.close()
+
+    def decode_first_rev(data: bytes) -> int:
+        from journal.record import decode_frame
+
+        return decode_frame(data, 0, 1 << 20).rev
+
+    ckpt, messages, first_kept = asyncio.run(purge_past_checkpoint())
+    assert messages == 2 and first_kept == last - 1 and ckpt < last - 2, (ckpt, messages, first_kept, last)
+
+    async def default_checkpoint() -> None:  # the default shard checkpointed past the hole
+        log = await JetStreamLog(JetStreamConfig(urls=tuple(nats.urls.split(",")))).connect()
+        try:
+            journal = await log.open_journal("default", tmp_path / "fake" / "default")
+            try:
+                sid = load_layout(None).names.index("default")
+                await journal.save_checkpoint(last, checkpoint_meta(last, -1, sid), [])
+            finally:
+                await journal.close()
+        finally:
+            await log.close()
+
+    asyncio.run(default_checkpoint())
+    refused = refused_start(shardetcd_on(nats, tmp_path / "w2"))
+    assert refused.startswith(f"shardetcd: writes were acknowledged up to revision {last} (key acknowledged.default "
+                              f"of the JetStream bucket shardetcd-meta), but revisions {ckpt + 1}..{last - 2} are in no "
+                              "journal, and no checkpoint of a journal whose records start past them reaches them"), \
+        refused
