@@ -59,9 +59,8 @@ def writes_on_disk(data_dir: Path, names: list[str],
     found = []
     for name in names:
         directory = data_dir / "shards" / name / "journal"
-        listed = list_segments(directory) if directory.is_dir() else []
         writes = []
-        for _, path in listed:
+        for _, path in list_segments(directory) if directory.is_dir() else []:
             with open(path, "rb") as f:
                 try:
                     for frame in iter_frames(f, 0, os.fstat(f.fileno()).st_size, config.record_bytes_max,
