@@ -307,8 +307,9 @@ def test_verify_holds_each_partition_to_its_own_streams(nats, tmp_path):
 @contextlib.asynccontextmanager
 async def a_writer(urls: str, tmp_path: Path, prefix: str = "t", replicas: int = 3):
     """(log, journal): the pods journal of ``prefix``, opened and started as a server does; closed after.
-    With ``replicas`` 1, what a test deletes or purges by hand is gone from every read at once (an R3
-    stream's consumer may be placed on a replica that has yet to apply it)."""
+    With ``replicas`` 1, what a test deletes or purges (by hand or by a release) while verify reads is
+    gone from every read at once (an R3 stream's consumer may be placed on a replica that has yet to
+    apply it)."""
     from journal.jetstream import JetStreamConfig, JetStreamLog
 
     log = await JetStreamLog(JetStreamConfig(urls=tuple(urls.split(",")), prefix=prefix, replicas=replicas)).connect()
@@ -360,7 +361,7 @@ def test_verify_reads_on_past_a_purge_made_while_it_reads(nats, tmp_path, monkey
     monkeypatch.setattr(vj, "READ_BATCH", 5)  # the purge lands between two fetches
 
     async def go():
-        async with a_writer(nats.urls, tmp_path) as (log, journal):
+        async with a_writer(nats.urls, tmp_path, replicas=1) as (log, journal):
             await write(journal, range(2, 42))
             await checkpoint(journal, 10)
             found = await verify_with(monkeypatch, nats.urls, "read stream", lambda: checkpoint(journal, 30))
@@ -419,7 +420,7 @@ def test_verify_takes_a_stream_released_to_a_checkpoint_after_it_was_listed_as_s
     from journal import verify_jetstream as vj
 
     async def go():
-        async with a_writer(nats.urls, tmp_path) as (log, journal):
+        async with a_writer(nats.urls, tmp_path, replicas=1) as (log, journal):
             await write(journal, range(2, 12))
             listed = await log.js.stream_info("t_pods")
 
