@@ -280,12 +280,12 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
             gone = True
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but stream "
                          f"{', '.join(missing)} is gone: any acknowledged records it held are gone too")
-        lost = lost_revisions(mine, rev) if shards is not None or len(acknowledged) == 1 else []
+        one_space = shards is not None or len(acknowledged) == 1  # (unrecorded layouts: the streams of several)
         if rev > held:
             gone = True
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but no stream or checkpoint"
                          f"{scope} holds a revision past {held}: acknowledged records are gone, and a start refuses them")
-        elif lost:
+        elif one_space and (lost := lost_revisions(mine, rev)):
             gone = True
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}), but revisions "
                          f"{runs_text(lost)} are in no stream{scope}, and no checkpoint of a stream whose records "
