@@ -159,7 +159,7 @@ class LocalFollowLog:
                 raise JournalUnreachable(f"{self.data_dir} is not a shardetcd data dir (no meta.json after "
                                          f"{WRITER_WAIT_S:.0f} s): --follow-data-dir names the writer's --data-dir")
             await asyncio.sleep(0.1)
-        meta = self._writer_meta()
+        meta = self.writer_meta()
         if meta.get("shards") != self.shard_names:
             raise JournalUnreachable(f"the writer's data dir {self.data_dir} has shards {meta.get('shards')}, "
                                      f"this follower's layout {self.shard_names}: start it with the writer's "
@@ -169,7 +169,7 @@ class LocalFollowLog:
                                      f"{meta['journal']}: follow it with --journal-url")
         self._checked = True
 
-    def _writer_meta(self) -> dict:
+    def writer_meta(self) -> dict:
         try:
             return json.loads((self.data_dir / "meta.json").read_text())
         except (OSError, ValueError) as exc:
@@ -205,7 +205,7 @@ class LocalFollowLog:
     async def agree(self, key: str, proposal: str) -> str:
         """The cluster's id is the writer's."""
         await self._check_writer()
-        return str(self._writer_meta()["cluster_id"])
+        return str(self.writer_meta()["cluster_id"])
 
     # -- the watermark ---------------------------------------------------------
 

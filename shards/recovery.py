@@ -103,12 +103,14 @@ def _check_complete(store: Store, found: list[Recovered]) -> None:
         )
 
 
-def check_kept(store: Store, found: list[Recovered]) -> None:
+def check_kept(store: Store, found: list[Recovered], following: bool = False) -> None:
     """Every revision the last writer acknowledged is in some journal or under a checkpoint that can
     hold it (``journal.verify.lost_revisions``, which `journal verify` asks too). A journal released
     past its checkpoint (its oldest segments deleted by hand, messages purged or dropped by NATS)
     loses the records between; the walk of ``recovered_revision`` begins at the highest checkpoint
-    of any shard, so a hole below that is not seen there. Nothing is cut."""
+    of any shard, so a hole below that is not seen there, and a following start loads every record
+    up to it as it comes. Nothing is cut. ``following``: the start of a follower or standby, which
+    read ``store.acknowledged`` before any journal; the writer may hold those writes in its state."""
     if not store.acknowledged:
         return
     held = [(f.below + [w[0] for w in f.writes], f.checkpoint_rev) for f in found]  # what collect() read
@@ -116,12 +118,18 @@ def check_kept(store: Store, found: list[Recovered]) -> None:
     if not lost:
         return
     where, drop = store.acknowledged_where
+    if following:
+        way_out = ("Refusing to follow these journals: a follower would serve without those writes. Put the missing "
+                   "records back; a writer still serving holds them in its state: save a snapshot from it (`etcdctl "
+                   "snapshot save`) and restore it into new journals (`shardetcd snapshot restore`)")
+    else:
+        way_out = (f"Refusing to start, and nothing was cut. Put the missing records back; or, to serve what is left "
+                   f"and lose them, {drop} and start again")
     raise DataDirError(
         f"writes were acknowledged up to revision {store.acknowledged} ({where}), but revisions {runs_text(lost)} "
         "are in no journal, and no checkpoint of a journal whose records start past them reaches them: acknowledged "
-        "journal records are gone (a journal released past its checkpoint: segments deleted, messages purged?). "
-        f"Refusing to start, and nothing was cut. Put the missing records back; or, to serve what is left and lose "
-        f"them, {drop} and start again")
+        f"journal records are gone (a journal released past its checkpoint: segments deleted, messages purged?). "
+        f"{way_out}")
 
 
 def check_acknowledged(store: Store, rev: int, found: list[Recovered] | None = None) -> None:
@@ -187,19 +195,23 @@ async def recover_to_follow(store: Store) -> Follower:
     whose journal was released past its checkpoint meanwhile has its newer
     checkpoint fetched, and every journal is read again (after every fetch, as
     above), FOLLOW_FETCH_TRIES times at most; then JournalGap (the writer
-    checkpoints more often than a start fetches and reads)."""
+    checkpoints more often than a start fetches and reads). Every revision the
+    writer had acknowledged before the first fetch must then be in a journal
+    read or under a checkpoint that can hold it (``check_kept``)."""
     started = time.monotonic()
     with collector.paused():
         return await _recover_to_follow(store, started)
 
 
 async def _recover_to_follow(store: Store, started: float) -> Follower:
+    await store.read_acknowledged()  # before any journal is read: every revision up to it must be found there
     ckpts = await _fetch_and_read(store.shards)
     _track_lease_keys(store)
     await failpoints.pause("recovery.follow_loading_checkpoints")
     loaded = [await shard.load_checkpoint(ckpt) for shard, ckpt in zip(store.shards, ckpts)]
     found = [await shard.collect(*ckpt) for shard, ckpt in zip(store.shards, loaded)]
     _check_complete(store, found)
+    check_kept(store, found, following=True)
     base = max([1, *(f.checkpoint_rev for f in found)])
     await _rebuild(store, found, base, keep_hooks=True)
     follower = Follower(store, base, [f.checkpoint_rev for f in found])

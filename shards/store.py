@@ -24,6 +24,7 @@ from journal import JournalConfig, failpoints
 from journal.errors import JournalFailed, JournalGap
 from journal.jetstream import JetStreamConfig, meta_bucket
 from journal.journal import LocalLog
+from journal.tail import LocalFollowLog
 from journal.tasks import cancel_and_wait, together
 from journal.watermark import FILE_NAME as WATERMARK_FILE, WatermarkWriter
 
@@ -217,8 +218,18 @@ class Store:
             self._acknowledging = asyncio.get_running_loop().create_task(self._publish_acknowledged())
 
     async def read_acknowledged(self) -> None:
-        """A replicated journal: the revision up to which its last writer (this process, or another on
-        any machine) said it acknowledged writes (``_publish_acknowledged``)."""
+        """The revision up to which the journals' last writer acknowledged writes, and where that was
+        read: a replicated journal's meta bucket, where its writer (this process, or another on any
+        machine) publishes it (``_publish_acknowledged``); a local writer's watermark, for a follower
+        of its data dir (``acknowledged_on_disk``). 0: unknown (a writer's own local journal: read
+        in ``open``)."""
+        if isinstance(self.log, LocalFollowLog):
+            path = self.log.data_dir / WATERMARK_FILE
+            self.acknowledged = acknowledged_on_disk(self.log.data_dir, self.log.writer_meta())
+            self.acknowledged_where = (f"the writer's watermark {path}", f"delete {path}")
+            return
+        if not hasattr(self.log, "put_meta"):
+            return
         key, bucket = acknowledged_key(self.config.layout), meta_bucket(self.config.jetstream.prefix)
         self.acknowledged = int(await self.log.get_meta(key) or 0)
         self.acknowledged_where = (f"key {key} of the JetStream bucket {bucket}",

@@ -19,6 +19,7 @@ import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.nats_fixture import shardetcd_on, wait_standing_by
+from tests.etcd_fixture import free_port
 from tests.shardetcd_fixture import ShardetcdStartError, start_shardetcd
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,14 +108,12 @@ def test_with_fsync_off_a_shorter_journal_is_what_an_os_crash_may_leave(tmp_path
         server.stop()
 
 
-def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
-    """The pods journal's oldest segments deleted by hand, records above its checkpoint with them,
-    while another shard holds a checkpoint above them (here default, whose journal holds a record
-    from before them): the start's walk begins at the highest checkpoint and does not see the hole,
-    and the watermark is reached. Each revision is a record in some journal, and these are in none,
-    and under no checkpoint of a journal whose records start past them: `journal verify` names them,
-    and the start is refused, nothing cut."""
-    from journal.checkpoint import checkpoint_name as ckpt_name, write_checkpoint
+def released_past_a_checkpoint(tmp_path):
+    """A killed server whose pods journal's oldest segments were deleted by hand, records above its
+    checkpoint with them, while another shard holds a checkpoint above them (default, whose journal
+    holds a record from before them). Returns (server, pods checkpoint revision, revision of the first
+    pods record kept, last acknowledged revision)."""
+    from journal.checkpoint import write_checkpoint
     from journal.segment import list_segments, parse_segment_name
     from shards.layout import load_layout
     from shards.shard import checkpoint_meta
@@ -154,6 +153,19 @@ def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
             kept_first_rev = parse_segment_name(path.name)[1]
     sid = load_layout(None).names.index("default")
     write_checkpoint(data / "shards" / "default", last, checkpoint_meta(last, -1, sid), [])
+    return server, ckpt, kept_first_rev, last
+
+
+def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
+    """The pods journal released past its checkpoint by hand while default's checkpoint is above the
+    hole (released_past_a_checkpoint): the start's walk begins at the highest checkpoint and does not
+    see the hole, and the watermark is reached. Each revision is a record in some journal, and these
+    are in none, and under no checkpoint of a journal whose records start past them: `journal verify`
+    names them, and the start is refused, nothing cut."""
+    from journal.checkpoint import checkpoint_name as ckpt_name
+
+    server, ckpt, kept_first_rev, last = released_past_a_checkpoint(tmp_path)
+    data = server.data_dir.absolute()
     verify = subprocess.run([sys.executable, "-m", "shim", "journal", "verify", "--data-dir", str(data)], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert verify.returncode == 1, verify.stdout
@@ -168,6 +180,25 @@ def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
                               f"{data}/watermark), but revisions {ckpt + 1}..{kept_first_rev - 1} are in no journal, "
                               "and no checkpoint of a journal whose records start past them reaches them"), refused
     assert f"delete {data}/watermark" in refused and journal_bytes(data, "pods") == before, "nothing is cut"
+
+
+def test_a_local_follower_refuses_a_journal_released_past_its_checkpoint(tmp_path):
+    """A follower of that data dir (--follow-data-dir) loads every record up to the highest checkpoint
+    as it finds them: it would serve without the lost revisions, the pods keys they wrote older than
+    the writer acknowledged them. It reads the writer's watermark before the journals and refuses the
+    same way, without advising to delete the watermark a running writer owns."""
+    from tests.shardetcd_fixture import ShardetcdProcess
+
+    server, ckpt, kept_first_rev, last = released_past_a_checkpoint(tmp_path)
+    data = server.data_dir.absolute()
+    follower = ShardetcdProcess(data_dir=tmp_path / "f" / "data", state_dir=tmp_path / "f" / "state",
+                                port=free_port(), log_path=tmp_path / "f" / "shardetcd.log",
+                                extra_args=("--follow", "--follow-data-dir", str(data)))
+    refused = refused_start(follower)
+    assert refused.startswith(f"shardetcd: writes were acknowledged up to revision {last} (the writer's watermark "
+                              f"{data}/watermark), but revisions {ckpt + 1}..{kept_first_rev - 1} are in no journal"), \
+        refused
+    assert "Refusing to follow these journals" in refused and f"delete {data}" not in refused, refused
 
 
 # -- a replicated journal: a JetStream stream deleted --------------------------------------------
@@ -388,7 +419,8 @@ def test_a_checkpoint_bucket_deleted_under_a_writer_is_made_again_with_the_whole
 def test_a_stream_purged_past_its_checkpoint_stops_the_next_writer(nats, tmp_path):
     """The JetStream form of test_verify_names_revisions_released_past_a_shards_checkpoint: the pods
     stream purged by hand past its checkpoint while the default shard holds a higher one. The start
-    is refused, naming the revisions, and nothing is purged or cut."""
+    is refused, naming the revisions, and nothing is purged or cut; a follower's start too (it reads
+    the acknowledged revision from the meta bucket before the streams)."""
     import asyncio
 
     import nats as nats_client
@@ -444,6 +476,11 @@ def test_a_stream_purged_past_its_checkpoint_stops_the_next_writer(nats, tmp_pat
             await log.close()
 
     asyncio.run(default_checkpoint())
+    follower = refused_start(shardetcd_on(nats, tmp_path / "f", "--follow"))  # it would serve without them
+    assert follower.startswith(f"shardetcd: writes were acknowledged up to revision {last} (key acknowledged.default "
+                               f"of the JetStream bucket shardetcd-meta), but revisions {ckpt + 1}..{last - 2} are in "
+                               "no journal"), follower
+    assert "Refusing to follow these journals" in follower, follower
     refused = refused_start(shardetcd_on(nats, tmp_path / "w2"))
     assert refused.startswith(f"shardetcd: writes were acknowledged up to revision {last} (key acknowledged.default "
                               f"of the JetStream bucket shardetcd-meta), but revisions {ckpt + 1}..{last - 2} are in no "
