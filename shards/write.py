@@ -53,7 +53,7 @@ STEP_KEYS = 256  # keys a compare or delete handles between two yields
 class WriteTxn:
     """Changes made at main revision ``rev`` (= the store's latest + 1)."""
 
-    __slots__ = ("store", "rev", "sub", "parts", "ops")
+    __slots__ = ("store", "rev", "sub", "parts", "ops", "_compared")
 
     def __init__(self, store: Store) -> None:
         if store.follower is not None:
@@ -63,6 +63,9 @@ class WriteTxn:
         self.sub = 0
         self.parts: dict[int, list[Change]] = {}
         self.ops = 0  # operations of etcd's current metrics transaction (counts.py)
+        # the row a compare on one key read, parsed: (key, entry, row, KeyValue); a put of that key then
+        # takes it instead of reading and parsing it again (kube-apiserver's every update)
+        self._compared: tuple[bytes, int, bytes, KeyValue] | None = None
 
     @property
     def changed(self) -> bool:
@@ -113,8 +116,12 @@ class WriteTxn:
         if e is None:
             create, version = self.rev, 1
         else:
-            prev_row = state.get_row(e)
-            old = KeyValue.FromString(prev_row)
+            compared = self._compared
+            if compared is not None and compared[1] == e and compared[0] == key:  # the same row
+                prev_row, old = compared[2], compared[3]
+            else:
+                prev_row = state.get_row(e)
+                old = KeyValue.FromString(prev_row)
             create, version = old.create_revision, old.version + 1
             if req.ignore_value:
                 value = old.value
@@ -288,7 +295,10 @@ class WriteTxn:
         e = state.latest_entry(c.key)
         if e is None:
             return c.target != CMP_VALUE and _compare_kv(c, _EMPTY_KV)
-        return _compare_kv(c, KeyValue.FromString(state.get_row(e)))
+        row = state.get_row(e)
+        kv = KeyValue.FromString(row)
+        self._compared = (c.key, e, row, kv)
+        return _compare_kv(c, kv)
 
     def _compare(self, c: Compare) -> Steps[bool]:
         store = self.store
