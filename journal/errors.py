@@ -24,6 +24,11 @@ class JournalCorrupt(JournalError):
         super().__init__(f"{self.path}: offset {offset}: {reason}")
 
 
+class JournalHeadLost(JournalError):
+    """A journal starts past where its writer's last release left it: records its writer never
+    released were removed by something else (segments deleted or messages purged by hand)."""
+
+
 class JournalFailed(JournalError):
     """The journal stopped accepting writes (a write or fsync failed, or it was closed)."""
 

@@ -53,7 +53,7 @@ from journal.appender import Appender
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
 from journal.errors import (JournalCorrupt, JournalError, JournalFailed, JournalFenced, JournalGap, JournalGone,
-                            JournalUnreachable)
+                            JournalHeadLost, JournalUnreachable)
 from journal.follow import Message  # noqa: F401 - one stream message, as a follower sees it
 from journal.record import HEADER_BYTES, FrameError, Record, decode_frame, frame_header
 from journal.tasks import cancel_and_wait
@@ -947,6 +947,26 @@ def meta_bucket(prefix: str) -> str:
     return f"{prefix}-meta"
 
 
+def released_key(stream: str) -> str:
+    """The meta bucket's key for the first message a stream's writer kept at its last release."""
+    return f"released.{stream}"
+
+
+def stream_head_lost(stream: str, first_seq: int, released: str | None) -> str | None:
+    """Why ``stream``, whose first message is ``first_seq`` (read before ``released``, the value of
+    its ``released_key``), starts past the first message its writer kept at its last release; None
+    when it does not, or no release was recorded (a stream never released, or before the key)."""
+    try:
+        kept = int(released or "")
+    except ValueError:
+        return None
+    if first_seq <= kept:
+        return None
+    return (f"stream {stream} starts at message {first_seq}, but its writer released only the messages before "
+            f"{kept} (key {released_key(stream)}): messages {kept}..{first_seq - 1} were removed by something else "
+            "(purged by hand?), and their records with them")
+
+
 def checkpoint_files(objects, deleted: bool = False) -> list[tuple[object, int]]:
     """(object info, revision named) of the checkpoint files among a bucket's ``objects``; with
     ``deleted``, those marked deleted too."""
@@ -1127,6 +1147,12 @@ class JetStreamJournal(Appender):
         check_keeps_messages(info)
         await self._check_bucket_keeps_messages()
         await self._bucket_store()  # made now, while the other journals of the process make theirs
+        released = await self.log.get_meta(released_key(self.stream))  # read after the stream's info
+        if (why := stream_head_lost(self.stream, info.state.first_seq, released)) is not None:
+            raise JournalHeadLost(
+                f"journal {why}. Refusing to open it, and nothing was cut. Put the messages back; or, to serve without "
+                f"them, delete that key (`nats kv del {self.log.meta_bucket} {released_key(self.stream)}`) and start "
+                "again (the start then refuses acknowledged revisions it can tell are gone)")
         self.released_before = info.state.first_seq > 1  # purged up to a checkpoint
         if follow:
             self.following = True
@@ -1625,6 +1651,7 @@ class JetStreamJournal(Appender):
         if not released:
             return 0
         keep_from = self._msgs[0][0]
+        await self.log.put_meta(released_key(self.stream), str(keep_from))  # before any goes: stream_head_lost
         await self.log.retrying("purge", lambda: self.log.js.purge_stream(self.stream, seq=keep_from))
         logger.info("journal messages purged stream=%s through_rev=%d count=%d", self.stream, rev, released)
         return released

@@ -42,7 +42,7 @@ from journal.fsutil import ensure_dir, fsync_dir
 from journal.reader import iter_frames
 from journal.record import HEADER_BYTES, FrameError, Record
 from journal.recovery import recover, truncate_segments
-from journal.segment import SegmentInfo
+from journal.segment import SegmentInfo, write_released
 from journal.writer import PendingRecord, SegmentWriter
 
 logger = logging.getLogger(__name__)
@@ -213,6 +213,7 @@ class Journal(Appender):
             doomed.append(info)
         if not doomed:
             return 0
+        write_released(self.directory, self._segments[len(doomed)].seq)
         for info in doomed:
             info.path.unlink()
         fsync_dir(self.directory)

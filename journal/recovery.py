@@ -1,7 +1,8 @@
 """Open-time scan of a journal directory: validate every frame, cut a torn tail.
 
 Rules:
-  * Segments must have contiguous sequence numbers.
+  * Segments must have contiguous sequence numbers, from at most the first
+    segment the writer's last release kept (its `released` marker) on.
   * Revision tags must never decrease, within or across segments.
   * A frame boundary followed by nothing but zeros ends a segment's frames:
     the zeros its writer writes ahead (journal/writer.py).
@@ -23,11 +24,11 @@ import shutil
 from pathlib import Path
 
 from journal.config import JournalConfig
-from journal.errors import JournalCorrupt
+from journal.errors import JournalCorrupt, JournalHeadLost
 from journal.fsutil import fdatasync, fsync_dir
 from journal.reader import checked_frames, corrupt_unless_torn, iter_frames
 from journal.record import HEADER_BYTES, FrameError, Record
-from journal.segment import SegmentInfo, list_segments
+from journal.segment import RELEASED_FILE, SegmentInfo, head_lost, list_segments
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,11 @@ def recover(directory: Path, config: JournalConfig,
     once here for a replay that follows: the scan reads every payload anyway)."""
     listed = list_segments(directory)
     _check_contiguous(listed)
+    if (why := head_lost(directory, listed)) is not None:
+        raise JournalHeadLost(
+            f"journal {directory}: {why}. Refusing to open it, and nothing was cut. Put the segments back; or, to "
+            f"serve without them, delete {directory / RELEASED_FILE} and start again (the start then refuses "
+            "acknowledged revisions it can tell are gone)")
     infos: list[SegmentInfo] = []
     prev_rev = 0
     for index, (seq, path) in enumerate(listed):

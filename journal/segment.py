@@ -8,11 +8,15 @@ use the name only for ordering; revisions are always taken from the frames.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from journal.fsutil import fsync_dir
+
 SEGMENT_SUFFIX = ".wal"
+RELEASED_FILE = "released"  # the first segment the writer kept at its last release, in decimal
 _NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.wal$")
 
 
@@ -56,3 +60,33 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
         if parsed is not None and path.is_file():
             found.append((parsed[0], path))
     return sorted(found)
+
+
+def write_released(directory: Path, first_kept: int) -> None:
+    """Before a release deletes the segments before ``first_kept``: that number, durable before any
+    of them goes (``head_lost`` holds a journal to it)."""
+    tmp = directory / (RELEASED_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, b"%d\n" % first_kept)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, directory / RELEASED_FILE)
+    fsync_dir(directory)
+
+
+def head_lost(directory: Path, listed: list[tuple[int, Path]]) -> str | None:
+    """Why the journal in ``directory``, whose segments were ``listed`` before this reads its release
+    marker, starts past the first segment its writer kept at its last release; None when it does
+    not, or no release was recorded (a journal never released, or released before the marker)."""
+    try:
+        kept = int((directory / RELEASED_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    first = listed[0][0] if listed else None
+    if first is not None and first <= kept:
+        return None
+    gone = f"segments {kept}..{first - 1} are" if first is not None else f"every segment from {kept} on is"
+    return (f"{gone} missing, but its writer released only the segments before {kept} "
+            f"({directory / RELEASED_FILE}): their records were removed by something else (deleted by hand?)")

@@ -37,11 +37,11 @@ from typing import Awaitable, Callable, Iterator
 
 from journal.checkpoint import Checkpoint, _list_checkpoints, _load
 from journal.config import CheckpointConfig, JournalConfig
-from journal.errors import JournalCorrupt, JournalGap, JournalUnreachable
+from journal.errors import JournalCorrupt, JournalGap, JournalHeadLost, JournalUnreachable
 from journal.follow import Message
 from journal.reader import iter_frames
 from journal.record import FrameError, Record
-from journal.segment import list_segments
+from journal.segment import head_lost, list_segments
 from journal.watermark import FILE_NAME, Mark, WatermarkReader
 
 logger = logging.getLogger(__name__)
@@ -338,6 +338,9 @@ class SegmentTail:
         while True:
             mark = await self.log.mark()
             listed = list_segments(self.directory) if self.directory.is_dir() else []
+            if listed and (why := head_lost(self.directory, listed)) is not None:
+                raise JournalHeadLost(f"journal {self.directory}: {why}. Refusing to follow it: a follower would "
+                                      "serve without those records")
             self._seq, self._offset = (listed[0][0] if listed else 0), 0
             self.released_before = self._seq > 0
             self._close_file()

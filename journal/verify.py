@@ -16,7 +16,7 @@ from journal.config import CheckpointConfig, JournalConfig
 from journal.errors import JournalCorrupt
 from journal.reader import corrupt_unless_torn
 from journal.recovery import recover, scan_segment, sequence_gaps
-from journal.segment import list_segments
+from journal.segment import head_lost, list_segments
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ def verify(directory: Path, config: JournalConfig = JournalConfig()) -> list[Fil
             status, detail = "corrupt", "; ".join(filter(None, (gaps[path], detail)))
         prev_rev = info.last_rev or prev_rev
         reports.append(FileReport(path, status, info.count, info.first_rev, info.last_rev, detail))
+    if listed and (why := head_lost(directory, listed)) is not None:  # (no segment: a restored shard's)
+        reports.append(FileReport(directory, "corrupt", detail=f"{why}: start-up refuses this shard"))
     checkpoints = verify_checkpoints(directory.parent)
     if listed and listed[0][0] > 0 and not any(r.status == "ok" for r in checkpoints):
         reports.append(FileReport(directory, "corrupt", detail=(

@@ -31,8 +31,8 @@ from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import (CHECKPOINT_TRIES, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket,
                                checkpoint_files, checkpoint_stream, connect_failure, connect_options, drops_messages,
-                               fetch_object, kv_keys, kv_stream, list_objects, meta_bucket, refusal, refused, retrying,
-                               shown_urls)
+                               fetch_object, kv_keys, kv_stream, list_objects, meta_bucket, refusal, refused,
+                               released_key, retrying, shown_urls, stream_head_lost)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import lost_revisions as shared_lost_revisions, runs_text, verify_checkpoints
@@ -66,6 +66,7 @@ class StreamReport:
     errors: list[str] = field(default_factory=list)  # "seq N: ..." (decode errors, tags going back, gaps)
     checkpoints: list[CheckpointReport] = field(default_factory=list)
     purge_problem: str = ""  # set when the stream was purged past what its checkpoints cover
+    head_lost: str = ""  # set when it starts past the first message its writer kept (stream_head_lost)
     drops: list[str] = field(default_factory=list)  # settings of it or its bucket that drop messages
     revisions: list[int] = field(default_factory=list, repr=False)  # the tag of each record in force, in order
 
@@ -77,6 +78,8 @@ class StreamReport:
     def status(self) -> str:
         if self.errors:
             return "corrupt"
+        if self.head_lost:
+            return "purged past its writer's release"
         if self.purge_problem:
             return "purged past its checkpoint"
         if self.drops:
@@ -349,7 +352,21 @@ async def _verify_stream(js, info, prefix: str, config: JournalConfig, by_name: 
         elif newest.status != "ok":
             report.purge_problem = (f"messages before seq {report.first_seq} were purged, but the newest "
                                     f"checkpoint {newest.name} does not load")
+    released = await _meta_value(js, prefix, released_key(stream))  # after the first message was seen
+    report.head_lost = stream_head_lost(stream, report.first_seq, released) or ""
     return report
+
+
+async def _meta_value(js, prefix: str, key: str) -> str | None:
+    """``key`` of the prefix's meta bucket; None when it or the bucket is missing."""
+    from nats.js.errors import BucketNotFoundError, NotFoundError
+
+    bucket = meta_bucket(prefix)
+    try:
+        kv = await retrying(f"open {bucket}", lambda: js.key_value(bucket))
+        return (await retrying(f"get {key}", lambda: kv.get(key))).value.decode()
+    except (BucketNotFoundError, NotFoundError):
+        return None
 
 
 async def _read_messages(js, report: StreamReport, count: int, config: JournalConfig) -> None:
@@ -518,6 +535,8 @@ def report_lines(reports: list[StreamReport]) -> list[str]:
         seqs = f"seq {r.first_seq}..{r.last_seq}" if r.messages else "empty"
         line = (f"{r.shard}: stream {r.stream}: {r.status}, {r.messages} messages ({seqs}), {r.records} records, "
                 f"{r.fences} fences, {r.cuts} cuts, {revs}")
+        if r.head_lost:
+            line += f"; {r.head_lost}"
         if r.purge_problem:
             line += f"; {r.purge_problem}"
         if r.drops:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from journal import JournalCorrupt
-from journal.errors import JournalError, JournalGone
+from journal.errors import JournalError, JournalGone, JournalHeadLost
 from journal.verify import repair, verify
 from shards.errors import DataDirError, LayoutError
 from shards.layout import load_layout
@@ -651,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return run_loop(serve(config, ready), args.event_loop)
-    except (StartupError, DataDirError, LayoutError, JournalGone) as exc:
+    except (StartupError, DataDirError, LayoutError, JournalGone, JournalHeadLost) as exc:
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
     except JournalCorrupt as exc:

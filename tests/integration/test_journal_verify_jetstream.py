@@ -490,8 +490,9 @@ def test_every_revision_a_server_makes_is_in_a_stream_or_under_a_checkpoint(nats
 
 def test_verify_finds_revisions_released_past_the_checkpoint(nats, tmp_path):
     """A stream released further than its newest checkpoint reaches (what a release gone wrong or a
-    hand purge would do): the newest checkpoint exists and loads, the stream's own report is sound,
-    and yet acknowledged revisions are in no stream and under no checkpoint. verify names them."""
+    hand purge would do): the newest checkpoint exists and loads, and yet acknowledged revisions are
+    in no stream and under no checkpoint. verify names them; and as the stream starts past the first
+    message its writer kept at its release (key released.<stream>), the stream is not sound either."""
     from journal import verify_jetstream as vj
     from shards.store import acknowledged_key
 
@@ -501,12 +502,17 @@ def test_verify_finds_revisions_released_past_the_checkpoint(nats, tmp_path):
             await checkpoint(journal, 10)
             await log.put_meta(acknowledged_key(load_layout(None)), "30")
             info = await log.js.stream_info("t_pods")
+            kept = int(await log.get_meta("released.t_pods"))  # the writer's release kept from there
             await log.js.purge_stream("t_pods", seq=info.state.last_seq - 10)  # revisions 20..30 left
-            return await vj.verify_jetstream(tuple(nats.urls.split(",")), "t")
+            return await vj.verify_jetstream(tuple(nats.urls.split(",")), "t"), kept, info.state.last_seq - 10
 
-    found = asyncio.run(go())
+    found, kept, first = asyncio.run(go())
     (pods,) = found.streams
-    assert pods.sound and (pods.first_rev, pods.last_rev) == (20, 30), vj.report_lines([pods])
+    assert (pods.first_rev, pods.last_rev) == (20, 30) and not pods.errors, vj.report_lines([pods])
+    assert pods.status == "purged past its writer's release" and not pods.sound
+    assert pods.head_lost == (f"stream t_pods starts at message {first}, but its writer released only the messages "
+                              f"before {kept} (key released.t_pods): messages {kept}..{first - 1} were removed by "
+                              "something else (purged by hand?), and their records with them"), pods.head_lost
     assert vj.lost_revisions(found.streams, 30) == list(range(11, 20))
     lines, gone = vj.acknowledged_lines(found.streams, found.acknowledged, "t", found.spans)
     assert gone and lines == [

@@ -112,7 +112,8 @@ def released_past_a_checkpoint(tmp_path):
     """A killed server whose pods journal's oldest segments were deleted by hand, records above its
     checkpoint with them, while another shard holds a checkpoint above them (default, whose journal
     holds a record from before them). Returns (server, pods checkpoint revision, revision of the first
-    pods record kept, last acknowledged revision)."""
+    pods record kept, last acknowledged revision, (the first segment the writer's last release kept,
+    the first one left))."""
     from journal.checkpoint import write_checkpoint
     from journal.segment import list_segments, parse_segment_name
     from shards.layout import load_layout
@@ -145,6 +146,8 @@ def released_past_a_checkpoint(tmp_path):
         server.kill()
     ckpt = newest_checkpoint()
     keep_from = after(ckpt)[1]
+    released = int((pods / "journal" / "released").read_text())  # the first segment the writer's release kept
+    assert released < keep_from
     kept_first_rev = None
     for seq, path in list_segments(pods / "journal"):
         if seq < keep_from:
@@ -153,29 +156,41 @@ def released_past_a_checkpoint(tmp_path):
             kept_first_rev = parse_segment_name(path.name)[1]
     sid = load_layout(None).names.index("default")
     write_checkpoint(data / "shards" / "default", last, checkpoint_meta(last, -1, sid), [])
-    return server, ckpt, kept_first_rev, last
+    return server, ckpt, kept_first_rev, last, (released, keep_from)
 
 
 def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
     """The pods journal released past its checkpoint by hand while default's checkpoint is above the
-    hole (released_past_a_checkpoint): the start's walk begins at the highest checkpoint and does not
-    see the hole, and the watermark is reached. Each revision is a record in some journal, and these
-    are in none, and under no checkpoint of a journal whose records start past them: `journal verify`
-    names them, and the start is refused, nothing cut."""
+    hole (released_past_a_checkpoint). The journal starts past the first segment its writer's last
+    release kept (its `released` marker): verify says so and the start refuses at that journal's
+    open, nothing cut. Without the marker (one deleted, or a journal released before markers), the
+    start's walk begins at the highest checkpoint and does not see the hole, and the watermark is
+    reached; but each revision is a record in some journal, and these are in none and under no
+    checkpoint of a journal whose records start past them: verify names them, the start refuses."""
     from journal.checkpoint import checkpoint_name as ckpt_name
 
-    server, ckpt, kept_first_rev, last = released_past_a_checkpoint(tmp_path)
+    server, ckpt, kept_first_rev, last, (released, first) = released_past_a_checkpoint(tmp_path)
     data = server.data_dir.absolute()
+    journal = data / "shards" / "pods" / "journal"
     verify = subprocess.run([sys.executable, "-m", "shim", "journal", "verify", "--data-dir", str(data)], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert verify.returncode == 1, verify.stdout
-    assert f"pods: {ckpt_name(ckpt)}: ok" in verify.stdout and "corrupt" not in verify.stdout, verify.stdout
+    head = (f"segments {released}..{first - 1} are missing, but its writer released only the segments before "
+            f"{released} ({journal}/released): their records were removed by something else (deleted by hand?)")
+    assert f"pods: journal: corrupt, 0 records, empty; {head}: start-up refuses this shard" in \
+        verify.stdout.splitlines(), verify.stdout
+    assert f"pods: {ckpt_name(ckpt)}: ok" in verify.stdout, verify.stdout
     assert (f"acknowledged: writes up to revision {last} (the writer's watermark), but revisions "
             f"{ckpt + 1}..{kept_first_rev - 1} are in no journal, and no checkpoint of a journal whose records start "
             "past them reaches them: acknowledged records are gone, and a start refuses this data dir") in \
         verify.stdout.splitlines(), verify.stdout
     before = journal_bytes(data, "pods")
-    refused = refused_start(server)  # the start asks the same (its walk alone would serve without them)
+    refused = refused_start(server)
+    assert refused.startswith(f"shardetcd: journal {journal}: {head}. Refusing to open it, and nothing was cut"), refused
+    assert f"delete {journal}/released and start again" in refused, refused
+
+    (journal / "released").unlink()  # then the start asks the same as verify's acknowledged line
+    refused = refused_start(server)
     assert refused.startswith(f"shardetcd: writes were acknowledged up to revision {last} (the writer's watermark "
                               f"{data}/watermark), but revisions {ckpt + 1}..{kept_first_rev - 1} are in no journal, "
                               "and no checkpoint of a journal whose records start past them reaches them"), refused
@@ -185,15 +200,23 @@ def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
 def test_a_local_follower_refuses_a_journal_released_past_its_checkpoint(tmp_path):
     """A follower of that data dir (--follow-data-dir) loads every record up to the highest checkpoint
     as it finds them: it would serve without the lost revisions, the pods keys they wrote older than
-    the writer acknowledged them. It reads the writer's watermark before the journals and refuses the
-    same way, without advising to delete the watermark a running writer owns."""
+    the writer acknowledged them. It refuses the journal that starts past its writer's release, and
+    with that marker gone, reads the writer's watermark before the journals and refuses the same way
+    as the writer's start, without advising to delete the watermark a running writer owns."""
     from tests.shardetcd_fixture import ShardetcdProcess
 
-    server, ckpt, kept_first_rev, last = released_past_a_checkpoint(tmp_path)
+    server, ckpt, kept_first_rev, last, (released, first) = released_past_a_checkpoint(tmp_path)
     data = server.data_dir.absolute()
+    journal = data / "shards" / "pods" / "journal"
     follower = ShardetcdProcess(data_dir=tmp_path / "f" / "data", state_dir=tmp_path / "f" / "state",
                                 port=free_port(), log_path=tmp_path / "f" / "shardetcd.log",
                                 extra_args=("--follow", "--follow-data-dir", str(data)))
+    refused = refused_start(follower)
+    assert refused.startswith(f"shardetcd: journal {journal}: segments {released}..{first - 1} are missing, but its "
+                              f"writer released only the segments before {released}"), refused
+    assert refused.endswith("Refusing to follow it: a follower would serve without those records"), refused
+
+    (journal / "released").unlink()
     refused = refused_start(follower)
     assert refused.startswith(f"shardetcd: writes were acknowledged up to revision {last} (the writer's watermark "
                               f"{data}/watermark), but revisions {ckpt + 1}..{kept_first_rev - 1} are in no journal"), \
@@ -418,9 +441,11 @@ def test_a_checkpoint_bucket_deleted_under_a_writer_is_made_again_with_the_whole
 
 def test_a_stream_purged_past_its_checkpoint_stops_the_next_writer(nats, tmp_path):
     """The JetStream form of test_verify_names_revisions_released_past_a_shards_checkpoint: the pods
-    stream purged by hand past its checkpoint while the default shard holds a higher one. The start
-    is refused, naming the revisions, and nothing is purged or cut; a follower's start too (it reads
-    the acknowledged revision from the meta bucket before the streams)."""
+    stream purged by hand past its checkpoint while the default shard holds a higher one. The stream
+    starts past the first message its writer's release kept (key released.<stream>): a follower's
+    start and the writer's are refused at its open, nothing purged or cut. With that key deleted,
+    both are refused for the revisions no stream or checkpoint holds (a follower reads the
+    acknowledged revision from the meta bucket before the streams)."""
     import asyncio
 
     import nats as nats_client
@@ -448,12 +473,16 @@ def test_a_stream_purged_past_its_checkpoint_stops_the_next_writer(nats, tmp_pat
             js = nc.jetstream()
             bucket = await js.object_store("shardetcd_pods-checkpoints")
             ckpt = max(int(o.name[11:27], 16) for o in await bucket.list() if not o.deleted)
+            released = int((await (await js.key_value("shardetcd-meta")).get("released.shardetcd_pods")).value)
             await js.purge_stream("shardetcd_pods", keep=2)  # the last two puts left
             first = (await js.stream_info("shardetcd_pods")).state.first_seq
             msg = await js.get_msg("shardetcd_pods", seq=first)
+            head.extend((released, first))
             return ckpt, (await js.stream_info("shardetcd_pods")).state.messages, decode_first_rev(msg.data)
         finally:
             await nc.close()
+
+    head: list[int] = []
 
     def decode_first_rev(data: bytes) -> int:
         from journal.record import decode_frame
@@ -476,6 +505,24 @@ def test_a_stream_purged_past_its_checkpoint_stops_the_next_writer(nats, tmp_pat
             await log.close()
 
     asyncio.run(default_checkpoint())
+    released, first = head
+    assert released < first
+    why = (f"journal stream shardetcd_pods starts at message {first}, but its writer released only the messages "
+           f"before {released} (key released.shardetcd_pods): messages {released}..{first - 1} were removed by "
+           "something else (purged by hand?), and their records with them. Refusing to open it, and nothing was cut")
+    for name, flags in (("f", ("--follow",)), ("w2", ())):
+        refused = refused_start(shardetcd_on(nats, tmp_path / name, *flags))
+        assert refused.startswith(f"shardetcd: {why}"), refused
+        assert "`nats kv del shardetcd-meta released.shardetcd_pods`" in refused, refused
+
+    async def drop_released_key() -> None:
+        nc = await nats_client.connect(nats.urls.split(","))
+        try:
+            await (await nc.jetstream().key_value("shardetcd-meta")).delete("released.shardetcd_pods")
+        finally:
+            await nc.close()
+
+    asyncio.run(drop_released_key())
     follower = refused_start(shardetcd_on(nats, tmp_path / "f", "--follow"))  # it would serve without them
     assert follower.startswith(f"shardetcd: writes were acknowledged up to revision {last} (key acknowledged.default "
                                f"of the JetStream bucket shardetcd-meta), but revisions {ckpt + 1}..{last - 2} are in "

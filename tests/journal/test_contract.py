@@ -49,6 +49,24 @@ class Backend:
         journal = await log.open_journal(name, self.tmp_path / name, config)
         return log, journal
 
+    async def remove_head(self, name: str = "j") -> None:
+        """Remove the journal's oldest segment or message by hand, as an operator or a tool might."""
+        if self.kind == "local":
+            from journal.segment import list_segments
+
+            list_segments(self.tmp_path / name / "journal")[0][1].unlink()
+            return
+        import nats
+
+        nc = await nats.connect(servers=self.urls.split(","))
+        try:
+            js = nc.jetstream()
+            stream = f"{self.prefix}_{name}"
+            first = (await js.stream_info(stream)).state.first_seq
+            await js.purge_stream(stream, seq=first + 1)
+        finally:
+            await nc.close()
+
     async def reopen_records(self, name: str = "j", after_rev: int = 0) -> list[tuple[int, int, bytes]]:
         log, journal = await self.open(name)
         try:
@@ -185,6 +203,56 @@ def test_release_never_loses_a_record_above_its_revision(backend):
         assert [r[1] for r in got] == sorted(r[1] for r in got)
 
     asyncio.run(go())
+
+
+def test_records_removed_past_the_writers_release_are_refused_at_open(backend):
+    """A release records the first segment or message it keeps before anything goes; a journal
+    that starts past it lost records its writer never released (by hand, a tool, a limit): opening
+    it, to write or to follow, raises JournalHeadLost, and nothing is changed. Released by its
+    writer alone, it opens (test_release_never_loses_a_record_above_its_revision reopens it too)."""
+    from journal.errors import JournalHeadLost
+
+    async def go():
+        config = JournalConfig(segment_bytes_max=2048, batch_bytes_max=1024)
+        log, journal = await backend.open(config=config)
+        await journal.start()
+        for rtype, rev, payload in items(200):
+            journal.append(rtype, rev, payload)
+            if rev % 10 == 0:
+                await journal.sync()
+        await journal.sync()
+        assert await journal.release(100) > 0
+        await journal.close()
+        await log.close()
+        kept = await backend.reopen_records()
+        await backend.remove_head()
+        for follow in (False, True):
+            log = await backend.log()
+            try:
+                with pytest.raises(JournalHeadLost, match="removed by something else"):
+                    await log.open_journal("j", backend.tmp_path / ("f" if follow else "j"), config,
+                                           **({"follow": True} if follow and backend.kind == "jetstream" else {}))
+            finally:
+                await log.close()
+            if backend.kind == "local":
+                break  # (a local journal is followed through its writer's data dir: tests/journal/test_tail.py)
+        assert len(kept) > len(await _records_left(backend)), "nothing was removed"
+
+    asyncio.run(go())
+
+
+async def _records_left(backend: Backend) -> list:
+    """The records still there, read past the release check (its marker or key dropped first)."""
+    if backend.kind == "local":
+        (backend.tmp_path / "j" / "journal" / "released").unlink()
+    else:
+        log = await backend.log()
+        try:
+            kv = await log._meta()
+            await kv.delete("released.%s_j" % backend.prefix)
+        finally:
+            await log.close()
+    return await backend.reopen_records()
 
 
 def test_checkpoints_come_back_as_written(backend):
