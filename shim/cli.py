@@ -549,7 +549,7 @@ def _journal_command(command: str, shards: list[Path], data_dir: Path) -> int:
         if command == "repair":
             try:
                 repair(shard / "journal")
-            except JournalCorrupt as exc:
+            except (JournalCorrupt, JournalHeadLost) as exc:
                 print(f"{shard.name}: cannot repair: {exc}")
                 worst = 1
         journal = shard / "journal"

@@ -185,6 +185,10 @@ def test_verify_names_revisions_released_past_a_shards_checkpoint(tmp_path):
             "past them reaches them: acknowledged records are gone, and a start refuses this data dir") in \
         verify.stdout.splitlines(), verify.stdout
     before = journal_bytes(data, "pods")
+    repair = subprocess.run([sys.executable, "-m", "shim", "journal", "repair", "--data-dir", str(data)], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert repair.returncode == 1 and f"pods: cannot repair: journal {journal}: {head}." in repair.stdout, \
+        (repair.stdout, repair.stderr)
     refused = refused_start(server)
     assert refused.startswith(f"shardetcd: journal {journal}: {head}. Refusing to open it, and nothing was cut"), refused
     assert f"delete {journal}/released and start again" in refused, refused
