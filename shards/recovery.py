@@ -128,7 +128,7 @@ def check_kept(store: Store, found: list[Recovered], following: bool = False) ->
     raise DataDirError(
         f"writes were acknowledged up to revision {store.acknowledged} ({where}), but revisions {runs_text(lost)} "
         "are in no journal, and no checkpoint of a journal whose records start past them reaches them: acknowledged "
-        f"journal records are gone (a journal released past its checkpoint: segments deleted, messages purged?). "
+        "journal records are gone (a journal released past its checkpoint: segments deleted, messages purged?). "
         f"{way_out}")
 
 
