@@ -180,16 +180,24 @@ def test_a_cut_holds_for_every_later_reader(backend):
     asyncio.run(go())
 
 
+SMALL_SEGMENTS = JournalConfig(segment_bytes_max=2048, batch_bytes_max=1024)
+
+
+async def two_hundred_records(backend: Backend):
+    """A journal started with SMALL_SEGMENTS holding items(200), synced every 10: (its log, it)."""
+    log, journal = await backend.open(config=SMALL_SEGMENTS)
+    await journal.start()
+    for rtype, rev, payload in items(200):
+        journal.append(rtype, rev, payload)
+        if rev % 10 == 0:
+            await journal.sync()
+    await journal.sync()
+    return log, journal
+
+
 def test_release_never_loses_a_record_above_its_revision(backend):
     async def go():
-        config = JournalConfig(segment_bytes_max=2048, batch_bytes_max=1024)
-        log, journal = await backend.open(config=config)
-        await journal.start()
-        for rtype, rev, payload in items(200):
-            journal.append(rtype, rev, payload)
-            if rev % 10 == 0:
-                await journal.sync()
-        await journal.sync()
+        log, journal = await two_hundred_records(backend)
         released = await journal.release(150)
         assert released > 0
         assert await journal.release(150) == 0
@@ -213,14 +221,7 @@ def test_records_removed_past_the_writers_release_are_refused_at_open(backend):
     from journal.errors import JournalHeadLost
 
     async def go():
-        config = JournalConfig(segment_bytes_max=2048, batch_bytes_max=1024)
-        log, journal = await backend.open(config=config)
-        await journal.start()
-        for rtype, rev, payload in items(200):
-            journal.append(rtype, rev, payload)
-            if rev % 10 == 0:
-                await journal.sync()
-        await journal.sync()
+        log, journal = await two_hundred_records(backend)
         assert await journal.release(100) > 0
         await journal.close()
         await log.close()
@@ -230,7 +231,7 @@ def test_records_removed_past_the_writers_release_are_refused_at_open(backend):
             log = await backend.log()
             try:
                 with pytest.raises(JournalHeadLost, match="removed by something else"):
-                    await log.open_journal("j", backend.tmp_path / ("f" if follow else "j"), config,
+                    await log.open_journal("j", backend.tmp_path / ("f" if follow else "j"), SMALL_SEGMENTS,
                                            **({"follow": True} if follow and backend.kind == "jetstream" else {}))
             finally:
                 await log.close()
