@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests.nats_fixture import shardetcd_on, wait_standing_by
 from tests.etcd_fixture import free_port
+from tests.nats_fixture import shardetcd_on, wait_standing_by
 from tests.shardetcd_fixture import ShardetcdStartError, start_shardetcd
 
 REPO = Path(__file__).resolve().parents[2]
@@ -471,7 +471,7 @@ def test_a_stream_purged_past_its_checkpoint_stops_the_next_writer(nats, tmp_pat
     finally:
         writer.kill()
 
-    async def purge_past_checkpoint() -> tuple[int, int, int]:
+    async def purge_past_checkpoint() -> tuple[int, int, int, int, int]:
         nc = await nats_client.connect(nats.urls.split(","))
         try:
             js = nc.jetstream()
@@ -481,19 +481,17 @@ def test_a_stream_purged_past_its_checkpoint_stops_the_next_writer(nats, tmp_pat
             await js.purge_stream("shardetcd_pods", keep=2)  # the last two puts left
             first = (await js.stream_info("shardetcd_pods")).state.first_seq
             msg = await js.get_msg("shardetcd_pods", seq=first)
-            head.extend((released, first))
-            return ckpt, (await js.stream_info("shardetcd_pods")).state.messages, decode_first_rev(msg.data)
+            messages = (await js.stream_info("shardetcd_pods")).state.messages
+            return ckpt, messages, decode_first_rev(msg.data), released, first
         finally:
             await nc.close()
-
-    head: list[int] = []
 
     def decode_first_rev(data: bytes) -> int:
         from journal.record import decode_frame
 
         return decode_frame(data, 0, 1 << 20).rev
 
-    ckpt, messages, first_kept = asyncio.run(purge_past_checkpoint())
+    ckpt, messages, first_kept, released, first = asyncio.run(purge_past_checkpoint())
     assert messages == 2 and first_kept == last - 1 and ckpt < last - 2, (ckpt, messages, first_kept, last)
 
     async def default_checkpoint() -> None:  # the default shard checkpointed past the hole
@@ -509,7 +507,6 @@ def test_a_stream_purged_past_its_checkpoint_stops_the_next_writer(nats, tmp_pat
             await log.close()
 
     asyncio.run(default_checkpoint())
-    released, first = head
     assert released < first
     why = (f"journal stream shardetcd_pods starts at message {first}, but its writer released only the messages "
            f"before {released} (key released.shardetcd_pods): messages {released}..{first - 1} were removed by "
