@@ -1147,12 +1147,7 @@ class JetStreamJournal(Appender):
         check_keeps_messages(info)
         await self._check_bucket_keeps_messages()
         await self._bucket_store()  # made now, while the other journals of the process make theirs
-        released = await self.log.get_meta(released_key(self.stream))  # read after the stream's info
-        if (why := stream_head_lost(self.stream, info.state.first_seq, released)) is not None:
-            raise JournalHeadLost(
-                f"journal {why}. Refusing to open it, and nothing was cut. Put the messages back; or, to serve without "
-                f"them, delete that key (`nats kv del {self.log.meta_bucket} {released_key(self.stream)}`) and start "
-                "again (the start then refuses acknowledged revisions it can tell are gone)")
+        await self._check_head(info.state.first_seq)
         self.released_before = info.state.first_seq > 1  # purged up to a checkpoint
         if follow:
             self.following = True
@@ -1168,6 +1163,16 @@ class JetStreamJournal(Appender):
                 logger.warning("journal changed while being fenced, reading it again stream=%s", self.stream)
                 info = await self._info()
         raise JournalUnreachable(f"journal {self.stream} keeps changing: another writer is active on it")
+
+    async def _check_head(self, first_seq: int) -> None:
+        """JournalHeadLost if the stream, whose first message was ``first_seq`` when its info was read
+        (before this), starts past the first message its writer's last release kept."""
+        released = await self.log.get_meta(released_key(self.stream))
+        if (why := stream_head_lost(self.stream, first_seq, released)) is not None:
+            raise JournalHeadLost(
+                f"journal {why}. Refusing to open it, and nothing was cut. Put the messages back; or, to serve without "
+                f"them, delete that key (`nats kv del {self.log.meta_bucket} {released_key(self.stream)}`) and start "
+                "again (the start then refuses acknowledged revisions it can tell are gone)")
 
     async def _fence(self) -> None:
         await self._publish(b"", {FENCE_HEADER: self._instance}, 0)
@@ -1272,6 +1277,7 @@ class JetStreamJournal(Appender):
         if not self.following:
             return
         info = await self._info()
+        await self._check_head(info.state.first_seq)  # (a follower's rebuild reads the stream again here)
         self.released_before = info.state.first_seq > 1
         await self.log.retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
         self._tail = max(self._tail, info.state.last_seq)

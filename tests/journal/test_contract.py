@@ -229,8 +229,9 @@ def test_release_never_loses_a_record_above_its_revision(backend):
 def test_records_removed_past_the_writers_release_are_refused_at_open(backend):
     """A release records the first segment or message it keeps before anything goes; a journal
     that starts past it lost records its writer never released (by hand, a tool, a limit): opening
-    it, to write or to follow, raises JournalHeadLost, and nothing is changed. Released by its
-    writer alone, it opens (test_release_never_loses_a_record_above_its_revision reopens it too)."""
+    it, to write or to follow, raises JournalHeadLost, and so does a JetStream follower's reading it
+    again (catch_up); nothing is changed. Released by its writer alone, it opens
+    (test_release_never_loses_a_record_above_its_revision reopens it too)."""
     from journal.errors import JournalHeadLost
 
     async def go():
@@ -239,8 +240,18 @@ def test_records_removed_past_the_writers_release_are_refused_at_open(backend):
         await journal.close()
         await log.close()
         kept = await backend.reopen_records()
+        following = None
+        if backend.kind == "jetstream":  # a follower already open, reading the stream again (its rebuild)
+            flog = await backend.log()
+            following = await flog.open_journal("j", backend.tmp_path / "g", SMALL_SEGMENTS, follow=True)
         await backend.remove_head()
         before = await backend.stored()
+        if following is not None:
+            try:
+                with pytest.raises(JournalHeadLost, match="removed by something else"):
+                    await following.catch_up()
+            finally:
+                await flog.close()
         for follow in (False, True):
             log = await backend.log()
             try:
