@@ -178,8 +178,7 @@ class Store:
             store.log, store._owns_log, store.watermark = log, owns_log, watermark
             if watermark is not None:
                 store.acknowledged = acknowledged
-                store.acknowledged_where = (f"the writer's watermark {datadir.path / WATERMARK_FILE}",
-                                            f"delete {datadir.path / WATERMARK_FILE}")
+                store.acknowledged_where = _watermark_where(datadir.path)
             if hasattr(log, "agree"):  # a replicated journal keeps the cluster's identity
                 key = f"cluster-id.{journal_role(config.layout)}"
                 datadir.adopt_cluster_id(int(await log.agree(key, str(datadir.cluster_id))))
@@ -224,9 +223,8 @@ class Store:
         of its data dir (``acknowledged_on_disk``). 0: unknown (a writer's own local journal: read
         in ``open``)."""
         if isinstance(self.log, LocalFollowLog):
-            path = self.log.data_dir / WATERMARK_FILE
             self.acknowledged = acknowledged_on_disk(self.log.data_dir, self.log.writer_meta())
-            self.acknowledged_where = (f"the writer's watermark {path}", f"delete {path}")
+            self.acknowledged_where = _watermark_where(self.log.data_dir)
             return
         if not hasattr(self.log, "put_meta"):
             return
@@ -1038,6 +1036,12 @@ def _txn_leases(req: TxnReq):
                 yield op.lease
         elif isinstance(op, TxnReq):
             yield from _txn_leases(op)
+
+
+def _watermark_where(data_dir: Path) -> tuple[str, str]:
+    """``Store.acknowledged_where`` for a local writer's watermark in ``data_dir``."""
+    path = data_dir / WATERMARK_FILE
+    return f"the writer's watermark {path}", f"delete {path}"
 
 
 def _acknowledged_before(datadir: DataDir, journal: JournalConfig) -> int:
