@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from journal import failpoints
 from journal.checkpoint import CheckpointFile, checkpoint_name
 from journal.errors import JournalFailed, JournalUnreachable
-from journal.jetstream import JetStreamConfig, JetStreamLog
+from journal.jetstream import JetStreamConfig, JetStreamLog, released_key
 from journal.fsutil import fsync_dir
 
 from .auth import encode_table as encode_auth_table
@@ -405,7 +405,8 @@ async def _to_jetstream(config: JetStreamConfig, layout: Layout, built: Path, re
     set the writer's acknowledged revision to the restored one; all the while holding the
     writer lease of ``role`` (``writer``, or the partition's name), so that a server started on
     the prefix meanwhile does not write (a plain start is refused, a standby waits), and
-    checking again, once it is held, that the streams hold nothing."""
+    checking again, once it is held, that the streams hold nothing. Each stream's release key says
+    it keeps from its first message (a hand purge is refused from the start)."""
     from journal.leadership import WriterLease
 
     log = await JetStreamLog(config).connect()
@@ -435,6 +436,8 @@ async def _to_jetstream(config: JetStreamConfig, layout: Layout, built: Path, re
             raise DataDirError(f"the writer lease {role} of {config.prefix} was not held throughout the restore "
                                f"({exc}): try again (the streams are checked again first)") from None
         await _refuse_used(log, layout.names)
+        for name in layout.names:  # each stream keeps from its first message: over a key an earlier deployment left,
+            await log.put_meta(released_key(log.stream_name(name)), "1")  # so a hand purge is refused from the start
         await log.put_meta(layout_key(layout), layout.describe())  # a prefix's earlier journals may have had another
         await log.put_meta(acknowledged_key(layout), str(rev))
     finally:

@@ -19,6 +19,7 @@ import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
+from tests.integration.test_lost_journal import refused_start
 from tests.nats_fixture import shardetcd_on
 from tests.shardetcd_fixture import ShardetcdProcess, start_shardetcd
 
@@ -61,13 +62,18 @@ def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, t
     snap, lease, want = snapshot_of_keys(tmp_path)
 
     js = ("--journal-url", nats.urls, "--journal-prefix", "restored")
+    from tests.integration.test_jetstream_faults import nats_call
+
+    async def stale_release_key(js) -> None:  # as a deployment on the prefix whose streams were deleted leaves it
+        await (await js.create_key_value(bucket="restored-meta", history=1)).put("released.restored_pods", b"1000")
+
+    nats_call(nats.urls, stale_release_key)
     r = restore(snap, tmp_path / "w" / "data", *js)
     assert r.returncode == 0 and "journals in JetStream, prefix restored" in r.stdout, r.stderr
     assert r.stdout.rstrip().endswith(f"start it with: shardetcd --data-dir {tmp_path / 'w' / 'data'} --journal-url "
                                       f"{nats.urls} --journal-prefix restored"), r.stdout
     assert not list((tmp_path / "w" / "data").rglob("*.ckpt")), "the checkpoints are in JetStream only"
     from shards.layout import load_layout
-    from tests.integration.test_jetstream_faults import nats_call
 
     async def recorded_layout(js) -> str:
         return (await (await js.key_value("restored-meta")).get("layout.default")).value.decode()
@@ -98,6 +104,17 @@ def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, t
                               text=True, timeout=120)
     assert verified.returncode == 0 and verified.stdout.strip().splitlines()[-1].endswith(": all sound"), \
         verified.stdout + verified.stderr
+
+    # the restore recorded that each stream keeps from its first message (over the stale key): a hand
+    # purge of the restored journal is refused at the next start, before any release of its own
+    async def purge(js) -> int:
+        await js.purge_stream("restored_pods")
+        return (await js.stream_info("restored_pods")).state.first_seq
+
+    first = nats_call(nats.urls, purge)
+    refused = refused_start(shardetcd_on(nats, tmp_path / "w", "--journal-prefix", "restored"))
+    assert refused.startswith(f"shardetcd: journal stream restored_pods starts at message {first}, but its writer "
+                              "released only the messages before 1 (key released.restored_pods)"), refused
 
     again = restore(snap, tmp_path / "again", *js)
     assert again.returncode == 2 and "JetStream stream restored_" in again.stderr and "already holds a journal" in \
