@@ -1147,7 +1147,7 @@ class JetStreamJournal(Appender):
         check_keeps_messages(info)
         await self._check_bucket_keeps_messages()
         await self._bucket_store()  # made now, while the other journals of the process make theirs
-        await self._check_head(info.state.first_seq)
+        await self._check_head(info.state.first_seq, writer=not follow)
         self.released_before = info.state.first_seq > 1  # purged up to a checkpoint
         if follow:
             self.following = True
@@ -1164,10 +1164,15 @@ class JetStreamJournal(Appender):
                 info = await self._info()
         raise JournalUnreachable(f"journal {self.stream} keeps changing: another writer is active on it")
 
-    async def _check_head(self, first_seq: int) -> None:
+    async def _check_head(self, first_seq: int, writer: bool = False) -> None:
         """JournalHeadLost if the stream, whose first message was ``first_seq`` when its info was read
-        (before this), starts past the first message its writer's last release kept."""
+        (before this), starts past the first message its writer's last release kept. A ``writer``
+        opening a stream never released records it as kept from message 1 (only if no key is there:
+        a fenced-out writer's first release may be putting one), so a hand purge is refused before
+        its first release too."""
         released = await self.log.get_meta(released_key(self.stream))
+        if released is None and writer and first_seq <= 1:
+            released = await self.log.agree(released_key(self.stream), "1")
         if (why := stream_head_lost(self.stream, first_seq, released)) is not None:
             raise JournalHeadLost(
                 f"journal {why}. Refusing to open it, and nothing was cut. Put the messages back; or, to serve without "

@@ -42,7 +42,7 @@ from journal.fsutil import ensure_dir, fsync_dir
 from journal.reader import iter_frames
 from journal.record import HEADER_BYTES, FrameError, Record
 from journal.recovery import recover, truncate_segments
-from journal.segment import SegmentInfo, write_released
+from journal.segment import RELEASED_FILE, SegmentInfo, write_released
 from journal.writer import PendingRecord, SegmentWriter
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,8 @@ class Journal(Appender):
         ensure_dir(directory)
         kept: dict[Path, list[Record]] | None = {} if keep_records else None
         segments = recover(directory, config, kept)
+        if segments and segments[0].seq == 0 and not (directory / RELEASED_FILE).exists():
+            write_released(directory, 0)  # never released: kept from segment 0, so head_lost holds it from now on
         journal = cls(directory, config, segments)
         if kept:
             journal._kept = kept

@@ -268,6 +268,32 @@ def test_records_removed_past_the_writers_release_are_refused_at_open(backend):
     asyncio.run(go())
 
 
+def test_records_removed_from_a_journal_never_released_are_refused_at_open(backend):
+    """A writer's open of a journal that never released records it as kept from its first segment or
+    message, so records removed by hand before the first release are refused at the next open too
+    (the test above: after one), and nothing is changed."""
+    from journal.errors import JournalHeadLost
+
+    async def go():
+        log, journal = await two_hundred_records(backend)
+        await journal.close()
+        await log.close()
+        kept = await backend.reopen_records()  # a writer's start on it (a local journal's first had no segment yet)
+        for _ in range(2):  # (a stream's first message is its first writer's fence: the second holds records)
+            await backend.remove_head()
+        before = await backend.stored()
+        log = await backend.log()
+        try:
+            with pytest.raises(JournalHeadLost, match="removed by something else"):
+                await log.open_journal("j", backend.tmp_path / "j", SMALL_SEGMENTS)
+        finally:
+            await log.close()
+        assert await backend.stored() == before, "a refused open changed the journal"
+        assert len(kept) > len(await _records_left(backend)), "nothing was removed"
+
+    asyncio.run(go())
+
+
 async def _records_left(backend: Backend) -> list:
     """The records still there, read past the release check (its marker or key dropped first)."""
     if backend.kind == "local":
