@@ -316,9 +316,8 @@ class Store:
             await shard.journal.take_over(lambda msg, sid=sid: follower.on_message(sid, msg),
                                           self._covered_by_checkpoint(shard))
         rev = follower.applied
-        if hasattr(self.log, "put_meta"):
-            await self.read_acknowledged()
-            check_acknowledged(self, rev)  # before anything is cut
+        await self.read_acknowledged()  # (a standby's journals are replicated: their meta bucket's word)
+        check_acknowledged(self, rev)  # before anything is cut
         dropped = follower.pending()
         for shard in self.shards:
             shard.journal.truncate_after(rev)
