@@ -769,8 +769,7 @@ def test_a_writer_moves_its_streams_leadership_to_the_nats_server_it_is_connecte
         assert got == acked
     finally:
         stop.set()
-        if writing.is_alive():
-            writing.join(30)
+        writing.join(30) if writing.is_alive() else None
         writer.stop()
 
 
