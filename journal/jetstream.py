@@ -1156,7 +1156,6 @@ class JetStreamJournal(Appender):
         self._instance = secrets.token_hex(8)  # message ids are unique to this open journal
         self.released_before = False
         self._lead_again_at = 0.0  # _lead_here: when to ask again after a move that did not take
-        self._took_over = False  # written by this process since a takeover (not since its open)
         self.following = False  # opened to follow another writer: not fenced, not writable
         self.cuts_seen: list[tuple[int, int]] = []  # (epoch, revision) of the cut markers read
         self.first_top = 0  # the highest tag in the first message with records that was read
@@ -1449,7 +1448,6 @@ class JetStreamJournal(Appender):
             try:
                 await self._fence()
                 self.following = False
-                self._took_over = True
                 # after it: a takeover is not held up, or stopped, by a setting the last writer had too
                 self.log.keep_replicas_soon(*self._written_streams())
                 return
@@ -1519,13 +1517,8 @@ class JetStreamJournal(Appender):
         from nats.js.errors import NotFoundError
 
         again_at = 0.0
-        # a writer's start checks at once, so its streams' leaders move as it begins to serve; a
-        # takeover waits a round, so its first acknowledgement is not held up by an election
-        wait = self._took_over
         while not self._closing and self._failure is None:
-            if wait:
-                await asyncio.sleep(STREAM_CHECK_S)
-            wait = True
+            await asyncio.sleep(STREAM_CHECK_S)
             try:
                 try:
                     infos = [await self.log.js.stream_info(self.stream)]
