@@ -82,6 +82,7 @@ FOLLOW_FETCH_S = 2.0
 STREAM_CHECK_S = 5.0  # how often a writer checks that no one edited its streams to drop messages
 GONE_CONFIRM_S = 1.0  # a stream not found while written or followed: asked again after this before stopping
 REPLICAS_AGAIN_S = 60.0  # a stream edited to fewer replicas: how soon the writer tries again after a refusal
+LEAD_AGAIN_S = 60.0  # a stream whose leader could not be moved to the writer's NATS server: how soon it asks again
 READ_STALL_S = 10.0  # a read at start or takeover that gets nothing for this long starts again
 STALE_PINGS = 3  # unanswered pings that make a connection stale (see JetStreamConfig.stale_after_s)
 JETSTREAM_NOT_ENABLED_FOR_ACCOUNT = 10039
@@ -741,6 +742,25 @@ class JetStreamLog:
             await self.nc.close()
 
     @property
+    def server_name(self) -> str | None:
+        """The name of the NATS server this process is connected to now (from its INFO), or None."""
+        return (getattr(self.nc, "_server_info", None) or {}).get("server_name") or None
+
+    async def lead_from(self, stream: str, server: str) -> str | None:
+        """Ask JetStream to hand ``stream``'s leadership to ``server`` (one of its replicas: a Raft
+        leadership transfer, NATS 2.11's preferred stepdown); None if it agreed, else what it said."""
+        import json
+
+        try:
+            answer = await self.nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
+                                           json.dumps({"placement": {"preferred": server}}).encode(),
+                                           timeout=self.config.publish_timeout_s)
+            said = json.loads(answer.data)
+        except Exception as exc:  # noqa: BLE001 - no answer, or not JSON: the next check asks again
+            return repr(exc)
+        return None if said.get("success") else str(said.get("error") or said)
+
+    @property
     def connected(self) -> bool:
         """Whether the NATS connection is up now (not while it reconnects)."""
         return self.nc is not None and self.nc.is_connected
@@ -1127,6 +1147,7 @@ class JetStreamJournal(Appender):
         self._watch: asyncio.Task | None = None  # _watch_streams, while this process writes
         self._instance = secrets.token_hex(8)  # message ids are unique to this open journal
         self.released_before = False
+        self._lead_again_at = 0.0  # _lead_here: when to ask again after a move that did not take
         self.following = False  # opened to follow another writer: not fenced, not writable
         self.cuts_seen: list[tuple[int, int]] = []  # (epoch, revision) of the cut markers read
         self.first_top = 0  # the highest tag in the first message with records that was read
@@ -1498,6 +1519,7 @@ class JetStreamJournal(Appender):
                         raise self._gone() from None
                     continue
                 check_keeps_messages(infos[0])
+                await self._lead_here(infos[0])
                 infos.append(await self._check_bucket_keeps_messages(retry=False))
                 fewer = [i.config.name for i in infos
                          if i is not None and (i.config.num_replicas or 1) < self.log.config.replicas]
@@ -1517,6 +1539,31 @@ class JetStreamJournal(Appender):
                 return
             except Exception as exc:  # noqa: BLE001 - NATS not answering now: the next round asks again
                 logger.debug("journal stream check skipped stream=%s error=%r", self.stream, exc)
+
+    async def _lead_here(self, info) -> None:
+        """Move the stream's leadership to the NATS server this writer is connected to, when that
+        server holds a current replica of it and another leads it: every publish then goes to its
+        leader directly instead of through a route to another server and back (a network round trip
+        fewer per batch: 0.3 ms of a 1.1-1.5 ms lone write on loopback, bench/README.md). A move that
+        did not take (an older NATS ignores the preference, or refuses it) is asked again only after
+        ``LEAD_AGAIN_S``; one that took is kept by the next check, and made again if NATS moves the
+        leader away later (a server restarted, this process reconnected elsewhere)."""
+        here, cluster = self.log.server_name, info.cluster
+        if here is None or cluster is None or not cluster.leader or cluster.leader == here:
+            self._lead_again_at = 0.0
+            return
+        if not any(p.name == here and p.current and not p.offline for p in cluster.replicas or ()):
+            return  # not one of its replicas (R1, or a larger NATS cluster), or behind
+        if time.monotonic() < self._lead_again_at:
+            return
+        self._lead_again_at = time.monotonic() + LEAD_AGAIN_S
+        said = await self.log.lead_from(self.stream, here)
+        if said is None:
+            logger.info("journal stream leader moved to this writer's NATS server stream=%s from=%s to=%s",
+                        self.stream, cluster.leader, here)
+        else:
+            logger.info("journal stream leader not moved stream=%s leader=%s here=%s answer=%s",
+                        self.stream, cluster.leader, here, said)
 
     async def close(self) -> None:
         await cancel_and_wait(self._watch)

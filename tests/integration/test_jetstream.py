@@ -702,6 +702,77 @@ def test_a_stream_edited_to_fewer_replicas_while_written_gets_them_back(nats, tm
         writer.stop()
 
 
+def test_a_writer_moves_its_streams_leadership_to_the_nats_server_it_is_connected_to(nats, tmp_path):
+    """Every publish goes to its stream's leader: a writer connected to another NATS server pays a
+    route there and back per batch. The writer's stream check hands each stream's leadership to the
+    server it is connected to (here a replica of every R3 stream), and again when it is moved away,
+    while a client goes on writing: no write fails, every acknowledged one is read back."""
+    import json
+
+    from journal.jetstream import STREAM_CHECK_S
+    from tests.integration.test_jetstream_faults import nats_call
+    from tests.nats_fixture import connected_to
+
+    streams = [f"shardetcd_{name}" for name in load_layout(None).names]
+
+    def leaders_become(want, which=streams, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (got := [nats.stream_leader(s) for s in which]) != [want] * len(which):
+            assert time.monotonic() < deadline, (want, got, writer.log_tail(30))
+            time.sleep(0.5)
+
+    writer = server_on(nats, tmp_path / "w", "--log-level", "info").start()
+    acked: dict[bytes, bytes] = {}
+    failed: list = []
+    stop = threading.Event()
+
+    def write() -> None:
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            kv, i = pbg.KVStub(ch), 0
+            while not stop.is_set():
+                key, value = b"/registry/pods/ns/p%d" % (i % 50), b"v%d" % i
+                try:
+                    kv.Put(pb.PutRequest(key=key, value=value), timeout=10)
+                    acked[key] = value
+                except grpc.RpcError as exc:
+                    failed.append(exc)
+                i += 1
+
+    writing = threading.Thread(target=write)
+    try:
+        here = nats.servers[connected_to(nats)[0]].name
+        writing.start()
+        leaders_become(here)
+        time.sleep(STREAM_CHECK_S + 1)  # a check has seen them here since it moved them: a new move is not held back
+        away = next(s.name for s in nats.servers if s.name != here)
+
+        async def move_away(js) -> dict:
+            answer = await js._nc.request("$JS.API.STREAM.LEADER.STEPDOWN.shardetcd_pods",
+                                          json.dumps({"placement": {"preferred": away}}).encode(), timeout=10)
+            return json.loads(answer.data)
+
+        def moves_back() -> int:
+            return writer.log_path.read_text().count(
+                f"journal stream leader moved to this writer's NATS server stream=shardetcd_pods from={away} to={here}")
+
+        before = moves_back()
+        assert nats_call(nats.urls, move_away).get("success"), "NATS did not move the leader away"
+        time.sleep(1)
+        leaders_become(here, ["shardetcd_pods"])
+        assert moves_back() == before + 1, writer.log_tail(30)
+        stop.set()
+        writing.join(30)
+        assert not failed and len(acked) == 50, (failed[:3], len(acked))
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            got = {kv.key: kv.value for kv in pbg.KVStub(ch).Range(
+                pb.RangeRequest(key=b"/registry/pods/", range_end=b"/registry/pods0"), timeout=10).kvs}
+        assert got == acked
+    finally:
+        stop.set()
+        writing.join(30) if writing.is_alive() else None
+        writer.stop()
+
+
 def test_a_standby_that_takes_over_gives_the_journals_its_replicas(nats, tmp_path):
     """With --standby, processes start by standing by and write only once they take over: the
     replicas they are given are applied then (after the journals are fenced, so a takeover is not
