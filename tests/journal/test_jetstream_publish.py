@@ -147,3 +147,27 @@ def test_a_lease_lives_as_long_as_its_bucket_keeps_entries(nats_cluster, caplog)
     assert lease.ttl_s == 1.0 and holder == lease.me
     assert lease.lapses == 0, "the lease lapsed between renewals"
     assert "writer lease TTL is the bucket's bucket=ttl-writer ttl_s=1 asked_ttl_s=6" in caplog.text
+
+
+def test_a_stream_is_handed_to_the_writers_server_only_by_a_nats_that_takes_a_preferred_leader(nats_cluster,
+                                                                                               monkeypatch):
+    """A NATS before 2.11 takes the preferred stepdown as a plain one and elects at random, so a
+    writer would move its streams' leaders about every minute: ``leading_server`` is None there. On
+    the real servers (2.11 or later) it is the server the connection is on, one of the cluster."""
+    from nats.aio.client import ServerVersion
+
+    log = JetStreamLog(JetStreamConfig(urls=tuple(nats_cluster.urls.split(",")), replicas=3))
+    assert log.leading_server is None  # not connected
+
+    async def go() -> None:
+        await log.connect()
+        try:
+            assert log.leading_server in {s.name for s in nats_cluster.servers}
+            for version, takes in (("2.10.22", False), ("2.11.0", True), ("3.0.1", True), ("1.4.1", False)):
+                monkeypatch.setattr(type(log.nc), "connected_server_version",
+                                    property(lambda _, v=version: ServerVersion(v)))
+                assert (log.leading_server is not None) == takes, version
+        finally:
+            await log.close()
+
+    asyncio.run(go())
