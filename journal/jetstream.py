@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import json
 import re
 import secrets
 import shutil
@@ -176,8 +177,6 @@ class _Acks:
         return fut
 
     async def _answered(self, msg) -> None:
-        import json
-
         from nats.js.api import Header
         from nats.js.errors import APIError, NoStreamResponseError
 
@@ -210,8 +209,6 @@ async def list_objects(js, bucket_name: str, stall_s: float = READ_STALL_S) -> l
     without a bound: a bucket deleted while it listed (by hand, or lost by NATS) left it waiting for
     good (7 of 40 tries in a probe), and with it a writer's checkpoints and its shutdown. Here a pull
     consumer reads the newest meta message of each object, as ``fetch_object`` reads chunks."""
-    import json
-
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ObjectInfo
     from nats.js.object_store import OBJ_ALL_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
 
@@ -240,8 +237,6 @@ async def delete_object(js, bucket_name: str, name: str) -> None:
     every later listing reads: a writer deleting its older checkpoint at each new one piled them up
     (one per checkpoint ever written), and each checkpoint listed them all. Chunks first, so a try cut
     short leaves the object listed, to be deleted again; an object gone already is left be."""
-    import json
-
     from nats.js.api import ObjectInfo
     from nats.js.errors import NotFoundError
     from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, OBJ_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
@@ -277,7 +272,6 @@ async def store_object(nc, js, bucket, bucket_name: str, name: str, data, ack_ti
     and the error raised (the errors of ``js.publish``), for ``retrying`` to store it again; a bucket
     deleted meanwhile raises the NotFoundError of that purge, as nats-py's put does."""
     import hashlib
-    import json
     from datetime import datetime, timezone
 
     from nats.errors import TimeoutError as NatsTimeout
@@ -757,10 +751,8 @@ class JetStreamLog:
     async def hand_leadership(self, stream: str, server: str) -> str | None:
         """Ask JetStream to hand ``stream``'s leadership to ``server`` (one of its replicas: a Raft
         leadership transfer, the preferred stepdown of NATS 2.11); None if it agreed, else what it said."""
-        import json
-
         try:
-            answer = await self.nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
+            answer = await self.nc.request(f"{self.js._prefix}.STREAM.LEADER.STEPDOWN.{stream}",  # noqa: SLF001 - a domain's
                                            json.dumps({"placement": {"preferred": server}}).encode(),
                                            timeout=self.config.publish_timeout_s)
             said = json.loads(answer.data)
@@ -936,6 +928,34 @@ async def retrying(what: str, op, deadline_s: float = 30.0, log: JetStreamLog | 
             if attempt == 1 or attempt % 20 == 0:
                 logger.warning("jetstream unavailable, retrying op=%s attempt=%d error=%r", what, attempt, exc)
             await asyncio.sleep(min(0.05 * attempt, 1.0))
+
+
+async def list_streams(js, deadline_s: float = 15.0) -> list:
+    """Every stream of the account, with its config and state. JetStream's list leaves out a
+    stream whose leader did not give its state in time — one electing a leader, after a server
+    restarted or a leadership moved — and names it under "missing" (nats-py's ``streams_info``
+    drops that, and reads only the first page of 256), so a check over the list would pass over
+    that stream in silence. Every page is read, and the whole list asked again while a stream is
+    missing or JetStream is ``unavailable``, for up to ``deadline_s``; then JournalFailed."""
+    from nats.js import api
+
+    started = time.monotonic()
+    while True:
+        streams, missing = [], []
+        while True:  # pages
+            page = await retrying("list streams", lambda: js._api_request(  # noqa: SLF001 - its prefix and errors
+                f"{js._prefix}.STREAM.LIST", json.dumps({"offset": len(streams)}).encode(), timeout=js._timeout),
+                deadline_s=max(1.0, deadline_s - (time.monotonic() - started)))
+            missing += page.get("missing") or []
+            streams += [api.StreamInfo.from_response(s) for s in page.get("streams") or []]
+            if not page.get("streams") or len(streams) >= (page.get("total") or 0):
+                break
+        if not missing:
+            return streams
+        if time.monotonic() - started > deadline_s:
+            raise JournalFailed(f"JetStream did not list streams {sorted(missing)} for {deadline_s:.0f} s "
+                                "(their leaders did not answer)")
+        await asyncio.sleep(0.1)
 
 
 REPLICAS_NEED_A_CLUSTER = 10074  # JetStream's "replicas > 1 not supported in non-clustered mode"

@@ -31,8 +31,8 @@ from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import (CHECKPOINT_TRIES, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket,
                                checkpoint_files, checkpoint_stream, connect_failure, connect_options, drops_messages,
-                               fetch_object, kv_keys, kv_stream, list_objects, meta_bucket, refusal, refused,
-                               released_key, retrying, shown_urls, stream_head_lost)
+                               fetch_object, kv_keys, kv_stream, list_objects, list_streams, meta_bucket, refusal,
+                               refused, released_key, retrying, shown_urls, stream_head_lost)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import lost_revisions as shared_lost_revisions, runs_text, verify_checkpoints
@@ -159,7 +159,7 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
         try:
             # first: what a writer acknowledged before the streams are listed is in what is read of them
             acknowledged, spans = await _acknowledged(js, prefix)
-            infos = await retrying("list streams", js.streams_info, deadline_s=15.0)
+            infos = await list_streams(js)
         except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
             raise JournalUnreachable(f"NATS at {shown_urls(urls)} does not answer JetStream requests: {exc}") from None
         journals = _journals(infos, prefix)
@@ -193,7 +193,7 @@ async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[s
     try:
         js = nc.jetstream(timeout=10.0)
         try:
-            infos = await retrying("list streams", js.streams_info, deadline_s=15.0)
+            infos = await list_streams(js)
             found = []
             for info in _journals(infos, prefix):
                 shard = info.config.name[len(prefix) + 1:]

@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from journal.jetstream import list_streams
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shards.layout import DEFAULT_LAYOUT_TOML, load_layout
 from tests.etcd_fixture import free_port
@@ -639,7 +640,7 @@ def test_a_writer_stores_its_journals_with_the_replicas_it_is_given(nats, tmp_pa
     from tests.integration.test_jetstream_faults import nats_call
 
     async def replicas(js) -> dict[str, int]:
-        return {i.config.name: i.config.num_replicas for i in await js.streams_info()}
+        return {i.config.name: i.config.num_replicas for i in await list_streams(js)}
 
     first = server_on(nats, tmp_path / "a", "--journal-replicas", "1", "--checkpoint-journal-bytes", "2000").start()
     try:
@@ -781,7 +782,7 @@ def test_a_standby_that_takes_over_gives_the_journals_its_replicas(nats, tmp_pat
     from tests.integration.test_jetstream_faults import nats_call
 
     async def shard_streams(js) -> dict[str, int]:
-        return {i.config.name: i.config.num_replicas for i in await js.streams_info()
+        return {i.config.name: i.config.num_replicas for i in await list_streams(js)
                 if i.config.name.startswith("shardetcd_") or i.config.name in ("KV_shardetcd-meta",
                                                                               "KV_shardetcd-writer")}
 

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from journal.jetstream import CUT_HEADER, FENCE_HEADER, retrying
+from journal.jetstream import CUT_HEADER, FENCE_HEADER, list_streams, retrying
 from journal.record import decode_frame
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shards.record import WRITE
@@ -88,7 +88,7 @@ def check_stored_once(urls: str) -> dict[str, int]:
 
     async def go(js):
         found = {}
-        for info in await retrying("list streams", js.streams_info, deadline_s=60):
+        for info in await list_streams(js, deadline_s=60):
             stream = info.config.name
             if not stream.startswith(PREFIX + "_") or info.config.subjects != [f"journal.{stream}"]:
                 continue

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from journal.jetstream import list_streams
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shards.layout import load_layout
 from tests.etcd_fixture import free_port
@@ -64,7 +65,7 @@ async def acknowledged(js) -> int:
 async def stream_states(js) -> dict[str, tuple[int, int, int]]:
     """The journal streams' states and their checkpoint buckets' (a checkpoint being stored moves them)."""
     return {i.config.name: (i.state.first_seq, i.state.last_seq, i.state.messages)
-            for i in await js.streams_info() if i.config.name.startswith(("shardetcd_", "OBJ_shardetcd_"))}
+            for i in await list_streams(js) if i.config.name.startswith(("shardetcd_", "OBJ_shardetcd_"))}
 
 
 def settled(urls: str, timeout: float = 60.0) -> dict[str, tuple[int, int, int]]:
