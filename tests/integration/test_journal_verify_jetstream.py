@@ -337,20 +337,30 @@ async def checkpoint(journal, rev: int) -> None:
     await journal.release(rev - 1)
 
 
-def verify_with(monkeypatch, urls: str, name: str, when):
-    """verify_jetstream, ``when()`` awaited right after its first call of ``retrying(name, ...)``."""
+def run_after(monkeypatch, name: str, when) -> list:
+    """Have ``when()`` awaited right after verify's first listing of the streams (``name`` "list
+    streams") or its first call of ``retrying(name, ...)``; the list returned is not empty once it was."""
     from journal import verify_jetstream as vj
 
-    real, done = vj.retrying, []
+    attr, done = "list_streams" if name == "list streams" else "retrying", []
+    real = getattr(vj, attr)
 
-    async def retrying(what, fn, **kw):
-        got = await real(what, fn, **kw)
-        if what == name and not done:
-            done.append(what)
+    async def hooked(*args, **kw):
+        got = await real(*args, **kw)
+        if (attr == "list_streams" or args[0] == name) and not done:
+            done.append(name)
             await when()
         return got
 
-    monkeypatch.setattr(vj, "retrying", retrying)
+    monkeypatch.setattr(vj, attr, hooked)
+    return done
+
+
+def verify_with(monkeypatch, urls: str, name: str, when):
+    """verify_jetstream, with ``when()`` run as ``run_after`` says."""
+    from journal import verify_jetstream as vj
+
+    run_after(monkeypatch, name, when)
     return vj.verify_jetstream(tuple(urls.split(",")), "t")
 
 
@@ -669,7 +679,6 @@ def test_a_partition_left_out_is_found_when_it_checkpoints_while_looked_at(nats,
     marker) is still found holding data, in the bucket."""
     from journal import verify_jetstream as vj
 
-    real, done = vj.retrying, []
     urls, others = tuple(nats.urls.split(",")), set(load_layout(None).names) - {"pods"}
 
     async def go():
@@ -677,18 +686,10 @@ def test_a_partition_left_out_is_found_when_it_checkpoints_while_looked_at(nats,
             await write(journal, range(2, 12))
         async with a_writer(nats.urls, tmp_path) as (log, journal):  # restarted: its fence and cut marker last
             assert await vj.shards_holding_data(urls, "t", others) == ["pods"]  # records, no checkpoint yet
-
-            async def retrying(what, fn, **kw):
-                got = await real(what, fn, **kw)
-                if what == "list streams" and not done:
-                    done.append(what)
-                    await checkpoint(journal, 12)  # every record released
-                return got
-
-            monkeypatch.setattr(vj, "retrying", retrying)
+            done = run_after(monkeypatch, "list streams", lambda: checkpoint(journal, 12))  # all released
             found = await vj.shards_holding_data(urls, "t", others)
-            return found, await log.js.stream_info("t_pods")
+            return found, await log.js.stream_info("t_pods"), done
 
-    found, info = asyncio.run(go())
+    found, info, done = asyncio.run(go())
     assert done and info.state.messages == 1, info.state  # the race happened: only the newest message left
     assert found == ["pods"]
