@@ -84,6 +84,7 @@ STREAM_CHECK_S = 5.0  # how often a writer checks that no one edited its streams
 GONE_CONFIRM_S = 1.0  # a stream not found while written or followed: asked again after this before stopping
 REPLICAS_AGAIN_S = 60.0  # a stream edited to fewer replicas: how soon the writer tries again after a refusal
 LEAD_AGAIN_S = 60.0  # a stream whose leader could not be moved to the writer's NATS server: how soon it asks again
+LEAD_WAIT_S = 2.0  # a writer's start waits this long at most for its streams' leaders to move (_lead_before_serving)
 READ_STALL_S = 10.0  # a read at start or takeover that gets nothing for this long starts again
 STALE_PINGS = 3  # unanswered pings that make a connection stale (see JetStreamConfig.stale_after_s)
 JETSTREAM_NOT_ENABLED_FOR_ACCOUNT = 10039
@@ -1176,6 +1177,7 @@ class JetStreamJournal(Appender):
         self._instance = secrets.token_hex(8)  # message ids are unique to this open journal
         self.released_before = False
         self._lead_again_at = 0.0  # _lead_here: when to ask again after a move that did not take
+        self._took_over = False  # written by this process since a takeover (not since its open)
         self.following = False  # opened to follow another writer: not fenced, not writable
         self.cuts_seen: list[tuple[int, int]] = []  # (epoch, revision) of the cut markers read
         self.first_top = 0  # the highest tag in the first message with records that was read
@@ -1468,6 +1470,7 @@ class JetStreamJournal(Appender):
             try:
                 await self._fence()
                 self.following = False
+                self._took_over = True
                 # after it: a takeover is not held up, or stopped, by a setting the last writer had too
                 self.log.keep_replicas_soon(*self._written_streams())
                 return
@@ -1513,6 +1516,8 @@ class JetStreamJournal(Appender):
         if self._task is not None or self._closing:
             raise RuntimeError("journal already started or closed")
         self._found = []  # replayed by now: records() is for before start()
+        if not self._took_over:
+            await self._lead_before_serving()
         if self._cut is not None:
             await self._publish(b"", {CUT_HEADER: str(self._cut)}, 0)
             logger.info("journal cut recorded stream=%s above_rev=%d epoch=%d", self.stream, self._cut, self.log.epoch)
@@ -1568,22 +1573,50 @@ class JetStreamJournal(Appender):
             except Exception as exc:  # noqa: BLE001 - NATS not answering now: the next round asks again
                 logger.debug("journal stream check skipped stream=%s error=%r", self.stream, exc)
 
-    async def _lead_here(self, info) -> None:
+    async def _lead_before_serving(self) -> None:
+        """At a writer's start, before it serves: the stream's leadership moved here (``_lead_here``)
+        and the new leader waited for, up to ``LEAD_WAIT_S``, so neither the first writes served nor
+        the first stream check wait on that election. Not after a takeover (its first
+        acknowledgement is not to wait on one: the stream check moves the leader a round later)."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            if not await self._lead_here(await self._info(deadline_s=LEAD_WAIT_S)):
+                return
+            deadline = time.monotonic() + LEAD_WAIT_S
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+                try:  # with no leader the request goes unanswered: asked again soon, not after js's timeout
+                    cluster = (await asyncio.wait_for(self.log.js.stream_info(self.stream), 0.25)).cluster
+                except NotFoundError:
+                    raise
+                except Exception:  # noqa: BLE001 - no leader to answer yet
+                    continue
+                if cluster is not None and cluster.leader == self.log.leading_server:
+                    return
+            logger.info("journal stream leader not seen here yet, serving stream=%s waited_s=%.1f",
+                        self.stream, LEAD_WAIT_S)
+        except (JournalGone, NotFoundError):
+            raise self._gone() from None
+        except Exception as exc:  # noqa: BLE001 - placement is an optimisation; the stream check tries again
+            logger.debug("journal stream leader not moved at start stream=%s error=%r", self.stream, exc)
+
+    async def _lead_here(self, info) -> bool:
         """Move the stream's leadership to the NATS server this writer is connected to, when that
         server holds a current replica of it and another leads it: every publish then goes to its
         leader directly instead of through a route to another server and back (a network round trip
         fewer per batch: 0.2-0.4 ms of a 1.1-1.5 ms lone write on loopback, bench/README.md). A move
         that did not take (refused, unanswered, or undone before the next check) is asked again only
         after ``LEAD_AGAIN_S``; once a check sees it taken, a later move away (a server restarted, this
-        process reconnected elsewhere) is undone at the next check."""
+        process reconnected elsewhere) is undone at the next check. True if it asked and NATS agreed."""
         here, cluster = self.log.leading_server, info.cluster
         if here is None or cluster is None or not cluster.leader or cluster.leader == here:
             self._lead_again_at = 0.0
-            return
+            return False
         if not any(p.name == here and p.current and not p.offline for p in cluster.replicas or ()):
-            return  # not one of its replicas (R1, or a larger NATS cluster), or behind
+            return False  # not one of its replicas (R1, or a larger NATS cluster), or behind
         if time.monotonic() < self._lead_again_at:
-            return
+            return False
         self._lead_again_at = time.monotonic() + LEAD_AGAIN_S
         said = await self.log.hand_leadership(self.stream, here)
         if said is None:
@@ -1592,6 +1625,7 @@ class JetStreamJournal(Appender):
         else:
             logger.info("journal stream leader not moved stream=%s leader=%s here=%s answer=%s",
                         self.stream, cluster.leader, here, said)
+        return said is None
 
     async def close(self) -> None:
         await cancel_and_wait(self._watch)

@@ -705,9 +705,10 @@ def test_a_stream_edited_to_fewer_replicas_while_written_gets_them_back(nats, tm
 
 def test_a_writer_moves_its_streams_leadership_to_the_nats_server_it_is_connected_to(nats, tmp_path):
     """Every publish goes to its stream's leader: a writer connected to another NATS server pays a
-    route there and back per batch. The writer's stream check hands each stream's leadership to the
-    server it is connected to (here a replica of every R3 stream), and again when it is moved away,
-    while a client goes on writing: no write fails, every acknowledged one is read back."""
+    route there and back per batch. A writer's start hands each stream's leadership to the server it
+    is connected to (here a replica of every R3 stream) before it serves, and its stream check does
+    again when one is moved away, while a client goes on writing: no write fails, every acknowledged
+    one is read back."""
     import json
 
     from journal.jetstream import STREAM_CHECK_S
@@ -741,9 +742,11 @@ def test_a_writer_moves_its_streams_leadership_to_the_nats_server_it_is_connecte
 
     writing = threading.Thread(target=write)
     try:
-        here = nats.servers[connected_to(nats)[0]].name
+        (mine,) = connected_to(nats)
+        here = nats.servers[mine].name
+        # already when it serves (as the server it is connected to sees it)
+        assert [nats.stream_leader(s, asking=mine) for s in streams] == [here] * len(streams), writer.log_tail(30)
         writing.start()
-        leaders_become(here)
         time.sleep(STREAM_CHECK_S + 1)  # a check has seen them here since it moved them: a new move is not held back
         away = next(s.name for s in nats.servers if s.name != here)
 
