@@ -689,24 +689,24 @@ class JetStreamLog:
         from nats.js.api import KeyValueConfig
         from nats.js.errors import BucketNotFoundError
 
-        name = f"{self.config.prefix}-members"
+        name = members_bucket(self.config.prefix)
         return await self.open_or_create(f"members bucket {name}", lambda: self.js.key_value(name),
                                          lambda: self.js.create_key_value(KeyValueConfig(
                                              bucket=name, history=1, ttl=ttl_s, replicas=self.config.replicas)),
                                          BucketNotFoundError)
 
     async def announce(self, key: str, value: str, ttl_s: float) -> None:
-        """Keep ``key`` in the bucket ``<prefix>-members`` (entries expire after
+        """Keep ``key`` in the bucket ``members_bucket`` (entries expire after
         ``ttl_s`` unless announced again): who serves these journals now."""
         kv = await self._members(ttl_s)
         await self.retrying(f"announce {key}", lambda: kv.put(key, value.encode()))
 
     async def announced(self, prefix: str, ttl_s: float) -> list[str]:
-        """The values of the live entries of ``<prefix>-members`` whose key starts with ``prefix``."""
+        """The values of the live entries of ``members_bucket`` whose key starts with ``prefix``."""
         from nats.js.errors import KeyNotFoundError
 
         kv = await self._members(ttl_s)
-        keys = await self.retrying("list members", lambda: kv_keys(self.js, f"{self.config.prefix}-members"))
+        keys = await self.retrying("list members", lambda: kv_keys(self.js, members_bucket(self.config.prefix)))
         out = []
         for key in keys:
             if key.startswith(prefix):
@@ -931,13 +931,15 @@ async def retrying(what: str, op, deadline_s: float = 30.0, log: JetStreamLog | 
             await asyncio.sleep(min(0.05 * attempt, 1.0))
 
 
-async def list_streams(js, deadline_s: float = 15.0) -> list:
+async def list_streams(js, deadline_s: float = 15.0, wanted=None) -> list:
     """Every stream of the account, with its config and state. JetStream's list leaves out a
     stream whose leader did not give its state in time — one electing a leader, after a server
     restarted or a leadership moved — and names it under "missing" (nats-py's ``streams_info``
     drops that, and reads only the first page of 256), so a check over the list would pass over
-    that stream in silence. Every page is read, and the whole list asked again while a stream is
-    missing or JetStream is ``unavailable``, for up to ``deadline_s``; then JournalFailed."""
+    that stream in silence. Every page is read, and the whole list asked again while a stream
+    ``wanted`` (a test of its name; None: any) is missing or JetStream is ``unavailable``, for up
+    to ``deadline_s``; then JournalFailed. A missing stream not wanted (another deployment's, or
+    one whose only servers are lost) is not waited for."""
     from nats.js import api
 
     started = time.monotonic()
@@ -947,16 +949,26 @@ async def list_streams(js, deadline_s: float = 15.0) -> list:
             page = await retrying("list streams", lambda: js._api_request(  # noqa: SLF001 - its prefix and errors
                 f"{js._prefix}.STREAM.LIST", json.dumps({"offset": len(streams)}).encode(), timeout=js._timeout),
                 deadline_s=max(1.0, deadline_s - (time.monotonic() - started)))
-            missing += page.get("missing") or []
+            missing += [name for name in page.get("missing") or [] if wanted is None or wanted(name)]
             streams += [api.StreamInfo.from_response(s) for s in page.get("streams") or []]
             if not page.get("streams") or len(streams) >= (page.get("total") or 0):
                 break
         if not missing:
             return streams
         if time.monotonic() - started > deadline_s:
-            raise JournalFailed(f"JetStream did not list streams {sorted(missing)} for {deadline_s:.0f} s "
-                                "(their leaders did not answer)")
+            raise JournalFailed(f"JetStream did not list streams {sorted(missing)} for {deadline_s:.0f} s: no "
+                                "leader answered for them (the NATS servers that hold them are down, or cannot "
+                                "elect one)")
         await asyncio.sleep(0.1)
+
+
+def of_prefix(prefix: str):
+    """A test of a stream's name: one that shardetcd keeps under ``prefix`` (its journals, their
+    checkpoint buckets, its meta, writer lease and members buckets)."""
+    from nats.js.object_store import OBJ_STREAM_TEMPLATE
+
+    starts = (f"{prefix}_", OBJ_STREAM_TEMPLATE.format(bucket=f"{prefix}_"), kv_stream(f"{prefix}-"))
+    return lambda name: name.startswith(starts)
 
 
 REPLICAS_NEED_A_CLUSTER = 10074  # JetStream's "replicas > 1 not supported in non-clustered mode"
@@ -994,6 +1006,11 @@ def check_keeps_messages(info, journal: bool = True) -> None:
 def meta_bucket(prefix: str) -> str:
     """The key-value bucket of a prefix's writers' word: acknowledged revisions, restores."""
     return f"{prefix}-meta"
+
+
+def members_bucket(prefix: str) -> str:
+    """The key-value bucket where each process serving a prefix's journals announces itself."""
+    return f"{prefix}-members"
 
 
 def released_key(stream: str) -> str:

@@ -7,7 +7,7 @@ backwards, messages missing inside the stream; the checkpoints in its object sto
 ``<stream>-checkpoints`` (the newest downloaded and checked like a local checkpoint); and
 whether the stream still reaches back to that checkpoint: a stream purged up to a checkpoint
 (first sequence past 1) needs that checkpoint, else the purged records are gone. And on how
-many NATS servers each journal, checkpoint bucket, the meta and the writer lease bucket are
+many NATS servers each journal, checkpoint bucket, the meta, writer lease and members bucket are
 stored, which of those servers are offline or behind; given the replicas the servers run with,
 fewer is a finding: a lost server would take what only it holds.
 
@@ -31,8 +31,8 @@ from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import (CHECKPOINT_TRIES, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket,
                                checkpoint_files, checkpoint_stream, connect_failure, connect_options, drops_messages,
-                               fetch_object, kv_keys, kv_stream, list_objects, list_streams, meta_bucket, refusal,
-                               refused, released_key, retrying, shown_urls, stream_head_lost)
+                               fetch_object, kv_keys, kv_stream, list_objects, list_streams, members_bucket, meta_bucket,
+                               of_prefix, refusal, refused, released_key, retrying, shown_urls, stream_head_lost)
 from journal.leadership import bucket_name as lease_bucket
 from journal.record import FrameError, decode_frame
 from journal.verify import lost_revisions as shared_lost_revisions, runs_text, verify_checkpoints
@@ -159,7 +159,7 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
         try:
             # first: what a writer acknowledged before the streams are listed is in what is read of them
             acknowledged, spans = await _acknowledged(js, prefix)
-            infos = await list_streams(js)
+            infos = await list_streams(js, wanted=of_prefix(prefix))
         except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
             raise JournalUnreachable(f"NATS at {shown_urls(urls)} does not answer JetStream requests: {exc}") from None
         journals = _journals(infos, prefix)
@@ -193,7 +193,7 @@ async def shards_holding_data(urls: tuple[str, ...], prefix: str, besides: set[s
     try:
         js = nc.jetstream(timeout=10.0)
         try:
-            infos = await list_streams(js)
+            infos = await list_streams(js, wanted=of_prefix(prefix))
             found = []
             for info in _journals(infos, prefix):
                 shard = info.config.name[len(prefix) + 1:]
@@ -304,9 +304,9 @@ def lost_revisions(reports: list[StreamReport], upto: int) -> list[int]:
 
 
 def _replicas(by_name: dict, journals, prefix: str) -> list[ReplicaReport]:
-    """The journals, their checkpoint buckets, the meta and writer lease buckets, in that order."""
+    """The journals, their checkpoint buckets, the meta, writer lease and members buckets, in that order."""
     names = [name for j in journals for name in (j.config.name, checkpoint_stream(j.config.name))]
-    names += [kv_stream(meta_bucket(prefix)), kv_stream(lease_bucket(prefix))]
+    names += [kv_stream(bucket(prefix)) for bucket in (meta_bucket, lease_bucket, members_bucket)]
     return [_replica_report(by_name[name]) for name in names if name in by_name]
 
 

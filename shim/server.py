@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2
 
 from journal import Journal, JournalConfig
 from journal.errors import JournalFailed, JournalGap, JournalGone, JournalUnreachable
-from journal.jetstream import JetStreamConfig, JetStreamLog, kv_stream
+from journal.jetstream import JetStreamConfig, JetStreamLog, kv_stream, members_bucket
 from journal.leadership import WriterLease, bucket_name as lease_bucket
 from journal.tail import LocalFollowLog, LocalMembers, write_writer_file
 from journal.tasks import awaiting, cancel_and_wait
@@ -346,10 +346,12 @@ async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
     return lease
 
 
-def writer_buckets(log: JetStreamLog) -> tuple[str, str]:
+def writer_buckets(log: JetStreamLog) -> tuple[str, ...]:
     """The streams of the buckets a writer keeps besides its journals: meta (acknowledged revision,
-    restores) and the writer lease."""
-    return kv_stream(log.meta_bucket), kv_stream(lease_bucket(log.config.prefix))
+    restores), the writer lease and the members (each serving process announces itself there, and a
+    process does not start while it cannot)."""
+    prefix = log.config.prefix
+    return kv_stream(log.meta_bucket), kv_stream(lease_bucket(prefix)), kv_stream(members_bucket(prefix))
 
 
 async def release_writer_lease(lease: WriterLease | None) -> None:

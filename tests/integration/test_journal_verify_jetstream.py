@@ -183,9 +183,10 @@ def replica_lines(out: str) -> dict[str, str]:
 def test_verify_says_where_each_stream_is_stored(nats, tmp_path):
     """An operator checks that what the writers keep is stored on as many NATS servers as the
     deployment runs with (a stream made with fewer keeps its count until a writer given more
-    moves it) and, after losing a machine, which servers each stream is missing."""
+    moves it) and, after losing a machine, which servers each stream is missing — also when a
+    stream of another deployment in the account was stored only on the lost machine."""
     ours = {f"shardetcd_{s}" for s in ("leases", "events", "pods", "nodes", "default")} | \
-        {"OBJ_shardetcd_pods-checkpoints", "KV_shardetcd-meta", "KV_shardetcd-writer"}
+        {"OBJ_shardetcd_pods-checkpoints", "KV_shardetcd-meta", "KV_shardetcd-writer", "KV_shardetcd-members"}
 
     def write(*flags: str) -> None:
         server = server_on(nats, tmp_path / "a", "--checkpoint-journal-bytes", "4000", *flags).start()
@@ -216,16 +217,23 @@ def test_verify_says_where_each_stream_is_stored(nats, tmp_path):
     assert judged.returncode == 0 and judged.stdout.strip().endswith(": all sound"), (judged.stdout, judged.stderr)
     assert all(re.fullmatch(r"3 \(leader n\d\)", found[name]) for name in ours), found
 
-    nats.kill(2)  # a machine lost: verify still answers, and says which server each stream misses
+    async def placed(js) -> str:
+        info = await js.add_stream(name="elsewhere", subjects=["elsewhere.>"], num_replicas=1)
+        return info.cluster.leader
+
+    lost_server = on_nats(nats.urls, placed)  # another deployment's stream, on one server only
+    nats.kill(int(lost_server[1:]))  # its machine lost: verify still answers, and says which server each stream misses
+    kept = "".join(s.name[1:] for s in nats.servers if s.name != lost_server)
     deadline = time.monotonic() + 60
     while True:
-        lost = journal("verify", "--journal-url", nats.urls.split(",", 1)[0], "--journal-replicas", "3")
+        lost = journal("verify", "--journal-url", nats.servers[int(kept[0])].url, "--journal-replicas", "3")
         found = replica_lines(lost.stdout)
-        if lost.returncode == 0 and ours <= found.keys() and \
-                all(re.fullmatch(r"3 \(leader n[01]; n2 (offline|not current.*)\)", found[name]) for name in ours):
+        if lost.returncode == 0 and ours <= found.keys() and all(re.fullmatch(
+                rf"3 \(leader n[{kept}]; {lost_server} (offline|not current.*)\)", found[name]) for name in ours):
             break
         assert time.monotonic() < deadline, (lost.returncode, lost.stdout, lost.stderr)
         time.sleep(1)
+    assert "elsewhere" not in lost.stdout + lost.stderr  # not the prefix's: neither reported nor waited for
 
 
 def test_verify_and_repair_answer_in_one_line(nats, tmp_path):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from journal.errors import JournalFailed
-from journal.jetstream import list_streams
+from journal.jetstream import list_streams, of_prefix
 from tests.nats_fixture import start_nats_cluster
 
 
@@ -80,3 +80,26 @@ def test_a_stream_missing_past_the_deadline_fails_the_list():
     js = Pages([{"total": 1, "offset": 0, "streams": [], "missing": ["c"]}] * 100)
     with pytest.raises(JournalFailed, match=r"did not list streams \['c'\]"):
         asyncio.run(list_streams(js, deadline_s=0.3))
+
+
+def test_only_a_wanted_stream_missing_is_waited_for():
+    """A stream of another deployment whose only server is lost stays missing for good: a check
+    of one prefix's streams neither waits for it nor fails on it, and still waits for its own."""
+    lost = {"total": 3, "offset": 0, "streams": [info("p_a"), info("KV_p-meta")], "missing": ["other_x"]}
+    js = Pages([lost, {"total": 3, "offset": 2, "streams": []}])
+    got = asyncio.run(list_streams(js, deadline_s=5, wanted=of_prefix("p")))
+    assert [i.config.name for i in got] == ["p_a", "KV_p-meta"] and js.asked == [0, 2]
+
+    electing = {"total": 3, "offset": 0, "streams": [info("p_a")], "missing": ["other_x", "OBJ_p_a-checkpoints"]}
+    js = Pages([electing, {"total": 3, "offset": 1, "streams": []},
+                {"total": 3, "offset": 0, "streams": [info("p_a"), info("OBJ_p_a-checkpoints")], "missing": ["other_x"]},
+                {"total": 3, "offset": 2, "streams": []}])
+    got = asyncio.run(list_streams(js, deadline_s=5, wanted=of_prefix("p")))
+    assert [i.config.name for i in got] == ["p_a", "OBJ_p_a-checkpoints"] and js.asked == [0, 1, 0, 2]
+
+
+def test_a_prefix_owns_its_journals_and_buckets_only():
+    mine = of_prefix("p")
+    assert [n for n in ["p_pods", "OBJ_p_pods-checkpoints", "KV_p-meta", "KV_p-writer", "KV_p-members", "px_pods",
+                        "p-x", "OBJ_px_a-checkpoints", "KV_px-meta", "other_p_a"] if mine(n)] == \
+        ["p_pods", "OBJ_p_pods-checkpoints", "KV_p-meta", "KV_p-writer", "KV_p-members"]
