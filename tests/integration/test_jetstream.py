@@ -777,17 +777,50 @@ def test_a_writer_moves_its_streams_leadership_to_the_nats_server_it_is_connecte
         writer.stop()
 
 
+def test_a_takeover_serves_before_it_moves_the_streams_leaders(nats, tmp_path):
+    """A writer's start moves its streams' leaders to its NATS server before it serves (an election
+    each); a takeover does not: its first acknowledgement is not to wait on elections while clients
+    retry, so the new writer's stream check moves them once it serves. Writer and standby each on
+    a NATS server of its own."""
+    from types import SimpleNamespace
+
+    streams = [f"shardetcd_{name}" for name in load_layout(None).names]
+    on = [SimpleNamespace(urls=s.url) for s in nats.servers]
+    writer = server_on(on[0], tmp_path / "w").start()
+    standby = server_on(on[1], tmp_path / "s", "--standby", "--log-level", "info").start(wait=False)
+    try:
+        assert [nats.stream_leader(s) for s in streams] == ["n0"] * len(streams), writer.log_tail(30)
+        wait_standing_by(standby)
+        writer.kill()
+        standby.wait_ready(timeout=30)
+        with grpc.insecure_channel(standby.endpoint) as ch:
+            pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/a", value=b"v"), timeout=30)
+        deadline = time.monotonic() + 30  # the stream check, every STREAM_CHECK_S, moves them
+        while (got := [nats.stream_leader(s, asking=1) for s in streams]) != ["n1"] * len(streams):
+            assert time.monotonic() < deadline, (got, standby.log_tail(30))
+            time.sleep(0.5)
+        log = standby.log_path.read_text()
+        took_over = log.index("took over as the writer")
+        moved = [m.start() for m in re.finditer(r"journal stream leader moved to this writer's NATS server "
+                                                r"stream=\S+ from=n0 to=n1", log)]
+        assert len(moved) == len(streams) and min(moved) > took_over, log[-3000:]
+    finally:
+        standby.kill()
+        writer.kill()
+
+
 def test_a_standby_that_takes_over_gives_the_journals_its_replicas(nats, tmp_path):
     """With --standby, processes start by standing by and write only once they take over: the
     replicas they are given are applied then (after the journals are fenced, so a takeover is not
-    held up by it), as a plain writer's are at start: to the journals and to the meta and writer
-    lease buckets (those two stayed at the old writer's count)."""
+    held up by it), as a plain writer's are at start: to the journals and to the meta, writer lease
+    and members buckets (those stayed at the old writer's count)."""
     from tests.integration.test_jetstream_faults import nats_call
+
+    buckets = ("KV_shardetcd-meta", "KV_shardetcd-writer", "KV_shardetcd-members")
 
     async def shard_streams(js) -> dict[str, int]:
         return {i.config.name: i.config.num_replicas for i in await list_streams(js)
-                if i.config.name.startswith("shardetcd_") or i.config.name in ("KV_shardetcd-meta",
-                                                                              "KV_shardetcd-writer")}
+                if i.config.name.startswith("shardetcd_") or i.config.name in buckets}
 
     writer = server_on(nats, tmp_path / "a", "--journal-replicas", "1").start()
     standby = server_on(nats, tmp_path / "b", "--standby").start(wait=False)  # the default, 3
@@ -796,7 +829,7 @@ def test_a_standby_that_takes_over_gives_the_journals_its_replicas(nats, tmp_pat
             pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/k", value=b"v"), timeout=10)
         wait_standing_by(standby)
         before = nats_call(nats.urls, shard_streams)
-        assert set(before.values()) == {1} and {"KV_shardetcd-meta", "KV_shardetcd-writer"} <= set(before), before
+        assert set(before.values()) == {1} and set(buckets) <= set(before), before
         writer.kill()
         standby.wait_ready(timeout=30)
         with grpc.insecure_channel(standby.endpoint) as ch:
