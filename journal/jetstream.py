@@ -506,6 +506,7 @@ class JetStreamLog:
         self.closing = False
         self.batch_bytes_max = MIN_MAX_PAYLOAD
         self.epoch = 0  # the writer lease's revision once held: stamped on every message
+        self.lease = None  # the WriterLease (journal/leadership.py) this process writes under, once held
         self._replicas_tasks: list[asyncio.Future] = []  # keep_replicas_soon's
         self._connect_error: Exception | None = None  # the last error of the first connect
         self.denied: Exception | None = None  # the last permissions violation NATS reported, and when
@@ -735,6 +736,11 @@ class JetStreamLog:
             await cancel_and_wait(task)
         if self.nc is not None:
             await self.nc.close()
+
+    def write_under(self, lease) -> None:
+        """From now on this process writes under ``lease`` (held): its revision is stamped on every
+        message published, and what only a writer does waits until the lease is sure."""
+        self.lease, self.epoch = lease, lease.revision
 
     @property
     def leading_server(self) -> str | None:
@@ -1634,6 +1640,8 @@ class JetStreamJournal(Appender):
             return False  # not one of its replicas (R1, or a larger NATS cluster), or behind
         if time.monotonic() < self._lead_again_at:
             return False
+        if self.log.lease is not None and not self.log.lease.sure():
+            return False  # perhaps deposed (resumed after a pause): not to pull leaders from the new writer
         self._lead_again_at = time.monotonic() + LEAD_AGAIN_S
         said = await self.log.hand_leadership(self.stream, here)
         if said is None:

@@ -336,7 +336,7 @@ async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
     except BaseException:
         await log.close()
         raise
-    log.epoch = lease.revision  # stamped on every message this writer publishes
+    log.write_under(lease)  # its revision stamped on every message this writer publishes
     lease.start_renewing()  # from now on: a recovery longer than the TTL must not let it lapse
     try:  # the journals' too, as each is opened to be written
         await log.keep_replicas(*writer_buckets(log))
@@ -433,7 +433,7 @@ async def take_over_as_writer(lease: WriterLease, store: Store, following: async
     """The writer lease is ours: stop following, stamp our epoch on what we publish, keep
     the lease renewed, and take the journals over (shards.store.Store.take_over)."""
     await cancel_and_wait(following)
-    lease.log.epoch = lease.revision
+    lease.log.write_under(lease)
     lease.start_renewing()
     logger.warning("taking over as the writer epoch=%d", lease.revision)
     await store.take_over()

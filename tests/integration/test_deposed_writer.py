@@ -200,3 +200,47 @@ def test_a_follower_cut_off_from_nats_ends_the_watches_that_require_a_leader(tmp
         for p in proxies:
             p.close()
         nats.stop()
+
+
+def test_a_writer_paused_past_its_lease_does_not_take_the_leaders_back_when_it_resumes(nats, tmp_path):
+    """Each writer moves its journal streams' leaders to the NATS server it is connected to. One
+    paused past its lease (SIGSTOP) resumes with its stream check overdue; that check must not pull
+    the leaders back from the writer that took over (an election each, while the new writer
+    writes): a writer not sure of its lease moves none. Writer and standby each on a NATS server
+    of its own."""
+    from journal.jetstream import STREAM_CHECK_S
+    from shards.layout import load_layout
+
+    streams = [f"shardetcd_{name}" for name in load_layout(None).names]
+    on = [SimpleNamespace(urls=s.url) for s in nats.servers]
+    writer = server_on(on[0], tmp_path / "w", "--log-level", "info").start()
+    standby = server_on(on[1], tmp_path / "s", "--standby").start(wait=False)
+
+    def leaders() -> list[str | None]:
+        return [nats.stream_leader(s, asking=1) for s in streams]
+
+    def moves(server) -> int:
+        return server.log_path.read_text().count("journal stream leader moved to this writer's NATS server")
+
+    try:
+        wait_standing_by(standby)
+        assert leaders() == ["n0"] * len(streams), writer.log_tail(30)
+        time.sleep(STREAM_CHECK_S + 1)  # a check of the writer's has seen them at home: none held back
+        before = moves(writer)
+        os.kill(writer.proc.pid, signal.SIGSTOP)
+        try:
+            standby.wait_ready(timeout=60)
+            with grpc.insecure_channel(standby.endpoint) as sch:
+                pbg.KVStub(sch).Put(pb.PutRequest(key=KEY, value=b"new"), timeout=30)
+            wait_until("the new writer's check to move the leaders to n1", lambda: leaders() == ["n1"] * len(streams),
+                       timeout=30)
+            time.sleep(STREAM_CHECK_S)  # the paused writer's check overdue, whenever it last ran
+        finally:
+            os.kill(writer.proc.pid, signal.SIGCONT)
+        wait_until("the deposed writer to stop", lambda: not writer.running())
+        assert writer.returncode == 1
+        assert moves(writer) == before, writer.log_tail(30)
+        assert leaders() == ["n1"] * len(streams)
+    finally:
+        writer.kill()
+        standby.kill()
