@@ -739,7 +739,7 @@ class JetStreamLog:
 
     def write_under(self, lease) -> None:
         """From now on this process writes under ``lease`` (held): its revision is stamped on every
-        message published, and what only a writer does waits until the lease is sure."""
+        message published, and a stream's leadership is moved here only while the lease is sure."""
         self.lease, self.epoch = lease, lease.revision
 
     @property
@@ -1017,6 +1017,15 @@ def meta_bucket(prefix: str) -> str:
 def members_bucket(prefix: str) -> str:
     """The key-value bucket where each process serving a prefix's journals announces itself."""
     return f"{prefix}-members"
+
+
+def writer_bucket_streams(prefix: str) -> tuple[str, ...]:
+    """The streams of the buckets a prefix's writer keeps besides its journals and their checkpoint
+    buckets: meta (acknowledged revision, restores), the writer lease, and the members (each serving
+    process announces itself there, and a process does not start while it cannot)."""
+    from journal.leadership import bucket_name as lease_bucket
+
+    return tuple(kv_stream(bucket(prefix)) for bucket in (meta_bucket, lease_bucket, members_bucket))
 
 
 def released_key(stream: str) -> str:

@@ -31,9 +31,9 @@ from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import (CHECKPOINT_TRIES, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket,
                                checkpoint_files, checkpoint_stream, connect_failure, connect_options, drops_messages,
-                               fetch_object, kv_keys, kv_stream, list_objects, list_streams, members_bucket, meta_bucket,
-                               of_prefix, refusal, refused, released_key, retrying, shown_urls, stream_head_lost)
-from journal.leadership import bucket_name as lease_bucket
+                               fetch_object, kv_keys, list_objects, list_streams, meta_bucket, of_prefix,
+                               refusal, refused, released_key, retrying, shown_urls, stream_head_lost,
+                               writer_bucket_streams)
 from journal.record import FrameError, decode_frame
 from journal.verify import lost_revisions as shared_lost_revisions, runs_text, verify_checkpoints
 
@@ -306,7 +306,7 @@ def lost_revisions(reports: list[StreamReport], upto: int) -> list[int]:
 def _replicas(by_name: dict, journals, prefix: str) -> list[ReplicaReport]:
     """The journals, their checkpoint buckets, the meta, writer lease and members buckets, in that order."""
     names = [name for j in journals for name in (j.config.name, checkpoint_stream(j.config.name))]
-    names += [kv_stream(bucket(prefix)) for bucket in (meta_bucket, lease_bucket, members_bucket)]
+    names += writer_bucket_streams(prefix)
     return [_replica_report(by_name[name]) for name in names if name in by_name]
 
 

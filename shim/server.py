@@ -18,8 +18,8 @@ from grpc_health.v1 import health_pb2
 
 from journal import Journal, JournalConfig
 from journal.errors import JournalFailed, JournalGap, JournalGone, JournalUnreachable
-from journal.jetstream import JetStreamConfig, JetStreamLog, kv_stream, members_bucket
-from journal.leadership import WriterLease, bucket_name as lease_bucket
+from journal.jetstream import JetStreamConfig, JetStreamLog, writer_bucket_streams
+from journal.leadership import WriterLease
 from journal.tail import LocalFollowLog, LocalMembers, write_writer_file
 from journal.tasks import awaiting, cancel_and_wait
 from shards import collector
@@ -339,19 +339,11 @@ async def take_writer_lease(config: ServerConfig) -> WriterLease | None:
     log.write_under(lease)  # its revision stamped on every message this writer publishes
     lease.start_renewing()  # from now on: a recovery longer than the TTL must not let it lapse
     try:  # the journals' too, as each is opened to be written
-        await log.keep_replicas(*writer_buckets(log))
+        await log.keep_replicas(*writer_bucket_streams(log.config.prefix))
     except JournalUnreachable as exc:
         await release_writer_lease(lease)
         raise StartupError(str(exc)) from exc
     return lease
-
-
-def writer_buckets(log: JetStreamLog) -> tuple[str, ...]:
-    """The streams of the buckets a writer keeps besides its journals: meta (acknowledged revision,
-    restores), the writer lease and the members (each serving process announces itself there, and a
-    process does not start while it cannot)."""
-    prefix = log.config.prefix
-    return kv_stream(log.meta_bucket), kv_stream(lease_bucket(prefix)), kv_stream(members_bucket(prefix))
 
 
 async def release_writer_lease(lease: WriterLease | None) -> None:
@@ -437,7 +429,7 @@ async def take_over_as_writer(lease: WriterLease, store: Store, following: async
     lease.start_renewing()
     logger.warning("taking over as the writer epoch=%d", lease.revision)
     await store.take_over()
-    lease.log.keep_replicas_soon(*writer_buckets(lease.log))  # as a plain writer does at start
+    lease.log.keep_replicas_soon(*writer_bucket_streams(lease.log.config.prefix))  # as a plain writer does at start
 
 
 class StandbyStatus(HttpEndpoint):
