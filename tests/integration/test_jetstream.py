@@ -801,9 +801,9 @@ def test_a_takeover_serves_before_it_moves_the_streams_leaders(nats, tmp_path):
             time.sleep(0.5)
         log = standby.log_path.read_text()
         took_over = log.index("took over as the writer")
-        moved = [m.start() for m in re.finditer(r"journal stream leader moved to this writer's NATS server "
-                                                r"stream=\S+ from=n0 to=n1", log)]
-        assert len(moved) == len(streams) and min(moved) > took_over, log[-3000:]
+        moved = {m.group(1): m.start() for m in re.finditer(r"journal stream leader moved to this writer's NATS "
+                                                            r"server stream=(shardetcd_\w+) from=n0 to=n1", log)}
+        assert sorted(moved) == sorted(streams) and min(moved.values()) > took_over, log[-3000:]
     finally:
         standby.kill()
         writer.kill()
