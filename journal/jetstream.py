@@ -510,6 +510,7 @@ class JetStreamLog:
         self._replicas_tasks: list[asyncio.Future] = []  # keep_replicas_soon's
         self._lead_again_at: dict[str, float] = {}  # lead_here: per stream, when to ask again after a move that did not take
         self._leading: asyncio.Future | None = None  # _lead_buckets, once writing
+        self._opening: dict[str, asyncio.Lock] = {}  # open_or_create's, per bucket or stream
         self._connect_error: Exception | None = None  # the last error of the first connect
         self.denied: Exception | None = None  # the last permissions violation NATS reported, and when
         self.denied_at = 0.0
@@ -832,9 +833,13 @@ class JetStreamLog:
         """``retrying`` on this connection."""
         return retrying(what, op, deadline_s, log=self)
 
-    def open_or_create(self, what: str, get, create, missing: type[Exception]):
-        """``open_or_create`` on this connection."""
-        return open_or_create(what, get, create, missing, log=self)
+    async def open_or_create(self, what: str, get, create, missing: type[Exception]):
+        """``open_or_create`` on this connection, one at a time per ``what``: JetStream answers a
+        second create of a stream being created at once, before the stream has a leader, and a request
+        to it then goes unanswered for a whole timeout (the five journals opening the meta bucket of a
+        new prefix together waited 2 s each so). The first creates it; the others find it made."""
+        async with self._opening.setdefault(what, asyncio.Lock()):
+            return await open_or_create(what, get, create, missing, log=self)
 
     async def _on_error(self, exc: Exception) -> None:
         if self.nc is not None and not self.closing:  # not while the first connect is being tried

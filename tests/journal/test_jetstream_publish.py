@@ -153,6 +153,24 @@ def test_a_lease_lives_as_long_as_its_bucket_keeps_entries(nats_cluster, caplog)
     assert "writer lease TTL is the bucket's bucket=ttl-writer ttl_s=1 asked_ttl_s=6" in caplog.text
 
 
+def test_a_new_bucket_opened_by_several_journals_at_once_is_read_at_once(nats_cluster, caplog):
+    """The journals of a new prefix open its meta bucket together and read a key from it. JetStream
+    answered the later creates of the bucket while the first was still being made, before the stream
+    had a leader, and their reads then went unanswered for a whole request timeout (2 s, retried:
+    "jetstream unavailable, retrying op=get"). One process now opens a bucket one caller at a time;
+    none of the five reads waits."""
+    async def go():
+        log = await JetStreamLog(JetStreamConfig(urls=tuple(nats_cluster.urls.split(",")), prefix="fresh")).connect()
+        try:
+            return await asyncio.gather(*(log.get_meta(f"released.s{i}") for i in range(5)))
+        finally:
+            await log.close()
+
+    caplog.set_level("WARNING", logger="journal.jetstream")
+    assert asyncio.run(go()) == [None] * 5
+    assert "jetstream unavailable" not in caplog.text, caplog.text
+
+
 def test_a_stream_is_handed_to_the_writers_server_only_by_a_nats_that_takes_a_preferred_leader(nats_cluster,
                                                                                                monkeypatch):
     """A NATS before 2.11 takes the preferred stepdown as a plain one and elects at random, so a
