@@ -1001,8 +1001,9 @@ async def list_streams(js, deadline_s: float = 15.0, wanted=None) -> list:
     drops that, and reads only the first page of 256), so a check over the list would pass over
     that stream in silence. Every page is read, and the whole list asked again while a stream
     ``wanted`` (a test of its name; None: any) is missing or JetStream is ``unavailable``, for up
-    to ``deadline_s``; then JournalFailed. A missing stream not wanted (another deployment's, or
-    one whose only servers are lost) is not waited for."""
+    to ``deadline_s``; then StreamsWithoutLeader (those still missing), or JournalFailed (JetStream
+    unavailable). A missing stream not wanted (another deployment's, or one whose only servers are
+    lost) is not waited for."""
     from nats.js import api
 
     started = time.monotonic()
@@ -1019,10 +1020,19 @@ async def list_streams(js, deadline_s: float = 15.0, wanted=None) -> list:
         if not missing:
             return streams
         if time.monotonic() - started > deadline_s:
-            raise JournalFailed(f"JetStream did not list streams {sorted(missing)} for {deadline_s:.0f} s: no "
-                                "leader answered for them (the NATS servers that hold them are down, or cannot "
-                                "elect one)")
+            raise StreamsWithoutLeader(
+                f"JetStream did not list streams {sorted(set(missing))} for {deadline_s:.0f} s: no leader answered "
+                "for them (the NATS servers that hold them are down, or cannot elect one)", streams, missing)
         await asyncio.sleep(0.1)
+
+
+class StreamsWithoutLeader(JournalFailed):
+    """``list_streams`` gave up on the streams it names: JetStream kept listing them as missing (no
+    leader answered for them). ``streams``: the others, as listed; ``missing``: their names."""
+
+    def __init__(self, message: str, streams: list, missing: list[str]) -> None:
+        super().__init__(message)
+        self.streams, self.missing = streams, sorted(set(missing))
 
 
 def of_prefix(prefix: str):

@@ -31,13 +31,15 @@ from journal.config import JournalConfig
 from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import (CHECKPOINT_TRIES, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket,
                                checkpoint_files, checkpoint_stream, connect_failure, connect_options, drops_messages,
-                               fetch_object, kv_keys, list_objects, list_streams, meta_bucket, of_prefix,
-                               refusal, refused, released_key, retrying, shown_urls, stream_head_lost,
-                               writer_bucket_streams)
+                               fetch_object, kv_keys, kv_stream, list_objects, list_streams, meta_bucket,
+                               of_prefix, refusal, refused, released_key, retrying, shown_urls, stream_head_lost,
+                               StreamsWithoutLeader, writer_bucket_streams)
 from journal.record import FrameError, decode_frame
 from journal.verify import lost_revisions as shared_lost_revisions, runs_text, verify_checkpoints
 
 MAX_ERRORS_SHOWN = 20
+NO_LEADER = ("no leader: JetStream did not list it (the NATS servers that hold it are down, or cannot elect "
+             "one); not read")
 READ_BATCH = 256  # messages a fetch asks for
 
 
@@ -68,6 +70,8 @@ class StreamReport:
     purge_problem: str = ""  # set when the stream was purged past what its checkpoints cover
     head_lost: str = ""  # set when it starts past the first message its writer kept (stream_head_lost)
     drops: list[str] = field(default_factory=list)  # settings of it or its bucket that drop messages
+    unavailable: str = ""  # why it (or its checkpoint bucket: ``checkpoints_unavailable``) was not read
+    checkpoints_unavailable: bool = False
     revisions: list[int] = field(default_factory=list, repr=False)  # the tag of each record in force, in order
 
     @property
@@ -86,6 +90,8 @@ class StreamReport:
             return "would drop records"
         if any(c.status == "corrupt" for c in self.checkpoints):
             return "checkpoint corrupt"
+        if self.unavailable:
+            return "checkpoints unavailable" if self.checkpoints_unavailable else "unavailable"
         return "ok"
 
     @property
@@ -97,15 +103,15 @@ class StreamReport:
 class ReplicaReport:
     """Where one stream of the prefix is stored: its replica count and its servers' state."""
     stream: str
-    replicas: int
+    replicas: int | None  # None: not known (JetStream did not list the stream: no leader)
     leader: str | None = None
     lagging: list[str] = field(default_factory=list)  # "n2 offline", "n3 not current, 12 operations behind"
 
     def fewer_than(self, want: int | None) -> bool:
-        return want is not None and self.replicas < want
+        return want is not None and self.replicas is not None and self.replicas < want
 
     def line(self, want: int | None) -> str:
-        line = f"replicas: {self.stream}: {self.replicas}"
+        line = f"replicas: {self.stream}: {'unknown' if self.replicas is None else self.replicas}"
         if self.fewer_than(want):
             line += f", fewer than the {want} asked"
         where = [f"leader {self.leader}"] if self.leader else ["no leader"]
@@ -116,7 +122,8 @@ class ReplicaReport:
 class Verified:
     """What ``verify_jetstream`` found."""
     streams: list[StreamReport]
-    acknowledged: dict[str, int]  # by role: the revision the writer said it acknowledged writes up to
+    acknowledged: dict[str, int] | None  # by role: the revision the writer said it acknowledged writes up to
+    # (None: not known, the meta bucket did not answer)
     replicas: list[ReplicaReport]
     spans: dict[str, list[str]] = field(default_factory=dict)  # by role: its shards (where its layout is recorded)
 
@@ -150,7 +157,9 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
                            access: NatsAccess | None = None) -> Verified:
     """One report per journal stream of ``prefix``, in name order; the revision each writer
     (by role: its default shard's or partition's name) said it acknowledged writes up to; and
-    where each stream a writer keeps is stored."""
+    where each stream a writer keeps is stored. A stream of the prefix that has no leader (its
+    NATS servers lost, or electing for longer than ``list_streams`` waits) is reported as
+    unavailable, and the rest are read: an operator who lost servers learns what is still whole."""
     from nats.errors import Error as NatsError
 
     nc = await connect(urls, access)
@@ -158,20 +167,30 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
         js = nc.jetstream(timeout=10.0)
         try:
             # first: what a writer acknowledged before the streams are listed is in what is read of them
-            acknowledged, spans = await _acknowledged(js, prefix)
-            infos = await list_streams(js, wanted=of_prefix(prefix))
+            try:
+                acknowledged, spans = await _acknowledged(js, prefix)
+            except JournalFailed:  # its bucket has no leader (or NATS none at all: then the listing fails too)
+                acknowledged, spans = None, {}
+            try:
+                infos, leaderless = await list_streams(js, wanted=of_prefix(prefix)), []
+            except StreamsWithoutLeader as exc:
+                infos, leaderless = exc.streams, exc.missing
         except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
             raise JournalUnreachable(f"NATS at {shown_urls(urls)} does not answer JetStream requests: {exc}") from None
         journals = _journals(infos, prefix)
-        reports = []
         by_name = {i.config.name: i for i in infos}
+        unreadable = set(leaderless) | (set() if acknowledged is not None else {kv_stream(meta_bucket(prefix))})
+        reports = [StreamReport(name[len(prefix) + 1:], name, unavailable=NO_LEADER)
+                   for name in leaderless if name.startswith(f"{prefix}_")]
         for info in journals:
             try:
-                reports.append(await _verify_stream(js, info, prefix, config, by_name))
+                reports.append(await _verify_stream(js, info, prefix, config, by_name, unreadable))
             except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
                 raise JournalUnreachable(f"NATS at {shown_urls(urls)} stopped answering while stream "
                                          f"{info.config.name} was read: {exc!r}") from None
-        return Verified(reports, acknowledged, _replicas(by_name, journals, prefix), spans)
+        reports.sort(key=lambda r: r.stream)
+        return Verified(reports, acknowledged, _replicas(by_name, [r.stream for r in reports], prefix, leaderless),
+                        spans)
     finally:
         await nc.close()
 
@@ -232,16 +251,17 @@ async def _holds_a_record(js, info) -> bool:
     return False
 
 
-async def _acknowledged(js, prefix: str) -> tuple[dict[str, int], dict[str, list[str]]]:
+async def _acknowledged(js, prefix: str, deadline_s: float = 15.0) -> tuple[dict[str, int], dict[str, list[str]]]:
     """``acknowledged.<role>`` and the shards of ``layout.<role>`` in the meta bucket (shards/store.py),
     its keys listed by kv_keys (nats-py's kv.keys() has answered "no keys" on a NATS cluster for a
-    bucket that held them, so that a lost stream passed as sound)."""
+    bucket that held them, so that a lost stream passed as sound). JournalFailed if the bucket does
+    not answer for ``deadline_s`` (no leader)."""
     from nats.js.errors import BucketNotFoundError, NotFoundError
 
     bucket = meta_bucket(prefix)
     try:  # (each again while JetStream answers that it is unavailable, as the streams' reads)
-        kv = await retrying(f"open {bucket}", lambda: js.key_value(bucket))
-        keys = await retrying(f"list {bucket}", lambda: kv_keys(js, bucket))
+        kv = await retrying(f"open {bucket}", lambda: js.key_value(bucket), deadline_s=deadline_s)
+        keys = await retrying(f"list {bucket}", lambda: kv_keys(js, bucket), deadline_s=deadline_s)
     except (BucketNotFoundError, NotFoundError):
         return {}, {}
     found, spans = {}, {}
@@ -260,13 +280,16 @@ async def _acknowledged(js, prefix: str) -> tuple[dict[str, int], dict[str, list
     return found, spans
 
 
-def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int], prefix: str,
+def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int] | None, prefix: str,
                        spans: dict[str, list[str]] | None = None) -> tuple[list[str], bool]:
     """What the writers said they acknowledged, against what the streams and checkpoints of their
     shards hold; and whether acknowledged records are certainly gone (none of those reaches that far,
     or a shard's stream is missing). A role whose layout is not recorded (journals of before it
     was) is held against every stream of the prefix. A revision a stream holds is not checked to be
-    whole on every shard (a start checks that)."""
+    whole on every shard (a start checks that), nor held against streams or checkpoints that were
+    unavailable (``acknowledged`` None: the meta bucket did not answer)."""
+    if acknowledged is None:
+        return [f"acknowledged: unknown: {meta_bucket(prefix)} did not answer ({NO_LEADER.partition(':')[0]}?)"], False
     by_shard = {r.shard: r for r in reports}
     lines, gone = [], False
     for role, rev in sorted(acknowledged.items()):
@@ -277,6 +300,10 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
         else:
             mine, scope = [by_shard[s] for s in shards if s in by_shard], f" of its shards ({','.join(shards)})"
         # no write at all is revision 1, as a new etcd starts (a writer that took none publishes 1)
+        if unread := [r.stream if not r.checkpoints_unavailable else r.bucket for r in mine if r.unavailable]:
+            lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}); not checked: "
+                         f"{', '.join(unread)} unavailable")
+            continue
         held = max([1, *(r.last_rev or 0 for r in mine), *(c.rev for r in mine for c in r.checkpoints)])
         missing = [f"{prefix}_{s}" for s in shards or () if s not in by_shard]
         if missing and rev > 1:  # (1: it took no write)
@@ -303,11 +330,12 @@ def lost_revisions(reports: list[StreamReport], upto: int) -> list[int]:
     return shared_lost_revisions(((r.revisions, max((c.rev for c in r.checkpoints), default=0)) for r in reports), upto)
 
 
-def _replicas(by_name: dict, journals, prefix: str) -> list[ReplicaReport]:
-    """The journals, their checkpoint buckets, the meta, writer lease and members buckets, in that order."""
-    names = [name for j in journals for name in (j.config.name, checkpoint_stream(j.config.name))]
-    names += writer_bucket_streams(prefix)
-    return [_replica_report(by_name[name]) for name in names if name in by_name]
+def _replicas(by_name: dict, journals: list[str], prefix: str, leaderless: list[str]) -> list[ReplicaReport]:
+    """The ``journals``, their checkpoint buckets, the meta, writer lease and members buckets, in that
+    order; one JetStream did not list (``leaderless``) with its replicas unknown."""
+    names = [name for j in journals for name in (j, checkpoint_stream(j))] + list(writer_bucket_streams(prefix))
+    return [_replica_report(by_name[name]) if name in by_name else ReplicaReport(name, None)
+            for name in names if name in by_name or name in leaderless]
 
 
 def _replica_report(info) -> ReplicaReport:
@@ -336,15 +364,21 @@ def _is_journal(cfg, prefix: str) -> bool:
     return cfg.name.startswith(f"{prefix}_") and list(cfg.subjects or []) == [f"journal.{cfg.name}"]
 
 
-async def _verify_stream(js, info, prefix: str, config: JournalConfig, by_name: dict) -> StreamReport:
+async def _verify_stream(js, info, prefix: str, config: JournalConfig, by_name: dict,
+                         unreadable: set[str]) -> StreamReport:
+    """The report of one journal stream; ``unreadable``: streams of the prefix not to be read (no
+    leader), its checkpoint bucket's or the meta bucket's perhaps."""
     stream = info.config.name
     report = StreamReport(stream[len(prefix) + 1:], stream, info.state.first_seq, info.state.last_seq)
     report.drops = drops_messages(info.config)
     if (bucket := by_name.get(checkpoint_stream(stream))) is not None:
         report.drops += [f"{report.bucket}: {what}" for what in drops_messages(bucket.config, journal=False)]
     await _read_messages(js, report, info.state.messages, config)
-    await _verify_checkpoints(js, report)
-    if report.first_seq > 1:  # purged up to a checkpoint: that checkpoint must be there and load
+    if checkpoint_stream(stream) in unreadable:
+        report.unavailable, report.checkpoints_unavailable = NO_LEADER, True
+    else:
+        await _verify_checkpoints(js, report)
+    if report.first_seq > 1 and not report.checkpoints_unavailable:  # purged up to a checkpoint: it must load
         newest = max(report.checkpoints, key=lambda c: c.rev, default=None)
         if newest is None:
             report.purge_problem = (f"messages before seq {report.first_seq} were purged, but {report.bucket} "
@@ -352,8 +386,9 @@ async def _verify_stream(js, info, prefix: str, config: JournalConfig, by_name: 
         elif newest.status != "ok":
             report.purge_problem = (f"messages before seq {report.first_seq} were purged, but the newest "
                                     f"checkpoint {newest.name} does not load")
-    released = await _meta_value(js, prefix, released_key(stream))  # after the first message was seen
-    report.head_lost = stream_head_lost(stream, report.first_seq, released) or ""
+    if kv_stream(meta_bucket(prefix)) not in unreadable:
+        released = await _meta_value(js, prefix, released_key(stream))  # after the first message was seen
+        report.head_lost = stream_head_lost(stream, report.first_seq, released) or ""
     return report
 
 
@@ -531,6 +566,9 @@ def report_lines(reports: list[StreamReport]) -> list[str]:
     """The lines ``journal verify`` prints: one per stream, its errors, one per checkpoint."""
     lines = []
     for r in reports:
+        if r.unavailable and not r.checkpoints_unavailable:
+            lines.append(f"{r.shard}: stream {r.stream}: unavailable: {r.unavailable}")
+            continue
         revs = f"revs {r.first_rev}..{r.last_rev}" if r.records else "no records"
         seqs = f"seq {r.first_seq}..{r.last_seq}" if r.messages else "empty"
         line = (f"{r.shard}: stream {r.stream}: {r.status}, {r.messages} messages ({seqs}), {r.records} records, "
@@ -550,6 +588,8 @@ def report_lines(reports: list[StreamReport]) -> list[str]:
             what = (f"{c.rows} rows, rev {c.rev}, {c.size} bytes" if c.status != "older"
                     else f"rev {c.rev}, {c.size} bytes (an older one, not checked)")
             lines.append(f"{r.shard}: {r.bucket}/{c.name}: {c.status}, {what}" + (f"; {c.detail}" if c.detail else ""))
-        if not r.checkpoints:
+        if r.checkpoints_unavailable:
+            lines.append(f"{r.shard}: {r.bucket}: unavailable: {r.unavailable}")
+        elif not r.checkpoints:
             lines.append(f"{r.shard}: {r.bucket}: no checkpoint")
     return lines

@@ -525,21 +525,25 @@ def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str,
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
     reports = found.streams
-    if not reports and not found.acknowledged:
+    if not reports and not found.acknowledged and found.acknowledged is not None:
         print(f"shardetcd: no journal streams with {where}", file=sys.stderr)
         return 2
     ack_lines, gone = acknowledged_lines(reports, found.acknowledged, prefix, found.spans)
     for line in [*report_lines(reports), *ack_lines, *(r.line(replicas) for r in found.replicas)]:
         print(line)
-    damaged = [r.shard for r in reports if not r.sound]
-    verdict = f"{len(damaged)} damaged ({', '.join(damaged)})" if damaged else "all sound"
+    unavailable = [r.shard for r in reports if r.status in ("unavailable", "checkpoints unavailable")]
+    damaged = [r.shard for r in reports if not r.sound and r.shard not in unavailable]
+    verdict = "; ".join([f"{len(damaged)} damaged ({', '.join(damaged)})"] * bool(damaged) + [
+        f"{len(unavailable)} unavailable, not read ({', '.join(unavailable)})"] * bool(unavailable)) or "all sound"
+    if found.acknowledged is None:
+        verdict += "; what the writers acknowledged is unknown"
     if gone:
         verdict += "; acknowledged records are gone"
     if short := [r.stream for r in found.replicas if r.fewer_than(replicas)]:
         verdict += (f"; {len(short)} stored on fewer than {replicas} replicas, so a lost NATS server takes what only "
                     f"it holds (a writer started with --journal-replicas {replicas} moves them): {', '.join(short)}")
     print(f"summary: {len(reports)} streams, {where}: {verdict}")
-    return 1 if damaged or gone or short else 0
+    return 1 if damaged or unavailable or gone or short or found.acknowledged is None else 0
 
 
 def _journal_command(command: str, shards: list[Path], data_dir: Path) -> int:

@@ -212,7 +212,7 @@ def verify_journals(nats) -> str:
 
     found = asyncio.run(verify_jetstream(tuple(nats.urls.split(",")), "shardetcd"))
     lines, gone = acknowledged_lines(found.streams, found.acknowledged, "shardetcd", found.spans)
-    assert all(r.sound for r in found.streams) and not gone, "journal verify: " + "\n".join(
+    assert all(r.sound for r in found.streams) and found.acknowledged is not None and not gone, "journal verify: " + "\n".join(
         report_lines(found.streams) + lines)
     return "; ".join(lines)
 

@@ -236,6 +236,56 @@ def test_verify_says_where_each_stream_is_stored(nats, tmp_path):
     assert "elsewhere" not in lost.stdout + lost.stderr  # not the prefix's: neither reported nor waited for
 
 
+def test_verify_reads_what_is_left_when_a_stream_has_no_leader(nats, tmp_path):
+    """After losing a NATS server an operator asks what is still whole. A stream of the prefix stored
+    only on the lost server has no leader: verify waited 15 s for it, then gave up on everything
+    ("does not answer JetStream requests", exit 2). It now reports such a stream as unavailable,
+    reads and checks the rest, and exits 1. Here the pods journal was cut to one replica (on the
+    server the writer led it from) before that server was lost; the others keep three."""
+    from types import SimpleNamespace
+
+    shards = load_layout(None).names
+    writer = server_on(SimpleNamespace(urls=nats.servers[0].url), tmp_path / "a").start()
+    try:
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            for key in (b"/registry/leases/ns/l", b"/registry/events/ns/e", b"/registry/pods/ns/p",
+                        b"/registry/minions/n", b"/registry/configmaps/ns/c"):
+                pbg.KVStub(ch).Put(pb.PutRequest(key=key, value=b"v"), timeout=10)
+    finally:
+        writer.stop()
+
+    async def to_one_replica(js) -> None:
+        info = await js.stream_info("shardetcd_pods")
+        info.config.num_replicas = 1
+        await js.update_stream(info.config)
+
+    async def stored_on(js) -> str | None:  # its one server, once the others are dropped
+        cluster = (await js.stream_info("shardetcd_pods")).cluster
+        return cluster.leader if cluster is not None and not cluster.replicas else None
+
+    on_nats(nats.urls, to_one_replica)
+    deadline = time.monotonic() + 30
+    while (lost := on_nats(nats.urls, stored_on)) is None:
+        assert time.monotonic() < deadline, "the stream is still stored on more than one server"
+        time.sleep(0.2)
+    nats.kill(int(lost[1:]))
+    kept = [s.url for s in nats.servers if s.name != lost]
+    r = journal("verify", "--journal-url", ",".join(kept))
+    out = r.stdout
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert line_of(out, "pods: stream shardetcd_pods: ").startswith(
+        "pods: stream shardetcd_pods: unavailable: no leader: JetStream did not list it"), out
+    assert replica_lines(out)["shardetcd_pods"] == "unknown (no leader)", out
+    for shard in shards:
+        if shard != "pods":  # read and checked: its one record
+            assert re.match(rf"{shard}: stream shardetcd_{shard}: ok, \d+ messages .*, 1 records", line_of(
+                out, f"{shard}: stream shardetcd_{shard}: ")), out
+            assert re.fullmatch(rf"3 \(leader n\d; {lost} (offline|not current.*)\)",
+                                replica_lines(out)[f"shardetcd_{shard}"]), out
+    assert line_of(out, "acknowledged: default: ").endswith("; not checked: shardetcd_pods unavailable"), out
+    assert out.strip().splitlines()[-1].endswith(": 1 unavailable, not read (pods)"), out
+
+
 def test_verify_and_repair_answer_in_one_line(nats, tmp_path):
     nowhere = f"nats://127.0.0.1:{free_port()}"
     assert one_line(journal("verify", "--journal-url", nowhere)).startswith(f"shardetcd: cannot reach NATS at {nowhere}: ")
