@@ -741,7 +741,8 @@ class JetStreamLog:
 
     def write_under(self, lease) -> None:
         """From now on this process writes under ``lease`` (held): its revision is stamped on every
-        message published, and a stream's leadership is moved here only while the lease is sure."""
+        message published, its buckets are led from its NATS server (``_lead_buckets``), and a
+        stream's leadership is moved here only while the lease is sure."""
         from journal.leadership import KEY
 
         self.lease, self.epoch = lease, lease.revision
@@ -1008,15 +1009,19 @@ async def list_streams(js, deadline_s: float = 15.0, wanted=None) -> list:
 
     started = time.monotonic()
     while True:
-        streams, missing = [], []
-        while True:  # pages
+        listed, missing, offset = {}, set(), 0
+        while True:  # pages; the total counts the missing, so a page after one missing some repeats others
             page = await retrying("list streams", lambda: js._api_request(  # noqa: SLF001 - its prefix and errors
-                f"{js._prefix}.STREAM.LIST", json.dumps({"offset": len(streams)}).encode(), timeout=js._timeout),
+                f"{js._prefix}.STREAM.LIST", json.dumps({"offset": offset}).encode(), timeout=js._timeout),
                 deadline_s=max(1.0, deadline_s - (time.monotonic() - started)))
-            missing += [name for name in page.get("missing") or [] if wanted is None or wanted(name)]
-            streams += [api.StreamInfo.from_response(s) for s in page.get("streams") or []]
-            if not page.get("streams") or len(streams) >= (page.get("total") or 0):
+            missing |= {name for name in page.get("missing") or [] if wanted is None or wanted(name)}
+            for info in map(api.StreamInfo.from_response, page.get("streams") or []):
+                listed[info.config.name] = info
+            offset += len(page.get("streams") or [])
+            if not page.get("streams") or offset >= (page.get("total") or 0):
                 break
+        streams = list(listed.values())
+        missing -= listed.keys()  # (missing from one page, listed by a later one)
         if not missing:
             return streams
         if time.monotonic() - started > deadline_s:

@@ -299,11 +299,11 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
             mine, scope = reports, ""
         else:
             mine, scope = [by_shard[s] for s in shards if s in by_shard], f" of its shards ({','.join(shards)})"
-        # no write at all is revision 1, as a new etcd starts (a writer that took none publishes 1)
         if unread := [r.stream if not r.checkpoints_unavailable else r.bucket for r in mine if r.unavailable]:
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}); not checked: "
                          f"{', '.join(unread)} unavailable")
             continue
+        # no write at all is revision 1, as a new etcd starts (a writer that took none publishes 1)
         held = max([1, *(r.last_rev or 0 for r in mine), *(c.rev for r in mine for c in r.checkpoints)])
         missing = [f"{prefix}_{s}" for s in shards or () if s not in by_shard]
         if missing and rev > 1:  # (1: it took no write)

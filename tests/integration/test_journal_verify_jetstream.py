@@ -224,7 +224,7 @@ def test_verify_says_where_each_stream_is_stored(nats, tmp_path):
     lost_server = on_nats(nats.urls, placed)  # another deployment's stream, on one server only
     nats.kill(int(lost_server[1:]))  # its machine lost: verify still answers, and says which server each stream misses
     kept = "".join(s.name[1:] for s in nats.servers if s.name != lost_server)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # one verify may wait 15 s on the listing and 30 s on a read while NATS elects
     while True:
         lost = journal("verify", "--journal-url", nats.servers[int(kept[0])].url, "--journal-replicas", "3")
         found = replica_lines(lost.stdout)
@@ -270,6 +270,12 @@ def test_verify_reads_what_is_left_when_a_stream_has_no_leader(nats, tmp_path):
         time.sleep(0.2)
     nats.kill(int(lost[1:]))
     kept = [s.url for s in nats.servers if s.name != lost]
+    asking = next(i for i, s in enumerate(nats.servers) if s.name != lost)
+    others = [f"shardetcd_{s}" for s in shards if s != "pods"]
+    deadline = time.monotonic() + 60  # the three-replica streams led from the lost server elect anew, in NATS's time
+    while not all(nats.stream_leader(name, asking=asking) not in (None, lost) for name in others):
+        assert time.monotonic() < deadline, "the three-replica streams elected no new leaders"
+        time.sleep(0.2)
     r = journal("verify", "--journal-url", ",".join(kept))
     out = r.stdout
     assert r.returncode == 1, (r.stdout, r.stderr)

@@ -103,3 +103,15 @@ def test_a_prefix_owns_its_journals_and_buckets_only():
     assert [n for n in ["p_pods", "OBJ_p_pods-checkpoints", "KV_p-meta", "KV_p-writer", "KV_p-members", "px_pods",
                         "p-x", "OBJ_px_a-checkpoints", "KV_px-meta", "other_p_a"] if mine(n)] == \
         ["p_pods", "OBJ_p_pods-checkpoints", "KV_p-meta", "KV_p-writer", "KV_p-members"]
+
+
+def test_a_stream_missing_from_one_page_and_listed_by_the_next_is_listed_once():
+    """The total counts the missing streams, so the page after one that missed a stream starts among
+    what was already listed: a stream that answered by then came once under "missing" and once
+    listed (verify reported it both unavailable and sound), and others came twice."""
+    js = Pages([
+        {"total": 3, "offset": 0, "streams": [info("a"), info("c")], "missing": ["b"]},
+        {"total": 3, "offset": 2, "streams": [info("b"), info("c")]},  # b elected meanwhile
+    ])
+    got = asyncio.run(list_streams(js, deadline_s=5))
+    assert sorted(i.config.name for i in got) == ["a", "b", "c"] and js.asked == [0, 2]
