@@ -739,17 +739,20 @@ class JetStreamLog:
         if self.nc is not None:
             await self.nc.close()
 
-    def write_under(self, lease) -> None:
+    def write_under(self, lease, took_over: bool = False) -> None:
         """From now on this process writes under ``lease`` (held): its revision is stamped on every
-        message published, its buckets are led from its NATS server (``_lead_buckets``), and a
+        message published, its buckets are led from its NATS server (``_lead_buckets``: at once at a
+        start, as its journals are before it serves, so no election comes later while others use them;
+        a stream check later after a takeover, whose first writes are not to wait on one), and a
         stream's leadership is moved here only while the lease is sure."""
         from journal.leadership import KEY
 
         self.lease, self.epoch = lease, lease.revision
         if self._leading is None and lease.key == KEY:  # not a partition's: those buckets are all partitions'
-            self._leading = asyncio.ensure_future(self._lead_buckets(writer_bucket_streams(self.config.prefix)))
+            self._leading = asyncio.ensure_future(self._lead_buckets(
+                writer_bucket_streams(self.config.prefix), STREAM_CHECK_S if took_over else 0.0))
 
-    async def _lead_buckets(self, streams: tuple[str, ...]) -> None:
+    async def _lead_buckets(self, streams: tuple[str, ...], first_s: float) -> None:
         """While this process writes the whole prefix: every ``STREAM_CHECK_S``, the leadership of the
         buckets a writer keeps (``writer_bucket_streams``) moved to its NATS server (``lead_here``), as
         each journal's stream check does for its stream. Above all the writer lease's: its renewals
@@ -757,8 +760,10 @@ class JetStreamLog:
         alone (with the lease bucket led from the lost server they waited 2.2 s for its election and
         the lease lapsed). Not a partition's writer (``shardetcd cluster``): the partitions share these
         buckets, each perhaps on another NATS server, and would hand them back and forth."""
+        wait = first_s
         while not self.closing:
-            await asyncio.sleep(STREAM_CHECK_S)
+            await asyncio.sleep(wait)
+            wait = STREAM_CHECK_S
             for stream in streams:
                 try:
                     await self.lead_here(await self.js.stream_info(stream))

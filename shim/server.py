@@ -425,7 +425,7 @@ async def take_over_as_writer(lease: WriterLease, store: Store, following: async
     """The writer lease is ours: stop following, stamp our epoch on what we publish, keep
     the lease renewed, and take the journals over (shards.store.Store.take_over)."""
     await cancel_and_wait(following)
-    lease.log.write_under(lease)
+    lease.log.write_under(lease, took_over=True)
     lease.start_renewing()
     logger.warning("taking over as the writer epoch=%d", lease.revision)
     await store.take_over()

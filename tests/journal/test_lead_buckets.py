@@ -38,11 +38,11 @@ class _Log(JetStreamLog):
         return None
 
 
-def _moved_while_writing(lease_key: str) -> list[str]:
+def _moved_while_writing(lease_key: str, took_over: bool = False, for_s: float = 0.2) -> list[str]:
     async def go() -> list[str]:
         log = _Log()
-        log.write_under(SimpleNamespace(revision=7, key=lease_key, sure=lambda: True))
-        await asyncio.sleep(0.2)  # many checks, STREAM_CHECK_S being 0.01
+        log.write_under(SimpleNamespace(revision=7, key=lease_key, sure=lambda: True), took_over=took_over)
+        await asyncio.sleep(for_s)  # many checks, STREAM_CHECK_S being 0.01
         await log.close()
         return log.moved
 
@@ -62,3 +62,12 @@ def test_the_writer_of_a_whole_prefix_leads_its_buckets_from_its_nats_server():
 
 def test_a_partitions_writer_leaves_the_buckets_it_shares_with_the_other_partitions_alone():
     assert _moved_while_writing("main") == []
+
+
+def test_a_start_moves_them_at_once_and_a_takeover_at_its_first_stream_check(monkeypatch):
+    """At a start the buckets are moved before it serves, as its journals are (a move later is an
+    election while other processes use them: a second writer's refused start saw one); a takeover's
+    first writes are not to wait on elections, so its stream check moves them."""
+    monkeypatch.setattr(jetstream, "STREAM_CHECK_S", 30.0)
+    assert sorted(_moved_while_writing(KEY, for_s=0.1)) == sorted(writer_bucket_streams("p"))
+    assert _moved_while_writing(KEY, took_over=True, for_s=0.1) == []
