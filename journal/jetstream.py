@@ -1031,7 +1031,7 @@ async def list_streams(js, deadline_s: float = 15.0, wanted=None) -> list:
             return streams
         if time.monotonic() - started > deadline_s:
             raise StreamsWithoutLeader(
-                f"JetStream did not list streams {sorted(set(missing))} for {deadline_s:.0f} s: no leader answered "
+                f"JetStream did not list streams {sorted(missing)} for {deadline_s:.0f} s: no leader answered "
                 "for them (the NATS servers that hold them are down, or cannot elect one)", streams, missing)
         await asyncio.sleep(0.1)
 
@@ -1040,9 +1040,9 @@ class StreamsWithoutLeader(JournalFailed):
     """``list_streams`` gave up on the streams it names: JetStream kept listing them as missing (no
     leader answered for them). ``streams``: the others, as listed; ``missing``: their names."""
 
-    def __init__(self, message: str, streams: list, missing: list[str]) -> None:
+    def __init__(self, message: str, streams: list, missing: set[str]) -> None:
         super().__init__(message)
-        self.streams, self.missing = streams, sorted(set(missing))
+        self.streams, self.missing = streams, sorted(missing)
 
 
 def of_prefix(prefix: str):

@@ -70,8 +70,7 @@ class StreamReport:
     purge_problem: str = ""  # set when the stream was purged past what its checkpoints cover
     head_lost: str = ""  # set when it starts past the first message its writer kept (stream_head_lost)
     drops: list[str] = field(default_factory=list)  # settings of it or its bucket that drop messages
-    unavailable: str = ""  # why it (or its checkpoint bucket: ``checkpoints_unavailable``) was not read
-    checkpoints_unavailable: bool = False
+    unread: str = ""  # not read for want of a leader (NO_LEADER): "stream", or "checkpoints" (its bucket)
     revisions: list[int] = field(default_factory=list, repr=False)  # the tag of each record in force, in order
 
     @property
@@ -90,9 +89,14 @@ class StreamReport:
             return "would drop records"
         if any(c.status == "corrupt" for c in self.checkpoints):
             return "checkpoint corrupt"
-        if self.unavailable:
-            return "checkpoints unavailable" if self.checkpoints_unavailable else "unavailable"
+        if self.unread:
+            return "unavailable" if self.unread == "stream" else "checkpoints unavailable"
         return "ok"
+
+    @property
+    def unavailable(self) -> bool:
+        """Found whole as far as it was read, but not all of it was (``unread``)."""
+        return self.status in ("unavailable", "checkpoints unavailable")
 
     @property
     def sound(self) -> bool:
@@ -180,7 +184,7 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
         journals = _journals(infos, prefix)
         by_name = {i.config.name: i for i in infos}
         unreadable = set(leaderless) | (set() if acknowledged is not None else {kv_stream(meta_bucket(prefix))})
-        reports = [StreamReport(name[len(prefix) + 1:], name, unavailable=NO_LEADER)
+        reports = [StreamReport(name[len(prefix) + 1:], name, unread="stream")
                    for name in leaderless if name.startswith(f"{prefix}_")]
         for info in journals:
             try:
@@ -299,7 +303,7 @@ def acknowledged_lines(reports: list[StreamReport], acknowledged: dict[str, int]
             mine, scope = reports, ""
         else:
             mine, scope = [by_shard[s] for s in shards if s in by_shard], f" of its shards ({','.join(shards)})"
-        if unread := [r.stream if not r.checkpoints_unavailable else r.bucket for r in mine if r.unavailable]:
+        if unread := [r.stream if r.unread == "stream" else r.bucket for r in mine if r.unread]:
             lines.append(f"acknowledged: {role}: writes up to revision {rev} ({where}); not checked: "
                          f"{', '.join(unread)} unavailable")
             continue
@@ -375,10 +379,10 @@ async def _verify_stream(js, info, prefix: str, config: JournalConfig, by_name: 
         report.drops += [f"{report.bucket}: {what}" for what in drops_messages(bucket.config, journal=False)]
     await _read_messages(js, report, info.state.messages, config)
     if checkpoint_stream(stream) in unreadable:
-        report.unavailable, report.checkpoints_unavailable = NO_LEADER, True
+        report.unread = "checkpoints"
     else:
         await _verify_checkpoints(js, report)
-    if report.first_seq > 1 and not report.checkpoints_unavailable:  # purged up to a checkpoint: it must load
+    if report.first_seq > 1 and not report.unread:  # purged up to a checkpoint: it must load
         newest = max(report.checkpoints, key=lambda c: c.rev, default=None)
         if newest is None:
             report.purge_problem = (f"messages before seq {report.first_seq} were purged, but {report.bucket} "
@@ -566,8 +570,8 @@ def report_lines(reports: list[StreamReport]) -> list[str]:
     """The lines ``journal verify`` prints: one per stream, its errors, one per checkpoint."""
     lines = []
     for r in reports:
-        if r.unavailable and not r.checkpoints_unavailable:
-            lines.append(f"{r.shard}: stream {r.stream}: unavailable: {r.unavailable}")
+        if r.unread == "stream":
+            lines.append(f"{r.shard}: stream {r.stream}: unavailable: {NO_LEADER}")
             continue
         revs = f"revs {r.first_rev}..{r.last_rev}" if r.records else "no records"
         seqs = f"seq {r.first_seq}..{r.last_seq}" if r.messages else "empty"
@@ -588,8 +592,8 @@ def report_lines(reports: list[StreamReport]) -> list[str]:
             what = (f"{c.rows} rows, rev {c.rev}, {c.size} bytes" if c.status != "older"
                     else f"rev {c.rev}, {c.size} bytes (an older one, not checked)")
             lines.append(f"{r.shard}: {r.bucket}/{c.name}: {c.status}, {what}" + (f"; {c.detail}" if c.detail else ""))
-        if r.checkpoints_unavailable:
-            lines.append(f"{r.shard}: {r.bucket}: unavailable: {r.unavailable}")
+        if r.unread == "checkpoints":
+            lines.append(f"{r.shard}: {r.bucket}: unavailable: {NO_LEADER}")
         elif not r.checkpoints:
             lines.append(f"{r.shard}: {r.bucket}: no checkpoint")
     return lines

@@ -525,16 +525,20 @@ def _jetstream_journal_command(command: str, urls: tuple[str, ...], prefix: str,
         print(f"shardetcd: {exc}", file=sys.stderr)
         return 2
     reports = found.streams
-    if not reports and not found.acknowledged and found.acknowledged is not None:
+    if not reports and found.acknowledged == {}:
         print(f"shardetcd: no journal streams with {where}", file=sys.stderr)
         return 2
     ack_lines, gone = acknowledged_lines(reports, found.acknowledged, prefix, found.spans)
     for line in [*report_lines(reports), *ack_lines, *(r.line(replicas) for r in found.replicas)]:
         print(line)
-    unavailable = [r.shard for r in reports if r.status in ("unavailable", "checkpoints unavailable")]
-    damaged = [r.shard for r in reports if not r.sound and r.shard not in unavailable]
-    verdict = "; ".join([f"{len(damaged)} damaged ({', '.join(damaged)})"] * bool(damaged) + [
-        f"{len(unavailable)} unavailable, not read ({', '.join(unavailable)})"] * bool(unavailable)) or "all sound"
+    unavailable = [r.shard for r in reports if r.unavailable]
+    damaged = [r.shard for r in reports if not r.sound and not r.unavailable]
+    found_wrong = []
+    if damaged:
+        found_wrong.append(f"{len(damaged)} damaged ({', '.join(damaged)})")
+    if unavailable:
+        found_wrong.append(f"{len(unavailable)} unavailable, not read ({', '.join(unavailable)})")
+    verdict = "; ".join(found_wrong) or "all sound"
     if found.acknowledged is None:
         verdict += "; what the writers acknowledged is unknown"
     if gone:

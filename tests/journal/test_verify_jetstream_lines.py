@@ -11,7 +11,7 @@ def _read(shard: str, last_rev: int) -> StreamReport:
 
 def test_a_journal_whose_checkpoints_could_not_be_read_is_not_held_to_what_was_acknowledged():
     pods = _read("pods", 5)
-    pods.unavailable, pods.checkpoints_unavailable = NO_LEADER, True
+    pods.unread = "checkpoints"
     assert pods.status == "checkpoints unavailable" and not pods.sound
     lines = report_lines([pods])
     assert lines[0].startswith("pods: stream p_pods: checkpoints unavailable, 3 messages") and \
@@ -23,7 +23,7 @@ def test_a_journal_whose_checkpoints_could_not_be_read_is_not_held_to_what_was_a
 
 
 def test_a_stream_not_read_is_reported_so_and_other_roles_are_still_checked():
-    pods = StreamReport("pods", "p_pods", unavailable=NO_LEADER)
+    pods = StreamReport("pods", "p_pods", unread="stream")
     assert report_lines([pods]) == [f"pods: stream p_pods: unavailable: {NO_LEADER}"]
     said, gone = acknowledged_lines([pods, _read("events", 4)], {"main": 9, "events": 8}, "p",
                                     {"main": ["pods"], "events": ["events"]})
