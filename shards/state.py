@@ -64,6 +64,7 @@ from .revision import _ROW, entry, entry_bound, entry_main, row_key
 logger = logging.getLogger(__name__)
 
 ROW_BATCH_MAX = 4096
+COMPACT_CHUNK = 256  # rows of one key compaction drops between two looks at the clock
 BULK_SST = "bulk-load.sst"  # in the state dir while recovery writes it; RocksDB takes it whole at the end
 
 
@@ -474,7 +475,11 @@ class ShardState:
 
         Each call writes one RocksDB batch, so a caller on the event loop can
         yield between slices: a large compaction never holds the loop for
-        longer than a slice (etcd also compacts in batches, pausing between).
+        much longer than a slice (etcd also compacts in batches, pausing
+        between), also when one key has a long history: that key's rows are
+        dropped ``COMPACT_CHUNK`` at a time, oldest first, and the slice can
+        end between two chunks (the key's change-log entry then stays, so the
+        next slice carries on with it).  Each call drops at least one chunk.
         """
         revs, keys = self._log_revs, self._log_keys
         batch = self.new_batch()
@@ -482,10 +487,11 @@ class ShardState:
         n, total = 0, len(revs)
         while n < total and revs[n] <= upto:
             key = keys[n]
-            n += 1
             if key not in seen:
+                if not self.compact_key(key, upto, batch, deadline):
+                    break
                 seen.add(key)
-                self.compact_key(key, upto, batch)
+            n += 1
             if not n & 63 and time.perf_counter() >= deadline:
                 break
         del revs[:n]
@@ -493,30 +499,39 @@ class ShardState:
         self.write_batch(batch)
         return not revs or revs[0] > upto
 
-    def compact_key(self, key: bytes, upto: int, batch: WriteBatch) -> None:
-        """Drop the history of ``key`` that no read at ``upto`` or later can see."""
+    def compact_key(self, key: bytes, upto: int, batch: WriteBatch, deadline: float = float("inf")) -> bool:
+        """Drop the history of ``key`` that no read at ``upto`` or later can see,
+        oldest rows first, ``COMPACT_CHUNK`` rows at a time until ``deadline``
+        has passed; True when all of it is gone."""
         revs = self.entries(key)
         if not revs:
-            return
+            return True
         i = bisect.bisect_left(revs, entry_bound(upto)) - 1
         if i < 0:
-            return
+            return True
         drop = i + 1 if revs[i] & 1 else i
-        self.rows_compacted += drop
-        for e in revs[:drop]:
-            rk = row_key(e)
+        dropped = 0
+        while dropped < drop:
+            chunk = revs[dropped : min(drop, dropped + COMPACT_CHUNK)]
+            row_keys = [row_key(e) for e in chunk]
             try:
-                value = self.db.get(rk)
+                values = self.db.get(row_keys)
             except Exception as exc:
                 raise self._failed(exc) from exc
-            if value is not None:
-                self.bytes_in_use -= len(rk) + len(value)
-            batch.delete(rk)
-        if drop == len(revs):
+            for rk, value in zip(row_keys, values):
+                if value is not None:
+                    self.bytes_in_use -= len(rk) + len(value)
+                batch.delete(rk)
+            dropped += len(chunk)
+            if time.perf_counter() >= deadline:
+                break
+        self.rows_compacted += dropped
+        if dropped == len(revs):
             del self.index[key]
             self.keys.remove(key)
-        elif drop:
-            self.index[key] = _held(revs[drop:])
+        elif dropped:
+            self.index[key] = _held(revs[dropped:])
+        return dropped == drop
 
     def new_batch(self) -> WriteBatch:
         return WriteBatch(raw_mode=True)

@@ -4,6 +4,7 @@ import random
 import pytest
 
 from proto.kv_pb2 import KeyValue
+from shards.revision import row_key
 from shards.state import ShardState
 
 
@@ -33,6 +34,36 @@ def test_worked_example(state):
     assert state.get_row(state.entry_at(b"a", 4)) == b"v3"
     assert state.compact_slice(5, float("inf"))
     assert state.index[b"a"] == state.latest_entry(b"a")  # one entry: held as the int itself
+
+
+def test_a_long_history_is_compacted_a_chunk_at_a_time(state):
+    """One key's history is no longer one unit of work (a hot key written 10,000
+    times between two compactions held the event loop for seconds): a slice past
+    its deadline drops at most COMPACT_CHUNK rows, the oldest first, and the next
+    slices carry on with the same key; reads at the compaction revision never change."""
+    from shards.revision import entry
+    from shards.state import COMPACT_CHUNK
+
+    for rev in range(2, 602):  # key a: 600 versions
+        state.put(b"a", rev, 0, b"v%d" % rev)
+    state.put(b"b", 602, 0, b"b")
+    state.delete(b"b", 603, 0, b"t")  # b: gone at the compaction revision, so wholly dropped
+    before, calls = 0, 0
+    while True:
+        calls += 1
+        done = state.compact_slice(603, 0.0)  # every slice's deadline already past
+        assert state.rows_compacted - before <= COMPACT_CHUNK
+        if calls == 1:
+            assert not done and state.rows_compacted == COMPACT_CHUNK
+            assert state.entries(b"a")[0] == entry(2 + COMPACT_CHUNK, 0, False)  # the oldest went first
+        before = state.rows_compacted
+        assert state.get_row(state.entry_at(b"a", 603)) == b"v601"
+        assert state.entry_at(b"b", 603) is None and keys_at(state, 603) == [b"a"]
+        if done:
+            break
+    assert state.rows_compacted == 599 + 2
+    assert state.index == {b"a": entry(601, 0, False)}
+    assert list(state.db.keys()) == [row_key(entry(601, 0, False))]
 
 
 def test_count_matches_scan_at_every_revision(state):
