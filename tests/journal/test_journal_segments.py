@@ -73,6 +73,48 @@ def test_release_through_while_writing_keeps_the_active_segment(jdir, make_items
     assert [rev for _, rev, _ in reopen_records(jdir, TINY)] == [5, 6]
 
 
+def test_release_removes_the_files_off_the_event_loop_while_writes_go_on(jdir, make_items, reopen_records,
+                                                                         monkeypatch):
+    """A checkpoint's release (the contract's async release) unlinks its segments in a thread:
+    ext4 takes tens of milliseconds per full 64 MiB segment, which held the event loop. Records
+    appended meanwhile (a new segment in the list while the files go) are kept."""
+    import os
+    import threading
+
+    unlinked_in: list[int] = []
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if str(path).endswith(".wal"):
+            unlinked_in.append(threading.get_ident())
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+
+    async def go() -> None:
+        journal = Journal.open(jdir, TINY)
+        await journal.start()
+        for rtype, rev, payload in make_items(5, payload_bytes=23):
+            journal.append(rtype, rev, payload)
+        await journal.sync()
+        paths = journal.segments
+        release = asyncio.ensure_future(journal.release(4))
+        await asyncio.sleep(0)
+        journal.append(1, 6, b"z" * 23)
+        journal.append(1, 7, b"y" * 23)
+        await journal.sync()
+        assert await release == 2
+        assert [p.exists() for p in paths] == [False, False, True]
+        assert journal.segments[0] == paths[2] and len(journal.segments) == 2  # 6 joined it, 7 began another
+        assert await journal.release(4) == 0
+        await journal.close()
+
+    asyncio.run(go())
+    loop_thread = threading.get_ident()
+    assert len(unlinked_in) == 2 and loop_thread not in unlinked_in
+    assert [rev for _, rev, _ in reopen_records(jdir, TINY)] == [5, 6, 7]
+
+
 def test_truncate_after(jdir, write_journal, make_items, reopen_records):
     items = make_items(10, payload_bytes=23)
     write_journal(jdir, items, TINY)
