@@ -16,17 +16,30 @@ import crc32c
 from .errors import CompactedError, FutureRevisionError
 from .revision import entry_bound
 from .state import entries_of
+from .steps import Steps, drain
 
 if TYPE_CHECKING:
     from .store import Store
+
 
 def etcd_revision_key(e: int) -> bytes:
     key = struct.pack(">Q", e >> 33) + b"_" + struct.pack(">Q", (e >> 1) & 0xFFFFFFFF)
     return key + b"t" if e & 1 else key
 
 
+HASH_ROWS = 1024  # rows hashed between two chances for the event loop to run others
+HASH_KEYS = 4096  # keys' entries listed between two such chances
+
+
 def hash_kv(store: Store, rev: int) -> tuple[int, int]:
-    """(hash, compact revision) of the state at ``rev`` (0: current).
+    """(hash, compact revision) of the state at ``rev`` (0: current), at once."""
+    return drain(hash_kv_steps(store, rev))
+
+
+def hash_kv_steps(store: Store, rev: int) -> Steps[tuple[int, int]]:
+    """``hash_kv`` in steps: the rows are listed ``HASH_KEYS`` keys at a time, sorted
+    at once, then read and hashed ``HASH_ROWS`` at a time (the caller holds compaction
+    at the compact revision back meanwhile: every row listed must stay).
 
     As etcd: rows above the compact revision count if their revision is <=
     rev; rows at or below it count only if they are the version of their key
@@ -46,7 +59,12 @@ def hash_kv(store: Store, rev: int) -> tuple[int, int]:
     old: list[tuple[int, int, bool]] = []  # (entry, shard id, kept) at or below it
     any_kept = False
     for sid, state in enumerate(store.states):
-        for revs in map(entries_of, state.index.values()):
+        # the keys' entries as they are now, walked in steps: writes meanwhile only append
+        # entries above ``rev`` (to a list, in place) and compaction is held back
+        held = list(state.index.values())
+        for i, revs in enumerate(map(entries_of, held)):
+            if i and not i % HASH_KEYS:
+                yield
             hi = bisect.bisect_left(revs, upper)
             lo = bisect.bisect_left(revs, lower)
             visible = revs[hi - 1] if hi and not revs[hi - 1] & 1 else None
@@ -56,7 +74,10 @@ def hash_kv(store: Store, rev: int) -> tuple[int, int]:
     rows = recent + [(e, sid) for e, sid, kept in old if kept or not any_kept]
     rows.sort()
     h = crc32c.crc32c(b"key")
-    for e, sid in rows:
+    states = store.states
+    for i, (e, sid) in enumerate(rows):
+        if i and not i % HASH_ROWS:
+            yield
         h = crc32c.crc32c(etcd_revision_key(e), h)
-        h = crc32c.crc32c(store.states[sid].get_row(e), h)
+        h = crc32c.crc32c(states[sid].get_row(e), h)
     return h, compact

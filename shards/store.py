@@ -429,8 +429,13 @@ class Store:
         current = self.committed if current is None else min(current, self.committed)
         if not req.range_end:
             return range_key(self, req, current)
-        steps = range_steps(self, req, current)
         rev = req.revision if req.revision > 0 else current
+        return await self._in_slices(range_steps(self, req, current), rev)
+
+    async def _in_slices(self, steps: Steps[T], hold: int) -> T:
+        """Run a read's ``steps``, yielding to the event loop between slices of about
+        ``slice_ms``. While it has yielded, compaction does not go past ``hold`` (the
+        rows it is about to fetch stay), and it counts as a read in flight."""
         slice_s = self.config.slice_ms / 1000
         deadline = time.perf_counter() + slice_s
         held = False
@@ -443,14 +448,14 @@ class Store:
                 if time.perf_counter() >= deadline:
                     if not held:
                         held = True
-                        self._reads[rev] += 1
+                        self._reads[hold] += 1
                     await self._pause()
                     deadline = time.perf_counter() + slice_s
         finally:
             if held:
-                self._reads[rev] -= 1
-                if not self._reads[rev]:
-                    del self._reads[rev]
+                self._reads[hold] -= 1
+                if not self._reads[hold]:
+                    del self._reads[hold]
                 self._reads_done.set()
 
     # -- writes ---------------------------------------------------------
@@ -801,6 +806,13 @@ class Store:
         from .hashkv import hash_kv
 
         return hash_kv(self, rev)
+
+    async def hash_kv_async(self, rev: int) -> tuple[int, int]:
+        """``hash_kv``, yielding to the event loop between slices (hashing a million rows
+        takes seconds). Meanwhile no compaction drops a row: the hash covers history."""
+        from .hashkv import hash_kv_steps
+
+        return await self._in_slices(hash_kv_steps(self, rev), self.compact_rev - 1)
 
     async def defragment(self) -> None:
         """Give back the space of deleted and compacted rows (RocksDB flush + full compaction)."""

@@ -114,14 +114,14 @@ class MaintenanceService:
     async def Hash(self, request: pb.HashRequest, context: grpc.aio.ServicerContext) -> pb.HashResponse:
         await _require_root(self.m, context)
         with timed(HASH_S):
-            h, _ = self.store.hash_kv(0)
+            h, _ = await self.store.hash_kv_async(0)
         return pb.HashResponse(header=self.m.header(), hash=h)
 
     async def HashKV(self, request: pb.HashKVRequest, context: grpc.aio.ServicerContext) -> pb.HashKVResponse:
         await _require_root(self.m, context)
         try:
             with timed(HASH_REV_S):  # a refused one is not observed
-                h, compact = self.store.hash_kv(request.revision)
+                h, compact = await self.store.hash_kv_async(request.revision)
         except Exception as exc:
             await abort_with(context, exc)
         return pb.HashKVResponse(header=self.m.header(), hash=h, compact_revision=compact)
