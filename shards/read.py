@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,8 @@ from .types import (
 if TYPE_CHECKING:
     from .store import Store
 
-FETCH_ROWS = 2048  # rows fetched between two yields of a large read
+FETCH_ROWS = 2048  # rows fetched (or decoded) between two yields of a large read
+LIST_KEYS = 4096  # keys listed between two yields
 
 _SORT_KEYS = {
     TARGET_KEY: lambda kv: kv.key,
@@ -71,10 +72,26 @@ def scan_shards(store: Store, key: bytes, end: bytes | None, rev: int) -> Iterat
     return heapq.merge(*(_tagged(store.states[s].scan(key, end, rev), s) for s in sids))
 
 
-def count_keys(store: Store, key: bytes, end: bytes | None, rev: int) -> int:
+def count_keys(store: Store, key: bytes, end: bytes | None, rev: int) -> Steps[int]:
+    """Keys live at ``rev`` in [key, end), in steps: a shard that must scan its keys in
+    range to count them scans ``LIST_KEYS`` a step."""
     if end is None:
         return store.states[store.router.shard_for_key(key)].count(key, None, rev)
-    return sum(store.states[s].count(key, end, rev) for s in store.router.shards_for_range(key, end))
+    total = 0
+    for sid in store.router.shards_for_range(key, end):
+        state = store.states[sid]
+        n = state.count_unscanned(key, end, rev)
+        if n is None:  # scanned LIST_KEYS a step, each from just after the last key counted
+            n, start = 0, key
+            while True:
+                part = [k for k, _ in islice(state.scan(start, end, rev), LIST_KEYS)]
+                n += len(part)
+                if len(part) < LIST_KEYS:
+                    break
+                start = part[-1] + b"\x00"
+                yield
+        total += n
+    return total
 
 
 def fetch_rows(store: Store, items: list[tuple[bytes, int, int]]) -> list[bytes]:
@@ -108,26 +125,30 @@ def range_key(store: Store, req: RangeReq, current: int) -> RangeResult:
         return RangeResult(current, [], False, 0)
     if req.count_only or ((req.min_mod_revision or req.max_mod_revision) and not _mod_ok(req, entry_main(e))):
         return RangeResult(current, [], False, 1)  # the count is of the keys before the filters, as etcd's
-    return _finish(req, [state.get_row(e)], 1, current)
+    row = state.get_row(e)
+    if (req.min_create_revision or req.max_create_revision) and not _create_ok(
+            req, KeyValue.FromString(row).create_revision):
+        return RangeResult(current, [], False, 1)
+    return RangeResult(current, [_strip_value(row) if req.keys_only else row], False, 1)
 
 
 def range_steps(store: Store, req: RangeReq, current: int) -> Steps[RangeResult]:
-    """``range_at`` in steps: the keys are listed at once, their rows fetched
-    ``FETCH_ROWS`` at a time (rows at or below ``current`` never change;
-    the store holds compaction back while a sliced read is in flight)."""
+    """``range_at`` in steps: the keys are listed ``LIST_KEYS`` at a time, their rows
+    fetched ``FETCH_ROWS`` at a time, and decoded (a sort, a create-revision filter,
+    keys_only) as many at a time (rows at or below ``current`` never change; the store
+    holds compaction back while a sliced read is in flight)."""
     rev = resolve_revision(store, req.revision, current)
     end = normalize_end(req.range_end)
     if req.count_only:
-        return RangeResult(current, [], False, count_keys(store, req.key, end, rev))
+        return RangeResult(current, [], False, (yield from count_keys(store, req.key, end, rev)))
     filtered = bool(req.min_mod_revision or req.max_mod_revision or req.min_create_revision or req.max_create_revision)
     fetch_all = req.limit <= 0 or req.sort_order != SORT_NONE or filtered
-    scan = scan_shards(store, req.key, end, rev)
     if fetch_all:
-        items = list(scan)
+        items = yield from _listed(store, req.key, end, rev)
         count = len(items)
     else:
-        items = list(islice(scan, req.limit + 1))
-        count = len(items) if len(items) <= req.limit else count_keys(store, req.key, end, rev)
+        items = yield from _listed(store, req.key, end, rev, req.limit + 1)
+        count = len(items) if len(items) <= req.limit else (yield from count_keys(store, req.key, end, rev))
     if filtered:
         items = [i for i in items if _mod_ok(req, entry_main(i[1]))]
     rows: list[bytes] = []
@@ -135,21 +156,42 @@ def range_steps(store: Store, req: RangeReq, current: int) -> Steps[RangeResult]
         if i:
             yield
         rows += fetch_rows(store, items[i : i + FETCH_ROWS])
-    return _finish(req, rows, count, current)
-
-
-def _finish(req: RangeReq, rows: list[bytes], count: int, current: int) -> RangeResult:
-    """The rows a range fetched, filtered by create revision, sorted, limited and stripped."""
     if req.min_create_revision or req.max_create_revision:
-        rows = [r for r in rows if _create_ok(req, KeyValue.FromString(r).create_revision)]
-    rows = _sorted(req, rows)
+        rows = yield from _each_part(rows, lambda part: [
+            r for r in part if _create_ok(req, KeyValue.FromString(r).create_revision)])
+    rows = yield from _sorted(req, rows)
     more = False
     if 0 < req.limit < len(rows):
         rows = rows[: req.limit]
         more = True
     if req.keys_only:
-        rows = [_strip_value(r) for r in rows]
+        rows = yield from _each_part(rows, lambda part: [_strip_value(r) for r in part])
     return RangeResult(current, rows, more, count)
+
+
+def _listed(store: Store, key: bytes, end: bytes | None, rev: int, most: int = 0) -> Steps[list]:
+    """``scan_shards`` as a list (of at most ``most`` items, if given), ``LIST_KEYS`` keys a
+    step: each step scans again from just after the last key listed, so keys written
+    meanwhile do not disturb it (none of them is live at ``rev``)."""
+    items: list[tuple[bytes, int, int]] = []
+    while True:
+        want = LIST_KEYS if not most else min(LIST_KEYS, most - len(items))
+        part = list(islice(scan_shards(store, key, end, rev), want))
+        items += part
+        if len(part) < want or len(items) == most:
+            return items
+        key = part[-1][0] + b"\x00"  # the least key after it
+        yield
+
+
+def _each_part(rows: list, fn: Callable[[list], list]) -> Steps[list]:
+    """``fn`` applied to ``rows`` ``FETCH_ROWS`` at a time, a step each."""
+    done: list = []
+    for i in range(0, len(rows), FETCH_ROWS):
+        if i:
+            yield
+        done += fn(rows[i : i + FETCH_ROWS])
+    return done
 
 
 def _mod_ok(req: RangeReq, mod: int) -> bool:
@@ -164,14 +206,14 @@ def _create_ok(req: RangeReq, create: int) -> bool:
     return not (req.min_create_revision and create < req.min_create_revision)
 
 
-def _sorted(req: RangeReq, rows: list[bytes]) -> list[bytes]:
+def _sorted(req: RangeReq, rows: list[bytes]) -> Steps[list[bytes]]:
     order = req.sort_order
     if req.sort_target != TARGET_KEY and order == SORT_NONE:
         order = SORT_ASCEND
     if order == SORT_NONE or (order == SORT_ASCEND and req.sort_target == TARGET_KEY):
         return rows
     keyf = _SORT_KEYS.get(req.sort_target, _SORT_KEYS[TARGET_KEY])
-    decoded = [(keyf(KeyValue.FromString(r)), r) for r in rows]
+    decoded = yield from _each_part(rows, lambda part: [(keyf(KeyValue.FromString(r)), r) for r in part])
     descend = order == SORT_DESCEND
     if len({k for k, _ in decoded}) == len(decoded):  # no ties: any sort gives etcd's order
         decoded.sort(key=lambda t: t[0], reverse=descend)

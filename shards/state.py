@@ -448,6 +448,12 @@ class ShardState:
 
     def count(self, key: bytes, end: bytes | None, rev: int) -> int:
         """Number of keys live at ``rev`` in [key, end) (``end`` as in scan)."""
+        n = self.count_unscanned(key, end, rev)
+        return sum(1 for _ in self.scan(key, end, rev)) if n is None else n
+
+    def count_unscanned(self, key: bytes, end: bytes | None, rev: int) -> int | None:
+        """``count`` when it needs no scan of the keys in range; None when it does (more keys
+        changed since ``rev`` than are live in range, by far)."""
         if end is None:
             return 0 if self.entry_at(key, rev) is None else 1
         if end and end <= key:
@@ -459,7 +465,7 @@ class ShardState:
             return n
         start = bisect.bisect_right(self._log_revs, rev)
         if len(self._log_revs) - start > max(4096, 4 * n):
-            return sum(1 for _ in self.scan(key, end, rev))
+            return None
         changed = {k for k in self._log_keys[start:] if key <= k and (not end or k < end)}
         for k in changed:
             n -= not last_entry(self.index[k]) & 1
