@@ -443,6 +443,25 @@ def test_bench_gcpause_tiny_reports_both_servers_and_the_collector(tmp_path):
     assert rows[0]["rss_bytes"] > 0 and rows[2]["rss_bytes"] > 0
 
 
+def test_bench_stalls_tiny_times_each_operation_with_probes_on_both_servers(tmp_path):
+    """python -m bench.stalls --tiny: on etcd and on shardetcd each heavy operation does its work
+    (every key answered, the lease's keys gone, half the keys deleted) while the probes' Puts and
+    Ranges are answered and their slowest timed."""
+    p = run_bench(["bench.stalls", "--tiny", "--out", str(tmp_path)],
+                  env=_env(**{etcdtool.TOOL_ENV: str(etcdtool.tool_path())}), timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = json.loads(next(tmp_path.glob("*-stalls.json")).read_text())["rows"]
+    from bench.stalls import OPS
+    assert [(r["server"], r["op"]) for r in rows] == [(s, op) for s in ("etcd", "shardetcd") for op in OPS]
+    for r in rows:
+        assert r["took_s"] > 0 and r["probes"] > 0 and r["slowest_put_ms"] > 0 and r["slowest_range_ms"] > 0, r
+        want = {"range-keys-only": 2_001, "range-all": 2_001, "delete-range": 1_000}.get(r["op"])
+        assert r["did"] == want if want else r["did"] > 0, r
+        if r["op"] == "lease-revoke":
+            assert r["keys_left"] == 0, r
+    assert "| compact-hot |" in next(tmp_path.glob("*-stalls.md")).read_text()
+
+
 def test_bench_ab_compares_two_builds_round_by_round(tmp_path):
     """python -m bench.ab --tiny: a git revision (checked out into a worktree it removes again) and
     this tree each serve through fresh shardetcd and ceiling processes, every load runs on both,

@@ -1,0 +1,267 @@
+"""python -m bench.stalls: how long one heavy operation holds every other client up, etcd and
+shardetcd side by side.
+
+A store's large operations — a range over every key, a hash of its history, a compaction, a
+lease revoked with many keys — take time; what matters to a cluster's other clients
+(kube-apiserver's lease renewals and watches among them) is whether they wait meanwhile.
+etcd runs reads beside a long one and applies writes one after another; shardetcd serves on one
+event loop, so each long operation must give the loop back in slices.
+
+Against each server, etcd's benchmark tool first writes --keys keys (1 KiB values). Then each
+operation below runs in a process of its own while two probe clients, each on a connection of
+its own, send one-key Puts and one-key Ranges in a loop, 2 ms apart; reported per operation:
+how long it took (its call, as its client saw it) and the slowest Put and the slowest Range
+answered while its process ran.
+
+  range-keys-only   Range over every key, keys_only (etcdctl get --prefix --keys-only)
+  range-all         Range over every key with its value (~100 MB at 100,000 keys)
+  hashkv            HashKV at the current revision (etcdctl endpoint hashkv)
+  snapshot          Maintenance.Snapshot, the stream read to its end
+  lease-revoke      LeaseRevoke of a lease --keys/2 keys are attached to
+  delete-range      DeleteRange of --keys/2 keys
+  compact-hot       Compact (physical) of --hot puts to 10 keys: a long history per key
+
+    python -m bench.stalls                  # 100,000 keys, 300,000 hot puts (~5 min)
+    python -m bench.stalls --tiny           # 2,000 keys, 5,000 hot puts (harness check)
+
+On a 2-core machine the probes, the operation's client and the server share the cores, so
+part of a slow answer is waiting for a core: read the two servers against each other.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from . import etcdtool, runargs
+from .scenarios import Point, Scenario
+from .servers import STARTERS
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+OPS = ("range-keys-only", "range-all", "hashkv", "snapshot", "lease-revoke", "delete-range", "compact-hot")
+POINT = Point(64, 8, (None, None, None))
+PROBE_GAP_S = 0.002
+BATCH = 128  # puts per Txn while attaching keys to a lease (etcd's --max-txn-ops)
+
+
+def _stubs(endpoint: str):
+    import grpc
+
+    from proto import rpc_pb2_grpc as pbg
+
+    ch = grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", (1 << 31) - 1)])
+    return ch, pbg.KVStub(ch), pbg.LeaseStub(ch), pbg.MaintenanceStub(ch)
+
+
+def run_op(op: str, endpoint: str, arg: str) -> tuple[float, int]:
+    """One operation, in this process (``--op``): what the bench times. Its seconds, and what
+    it did: keys answered, rows deleted, snapshot bytes, the compaction's revision (1: done)."""
+    from proto import rpc_pb2 as pb
+
+    ch, kv, lease, maint = _stubs(endpoint)
+    with ch:
+        maint.Status(pb.StatusRequest(), timeout=60)  # connected before it is timed
+        t0 = time.perf_counter()
+        if op == "range-keys-only":
+            did = len(kv.Range(pb.RangeRequest(key=b"\0", range_end=b"\0", keys_only=True), timeout=600).kvs)
+        elif op == "range-all":
+            did = len(kv.Range(pb.RangeRequest(key=b"\0", range_end=b"\0"), timeout=600).kvs)
+        elif op == "hashkv":
+            did = int(maint.HashKV(pb.HashKVRequest(revision=0), timeout=600).header.revision > 0)
+        elif op == "snapshot":
+            did = sum(len(r.blob) for r in maint.Snapshot(pb.SnapshotRequest(), timeout=600))
+        elif op == "lease-revoke":
+            lease.LeaseRevoke(pb.LeaseRevokeRequest(ID=int(arg)), timeout=600)
+            did = 1
+        elif op == "delete-range":
+            did = kv.DeleteRange(pb.DeleteRangeRequest(key=b"/gone/", range_end=b"/gone0"), timeout=600).deleted
+        elif op == "compact-hot":
+            kv.Compact(pb.CompactionRequest(revision=int(arg), physical=True), timeout=600)
+            did = 1
+        else:
+            raise SystemExit(f"unknown operation {op!r}")
+        return time.perf_counter() - t0, did
+
+
+class Probes:
+    """Two clients on connections of their own, a one-key Put and a one-key Range in a loop."""
+
+    def __init__(self, endpoint: str) -> None:
+        from proto import rpc_pb2 as pb
+
+        self.worst = {"put": 0.0, "range": 0.0}
+        self.count = {"put": 0, "range": 0}
+        self._stop = threading.Event()
+        self._threads = []
+        for name in ("put", "range"):
+            ch, kv, _, _ = _stubs(endpoint)
+            call = ((lambda kv=kv: kv.Put(pb.PutRequest(key=b"/probe", value=b"x"), timeout=600)) if name == "put"
+                    else (lambda kv=kv: kv.Range(pb.RangeRequest(key=b"/probe"), timeout=600)))
+            call()  # connected before anything is timed
+            self._threads.append(threading.Thread(target=self._loop, args=(name, call, ch), daemon=True))
+
+    def _loop(self, name: str, call, ch) -> None:
+        with ch:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                call()
+                took = time.perf_counter() - t0
+                self.worst[name] = max(self.worst[name], took)
+                self.count[name] += 1
+                time.sleep(PROBE_GAP_S)
+
+    def __enter__(self) -> Probes:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+
+
+def timed_op(op: str, endpoint: str, arg: str = "") -> dict:
+    with Probes(endpoint) as probes:
+        time.sleep(0.2)  # the probes' own pace first
+        out = subprocess.run([sys.executable, "-m", "bench.stalls", "--op", op, "--endpoint", endpoint, "--arg", arg],
+                             cwd=REPO_ROOT, check=True, timeout=3600, capture_output=True, text=True).stdout
+        took, did = out.split()[-2:]
+        time.sleep(0.1)
+    return {"op": op, "took_s": float(took), "did": int(did), "slowest_put_ms": probes.worst["put"] * 1000,
+            "slowest_range_ms": probes.worst["range"] * 1000, "probes": sum(probes.count.values())}
+
+
+def _count(endpoint: str, prefix: bytes) -> int:
+    from proto import rpc_pb2 as pb
+
+    ch, kv, _, _ = _stubs(endpoint)
+    with ch:
+        end = prefix[:-1] + bytes([prefix[-1] + 1])
+        return kv.Range(pb.RangeRequest(key=prefix, range_end=end, count_only=True), timeout=60).count
+
+
+def _revision(endpoint: str) -> int:
+    from proto import rpc_pb2 as pb
+
+    ch, kv, _, _ = _stubs(endpoint)
+    with ch:
+        return kv.Range(pb.RangeRequest(key=b"/probe"), timeout=60).header.revision
+
+
+def _attach(endpoint: str, n: int, prefix: bytes, lease_ttl: int = 0) -> int:
+    """``n`` keys under ``prefix`` (on a new lease if ``lease_ttl``); the lease's id or 0."""
+    from proto import rpc_pb2 as pb
+
+    ch, kv, lease, _ = _stubs(endpoint)
+    with ch:
+        lid = lease.LeaseGrant(pb.LeaseGrantRequest(TTL=lease_ttl), timeout=60).ID if lease_ttl else 0
+        futures = []
+        for i in range(0, n, BATCH):
+            ops = [pb.RequestOp(request_put=pb.PutRequest(key=prefix + b"%08d" % j, value=b"v" * 200, lease=lid))
+                   for j in range(i, min(n, i + BATCH))]
+            futures.append(kv.Txn.future(pb.TxnRequest(success=ops), timeout=600))
+            if len(futures) >= 32:
+                futures.pop(0).result()
+        for f in futures:
+            f.result()
+    return lid
+
+
+def run_server(name: str, tool: str, keys: int, hot: int, scratch: Path, log) -> list[dict]:
+    server = STARTERS[name](scratch)
+    rows: list[dict] = []
+
+    def record(row: dict) -> None:
+        row["server"] = name
+        rows.append(row)
+        log(f"{name}: {row['op']}: {row['took_s']:.2f} s; slowest put {row['slowest_put_ms']:.0f} ms, "
+            f"range {row['slowest_range_ms']:.0f} ms")
+
+    try:
+        log(f"{name}: writing {keys:,} keys")
+        etcdtool.run(tool, server.endpoint, Scenario("fill", "tool", [], (
+            "put", "--sequential-keys", "--key-space-size", str(keys), "--val-size", "1024")), POINT, keys,
+            [server.pid], timeout_s=3600)
+        for op in ("range-keys-only", "range-all", "hashkv", "snapshot"):
+            record(timed_op(op, server.endpoint))
+        lid = _attach(server.endpoint, keys // 2, b"/leased/", lease_ttl=3600)
+        record(timed_op("lease-revoke", server.endpoint, str(lid)))
+        rows[-1]["keys_left"] = _count(server.endpoint, b"/leased/")
+        _attach(server.endpoint, keys // 2, b"/gone/")
+        record(timed_op("delete-range", server.endpoint))
+        log(f"{name}: {hot:,} puts to 10 keys")
+        etcdtool.run(tool, server.endpoint, Scenario("hot", "tool", [], (
+            "put", "--key-space-size", "10", "--val-size", "256")), POINT, hot, [server.pid], timeout_s=3600)
+        record(timed_op("compact-hot", server.endpoint, str(_revision(server.endpoint))))
+    finally:
+        server.stop()
+    return rows
+
+
+def table(rows: list[dict], names: list[str]) -> str:
+    by = {(r["server"], r["op"]): r for r in rows}
+    head = "| operation |" + "".join(f" {n} took s | {n} slowest put ms | {n} slowest range ms |" for n in names)
+    lines = [head, "|---|" + "---|---|---|" * len(names)]
+    for op in OPS:
+        cells = []
+        for n in names:
+            r = by.get((n, op))
+            cells.append(f" {r['took_s']:.2f} | {r['slowest_put_ms']:.0f} | {r['slowest_range_ms']:.0f} |" if r
+                         else " - | - | - |")
+        lines.append(f"| {op} |" + "".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.stalls", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--hot", type=int, default=300_000, help="puts to 10 keys before compact-hot")
+    ap.add_argument("--servers", default="etcd,shardetcd")
+    ap.add_argument("--tiny", action="store_true", help="2,000 keys, 5,000 hot puts: a harness check")
+    ap.add_argument("--op", help=argparse.SUPPRESS)  # one operation, run by the bench in a process of its own
+    ap.add_argument("--endpoint", help=argparse.SUPPRESS)
+    ap.add_argument("--arg", default="", help=argparse.SUPPRESS)
+    runargs.add_tool(ap)
+    runargs.add_out(ap)
+    args = ap.parse_args(argv)
+    if args.op:
+        took, did = run_op(args.op, args.endpoint, args.arg)
+        print(f"{took:.6f} {did}")
+        return 0
+    if args.tiny:
+        args.keys, args.hot = 2_000, 5_000
+    tool = runargs.tool_or_exit(args, "python -m bench.stalls")
+    names = [s for s in args.servers.split(",") if s]
+    if unknown := [n for n in names if n not in ("etcd", "shardetcd")]:
+        raise SystemExit(f"unknown server(s) {unknown}: etcd, shardetcd")
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log = runargs.progress(time.monotonic())
+    scratch = Path(tempfile.mkdtemp(prefix="shardetcd-stalls-", dir="/var/tmp"))
+    rows: list[dict] = []
+    try:
+        for name in names:
+            (scratch / name).mkdir()
+            rows += run_server(name, tool, args.keys, args.hot, scratch / name, log)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    md = table(rows, names)
+    print(md)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stamp}-stalls.json").write_text(json.dumps({"keys": args.keys, "hot": args.hot,
+                                                               "tool": etcdtool.describe(tool), "rows": rows}, indent=1))
+    (args.out / f"{stamp}-stalls.md").write_text(f"# bench.stalls {stamp}: {args.keys:,} keys, {args.hot:,} hot puts"
+                                                f"\n\n{md}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    runargs.run(main)
