@@ -885,7 +885,7 @@ class Store:
 
         def steps() -> Steps[None]:
             for i, key in enumerate(sorted(lease.keys), 1):
-                w.delete(DeleteReq(key))
+                w.delete_key(key)
                 if not i % STEP_KEYS:
                     yield
             self.leases.remove(lease_id, tag=w.rev)

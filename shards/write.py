@@ -171,6 +171,21 @@ class WriteTxn:
                 yield
         return DeleteResult(rev if self.sub else rev - 1, len(items), prev)
 
+    def delete_key(self, key: bytes) -> int:
+        """``delete`` of one key, without prev_kv and without a range scan (a revoked lease's
+        keys, thousands at a time); counted as such a delete is. The number deleted, 0 or 1."""
+        self.store.counts.deletes += 1
+        self.ops += 1
+        sid = self.store.router.shard_for_key(key)
+        state = self.store.states[sid]
+        if state.entry_at(key, self.read_rev()) is None:
+            return 0
+        row = KeyValue(key=key).SerializeToString()  # etcd's tombstone row: the key alone
+        state.delete(key, self.rev, self.sub, row)
+        self.store.leases.detach(key)
+        self._record(sid, Change(DELETE, self.sub, key, row))
+        return 1
+
     def _record(self, sid: int, change: Change) -> None:
         part = self.parts.get(sid)
         if part is None:
