@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
-import shutil
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -125,26 +122,16 @@ def main(argv=None) -> int:
     if args.tiny:
         args.keys = args.updates = 5_000
     tool = runargs.tool_or_exit(args, "python -m bench.gcpause")
-    names = [s for s in args.servers.split(",") if s]
-    if unknown := [n for n in names if n not in ("etcd", "shardetcd")]:
-        raise SystemExit(f"unknown server(s) {unknown}: etcd, shardetcd")
+    names = runargs.etcd_and_shardetcd(args.servers)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log = runargs.progress(time.monotonic())
-    scratch = Path(tempfile.mkdtemp(prefix="shardetcd-gcpause-", dir="/var/tmp"))
-    rows: list[dict] = []
-    try:
-        for name in names:
-            (scratch / name).mkdir()
-            rows += run_server(name, tool, args.keys, args.updates, scratch / name, log)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    rows = runargs.each_server(names, "shardetcd-gcpause-",
+                               lambda name, scratch: run_server(name, tool, args.keys, args.updates, scratch, log))
     md = table(rows)
     print(md)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stamp}-gcpause.json").write_text(json.dumps({"keys": args.keys, "updates": args.updates,
-                                                               "tool": etcdtool.describe(tool), "rows": rows}, indent=1))
-    (args.out / f"{stamp}-gcpause.md").write_text(f"# bench.gcpause {stamp}: {args.keys:,} keys, "
-                                                 f"{args.updates:,} updates, 64 clients / 8 connections\n\n{md}\n")
+    runargs.save(args.out, stamp, "gcpause",
+                 {"keys": args.keys, "updates": args.updates, "tool": etcdtool.describe(tool)}, rows,
+                 f"{args.keys:,} keys, {args.updates:,} updates, 64 clients / 8 connections", md)
     return 0
 
 

@@ -3,8 +3,11 @@ quiet machine before a run, where results go, and the elapsed-time progress line
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +63,35 @@ def wait_quiet(seconds: float, below: float) -> float:
         busy = machine_busy(0.5)
         if busy < below or time.monotonic() > deadline:
             return busy
+
+
+def etcd_and_shardetcd(servers: str) -> list[str]:
+    """--servers of a bench that runs etcd and shardetcd in turn: the names given; others refused."""
+    names = [s for s in servers.split(",") if s]
+    if unknown := [n for n in names if n not in ("etcd", "shardetcd")]:
+        raise SystemExit(f"unknown server(s) {unknown}: etcd, shardetcd")
+    return names
+
+
+def each_server(names: list[str], prefix: str, run: Callable[[str, Path], list[dict]]) -> list[dict]:
+    """``run(name, scratch)`` for each server in turn, each in a scratch directory of its own
+    under /var/tmp (all removed at the end); their rows, in order."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    rows: list[dict] = []
+    try:
+        for name in names:
+            (scratch / name).mkdir()
+            rows += run(name, scratch / name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return rows
+
+
+def save(out: Path, stamp: str, bench: str, meta: dict, rows: list[dict], title: str, md: str) -> None:
+    """A run's ``<stamp>-<bench>.json`` (``meta`` and its rows) and ``.md`` (``title``, the table) in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stamp}-{bench}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    (out / f"{stamp}-{bench}.md").write_text(f"# bench.{bench} {stamp}: {title}\n\n{md}\n")
 
 
 def progress(t_begin: float) -> Callable[[str], None]:

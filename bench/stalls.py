@@ -31,11 +31,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -240,26 +237,15 @@ def main(argv=None) -> int:
     if args.tiny:
         args.keys, args.hot = 2_000, 5_000
     tool = runargs.tool_or_exit(args, "python -m bench.stalls")
-    names = [s for s in args.servers.split(",") if s]
-    if unknown := [n for n in names if n not in ("etcd", "shardetcd")]:
-        raise SystemExit(f"unknown server(s) {unknown}: etcd, shardetcd")
+    names = runargs.etcd_and_shardetcd(args.servers)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log = runargs.progress(time.monotonic())
-    scratch = Path(tempfile.mkdtemp(prefix="shardetcd-stalls-", dir="/var/tmp"))
-    rows: list[dict] = []
-    try:
-        for name in names:
-            (scratch / name).mkdir()
-            rows += run_server(name, tool, args.keys, args.hot, scratch / name, log)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    rows = runargs.each_server(names, "shardetcd-stalls-",
+                               lambda name, scratch: run_server(name, tool, args.keys, args.hot, scratch, log))
     md = table(rows, names)
     print(md)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stamp}-stalls.json").write_text(json.dumps({"keys": args.keys, "hot": args.hot,
-                                                               "tool": etcdtool.describe(tool), "rows": rows}, indent=1))
-    (args.out / f"{stamp}-stalls.md").write_text(f"# bench.stalls {stamp}: {args.keys:,} keys, {args.hot:,} hot puts"
-                                                f"\n\n{md}\n")
+    runargs.save(args.out, stamp, "stalls", {"keys": args.keys, "hot": args.hot, "tool": etcdtool.describe(tool)},
+                 rows, f"{args.keys:,} keys, {args.hot:,} hot puts", md)
     return 0
 
 

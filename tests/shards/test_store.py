@@ -561,6 +561,21 @@ def test_checkpoints_keep_bounding_the_journal_as_it_ages(tmp_path, run):
     assert peak <= 2 * interval + 2 * segment, f"the journal grew to {peak} bytes"
 
 
+async def compaction_meanwhile(store: Store, read):
+    """Run the sliced ``read``, other loop turns beside it, and a physical compaction to the
+    latest revision requested as soon as it has yielded: (its result, how many other turns ran,
+    the compaction's future)."""
+    read = asyncio.ensure_future(read)
+    others, compaction = 0, None
+    while not read.done():
+        others += 1
+        if store.reads_in_flight and compaction is None:
+            compaction = asyncio.ensure_future(store.compact(store.rev, physical=True))
+        await asyncio.sleep(0)
+    assert compaction is not None, "the read never yielded"
+    return await read, others, compaction
+
+
 def test_a_large_read_yields_and_holds_compaction_back(tmp_path, run):
     """A Range over 40,000 keys fetches its rows in slices (issue 18.3): other
     requests run in between, and a compaction requested meanwhile past the
@@ -573,16 +588,9 @@ def test_a_large_read_yields_and_holds_compaction_back(tmp_path, run):
             for i in reversed(range(0, len(keys), 1000)):  # compaction walks the keys from the last one
                 await store.txn(TxnReq(success=tuple(PutReq(k, version * 300) for k in keys[i : i + 1000])))
         old = 1 + len(keys) // 1000  # every key at version 1
-        read = asyncio.ensure_future(store.range_async(RangeReq(b"/registry/pods/", b"/registry/pods0", revision=old)))
-        others = 0
-        compaction = None
-        while not read.done():
-            others += 1
-            if store._reads and compaction is None:
-                compaction = asyncio.ensure_future(store.compact(store.rev, physical=True))
-            await asyncio.sleep(0)
-        assert compaction is not None, "the read never yielded"
-        got = kvs(await read)
+        result, others, compaction = await compaction_meanwhile(
+            store, store.range_async(RangeReq(b"/registry/pods/", b"/registry/pods0", revision=old)))
+        got = kvs(result)
         assert others >= 5 and len(got) == 40_000 and {kv.version for kv in got} == {1}
         await compaction
         with pytest.raises(CompactedError):
@@ -652,15 +660,8 @@ def test_a_hash_of_many_rows_yields_and_holds_compaction_back(tmp_path, run):
             for i in range(0, len(keys), 1000):
                 await store.txn(TxnReq(success=tuple(PutReq(k, version * 100) for k in keys[i : i + 1000])))
         want = store.hash_kv(0)
-        hashing = asyncio.ensure_future(store.hash_kv_async(0))
-        others, compaction = 0, None
-        while not hashing.done():
-            others += 1
-            if store.reads_in_flight and compaction is None:
-                compaction = asyncio.ensure_future(store.compact(store.rev, physical=True))
-            await asyncio.sleep(0)
-        assert compaction is not None, "the hash never yielded"
-        assert await hashing == want and others >= 5
+        got, others, compaction = await compaction_meanwhile(store, store.hash_kv_async(0))
+        assert got == want and others >= 5
         await compaction
         assert store.failure is None and store.hash_kv(0) != want  # the history is gone now
         with pytest.raises(CompactedError):
