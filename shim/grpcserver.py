@@ -441,13 +441,17 @@ class Call:
                             + length.to_bytes(4, "big"))
             conn.write(payload)
             return
-        # the message's prefix and first part, then the rest as it is: frames are cut from it as the
-        # windows allow (a 100 MB answer copied and cut up at once held the event loop 0.15 s)
+        # the message's prefix and first part, then the rest as it is (a 100 MB answer copied and
+        # cut up at once held the event loop 0.15 s)
         head = conn.peer_max_frame - 5
-        self.pending.append((DATA, b"\0" + length.to_bytes(4, "big") + payload[:head]))
-        if length > head:
-            self.pending.append((DATA, memoryview(payload)[head:]))
+        self._queue(b"\0" + length.to_bytes(4, "big") + payload[:head])
+        self._queue(memoryview(payload)[head:])
         conn.send_pending(self)
+
+    def _queue(self, data: bytes | memoryview) -> None:
+        """``data`` to send; ``send_pending`` cuts it into frames as the windows allow."""
+        if data:
+            self.pending.append((DATA, memoryview(data)))
 
     def finish(self, code: grpc.StatusCode = grpc.StatusCode.OK, message: str = "") -> None:
         """The call's status (trailers, END_STREAM); the call is over."""
@@ -579,11 +583,6 @@ class HttpStream(Call):
             _literal(name.lower().encode("latin-1"), str(value).encode("latin-1"))
             for name, value in (*headers, ("date", http_date())))
         self.conn.write(_frame(HEADERS, END_HEADERS, self.sid, block))
-
-    def _queue(self, data: bytes) -> None:
-        frame_max = self.conn.peer_max_frame
-        for i in range(0, len(data), frame_max):
-            self.pending.append((DATA, data[i:i + frame_max]))
 
     def _last(self, data: bytes) -> None:
         """``data`` and the end of the answer, sent as the windows allow; the stream is done."""
