@@ -81,15 +81,8 @@ def count_keys(store: Store, key: bytes, end: bytes | None, rev: int) -> Steps[i
     for sid in store.router.shards_for_range(key, end):
         state = store.states[sid]
         n = state.count_unscanned(key, end, rev)
-        if n is None:  # scanned LIST_KEYS a step, each from just after the last key counted
-            n, start = 0, key
-            while True:
-                part = [k for k, _ in islice(state.scan(start, end, rev), LIST_KEYS)]
-                n += len(part)
-                if len(part) < LIST_KEYS:
-                    break
-                start = part[-1] + b"\x00"
-                yield
+        if n is None:
+            n = len((yield from _in_steps(lambda start: state.scan(start, end, rev), key)))
         total += n
     return total
 
@@ -144,10 +137,10 @@ def range_steps(store: Store, req: RangeReq, current: int) -> Steps[RangeResult]
     filtered = bool(req.min_mod_revision or req.max_mod_revision or req.min_create_revision or req.max_create_revision)
     fetch_all = req.limit <= 0 or req.sort_order != SORT_NONE or filtered
     if fetch_all:
-        items = yield from _listed(store, req.key, end, rev)
+        items = yield from _in_steps(lambda start: scan_shards(store, start, end, rev), req.key)
         count = len(items)
     else:
-        items = yield from _listed(store, req.key, end, rev, req.limit + 1)
+        items = yield from _in_steps(lambda start: scan_shards(store, start, end, rev), req.key, req.limit + 1)
         count = len(items) if len(items) <= req.limit else (yield from count_keys(store, req.key, end, rev))
     if filtered:
         items = [i for i in items if _mod_ok(req, entry_main(i[1]))]
@@ -169,14 +162,15 @@ def range_steps(store: Store, req: RangeReq, current: int) -> Steps[RangeResult]
     return RangeResult(current, rows, more, count)
 
 
-def _listed(store: Store, key: bytes, end: bytes | None, rev: int, most: int = 0) -> Steps[list]:
-    """``scan_shards`` as a list (of at most ``most`` items, if given), ``LIST_KEYS`` keys a
-    step: each step scans again from just after the last key listed, so keys written
-    meanwhile do not disturb it (none of them is live at ``rev``)."""
-    items: list[tuple[bytes, int, int]] = []
+def _in_steps(scan: Callable[[bytes], Iterator[tuple]], key: bytes, most: int = 0) -> Steps[list]:
+    """What ``scan(start)`` yields from ``key`` on, items led by their key, as a list (of at most
+    ``most`` items, if given), ``LIST_KEYS`` keys a step: each step scans again from just after
+    the last key listed, so keys written meanwhile do not disturb it (none of them is live at the
+    revision the scan reads)."""
+    items: list[tuple] = []
     while True:
         want = LIST_KEYS if not most else min(LIST_KEYS, most - len(items))
-        part = list(islice(scan_shards(store, key, end, rev), want))
+        part = list(islice(scan(key), want))
         items += part
         if len(part) < want or len(items) == most:
             return items
