@@ -57,13 +57,19 @@ def test_release_through_deletes_exactly_covered_segments(jdir, write_journal, m
     assert [rev for _, rev, _ in reopen_records(jdir, TINY)] == [9, 10]
 
 
+async def five_written(jdir, make_items) -> Journal:
+    """A started journal with five records written and synced: three segments ([1, 2], [3, 4], [5])."""
+    journal = Journal.open(jdir, TINY)
+    await journal.start()
+    for rtype, rev, payload in make_items(5, payload_bytes=23):
+        journal.append(rtype, rev, payload)
+    await journal.sync()
+    return journal
+
+
 def test_release_through_while_writing_keeps_the_active_segment(jdir, make_items, reopen_records):
     async def go() -> None:
-        journal = Journal.open(jdir, TINY)
-        await journal.start()
-        for rtype, rev, payload in make_items(5, payload_bytes=23):
-            journal.append(rtype, rev, payload)
-        await journal.sync()
+        journal = await five_written(jdir, make_items)
         assert len(journal.segments) == 3
         assert journal.release_through(5) == 2
         journal.append(1, 6, b"z" * 23)
@@ -92,11 +98,7 @@ def test_release_removes_the_files_off_the_event_loop_while_writes_go_on(jdir, m
     monkeypatch.setattr(os, "unlink", unlink)
 
     async def go() -> None:
-        journal = Journal.open(jdir, TINY)
-        await journal.start()
-        for rtype, rev, payload in make_items(5, payload_bytes=23):
-            journal.append(rtype, rev, payload)
-        await journal.sync()
+        journal = await five_written(jdir, make_items)
         paths = journal.segments
         release = asyncio.ensure_future(journal.release(4))
         await asyncio.sleep(0)
