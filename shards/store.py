@@ -432,10 +432,15 @@ class Store:
         rev = req.revision if req.revision > 0 else current
         return await self._in_slices(range_steps(self, req, current), rev)
 
-    async def _in_slices(self, steps: Steps[T], hold: int) -> T:
+    async def in_slices(self, steps: Steps[T]) -> T:
+        """Run ``steps`` that read nothing of the store (encoding a large answer, say) in
+        slices of about ``slice_ms``, yielding to the event loop between them."""
+        return await self._in_slices(steps, None)
+
+    async def _in_slices(self, steps: Steps[T], hold: int | None) -> T:
         """Run a read's ``steps``, yielding to the event loop between slices of about
         ``slice_ms``. While it has yielded, compaction does not go past ``hold`` (the
-        rows it is about to fetch stay), and it counts as a read in flight."""
+        rows it is about to fetch stay), and it counts as a read in flight; None: neither."""
         slice_s = self.config.slice_ms / 1000
         deadline = time.perf_counter() + slice_s
         held = False
@@ -446,7 +451,7 @@ class Store:
                 except StopIteration as stop:
                     return stop.value
                 if time.perf_counter() >= deadline:
-                    if not held:
+                    if not held and hold is not None:
                         held = True
                         self._reads[hold] += 1
                     await self._pause()

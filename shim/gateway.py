@@ -32,6 +32,7 @@ from proto import v3election_pb2 as epb, v3lock_pb2 as lpb
 from . import gojson
 from .grpcserver import CallDetails
 from .handlers import too_large
+from .wire import Parts
 
 # grpc code -> HTTP status, as grpc-gateway maps them
 HTTP_STATUS = {
@@ -217,6 +218,8 @@ class Gateway:
             if self.gate is not None:
                 await self.gate(context)
             resp = await method(req, context)
+        if type(resp) is Parts:
+            resp = resp.joined()
         if isinstance(resp, bytes):
             resp = resp_cls.FromString(resp)
         return compact_json(to_json(resp))

@@ -77,6 +77,7 @@ from hpack.exceptions import HPACKError
 from .gogzip import GzipError, TooLarge, gunzip
 from .gojson import go_quote_bytes
 from .peercheck import rejects
+from .wire import Parts
 
 logger = logging.getLogger(__name__)
 
@@ -431,6 +432,12 @@ class Call:
         if not self.headers_sent:
             self.headers_sent = True
             conn.write(_frame(HEADERS, END_HEADERS, self.sid, RESPONSE_HEADERS))
+        if type(payload) is Parts:  # framed part by part, never joined
+            self._queue(b"\0" + payload.size.to_bytes(4, "big") + payload[0])
+            for part in payload[1:]:
+                self._queue(part)
+            conn.send_pending(self)
+            return
         length = len(payload)
         size = length + 5
         if not self.pending and size <= self.window and size <= conn.window and size <= conn.peer_max_frame:

@@ -24,6 +24,7 @@ from proto import rpc_pb2
 from .errors import NO_LEADER
 from .gogo import unmarshal_error
 from .gojson import go_quote_bytes
+from .wire import Parts
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +110,17 @@ def _deserializer(cls, max_message: int | None, streaming: bool):
 
 
 def _serialize(msg) -> bytes:
-    data = msg if isinstance(msg, bytes) else msg.SerializeToString()
+    data = msg if isinstance(msg, bytes) else msg.joined() if type(msg) is Parts else msg.SerializeToString()
     Traffic.sent += len(data)
     return data
+
+
+def _serialize_keeping_parts(msg):
+    """For a server that frames a message in Parts itself (shim.grpcserver)."""
+    if type(msg) is Parts:
+        Traffic.sent += msg.size
+        return msg
+    return _serialize(msg)
 
 
 async def _reject(context: grpc.aio.ServicerContext, bad: Malformed):
@@ -349,12 +358,14 @@ def _streaming(fn, gate, stats: RpcStats, client_streams: bool):
     return handle
 
 
-def service_handler(service: str, servicer, module=rpc_pb2, gate=None, max_message: int | None = None
-                    ) -> grpc.GenericRpcHandler:
+def service_handler(service: str, servicer, module=rpc_pb2, gate=None, max_message: int | None = None,
+                    parts: bool = False) -> grpc.GenericRpcHandler:
     """Handlers for ``servicer``'s methods of ``service`` as declared in ``module`` (a *_pb2).
     ``gate(context)``, if given, is awaited before each call (a follower's wait
     for a token it has not learned yet). A request message over ``max_message`` bytes
-    is refused as etcd's gRPC server refuses it (the server's own limit is set above it)."""
+    is refused as etcd's gRPC server refuses it (the server's own limit is set above it).
+    ``parts``: the server takes a response given as wire.Parts as it is (else it is joined)."""
+    serialize = _serialize_keeping_parts if parts else _serialize
     desc = module.DESCRIPTOR.services_by_name[service]
     handlers = {}
     for method in desc.methods:
@@ -368,12 +379,12 @@ def service_handler(service: str, servicer, module=rpc_pb2, gate=None, max_messa
         stats = RpcStats(desc.full_name, method.name, kind)
         RPC_STATS.append(stats)
         if method.client_streaming and method.server_streaming:
-            h = grpc.stream_stream_rpc_method_handler(_streaming(fn, gate, stats, True), des, _serialize)
+            h = grpc.stream_stream_rpc_method_handler(_streaming(fn, gate, stats, True), des, serialize)
         elif method.server_streaming:
             assert inspect.isasyncgenfunction(fn), method.full_name
-            h = grpc.unary_stream_rpc_method_handler(_streaming(fn, gate, stats, False), des, _serialize)
+            h = grpc.unary_stream_rpc_method_handler(_streaming(fn, gate, stats, False), des, serialize)
         else:
-            h = grpc.unary_unary_rpc_method_handler(_unary(fn, gate, stats), des, _serialize)
+            h = grpc.unary_unary_rpc_method_handler(_unary(fn, gate, stats), des, serialize)
         handlers[method.name] = h
     return grpc.method_handlers_generic_handler(desc.full_name, handlers)
 

@@ -24,8 +24,9 @@ class KVService:
         return await self.range_at(request, context)
 
     async def range_at(self, request: pb.RangeRequest, context: grpc.aio.ServicerContext,
-                       current: int | None = None) -> bytes:
-        """Range, reading ``current`` as the latest revision (None: the committed one)."""
+                       current: int | None = None) -> bytes | wire.Parts:
+        """Range, reading ``current`` as the latest revision (None: the committed one). A large
+        answer is encoded in slices, as it was read, and given as wire.Parts."""
         try:
             validate.check_range(request)
             if self.auth.enabled:
@@ -35,7 +36,10 @@ class KVService:
             r = await self.store.range_async(convert.range_req(request), current)
         except Exception as exc:
             await abort_with(context, exc)
-        return wire.range_response(self.m.headers.framed(r.revision), r.kvs, r.more, r.count)
+        if len(r.kvs) <= wire.PART_ROWS:
+            return wire.range_response(self.m.headers.framed(r.revision), r.kvs, r.more, r.count)
+        return await self.store.in_slices(wire.range_parts(self.m.headers.framed(r.revision), r.kvs, r.more,
+                                                           r.count))
 
     def _admit(self, request, context: grpc.aio.ServicerContext, written, permitted) -> None:
         """A write's checks after its own, in etcd's order: the partition its keys belong to, the

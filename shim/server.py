@@ -530,7 +530,8 @@ async def start(config: ServerConfig) -> Running:
     limit = config.max_message_bytes
     Slow.threshold_s = config.warning_apply_duration_s
     Handling.on = config.metrics == "extensive"
-    server.add_generic_rpc_handlers([service_handler(name, svc, gate=gate, max_message=limit)
+    native = isinstance(server, grpcserver.Server)
+    server.add_generic_rpc_handlers([service_handler(name, svc, gate=gate, max_message=limit, parts=native)
                                      for name, svc in services.items()])
     recipes = {"Lock": LockService(member), "Election": ElectionService(member)}
     server.add_generic_rpc_handlers([service_handler("Lock", recipes["Lock"], v3lock_pb2, gate, limit),

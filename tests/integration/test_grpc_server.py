@@ -17,7 +17,9 @@ tests; the stop test starts its own.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import random
 import socket
 import struct
@@ -38,6 +40,7 @@ from tests.integration.h2kit import (
     CONTINUATION, DATA, END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM, FRAME_SIZE_ERROR, GOAWAY, HEADERS, PING, PREFACE,
     SETTINGS, SETTINGS_MAX_FRAME_SIZE, WINDOW_UPDATE, RawH2, RawStream, frame, grpc_message, hpack_literals,
 )
+from shim import wire
 from tests.shardetcd_fixture import start_shardetcd
 
 pytestmark = pytest.mark.timeout(120)
@@ -750,6 +753,46 @@ def test_client_trailers_end_a_unary_request(server):
 
 
 # -- 11. clients that vanish mid-call ------------------------------------------------------------
+
+
+def test_a_range_of_many_rows_arrives_whole_in_protobufs_encoding(server):
+    """An answer of several wire.PART_ROWS rows (sent in parts by the native server) is one message,
+    byte for byte protobuf's encoding of what the rows read; so is the JSON gateway's."""
+    prefix = unique("manyrows") + b"/"
+    rows = 2 * wire.PART_ROWS + 300
+    rnd = random.Random(5)
+    values = {prefix + b"%05d" % i: rnd.randbytes(rnd.randrange(1, 600)) for i in range(rows)}
+    end = prefix[:-1] + b"0"
+    with grpc.insecure_channel(server.endpoint, options=BIG_CLIENT) as ch:
+        kv = pbg.KVStub(ch)
+        items = list(values.items())
+        for i in range(0, rows, 100):  # etcd's --max-txn-ops is 128
+            kv.Txn(pb.TxnRequest(success=[pb.RequestOp(request_put=pb.PutRequest(key=k, value=v))
+                                          for k, v in items[i:i + 100]]), timeout=30)
+        limit = rows - 100
+    request = pb.RangeRequest(key=prefix, range_end=end, limit=limit)
+    # a small stream window and frames: the answer's parts go out cut across frame boundaries
+    raw = RawH2(server)
+    try:
+        raw.send(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 70_001)))
+        st = raw.request(1, "/etcdserverpb.KV/Range", [request])
+        raw.pump(lambda: st.ended, timeout=60)
+        assert st.status() == (0, "") and len(st.messages()) == 1
+        message = st.messages()[0]
+    finally:
+        raw.close()
+    got = pb.RangeResponse.FromString(message)
+    assert got.SerializeToString() == message  # protobuf's own encoding, field by field in order
+    assert [(k.key, k.value) for k in got.kvs] == items[:limit]
+    assert got.more and got.count == rows
+    body = json.dumps({"key": base64.b64encode(prefix).decode(), "range_end": base64.b64encode(end).decode(),
+                       "limit": str(limit)}).encode()
+    req = urllib.request.Request(server.metrics_url + "/v3/kv/range", data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        answer = json.loads(r.read())
+    assert answer["more"] is True and answer["count"] == str(rows)
+    assert [(base64.b64decode(k["key"]), base64.b64decode(k.get("value", ""))) for k in answer["kvs"]] == items[:limit]
+    assert_serving(server)
 
 
 def test_flow_control_windows_are_respected(server):
