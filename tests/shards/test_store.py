@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
@@ -195,7 +196,7 @@ def test_a_read_served_in_slices_is_open_until_it_ends(tmp_path, run):
         seen = []
         while not task.done():
             seen.append(store.reads_in_flight)
-            await asyncio.sleep(0.0005)
+            await asyncio.sleep(0)  # a turn of its own each time the range yields
         assert len(task.result().kvs) == 3000
         assert max(seen) == 1 and store.reads_in_flight == 0
         await store.close()
@@ -453,6 +454,51 @@ def test_a_large_compaction_yields_to_other_requests_throughout(tmp_path, run):
         assert step <= 20_000, f"{step} of {left[0]} history entries were compacted without serving a read"
         assert all(type(pods.index[k]) is int for k in keys) and not pods._log_revs
         assert sum(1 for _ in pods.db.keys()) == len(keys)
+        await store.close()
+
+    run(go())
+
+
+def test_a_pause_between_slices_lasts_while_others_have_work(tmp_path, run):
+    """Long work's pause between two slices: on a loop with nothing else to do it ends after two
+    turns (it does not sleep its pause_ms away while others wait on the write gate); while others
+    have work it lets them do it, turn after turn, until they are done or pause_ms has passed."""
+    import time
+
+    def busy(s: float) -> None:  # one turn's work of a gRPC call, say
+        end = time.perf_counter() + s
+        while time.perf_counter() < end:
+            pass
+
+    async def go():
+        store = await open_store(tmp_path, pause_ms=1_000)
+        turns = 0
+
+        async def ticker():  # ready every turn, but does next to nothing in it
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        async def worker(n: int):
+            for _ in range(n):
+                busy(0.0002)
+                await asyncio.sleep(0)
+
+        tick = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        before = turns
+        await store._pause()
+        assert turns - before <= 3
+        work = asyncio.ensure_future(worker(20))
+        await store._pause()
+        assert work.done()  # all 20 busy turns ran in the pause
+        store.config = dataclasses.replace(store.config, pause_ms=1)
+        work = asyncio.ensure_future(worker(1_000))  # 0.2 s of busy turns: more than pause_ms
+        await store._pause()
+        assert not work.done()
+        await work
+        tick.cancel()
         await store.close()
 
     run(go())
