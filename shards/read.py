@@ -80,7 +80,7 @@ def count_keys(store: Store, key: bytes, end: bytes | None, rev: int) -> Steps[i
     total = 0
     for sid in store.router.shards_for_range(key, end):
         state = store.states[sid]
-        n = state.count_unscanned(key, end, rev)
+        n = yield from state.count_steps(key, end, rev)
         if n is None:
             n = len((yield from _in_steps(lambda start: state.scan(start, end, rev), key)))
         total += n

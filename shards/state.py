@@ -60,10 +60,12 @@ from proto.kv_pb2 import KeyValue
 from .errors import StateStoreError
 from .record import CHANGE, DELETE, write_changes_at
 from .revision import _ROW, entry, entry_bound, entry_main, row_key
+from .steps import Steps, drain
 
 logger = logging.getLogger(__name__)
 
 ROW_BATCH_MAX = 4096
+LOG_STEP = 1024  # change-log entries a count looks at in one step
 COMPACT_CHUNK = 256  # rows of one key compaction drops between two looks at the clock
 BULK_SST = "bulk-load.sst"  # in the state dir while recovery writes it; RocksDB takes it whole at the end
 
@@ -452,25 +454,43 @@ class ShardState:
         return sum(1 for _ in self.scan(key, end, rev)) if n is None else n
 
     def count_unscanned(self, key: bytes, end: bytes | None, rev: int) -> int | None:
-        """``count`` when it needs no scan of the keys in range; None when it does (more keys
-        changed since ``rev`` than are live in range, by far)."""
+        """``count`` at once when it needs no scan of the keys in range; None when it does."""
         if end is None:
             return 0 if self.entry_at(key, rev) is None else 1
+        return drain(self.count_steps(key, end, rev))
+
+    def count_steps(self, key: bytes, end: bytes, rev: int) -> Steps[int | None]:
+        """Keys live at ``rev`` in [key, end) without a scan of them: the keys live now, less
+        what changed since ``rev`` (the change log), ``LOG_STEP`` changes a step; None when more
+        changed than are live in range, by far (a scan is cheaper). Between steps writes go on:
+        a key changed again after it was looked at comes up again further on in the log, and is
+        looked at again; the keys live now are counted in the last step, with the last changes.
+        Compaction meanwhile must not go past ``rev`` (the caller holds it back)."""
         if end and end <= key:
             return 0
-        live = self.live
-        hi = len(live) if not end else live.bisect_left(end)
-        n = hi - live.bisect_left(key)
         if rev >= self.last_main:
-            return n
-        start = bisect.bisect_right(self._log_revs, rev)
-        if len(self._log_revs) - start > max(4096, 4 * n):
+            return self._live_in(key, end)
+        revs, keys = self._log_revs, self._log_keys
+        if len(revs) - bisect.bisect_right(revs, rev) > max(4096, 4 * self._live_in(key, end)):
             return None
-        changed = {k for k in self._log_keys[start:] if key <= k and (not end or k < end)}
-        for k in changed:
-            n -= not last_entry(self.index[k]) & 1
-            n += self.entry_at(k, rev) is not None
-        return n
+        adjust: dict[bytes, int] = {}  # changed key: live at rev, less live now
+        index, done = self.index, 0
+        while True:
+            # changes after rev stay where they are after the first of them (compaction drops
+            # only changes at or below rev, from the front)
+            first = bisect.bisect_right(revs, rev) + done
+            last = min(len(revs), first + LOG_STEP)
+            for k in {k for k in keys[first:last] if key <= k and (not end or k < end)}:
+                adjust[k] = (self.entry_at(k, rev) is not None) - (not last_entry(index[k]) & 1)
+            if last == len(revs):
+                return self._live_in(key, end) + sum(adjust.values())
+            done += last - first
+            yield
+
+    def _live_in(self, key: bytes, end: bytes) -> int:
+        """Keys live now in [key, end) (``end`` b"": every key from ``key`` on)."""
+        live = self.live
+        return (len(live) if not end else live.bisect_left(end)) - live.bisect_left(key)
 
     # -- compaction -----------------------------------------------------
 
