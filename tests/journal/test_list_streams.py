@@ -17,6 +17,7 @@ def test_a_stream_electing_a_leader_is_listed(tmp_path):
     (``journal verify``, ``cluster``'s partition-left-out check) passed over that stream. Each
     round moves a stream's leader and lists at once: every stream is there, with its messages."""
     import nats
+    import nats.js.errors
 
     cluster = start_nats_cluster(tmp_path, size=3)
 
@@ -27,7 +28,12 @@ def test_a_stream_electing_a_leader_is_listed(tmp_path):
             names = [f"s{n}" for n in range(4)]
             for name in names:
                 await js.add_stream(name=name, subjects=[f"{name}.>"], num_replicas=3)
-                await js.publish(f"{name}.x", b"1", stream=name)
+                for _ in range(100):  # a new R3 stream answers once it has elected its leader
+                    try:
+                        await js.publish(f"{name}.x", b"1", stream=name)
+                        break
+                    except nats.js.errors.NoStreamResponseError:  # no responder: nothing was stored
+                        await asyncio.sleep(0.1)
             rounds = []
             for name in names * 2:
                 answer = json.loads((await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{name}", b"",
