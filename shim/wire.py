@@ -14,8 +14,7 @@ parse and a re-serialize per key.  Field numbers are etcd's:
 """
 from __future__ import annotations
 
-from collections.abc import Generator
-
+from shards.steps import Steps
 from shards.types import DeleteResult, PutResult, RangeResult, TxnResult
 
 
@@ -95,7 +94,7 @@ class Parts(list):
         return b"".join(self)
 
 
-def range_parts(header: bytes, kvs: list[bytes], more: bool, count: int) -> Generator[None, None, Parts]:
+def range_parts(header: bytes, kvs: list[bytes], more: bool, count: int) -> Steps[Parts]:
     """``range_response``'s bytes as Parts of PART_ROWS rows, one part a step."""
     parts, size = Parts(), 0
     for start in range(0, len(kvs), PART_ROWS):

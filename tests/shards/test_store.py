@@ -647,12 +647,29 @@ def test_a_large_read_yields_and_holds_compaction_back(tmp_path, run):
     run(go())
 
 
+async def stepped_with_writes(store: Store, req: RangeReq, meanwhile):
+    """``req`` read at once, then in steps with ``await meanwhile(steps taken)`` between every two:
+    (the answer at once, the answer in steps, how many steps it yielded)."""
+    from shards.read import range_at, range_steps
+
+    current = store.committed
+    want = range_at(store, req, current)
+    steps, took = range_steps(store, req, current), 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return want, stop.value, took
+        took += 1
+        await meanwhile(took)
+
+
 def test_a_large_range_lists_and_counts_its_keys_in_steps_unmoved_by_writes_meanwhile(tmp_path, run):
     """A Range over many keys lists them LIST_KEYS a step (each step scans again from after the
     last key listed; at once, 100,000 keys held the event loop ~0.1 s), decodes rows for a sort or
     keys_only in steps, and counts by a scan in steps when most keys changed since its revision:
     keys written, deleted or written again between two steps change none of its answers."""
-    from shards.read import LIST_KEYS, range_at, range_steps
+    from shards.read import LIST_KEYS
 
     async def go():
         store = await open_store(tmp_path)
@@ -669,21 +686,14 @@ def test_a_large_range_lists_and_counts_its_keys_in_steps_unmoved_by_writes_mean
         reqs = [RangeReq(pods, end, revision=old), RangeReq(pods, end, revision=old, keys_only=True),
                 RangeReq(pods, end, revision=old, sort_target=TARGET_MOD, sort_order=SORT_DESCEND),
                 RangeReq(pods, end, revision=old, count_only=True), RangeReq(pods, end, revision=old, limit=3)]
+        async def meanwhile(took: int) -> None:
+            odd = b"/registry/pods/ns/p%06d" % (2 * took * LIST_KEYS // 3 + 1)  # between two listed keys
+            await store.put(PutReq(odd, b"meanwhile"))
+            await store.txn(TxnReq(success=(DeleteReq(keys[took * 97 % len(keys)]),
+                                            PutReq(keys[took * 89 % len(keys)], b"again"))))
+
         for req in reqs:
-            current = store.committed
-            want = range_at(store, req, current)
-            steps, took = range_steps(store, req, current), 0
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as stop:
-                    got = stop.value
-                    break
-                took += 1
-                odd = b"/registry/pods/ns/p%06d" % (2 * took * LIST_KEYS // 3 + 1)  # between two listed keys
-                await store.put(PutReq(odd, b"meanwhile"))
-                await store.txn(TxnReq(success=(DeleteReq(keys[took * 97 % len(keys)]),
-                                                PutReq(keys[took * 89 % len(keys)], b"again"))))
+            want, got, took = await stepped_with_writes(store, req, meanwhile)
             assert took >= 2, f"{req} took one step"
             assert got == want, req
             listed = [KeyValue.FromString(r).key for r in got.kvs]  # and the keys there were, once each
@@ -699,7 +709,6 @@ def test_a_count_from_the_change_log_in_steps_is_unmoved_by_writes_and_compactio
     kube-apiserver's) goes through the change log LOG_STEP changes a step (at once, 100,000 changes
     held the event loop ~0.19 s): keys created, deleted or changed again after they were looked at,
     and a compaction up to the count's revision, between two steps, change none of its answers."""
-    from shards.read import range_at, range_steps
     from shards.state import LOG_STEP
 
     async def go():
@@ -714,23 +723,16 @@ def test_a_count_from_the_change_log_in_steps_is_unmoved_by_writes_and_compactio
                                                  for j, k in enumerate(changed[i : i + 1000]))))
         pods, end = b"/registry/pods/", b"/registry/pods0"
         live_at_old = len(keys)
+        async def meanwhile(took: int) -> None:
+            if took == 1 and store.compact_rev < old:  # drops changes at or below old from the log's front
+                await store.compact(old, physical=True)
+            await store.put(PutReq(b"/registry/pods/ns/p%06d" % (2 * took + 1), b"new"))
+            await store.txn(TxnReq(success=(DeleteReq(changed[took * 7 + 1]),  # looked at in the first step
+                                            PutReq(changed[took * 3], b"again"))))  # deleted or rewritten
+
         for req in [RangeReq(pods, end, revision=old, count_only=True), RangeReq(pods, end, revision=old, limit=3),
                     RangeReq(b"/registry/pods/ns/p001000", end, revision=old, count_only=True)]:
-            current = store.committed
-            want = range_at(store, req, current)
-            steps, took = range_steps(store, req, current), 0
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as stop:
-                    got = stop.value
-                    break
-                took += 1
-                if took == 1 and store.compact_rev < old:  # drops changes at or below old from the log's front
-                    await store.compact(old, physical=True)
-                await store.put(PutReq(b"/registry/pods/ns/p%06d" % (2 * took + 1), b"new"))
-                await store.txn(TxnReq(success=(DeleteReq(changed[took * 7 + 1]),  # looked at in the first step
-                                                PutReq(changed[took * 3], b"again"))))  # deleted or rewritten
+            want, got, took = await stepped_with_writes(store, req, meanwhile)
             assert took >= 3, f"{req} took {took} steps"
             assert got == want, req
             if req.key == pods:
