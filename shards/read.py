@@ -72,6 +72,11 @@ def scan_shards(store: Store, key: bytes, end: bytes | None, rev: int) -> Iterat
     return heapq.merge(*(_tagged(store.states[s].scan(key, end, rev), s) for s in sids))
 
 
+def listed(store: Store, key: bytes, end: bytes | None, rev: int, most: int = 0) -> Steps[list[tuple[bytes, int, int]]]:
+    """``scan_shards`` as a list (of at most ``most`` keys, if given), ``LIST_KEYS`` keys a step."""
+    return (yield from _in_steps(lambda start: scan_shards(store, start, end, rev), key, most))
+
+
 def count_keys(store: Store, key: bytes, end: bytes | None, rev: int) -> Steps[int]:
     """Keys live at ``rev`` in [key, end), in steps: a shard that must scan its keys in
     range to count them scans ``LIST_KEYS`` a step."""
@@ -137,10 +142,10 @@ def range_steps(store: Store, req: RangeReq, current: int) -> Steps[RangeResult]
     filtered = bool(req.min_mod_revision or req.max_mod_revision or req.min_create_revision or req.max_create_revision)
     fetch_all = req.limit <= 0 or req.sort_order != SORT_NONE or filtered
     if fetch_all:
-        items = yield from _in_steps(lambda start: scan_shards(store, start, end, rev), req.key)
+        items = yield from listed(store, req.key, end, rev)
         count = len(items)
     else:
-        items = yield from _in_steps(lambda start: scan_shards(store, start, end, rev), req.key, req.limit + 1)
+        items = yield from listed(store, req.key, end, rev, req.limit + 1)
         count = len(items) if len(items) <= req.limit else (yield from count_keys(store, req.key, end, rev))
     if filtered:
         items = [i for i in items if _mod_ok(req, entry_main(i[1]))]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from proto.kv_pb2 import KeyValue
 
 from .errors import CompactedError, FutureRevisionError, KeyNotFoundError, LeaseNotFoundError, NotTheWriterError
-from .read import normalize_end, range_key, range_steps, scan_shards
+from .read import listed, normalize_end, range_key, range_steps, scan_shards
 from .revision import entry_main
 from .steps import Steps, drain
 from .record import DELETE, PUT, Change
@@ -157,7 +157,9 @@ class WriteTxn:
             self.ops += 2
         else:
             self.ops += 1
-        items = list(scan_shards(self.store, req.key, normalize_end(req.range_end), self.read_rev()))
+        # listed in steps too (at once, 50,000 keys held the loop ~40 ms): no other write runs
+        # between two of them (the write gate closes at this write's first pause)
+        items = yield from listed(self.store, req.key, normalize_end(req.range_end), self.read_rev())
         prev = []
         for i, (key, e, sid) in enumerate(items, 1):
             state = self.store.states[sid]

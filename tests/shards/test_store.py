@@ -704,6 +704,38 @@ def test_a_large_range_lists_and_counts_its_keys_in_steps_unmoved_by_writes_mean
     run(go())
 
 
+def test_a_large_delete_range_lists_its_keys_in_steps_with_other_writes_held_back(tmp_path, run):
+    """A DeleteRange over many keys lists them LIST_KEYS a step (at once, 50,000 keys held the
+    event loop ~40 ms), other turns running between; a write sent meanwhile waits for it, and it
+    deletes every key live when it began, once."""
+    from shards.read import LIST_KEYS
+
+    async def go():
+        store = await open_store(tmp_path, slice_ms=0.01)  # a pause after every step
+        keys = [b"/registry/pods/ns/p%06d" % i for i in range(3 * LIST_KEYS + 5)]
+        for i in range(0, len(keys), 1000):
+            await store.txn(TxnReq(success=tuple(PutReq(k, b"v") for k in keys[i : i + 1000])))
+        pods = store.states[store.router.shard_for_key(keys[0])]
+        before = pods.last_main
+        wipe = asyncio.ensure_future(store.delete_range(DeleteReq(b"/registry/pods/", b"/registry/pods0")))
+        listing, late = 0, None
+        while not wipe.done():
+            if store._gate is not None and pods.last_main == before:  # yielded, nothing deleted yet
+                listing += 1
+                if late is None:
+                    late = asyncio.ensure_future(store.put(PutReq(keys[7], b"late")))
+            await asyncio.sleep(0)
+        r = await wipe
+        assert listing >= 2, "the keys were listed at once"
+        assert r.deleted == len(keys)
+        assert (await late).revision == r.revision + 1
+        left = store.range(RangeReq(b"/registry/pods/", b"/registry/pods0"))
+        assert [kv.key for kv in kvs(left)] == [keys[7]]
+        await store.close()
+
+    run(go())
+
+
 def test_a_count_from_the_change_log_in_steps_is_unmoved_by_writes_and_compaction_meanwhile(tmp_path, run):
     """A count at an old revision with thousands of changes since (a paginated list's later pages,
     kube-apiserver's) goes through the change log LOG_STEP changes a step (at once, 100,000 changes
