@@ -78,16 +78,34 @@ class Change:
 _ONE_CHANGE = struct.Struct("<HHIBIII")  # a write of one change on one shard: its whole head at once
 
 
-def encode_write(participants: tuple[int, ...], changes: list[Change]) -> bytes:
-    if len(changes) == 1 and len(participants) == 1:  # most writes: 0.7 µs against 1.7
+def encode_write(participants: tuple[int, ...], changes: list[Change],
+                 ahead: tuple[int, list[bytes]] | None = None) -> bytes:
+    """A WRITE payload. ``ahead``: (n, parts) when the first n changes are encoded already
+    (``encode_changes``, in parts), as a write of thousands of changes does between its steps."""
+    if ahead is None and len(changes) == 1 and len(participants) == 1:  # most writes: 0.7 µs against 1.7
         c = changes[0]
         return b"".join((_ONE_CHANGE.pack(1, participants[0], 1, c.kind, c.sub, len(c.key), len(c.row)), c.key, c.row))
     out = [_U16.pack(len(participants)), *map(_U16.pack, participants), _U32.pack(len(changes))]
+    done = 0
+    if ahead is not None:
+        done, parts = ahead
+        out += parts
+    _append_changes(out, changes[done:] if done else changes)
+    return b"".join(out)
+
+
+def encode_changes(changes: list[Change]) -> bytes:
+    """``changes`` as they follow a WRITE payload's head."""
+    out: list[bytes] = []
+    _append_changes(out, changes)
+    return b"".join(out)
+
+
+def _append_changes(out: list[bytes], changes: list[Change]) -> None:
     for c in changes:
         out.append(_CHANGE.pack(c.kind, c.sub, len(c.key), len(c.row)))
         out.append(c.key)
         out.append(c.row)
-    return b"".join(out)
 
 
 def decode_write(payload: bytes) -> tuple[tuple[int, ...], list[Change]]:

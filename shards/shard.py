@@ -160,8 +160,9 @@ class Shard:
 
     # -- writes ---------------------------------------------------------
 
-    def append_write(self, rev: int, participants: tuple[int, ...], changes: list[Change]) -> None:
-        seq = self.journal.append(WRITE, rev, encode_write(participants, changes))
+    def append_write(self, rev: int, participants: tuple[int, ...], changes: list[Change],
+                     ahead: tuple[int, list[bytes]] | None = None) -> None:
+        seq = self.journal.append(WRITE, rev, encode_write(participants, changes, ahead))
         self.inflight.append((seq, rev))
         self.writes += 1
 

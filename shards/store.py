@@ -701,7 +701,8 @@ class Store:
             for i, sid in enumerate(participants):
                 if i:
                     failpoints.hit("store.between_txn_parts")
-                self.shards[sid].append_write(rev, participants, w.parts[sid])
+                self.shards[sid].append_write(rev, participants, w.parts[sid],
+                                              None if w.ahead is None else w.ahead.get(sid))
         except Exception as exc:  # the state holds a write its journals did not all take: nothing after
             self._fail(exc)  # it could commit, so fail-stop rather than time every later write out
             raise StoreFailedError(str(exc)) from exc
@@ -902,6 +903,7 @@ class Store:
             for i, key in enumerate(sorted(lease.keys), 1):
                 w.delete_key(key)
                 if not i % STEP_KEYS:
+                    w.encode_ahead()
                     yield
             self.leases.remove(lease_id, tag=w.rev)
             w.parts.setdefault(self.lease_shard.sid, [])

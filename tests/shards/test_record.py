@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from shards.record import DELETE, PUT, Change, decode_write, encode_write, write_participants
+from shards.record import DELETE, PUT, Change, decode_write, encode_changes, encode_write, write_participants
 
 
 def by_hand(participants, changes) -> bytes:
@@ -32,3 +32,9 @@ def test_a_write_record_is_the_documented_bytes_and_reads_back(participants, cha
     assert payload == by_hand(participants, changes)
     assert decode_write(payload) == (participants, changes)
     assert write_participants(payload) == participants
+    # the same bytes when some changes were encoded ahead, in parts (a write of thousands does so
+    # between its steps): at every split into at most three parts
+    for a in range(len(changes) + 1):
+        for b in range(a, len(changes) + 1):
+            parts = [encode_changes(changes[:a]), encode_changes(changes[a:b])]
+            assert encode_write(participants, changes, (b, parts)) == payload, (a, b)

@@ -947,7 +947,7 @@ def test_a_write_a_journal_refuses_stops_the_store(tmp_path):
         try:
             await store.put(PutReq(b"/registry/pods/a", b"1"))
 
-            def refuse(rev, participants, changes):
+            def refuse(rev, participants, changes, ahead=None):
                 raise ValueError(f"revision tag {rev} is below the last appended tag {rev + 10}")
 
             shard.append_write = refuse
