@@ -61,6 +61,7 @@ from .write import STEP_KEYS, WriteTxn, single_key_writes
 REFUSALS = (LeaseNotFoundError, KeyNotFoundError, CompactedError, FutureRevisionError)
 
 logger = logging.getLogger(__name__)
+SORT_RUN = 4096  # keys of a revoked lease sorted in one step
 IDLE_TURN_S = 50e-6  # an event-loop turn shorter than this ran (next to) nothing but the one yielding
 ACKNOWLEDGED_EVERY_S = 1.0  # how often a replicated journal's writer publishes its committed revision
 
@@ -900,7 +901,11 @@ class Store:
         w = WriteTxn(self)
 
         def steps() -> Steps[None]:
-            for i, key in enumerate(sorted(lease.keys), 1):
+            keys, runs = list(lease.keys), []
+            for i in range(0, len(keys), SORT_RUN):  # in key order, sorted in steps (at once, 50,000
+                runs.append(sorted(keys[i : i + SORT_RUN]))  # keys held the event loop ~30 ms)
+                yield
+            for i, key in enumerate(heapq.merge(*runs), 1):
                 w.delete_key(key)
                 if not i % STEP_KEYS:
                     w.encode_ahead()

@@ -736,6 +736,38 @@ def test_a_large_delete_range_lists_its_keys_in_steps_with_other_writes_held_bac
     run(go())
 
 
+def test_a_lease_with_many_keys_is_revoked_in_key_order_sorted_in_steps(tmp_path, run):
+    """Revoking a lease with many keys sorts them SORT_RUN a step (at once, 50,000 keys held the
+    event loop ~30 ms), other turns running between, and deletes them in key order, one sub
+    revision each."""
+    import random
+
+    from shards.store import SORT_RUN
+
+    async def go():
+        store = await open_store(tmp_path, slice_ms=0.01)  # a pause after every step
+        lid, _, _ = await store.lease_grant(0, 1000)
+        keys = [b"/registry/pods/ns/p%06d" % i for i in range(3 * SORT_RUN + 5)]
+        shuffled = random.Random(3).sample(keys, len(keys))
+        for i in range(0, len(keys), 1000):
+            await store.txn(TxnReq(success=tuple(PutReq(k, b"v", lease=lid) for k in shuffled[i : i + 1000])))
+        pods = store.states[store.router.shard_for_key(keys[0])]
+        before = pods.last_main
+        revoke = asyncio.ensure_future(store.lease_revoke(lid))
+        sorting = 0
+        while not revoke.done():
+            sorting += store._gate is not None and pods.last_main == before  # yielded, nothing deleted yet
+            await asyncio.sleep(0)
+        await revoke
+        assert sorting >= 2, "the keys were sorted at once"
+        tombstones = [pods.entries(k)[-1] for k in keys]
+        assert all(e & 1 for e in tombstones) and len({e >> 33 for e in tombstones}) == 1
+        assert [(e >> 1) & 0xFFFFFFFF for e in tombstones] == list(range(len(keys)))  # key order
+        await store.close()
+
+    run(go())
+
+
 def test_a_count_from_the_change_log_in_steps_is_unmoved_by_writes_and_compaction_meanwhile(tmp_path, run):
     """A count at an old revision with thousands of changes since (a paginated list's later pages,
     kube-apiserver's) goes through the change log LOG_STEP changes a step (at once, 100,000 changes
