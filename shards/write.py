@@ -44,6 +44,7 @@ from .types import (
 )
 
 if TYPE_CHECKING:
+    from .state import ShardState
     from .store import Store
 
 _EMPTY_KV = KeyValue()
@@ -179,10 +180,7 @@ class WriteTxn:
             state = self.store.states[sid]
             if req.prev_kv:
                 prev.append(state.get_row(e))
-            row = KeyValue(key=key).SerializeToString()  # etcd's tombstone row: the key alone
-            state.delete(key, rev, self.sub, row)
-            self.store.leases.detach(key)
-            self._record(sid, Change(DELETE, self.sub, key, row))
+            self._tombstone(sid, state, key)
             if not i % STEP_KEYS:
                 self.encode_ahead()
                 yield
@@ -197,11 +195,15 @@ class WriteTxn:
         state = self.store.states[sid]
         if state.entry_at(key, self.read_rev()) is None:
             return 0
+        self._tombstone(sid, state, key)
+        return 1
+
+    def _tombstone(self, sid: int, state: ShardState, key: bytes) -> None:
+        """Delete ``key``, live in shard ``sid``'s ``state``: its tombstone, lease and change."""
         row = KeyValue(key=key).SerializeToString()  # etcd's tombstone row: the key alone
         state.delete(key, self.rev, self.sub, row)
         self.store.leases.detach(key)
         self._record(sid, Change(DELETE, self.sub, key, row))
-        return 1
 
     def _record(self, sid: int, change: Change) -> None:
         part = self.parts.get(sid)
