@@ -628,6 +628,7 @@ class Store:
                 if time.perf_counter() >= deadline:
                     if gate is None:
                         gate = self._gate = asyncio.get_running_loop().create_future()
+                    w.encode_ahead()  # its journal record so far, rather than all of it at the end
                     try:
                         await self._pause()
                     except asyncio.CancelledError:
@@ -908,7 +909,6 @@ class Store:
             for i, key in enumerate(heapq.merge(*runs), 1):
                 w.delete_key(key)
                 if not i % STEP_KEYS:
-                    w.encode_ahead()
                     yield
             self.leases.remove(lease_id, tag=w.rev)
             w.parts.setdefault(self.lease_shard.sid, [])

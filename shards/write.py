@@ -103,9 +103,9 @@ class WriteTxn:
         return self.store.states[self.store.router.shard_for_key(key)].latest_entry(key) is None
 
     def encode_ahead(self) -> None:
-        """Encode the changes recorded so far for the journal record, per shard (a write of
-        thousands of changes does it between its steps: encoded when it was journaled, 100,000
-        changes held the event loop 45–73 ms at once); ``Store._append`` adds the rest."""
+        """Encode the changes recorded so far for the journal record, per shard (a write in
+        slices does it at each pause: encoded when it was journaled, 100,000 changes held the
+        event loop 45–73 ms at once); ``Store._append`` adds the rest."""
         ahead = self.ahead
         if ahead is None:
             ahead = self.ahead = {}
@@ -182,7 +182,6 @@ class WriteTxn:
                 prev.append(state.get_row(e))
             self._tombstone(sid, state, key)
             if not i % STEP_KEYS:
-                self.encode_ahead()
                 yield
         return DeleteResult(rev if self.sub else rev - 1, len(items), prev)
 
