@@ -35,10 +35,27 @@ keys (3.5.1 shows any lease's keys to anyone).
 """
 from __future__ import annotations
 
+import hmac
+
 from proto import rpc_pb2 as pb
 from shards.auth import AuthStore
-from shards.errors import AuthError, UserEmptyError
+from shards.errors import AuthError, NotTheWriterError, UserEmptyError
 from shards.lease import LeaseTable
+
+
+# sent with every call a follower hands on: a member that is not the writer refuses it, as it
+# refuses the read index, with NOT_THE_WRITER, and the follower looks the writer up again. The
+# writer's address is a record in NATS that the new writer rewrites after a takeover; until
+# then it can name the old writer's address, where that process, restarted, may already serve
+# as a follower. Answering there, a follower's revision passed for the writer's committed one
+# (a stale linearizable read, found by tests/chaos.py), and a write went round in forwards.
+FORWARDED_METADATA_MARK = ("shardetcd-forwarded", "1")
+# With --client-cert-auth, a forwarded call reaches the writer over the follower's own TLS
+# connection, whose certificate names the follower, not the client: the follower says who the
+# client is (its certificate's Common Name) in FORWARDED_CALLER, and the writer believes it only
+# beside FORWARDED_SECRET, the secret it published with its address (follower.writer_record).
+FORWARDED_CALLER = "shardetcd-caller-cn"
+FORWARDED_SECRET = "shardetcd-writer-secret"
 
 
 def token_of(metadata) -> str | None:
@@ -60,11 +77,13 @@ def common_name(context) -> str | None:
 
 
 class Access:
-    def __init__(self, auth: AuthStore, leases: LeaseTable, cert_users: bool = False) -> None:
+    def __init__(self, auth: AuthStore, leases: LeaseTable, cert_users: bool = False,
+                 forward_secret: str = "") -> None:
         self.auth = auth
         self.leases = leases
         # --client-cert-auth: a request without a token acts as the user its certificate's CN names
         self.cert_users = cert_users
+        self.forward_secret = forward_secret  # what this member's followers' calls carry (FORWARDED_SECRET)
 
     def user(self, metadata) -> str | None:
         """The user the request's token names; None without a token; InvalidAuthTokenError."""
@@ -74,10 +93,32 @@ class Access:
     def caller(self, context) -> str | None:
         """etcd's order: a token (a bad one is an error), else with --client-cert-auth the
         certificate's Common Name (never for the JSON gateway, whose context has none), else nobody."""
-        token = token_of(context.invocation_metadata())
+        metadata = context.invocation_metadata()
+        token = token_of(metadata)
         if token is not None:
             return self.auth.user_of(token)
-        return common_name(context) if self.cert_users else None
+        if not self.cert_users:
+            return None
+        cn = common_name(context)
+        if cn is not None and FORWARDED_METADATA_MARK in (metadata or ()):  # a follower's own certificate
+            return self.forwarded_caller(metadata)
+        return cn
+
+    def forwarded_caller(self, metadata) -> str | None:
+        """Who a follower's client is, as the follower says (its connection's certificate is the
+        follower's own; the secret travels over TLS only). Believed only beside this writer's
+        secret: a call without it comes from a follower of an earlier writer at this address, or
+        from no follower at all, and is refused as a call to a member that is not the writer (a
+        follower then looks the writer up again)."""
+        secret = caller = None
+        for key, value in metadata:
+            if key == FORWARDED_SECRET:
+                secret = value
+            elif key == FORWARDED_CALLER:
+                caller = value
+        if secret is None or not self.forward_secret or not hmac.compare_digest(secret, self.forward_secret):
+            raise NotTheWriterError()
+        return caller or None
 
     def check(self, user: str | None, key: bytes, range_end: bytes, write: bool) -> None:
         """etcd's isOpPermitted for one key or range (also used by Lock and Election, which make KV requests of their own)."""

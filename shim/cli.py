@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--client-cert-allowed-hostname", default=None,
                    help="TLS clients' certificates must name this host among their subject alternative names "
                         "(native gRPC server)")
+    p.add_argument("--client-cert-file", type=Path, default=None,
+                   help="client TLS certificate (PEM) this member presents when it calls another: a follower its "
+                        "writer's https:// URL (default: --cert-file, as etcd)")
+    p.add_argument("--client-key-file", type=Path, default=None, help="the key of --client-cert-file (PEM)")
     p.add_argument("--client-cert-auth", action="store_true", help="refuse TLS clients without a certificate signed by --trusted-ca-file")
     p.add_argument("--listen-metrics-urls", type=_urls, default=(), help="comma-separated URLs serving /metrics, /health, /readyz, /livez and /version; https:// ones "
                         "with the client TLS settings (--cert-file, --key-file, --client-cert-auth, ...), as etcd")
@@ -288,6 +292,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         key_file=args.key_file,
         trusted_ca_file=args.trusted_ca_file,
         client_cert_auth=args.client_cert_auth,
+        client_cert_file=args.client_cert_file,
+        client_key_file=args.client_key_file,
         cipher_suites=args.cipher_suites,
         client_crl_file=args.client_crl_file,
         client_cert_allowed_hostname=args.client_cert_allowed_hostname,

@@ -49,6 +49,10 @@ class ServerConfig:
     key_file: Path | None = None
     trusted_ca_file: Path | None = None
     client_cert_auth: bool = False
+    # what this member presents when it calls another (a follower its writer), as etcd's own
+    # client side: these, else cert_file/key_file
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
     cipher_suites: tuple[str, ...] = ()  # Go's names (--cipher-suites); empty: OpenSSL's defaults
     client_crl_file: Path | None = None  # serials refused after the handshake (shim/peercheck.py)
     client_cert_allowed_hostname: str | None = None  # a client certificate must name this host

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -28,13 +29,6 @@ logger = logging.getLogger(__name__)
 # sent by a follower with the Status call that is its read index: the writer answers it only
 # while it surely is the writer, as it answers a linearizable read (Member.unsure_writer)
 READ_INDEX_METADATA = ("shardetcd-read-index", "1")
-# sent with every call a follower hands on: a member that is not the writer refuses it, as it
-# refuses the read index, with NOT_THE_WRITER, and the follower looks the writer up again. The
-# writer's address is a record in NATS that the new writer rewrites after a takeover; until
-# then it can name the old writer's address, where that process, restarted, may already serve
-# as a follower. Answering there, a follower's revision passed for the writer's committed one
-# (a stale linearizable read, found by tests/chaos.py), and a write went round in forwards.
-FORWARDED_METADATA_MARK = ("shardetcd-forwarded", "1")
 NO_LEADER_CHECKS = 3  # etcd's maxNoLeaderCnt: checks in a row without a leader before such streams end
 
 
@@ -51,7 +45,10 @@ class Member:
         self.alarms = AlarmStore(self.store.datadir)
         self.quota = Quota(self.store, self.alarms, self.member_id, self.config.quota_backend_bytes)
         self.auth = self.store.auth  # auth.enabled is the one thing a request checks while auth is off
-        self.access = Access(self.store.auth, self.store.leases, cert_users=self.config.client_cert_auth)
+        # published with this member's address when it is the writer: its followers' calls carry it
+        self.forward_secret = secrets.token_hex(16)
+        self.access = Access(self.store.auth, self.store.leases, cert_users=self.config.client_cert_auth,
+                             forward_secret=self.forward_secret)
         self.store.on_term = self.new_term  # a follower that sees a new writer reports its term
         self.store.read_guard = self.unsure_writer  # a Txn or DeleteRange that only read is a linearizable read
         self.standing_by = False  # --follow --standby: True until it takes over (set by the server)

@@ -23,7 +23,9 @@ follows the writer's journals, and hands everything else to the writer.
 
 The writer publishes where it serves clients in the journal's meta bucket
 (key ``writer-urls.<role>``) when it starts serving, after every takeover
-too; the follower reads it again whenever the writer cannot be reached.
+too; the follower reads it again whenever the writer cannot be reached.  An
+https:// address is called over TLS as etcd's own client side calls its
+members (``WriterTLS``).
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
@@ -39,10 +43,10 @@ from shards.errors import RequestTimeoutError
 from shards.tokens import SimpleTokens, looks_simple
 
 from . import wire
-from .context import FORWARDED_METADATA_MARK, READ_INDEX_METADATA
+from .context import READ_INDEX_METADATA
 from .errors import NOT_THE_WRITER
 from .grpcserver import CallDetails
-from .access import token_of
+from .access import FORWARDED_CALLER, FORWARDED_METADATA_MARK, FORWARDED_SECRET, common_name, token_of
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +83,9 @@ def writer_key(role: str) -> str:
     return f"writer-urls.{role}"
 
 
-def writer_record(urls: tuple[str, ...], member_id: int, name: str) -> str:
-    return json.dumps({"urls": list(urls), "member_id": member_id, "name": name})
+def writer_record(urls: tuple[str, ...], member_id: int, name: str, secret: str) -> str:
+    """Where the writer serves, and the secret its followers' calls carry (access.FORWARDED_SECRET)."""
+    return json.dumps({"urls": list(urls), "member_id": member_id, "name": name, "secret": secret})
 
 
 def _header_span(raw: bytes) -> tuple[int, int] | None:
@@ -116,15 +121,46 @@ def as_this_member(raw: bytes, headers) -> tuple[bytes, int]:
     return headers.framed(rev) + raw[span[1]:], rev
 
 
+@dataclass(frozen=True)
+class WriterTLS:
+    """How a member calls a writer that serves https://, as etcd's client side does (its
+    gateway's calls to its own port, a member's to its peers): the writer's certificate
+    checked against ``ca_file`` (the system's CAs without one), and ``cert_file``/``key_file``
+    presented, for a writer that asks for client certificates. The files are read for each
+    new channel, so a certificate renewed on disk is used from the next connection on."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @classmethod
+    def of(cls, config) -> WriterTLS:
+        """etcd's choice: --client-cert-file/--client-key-file, else --cert-file/--key-file."""
+        if config.client_cert_file is not None:
+            return cls(config.trusted_ca_file, config.client_cert_file, config.client_key_file)
+        return cls(config.trusted_ca_file, config.cert_file, config.key_file)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path: Path | None) -> bytes | None:
+            return None if path is None else path.read_bytes()
+
+        both = self.cert_file is not None and self.key_file is not None
+        return grpc.ssl_channel_credentials(root_certificates=read(self.ca_file),
+                                            private_key=read(self.key_file) if both else None,
+                                            certificate_chain=read(self.cert_file) if both else None)
+
+
 class WriterLink:
     """The writer of the journals this process follows: where it is, a channel to it."""
 
-    def __init__(self, log, role: str, store, timeout_s: float = 7.0) -> None:
+    def __init__(self, log, role: str, store, timeout_s: float = 7.0, tls: WriterTLS = WriterTLS()) -> None:
         self.log = log
+        self.tls = tls
         self.key = writer_key(role)
         self.store = store
         self.timeout_s = timeout_s
         self.member_id = 0
+        self.secret = ""  # the writer's, from its record: sent with every call handed to it
         self._channel: grpc.aio.Channel | None = None
         self._target = ""
         self._index: asyncio.Future | None = None  # the read index request in flight
@@ -138,12 +174,24 @@ class WriterLink:
             if record is None:
                 raise RequestTimeoutError()  # no writer has served yet
             found = json.loads(record)
-            url = found["urls"][0]
-            self._target = url.split("://", 1)[-1]
+            scheme, _, self._target = found["urls"][0].rpartition("://")
             self.member_id = found["member_id"]
-            self._channel = grpc.aio.insecure_channel(self._target)
+            self.secret = found.get("secret", "") if scheme == "https" else ""  # over TLS only
+            if scheme == "https":
+                try:
+                    credentials = self.tls.credentials()
+                except OSError as exc:  # as a refused connection: looked up again, the call waits for it
+                    logger.warning("cannot read the TLS files to call the writer error=%s", exc)
+                    raise RequestTimeoutError() from None
+                self._channel = grpc.aio.secure_channel(self._target, credentials)
+            else:
+                self._channel = grpc.aio.insecure_channel(self._target)
             logger.info("following writer target=%s member=%x", self._target, self.member_id)
         return self._channel
+
+    def signed(self, metadata) -> tuple:
+        """A forwarded call's metadata with the secret of the writer the channel leads to (over TLS)."""
+        return (*metadata, (FORWARDED_SECRET, self.secret)) if self.secret else tuple(metadata)
 
     async def forget(self) -> None:
         """The writer did not answer: look it up again next time (a takeover moves it)."""
@@ -217,7 +265,8 @@ class WriterLink:
                 channel = await self.channel()
                 call = channel.unary_unary(f"/{service}/{method}", request_serializer=_identity,
                                            response_deserializer=_identity)
-                return await call(request, metadata=metadata, timeout=max(deadline - time.monotonic(), 0.1))
+                return await call(request, metadata=self.signed(metadata),
+                                  timeout=max(deadline - time.monotonic(), 0.1))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
@@ -248,9 +297,11 @@ async def read_as_stored(*shards) -> None:
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> tuple:
-    """What a forwarded call carries: the client's credentials, and the mark of a forwarded call."""
+    """What a forwarded call carries: the client's credentials (its token; the Common Name of its
+    TLS certificate), and the mark of a forwarded call (WriterLink.signed adds the writer's secret)."""
+    cn = common_name(context)
     return (*((k, v) for k, v in context.invocation_metadata() or () if k in FORWARDED_METADATA),
-            FORWARDED_METADATA_MARK)
+            *(() if cn is None else ((FORWARDED_CALLER, cn),)), FORWARDED_METADATA_MARK)
 
 
 async def refuse_if_forwarded(context: grpc.aio.ServicerContext) -> None:
@@ -304,7 +355,8 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
             await refuse_if_forwarded(context)
             channel = await link.channel()
             call = channel.unary_stream(f"/{service}/{method}", request_serializer=_identity,
-                                        response_deserializer=_identity)(request, metadata=_metadata(context))
+                                        response_deserializer=_identity)(request,
+                                                                         metadata=link.signed(_metadata(context)))
             try:
                 async for raw in call:
                     yield as_this_member(raw, headers)[0]
@@ -318,7 +370,8 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
             await refuse_if_forwarded(context)
             channel = await link.channel()
             call = channel.stream_stream(f"/{service}/{method}", request_serializer=_identity,
-                                         response_deserializer=_identity)(metadata=_metadata(context))
+                                         response_deserializer=_identity)(
+                metadata=link.signed(_metadata(context)))
 
             async def pump() -> None:
                 async for raw in requests:

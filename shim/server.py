@@ -47,8 +47,8 @@ from .http import READER_LIMIT, HttpEndpoint, start_http
 from .kv import KVService
 from .lease_auth import CheckedLeaseService
 from .maintenance import ClusterService, MaintenanceService
-from .follower import (TokenCatchUp, WriterLink, follower_kv, forwarding_handlers, keepalive_handler, writer_key,
-                       writer_record)
+from .follower import (TokenCatchUp, WriterLink, WriterTLS, follower_kv, forwarding_handlers, keepalive_handler,
+                       writer_key, writer_record)
 from .members import Registry
 from .metrics import Metrics, StandbyMetrics
 from .watch import WatchService
@@ -279,7 +279,7 @@ async def start_following(config: ServerConfig, log=None) -> tuple[Store, Writer
         if owned:
             await log.close()
         raise
-    link = WriterLink(log, config.partition or "writer", store)
+    link = WriterLink(log, config.partition or "writer", store, tls=WriterTLS.of(config))
     following = asyncio.ensure_future(keep_following(store))
 
     def stopped(task: asyncio.Task) -> None:
@@ -452,8 +452,21 @@ class StandbyStatus(HttpEndpoint):
         return super().route(method, path)
 
 
+def check_client_tls(config: ServerConfig, addresses: list[tuple[str, bool]]) -> None:
+    """--client-cert-file and --client-key-file: both or neither, readable; as etcd, checked when a
+    client URL serves TLS (etcd builds its client side's TLS from the same settings then)."""
+    if not any(tls for _, tls in addresses):
+        return
+    if (config.client_cert_file is None) != (config.client_key_file is None):
+        raise StartupError("ClientKeyFile and ClientCertFile must both be present or both absent: "
+                           f"key: {config.client_key_file or ''}, cert: {config.client_cert_file or ''}]")
+    _read(config.client_cert_file, "--client-cert-file")
+    _read(config.client_key_file, "--client-key-file")
+
+
 async def start(config: ServerConfig) -> Running:
     addresses = [parse_listen_url(u) for u in config.listen_client_urls]
+    check_client_tls(config, addresses)
     guard = partition_guard(config)
     link = following = None
     if config.follow_data_dir is not None and not config.follow:
@@ -541,7 +554,8 @@ async def start(config: ServerConfig) -> Running:
         if lease is not None and link is None:
             await announce_writer(lease, member, config)
         elif store.watermark is not None:  # a local journal: its followers on this machine look here
-            write_writer_file(store.datadir.path, writer_record(config.client_urls, member.member_id, config.name))
+            write_writer_file(store.datadir.path, writer_record(config.client_urls, member.member_id, config.name,
+                                                                      member.forward_secret))
         journal_log = lease.log if lease is not None else link.log if link is not None else None
         if journal_log is None and store.watermark is not None:  # a local journal: followers may list it
             journal_log = LocalMembers(store.datadir.path)
@@ -597,7 +611,8 @@ async def start(config: ServerConfig) -> Running:
 
 async def announce_writer(lease: WriterLease, member: Member, config: ServerConfig) -> None:
     """Say in the journal's meta bucket where the writer serves: followers hand their writes there."""
-    await lease.log.put_meta(writer_key(lease.key), writer_record(config.client_urls, member.member_id, config.name))
+    await lease.log.put_meta(writer_key(lease.key), writer_record(config.client_urls, member.member_id, config.name,
+                                                                      member.forward_secret))
 
 
 async def promote_when_free(running: Running, member: Member, config: ServerConfig) -> None:

@@ -1,7 +1,9 @@
 """--client-cert-auth with auth enabled: a request that carries no token acts as
 the user its TLS client certificate's Common Name names; a token, when sent,
 wins (and a bad one is refused). Differential: the same calls, over mutual
-TLS, against etcd 3.5.1 and shardetcd, must have the same outcomes."""
+TLS, against etcd 3.5.1, shardetcd, and a follower of another shardetcd
+(which hands writes to its writer over TLS with a certificate of its own),
+must have the same outcomes."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,15 +37,28 @@ def servers(tmp_path_factory, pki):
     etcd_tls = free_port()
     etcd = start_etcd(tmp / "etcd", extra_client_urls=(f"https://127.0.0.1:{etcd_tls}",),
                       extra_args=tuple(_tls_flags(pki)))
-    port, tls_port = free_port(), free_port()
-    shard = ShardetcdProcess(
-        data_dir=tmp / "s" / "data", state_dir=tmp / "s" / "state", port=port, log_path=tmp / "s" / "log",
-        extra_args=("--listen-client-urls", f"http://127.0.0.1:{port},https://127.0.0.1:{tls_port}", *_tls_flags(pki)))
+    started = []
+
+    def shardetcd(name: str, *extra: str) -> tuple[ShardetcdProcess, str]:
+        port, tls_port = free_port(), free_port()
+        urls = f"https://127.0.0.1:{tls_port},http://127.0.0.1:{port}"  # https first: followers call it
+        proc = ShardetcdProcess(
+            data_dir=tmp / name / "data", state_dir=tmp / name / "state", port=port, log_path=tmp / name / "log",
+            extra_args=("--listen-client-urls", urls, "--advertise-client-urls", urls, *_tls_flags(pki), *extra))
+        started.append(proc)
+        return proc.start(), f"127.0.0.1:{tls_port}"
+
     try:
-        shard.start()
-        yield {"etcd": f"127.0.0.1:{etcd_tls}", "shardetcd": f"127.0.0.1:{tls_port}"}
+        _, endpoint = shardetcd("s")
+        writer, _ = shardetcd("w")
+        # the follower calls its writer as root: a client's call it hands on must not act as root
+        _, follower = shardetcd("f", "--follow", "--follow-data-dir", str(writer.data_dir),
+                                "--client-cert-file", str(pki["client:root"]),
+                                "--client-key-file", str(pki["client:root-key"]))
+        yield {"etcd": f"127.0.0.1:{etcd_tls}", "shardetcd": endpoint, "follower": follower}
     finally:
-        shard.stop()
+        for proc in reversed(started):
+            proc.stop()
         etcd.stop()
 
 
@@ -127,6 +142,7 @@ def scenario(endpoint: str, pki) -> list[tuple]:
 def test_certificate_common_name_is_the_user_as_in_etcd(servers, pki):
     got = {name: scenario(endpoint, pki) for name, endpoint in servers.items()}
     assert got["shardetcd"] == got["etcd"]
+    assert got["follower"] == got["etcd"]
     # and the scenario shows what it is about: alice acts as alice, root as root, nobody as no-one
     seen = dict(got["etcd"])
     assert seen["alice put own"] == ("ok", None)

@@ -198,7 +198,8 @@ def test_only_the_writer_answers_the_read_index_and_forwarded_calls(nats, writer
     import json
 
     from journal.jetstream import JetStreamConfig, JetStreamLog
-    from shim.context import FORWARDED_METADATA_MARK, READ_INDEX_METADATA
+    from shim.access import FORWARDED_METADATA_MARK
+    from shim.context import READ_INDEX_METADATA
     from shim.errors import NOT_THE_WRITER
     from shim.follower import writer_key
 

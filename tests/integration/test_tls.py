@@ -95,6 +95,21 @@ def test_https_url_without_certificates_fails_to_start(tmp_path):
     assert r.stderr.strip().splitlines()[-1] == "shardetcd: https:// client URLs need --cert-file and --key-file"
 
 
+def test_a_client_certificate_without_its_key_stops_the_start_as_in_etcd(tmp_path):
+    """--client-cert-file (what this member presents when it calls another) needs --client-key-file:
+    etcd 3.5.1 refuses to start its TLS listener with one and not the other, in these words."""
+    pki = make_pki(tmp_path / "pki")
+    r = subprocess.run(
+        [sys.executable, "-m", "shim", "--data-dir", str(tmp_path / "d"), "--state-dir", str(tmp_path / "s"),
+         "--listen-client-urls", f"https://127.0.0.1:{free_port()}", "--cert-file", str(pki["server"]),
+         "--key-file", str(pki["server-key"]), "--client-cert-file", str(pki["client"])],
+        cwd=REPO, capture_output=True, text=True, timeout=30,
+    )
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1] == ("shardetcd: ClientKeyFile and ClientCertFile must both be present or "
+                                                 f"both absent: key: , cert: {pki['client']}]")
+
+
 def test_http_over_h2_on_the_tls_client_port_answers_as_etcds(tmp_path):
     """An HTTPS client negotiates h2 by ALPN (curl does) and asks for /health, /metrics, the
     JSON gateway: etcd's Go server answers these as HTTP on its TLS client port, so must we —
@@ -179,3 +194,4 @@ def test_http_over_h2_on_the_tls_client_port_answers_as_etcds(tmp_path):
     finally:
         ours.stop()
         etcd.stop()
+

@@ -71,3 +71,40 @@ def test_no_metadata_is_read_while_auth_is_off(tmp_path):
             await store.close()
 
     asyncio.run(go())
+
+
+class Certified(Metadata):
+    """A call over a TLS connection whose client certificate names ``cn``."""
+
+    def __init__(self, cn: str, *pairs) -> None:
+        super().__init__(*pairs)
+        self.cn = cn
+
+    def auth_context(self):
+        return {"x509_common_name": [self.cn.encode()]}
+
+
+def test_a_forwarded_call_acts_as_the_client_the_follower_names_only_beside_the_writers_secret():
+    """With --client-cert-auth, a call a follower hands on arrives over the follower's own
+    connection (here its certificate names root): the caller is the client the follower names,
+    or nobody; a call marked forwarded without this writer's secret (a follower of an earlier
+    writer at this address, or anyone claiming to be a follower) is refused as not the writer's.
+    Over a connection without a certificate no claim is believed (the secret travels over TLS only)."""
+    from shards.errors import NotTheWriterError
+    from shim.access import FORWARDED_CALLER, FORWARDED_METADATA_MARK, FORWARDED_SECRET, Access
+
+    access = Access(auth=None, leases=None, cert_users=True, forward_secret="s3cret")
+    mark, alice = FORWARDED_METADATA_MARK, (FORWARDED_CALLER, "alice")
+    assert access.caller(Certified("root")) == "root"  # a client's own connection
+    assert access.caller(Certified("root", alice, mark, (FORWARDED_SECRET, "s3cret"))) == "alice"
+    assert access.caller(Certified("root", mark, (FORWARDED_SECRET, "s3cret"))) is None  # a client without a certificate
+    for forged in ((alice, mark), (alice, mark, (FORWARDED_SECRET, "guess")), (mark, (FORWARDED_SECRET, ""))):
+        with pytest.raises(NotTheWriterError):
+            access.caller(Certified("root", *forged))
+    # over a connection without a client certificate (plaintext), a claim names no one
+    assert access.caller(Metadata(alice, mark, (FORWARDED_SECRET, "s3cret"))) is None
+    # without a secret of its own (never the writer), nothing forwarded is believed
+    with pytest.raises(NotTheWriterError):
+        Access(auth=None, leases=None, cert_users=True).caller(Certified("root", alice, mark, (FORWARDED_SECRET, "")))
+    # without --client-cert-auth a certificate names no one, forwarded or not
+    assert Access(auth=None, leases=None).caller(Certified("root", alice, mark)) is None
