@@ -119,7 +119,8 @@ def _restrict_ciphers(context: ssl.SSLContext, names: tuple[str, ...]) -> None:
 def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials | ssl.SSLContext:
     """etcd's client TLS: certificate and key; with --client-cert-auth, clients
     must present a certificate signed by --trusted-ca-file. grpcio's credentials, or
-    for the native server an SSL context offering h2 (ALPN)."""
+    for the native server an SSL context offering h2 (ALPN). Either reads the certificate
+    and key again for a new connection once the files changed (CertificateReload)."""
     if config.cert_file is None or config.key_file is None:
         raise StartupError("https:// client URLs need --cert-file and --key-file")
     if config.client_cert_auth and config.trusted_ca_file is None:
@@ -130,9 +131,12 @@ def tls_credentials(config: ServerConfig) -> grpc.ServerCredentials | ssl.SSLCon
                             ("--client-cert-allowed-hostname", config.client_cert_allowed_hostname)):
             if value:
                 raise StartupError(f"{flag} needs --grpc-server native (grpc.aio's server has no such hook)")
-        return grpc.ssl_server_credentials([(key, cert)], root_certificates=_read(config.trusted_ca_file,
-                                                                                  "--trusted-ca-file"),
-                                           require_client_auth=config.client_cert_auth)
+        ca = _read(config.trusted_ca_file, "--trusted-ca-file")
+        reload = CertificateReload(config, lambda: grpc.ssl_server_certificate_configuration(
+            [(config.key_file.read_bytes(), config.cert_file.read_bytes())], root_certificates=ca))
+        return grpc.dynamic_ssl_server_credentials(
+            grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca), reload.fetch,
+            require_client_authentication=config.client_cert_auth)
     return tls_context(config, "h2")
 
 
@@ -142,20 +146,83 @@ def tls_context(config: ServerConfig, alpn: str) -> ssl.SSLContext:
     for path, flag in ((config.cert_file, "--cert-file"), (config.key_file, "--key-file")):
         _read(path, flag)  # readable, or one line saying which is not
     ca = _read(config.trusted_ca_file, "--trusted-ca-file")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        context.load_cert_chain(config.cert_file, config.key_file)
-        if ca is not None:
-            context.load_verify_locations(cadata=ca.decode("latin-1"))
+        context = _server_context(config, alpn, ca)
     except (ssl.SSLError, ValueError) as exc:
         raise StartupError(f"cannot use the TLS certificate, key or CA: {exc}") from None
+    context.sni_callback = CertificateReload(config, lambda: _server_context(config, alpn, ca)).handshake
+    return context
+
+
+def _server_context(config: ServerConfig, alpn: str, ca: bytes | None) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.cert_file, config.key_file)
+    if ca is not None:
+        context.load_verify_locations(cadata=ca.decode("latin-1"))
     if config.cipher_suites:
         _restrict_ciphers(context, config.cipher_suites)
     context.verify_mode = (ssl.CERT_REQUIRED if config.client_cert_auth else
                            ssl.CERT_OPTIONAL if ca is not None else ssl.CERT_NONE)
     context.set_alpn_protocols([alpn])
     return context
+
+
+class CertificateReload:
+    """etcd reads --cert-file and --key-file again for every new TLS connection, so a certificate
+    renewed on disk (kubeadm certs renew, cert-manager) serves from the next connection on, with
+    no restart; connections already open go on with theirs. Here the files are looked at (stat)
+    for each new connection and loaded again only once they changed; files that cannot be loaded
+    fail new handshakes, as etcd's, until they change again (logged once for each change). The CA
+    (--trusted-ca-file) is read once, at start, as etcd reads it."""
+
+    def __init__(self, config: ServerConfig, load) -> None:
+        self.paths = (config.cert_file, config.key_file)
+        self.load = load  # builds what serves the files as they are now
+        self.stamp = self._stamp()  # of the files the first context was built from
+        self.renewed = None  # what serves the files since they last changed (None: the first context)
+        self.error: Exception | None = None  # why the files as they are now cannot be loaded
+
+    def _stamp(self) -> tuple:
+        return tuple((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) for st in map(os.stat, self.paths))
+
+    def _changed(self) -> bool:
+        """Look at the files; load them again if they changed. Whether a renewal was loaded now."""
+        try:
+            stamp = self._stamp()
+        except OSError as exc:
+            stamp, self.error = None, exc
+        if stamp == self.stamp:
+            return False
+        self.stamp = stamp
+        if stamp is None:
+            logger.warning("cannot read the TLS certificate files cert_file=%s key_file=%s error=%s",
+                           *self.paths, self.error)
+            return False
+        try:
+            self.renewed, self.error = self.load(), None
+        except (ssl.SSLError, ValueError, OSError) as exc:
+            self.renewed, self.error = None, exc
+            logger.warning("cannot load the renewed TLS certificate cert_file=%s key_file=%s error=%s",
+                           *self.paths, exc)
+            return False
+        logger.info("loaded the renewed TLS certificate cert_file=%s", self.paths[0])
+        return True
+
+    def handshake(self, ssl_object: ssl.SSLObject, server_name: str | None, context: ssl.SSLContext) -> int | None:
+        """The listening context's SNI callback, called for every handshake (also without SNI)."""
+        self._changed()
+        if self.error is not None:
+            return ssl.ALERT_DESCRIPTION_INTERNAL_ERROR  # as Go's server when GetCertificate fails
+        if self.renewed is not None:
+            ssl_object.context = self.renewed
+        return None
+
+    def fetch(self):
+        """grpc.aio's server's certificate fetcher, called for every new connection: the renewed
+        configuration once, when the files changed; None (no change) otherwise, also when they
+        cannot be loaded (its server then goes on with the last it loaded)."""
+        return self.renewed if self._changed() else None
 
 
 async def serve_metrics(config: ServerConfig, endpoint) -> list:

@@ -103,3 +103,17 @@ def write_crl(path: Path, pki: dict[str, Path], revoked: tuple[Path, ...]) -> Pa
         b = b.add_revoked_certificate(x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(now).build())
     path.write_bytes(b.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
     return path
+
+
+def server_cert(pki: dict[str, Path], cert_path: Path, key_path: Path) -> int:
+    """Write a new server certificate (127.0.0.1, localhost) and key signed by the PKI's CA to
+    ``cert_path`` and ``key_path`` (a renewal); its serial number."""
+    ca = x509.load_pem_x509_certificate(pki["ca"].read_bytes())
+    ca_key = serialization.load_pem_private_key(pki["ca-key"].read_bytes(), password=None)
+    key = _key()
+    cert = _cert(f"{ca.subject.rfc4514_string()} renewed server", key, ca.subject, ca_key, ca=False,
+                 usage=[ExtendedKeyUsageOID.SERVER_AUTH],
+                 sans=[x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    key_path.write_bytes(_pem_key(key))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert.serial_number

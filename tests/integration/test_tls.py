@@ -195,3 +195,73 @@ def test_http_over_h2_on_the_tls_client_port_answers_as_etcds(tmp_path):
         ours.stop()
         etcd.stop()
 
+
+def _served_serial(endpoint: str, pki: dict[str, Path]) -> int:
+    """The serial number of the certificate a new TLS connection to ``endpoint`` is served."""
+    import ssl
+
+    from cryptography import x509
+
+    context = ssl.create_default_context(cafile=pki["ca"])
+    context.load_cert_chain(pki["client"], pki["client-key"])
+    context.set_alpn_protocols(["h2"])
+    host, port = endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as tls:
+        return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+
+
+@pytest.mark.parametrize("server", ["etcd", "native", "grpcio"])
+def test_a_renewed_certificate_serves_new_connections_as_in_etcd(tmp_path, server):
+    """etcd reads --cert-file and --key-file again for every new TLS connection: a certificate
+    renewed on disk (kubeadm certs renew, cert-manager) serves from the next connection on, with no
+    restart, while connections already open go on. Files it cannot load fail new handshakes until
+    they can be loaded again (etcd, and shardetcd's native server; grpc.aio's goes on serving the
+    last certificate it loaded)."""
+    import shutil
+    import ssl
+
+    from cryptography import x509
+
+    from tests.etcd_fixture import start_etcd
+    from tests.shardetcd_fixture import ShardetcdProcess
+    from tests.tls_certs import server_cert
+
+    pki = make_pki(tmp_path / "pki")
+    cert, key = tmp_path / "live" / "server.pem", tmp_path / "live" / "server-key.pem"
+    cert.parent.mkdir()
+    shutil.copy(pki["server"], cert)
+    shutil.copy(pki["server-key"], key)
+    flags = ("--cert-file", str(cert), "--key-file", str(key), "--trusted-ca-file", str(pki["ca"]),
+             "--client-cert-auth")
+    port = free_port()
+    if server == "etcd":
+        proc = start_etcd(tmp_path / "etcd", extra_client_urls=(f"https://127.0.0.1:{port}",), extra_args=flags)
+    else:
+        plain = free_port()
+        proc = ShardetcdProcess(
+            data_dir=tmp_path / "d", state_dir=tmp_path / "s", port=plain, log_path=tmp_path / "log",
+            extra_args=("--listen-client-urls", f"http://127.0.0.1:{plain},https://127.0.0.1:{port}",
+                        "--grpc-server", server, *flags)).start()
+    endpoint = f"127.0.0.1:{port}"
+    try:
+        first = x509.load_pem_x509_certificate(pki["server"].read_bytes()).serial_number
+        assert _served_serial(endpoint, pki) == first
+        with tls_channel(endpoint, pki["ca"], pki["client"], pki["client-key"]) as before:
+            kv = pbg.KVStub(before)
+            kv.Put(pb.PutRequest(key=b"k", value=b"1"), timeout=10)
+            renewed = server_cert(pki, cert, key)
+            assert _served_serial(endpoint, pki) == renewed != first
+            kv.Put(pb.PutRequest(key=b"k", value=b"2"), timeout=10)  # the open connection goes on
+            with tls_channel(endpoint, pki["ca"], pki["client"], pki["client-key"]) as after:
+                assert pbg.KVStub(after).Range(pb.RangeRequest(key=b"k"), timeout=10).kvs[0].value == b"2"
+            if server == "grpcio":
+                return
+            cert.write_bytes(b"not a certificate\n")
+            with pytest.raises(ssl.SSLError):
+                _served_serial(endpoint, pki)
+            kv.Put(pb.PutRequest(key=b"k", value=b"3"), timeout=10)
+            again = server_cert(pki, cert, key)
+            assert _served_serial(endpoint, pki) == again
+    finally:
+        proc.stop()
