@@ -28,6 +28,11 @@ With ``--followers N``, each partition also gets N followers (``--follow``),
 each on a client URL of its own, listed after the writer in
 ``--etcd-servers``: they follow the JetStream journals, or with the local
 journal the writer's data dir ``DIR/<name>`` (``--follow-data-dir``).
+
+With ``--cert-file`` (and etcd's other TLS flags) among the flags passed on,
+every process serves TLS: its client URL, and so the kube-apiserver flags, are
+``https://``; followers call their writer over TLS (``--client-cert-file``, else
+``--cert-file``, is what they present).
 """
 from __future__ import annotations
 
@@ -190,13 +195,15 @@ class Supervisor:
                  standbys: bool = False, followers: int = 0, local_journal: bool = True,
                  wal_dir: Path | None = None) -> None:
         rotated = _given("--enable-log-rotation", server_args)
+        # with a certificate among the flags passed on, every process serves TLS on its client URL
+        self.scheme = "https" if _given("--cert-file", server_args) else "http"
         self.layout = layout
         self.data_dir = data_dir
         self.stopping = False
         ports = layout.ports(base_port)
         self.children = []
         for p in layout.partitions:
-            url = f"http://{host}:{ports[p.name]}"
+            url = f"{self.scheme}://{host}:{ports[p.name]}"
             for replica in (1, 2) if standbys else (1,):
                 label = p.name if replica == 1 else f"{p.name}.{replica}"
                 argv = [sys.executable, "-m", "shim", "--name", label, "--data-dir", str(data_dir / label),
@@ -216,7 +223,7 @@ class Supervisor:
         self.next_port = max(ports.values()) + 1
         for p in layout.partitions:
             for n in range(1, followers + 1):
-                url = f"http://{host}:{self._next_free_port()}"
+                url = f"{self.scheme}://{host}:{self._next_free_port()}"
                 label = f"{p.name}.f{n}"
                 argv = [sys.executable, "-m", "shim", "--name", label, "--data-dir", str(data_dir / label),
                         "--listen-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
@@ -274,7 +281,7 @@ class Supervisor:
                     if c.follower and LISTEN_FAILED in c.new_log() and moves < FOLLOWER_PORT_MOVES:
                         moves += 1
                         old = c.url
-                        c.move_to(f"http://{self.host}:{self._next_free_port()}")
+                        c.move_to(f"{self.scheme}://{self.host}:{self._next_free_port()}")
                         logger.warning("follower's port taken, moving partition=%s from=%s to=%s", c.label, old, c.url)
                         c.spawn()
                         continue

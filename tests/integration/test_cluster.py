@@ -84,7 +84,7 @@ port = {self.ports["main"]}
                 time.sleep(0.1)
             else:
                 break
-        self.child_pids = {m[0]: int(m[1]) for m in re.findall(r"^  (\w+)\s+http://\S+\s+pid (\d+)",
+        self.child_pids = {m[0]: int(m[1]) for m in re.findall(r"^  (\w+)\s+https?://\S+\s+pid (\d+)",
                                                               self.output()[offset:], re.M)}
         return self
 
@@ -365,6 +365,40 @@ def test_a_follower_whose_port_is_taken_while_it_starts_moves_to_a_free_one(tmp_
                 assert pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/a"), timeout=10).header.revision >= 1
         finally:
             sup.stop_all()
+
+
+def test_with_tls_flags_every_partition_and_follower_serves_https(tmp_path):
+    """--cert-file among the flags passed on: each partition and follower listens on https:// (it
+    served plaintext on http:// URLs before), the kube-apiserver flags name https:// URLs, and a
+    write through a follower reaches its writer over TLS with the follower's client certificate."""
+    from shards.partition import load_cluster_layout
+    from shim.cluster import Supervisor
+    from tests.integration.test_tls import tls_channel
+    from tests.tls_certs import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    layout = tmp_path / "cluster.toml"
+    port = free_port()
+    layout.write_text(f'[[partition]]\nname = "main"\ndefault = true\nport = {port}\n')
+    tls = ["--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"]), "--trusted-ca-file",
+           str(pki["ca"]), "--client-cert-auth", "--client-cert-file", str(pki["client"]),
+           "--client-key-file", str(pki["client-key"])]
+    sup = Supervisor(load_cluster_layout(layout), layout, tmp_path / "data", "127.0.0.1", 2379,
+                     ["--journal-fsync", "always", *tls], tmp_path / "state", followers=1)
+    try:
+        assert sup.start_all() is None
+        follower = next(c for c in sup.children if c.follower)
+        assert sup.flags == [f"--etcd-servers=https://127.0.0.1:{port},{follower.url}"], sup.flags
+        assert follower.url.startswith("https://127.0.0.1:")
+        with tls_channel(follower.url.split("://")[1], pki["ca"], pki["client"], pki["client-key"]) as ch:
+            put = pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/a", value=b"v"), timeout=20)
+        with tls_channel(f"127.0.0.1:{port}", pki["ca"], pki["client"], pki["client-key"]) as ch:
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/a"), timeout=10)
+        assert [(kv.value, kv.mod_revision) for kv in got.kvs] == [(b"v", put.header.revision)]
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch, pytest.raises(grpc.RpcError):
+            pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/a"), timeout=5)
+    finally:
+        sup.stop_all()
 
 
 def test_a_snapshot_restores_into_the_partitions_with_their_wal_dirs(tmp_path):
