@@ -125,10 +125,7 @@ def sweep_members(root: Path, prefix: str, stale_s: float) -> int:
 def write_writer_file(data_dir: Path, record: str) -> None:
     """The writer's own: where it serves clients, for followers reading its data dir."""
     tmp = Path(data_dir) / (WRITER_FILE + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # it holds the writer's secret for its followers
-    with os.fdopen(fd, "w") as f:
-        f.write(record)
+    tmp.write_text(record)  # readable as the journals beside it are: followers read both (the writer's secret too)
     os.replace(tmp, Path(data_dir) / WRITER_FILE)
 
 
