@@ -142,3 +142,23 @@ def test_a_journal_not_read_that_far_in_time_is_a_request_timeout():
         assert err.value.args == (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
 
     run(body)
+
+
+def test_a_follower_presents_the_client_certificate_etcd_would_present(tmp_path):
+    """A follower calls an https:// writer as etcd's own client side calls: --client-cert-file and
+    --client-key-file when given, else the server's --cert-file and --key-file (kubeadm's etcd
+    server certificates are made for both uses), the writer checked against --trusted-ca-file;
+    the files are read when a channel is made."""
+    from pathlib import Path
+
+    from shim.config import ServerConfig
+    from shim.follower import WriterTLS
+
+    ca, cert, key, ccert, ckey = (Path(n) for n in ("ca.pem", "s.pem", "s-key.pem", "c.pem", "c-key.pem"))
+    assert WriterTLS.of(ServerConfig(cert_file=cert, key_file=key, trusted_ca_file=ca)) == WriterTLS(ca, cert, key)
+    assert WriterTLS.of(ServerConfig(cert_file=cert, key_file=key, trusted_ca_file=ca, client_cert_file=ccert,
+                                     client_key_file=ckey)) == WriterTLS(ca, ccert, ckey)
+    assert WriterTLS.of(ServerConfig()) == WriterTLS()  # the system's CAs, no certificate
+    with pytest.raises(FileNotFoundError):
+        WriterTLS(tmp_path / "gone.pem").credentials()
+    assert isinstance(WriterTLS().credentials(), grpc.ChannelCredentials)
