@@ -35,3 +35,10 @@ def ensure_dir(directory: Path) -> None:
         return
     directory.mkdir(parents=True, exist_ok=True)
     fsync_dir(directory.parent)
+
+
+def files_stamp(*paths) -> tuple:
+    """What changes when any of ``paths`` is written or replaced (a renewed certificate moved into
+    place, a Kubernetes secret's symlink swapped): device, inode, mtime and size of each, links
+    followed. OSError when one cannot be looked at."""
+    return tuple((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) for st in map(os.stat, paths))

@@ -56,6 +56,7 @@ from journal.config import JournalConfig
 from journal.errors import (JournalCorrupt, JournalError, JournalFailed, JournalFenced, JournalGap, JournalGone,
                             JournalHeadLost, JournalUnreachable)
 from journal.follow import Message  # noqa: F401 - one stream message, as a follower sees it
+from journal.fsutil import files_stamp
 from journal.record import HEADER_BYTES, FrameError, Record, decode_frame, frame_header
 from journal.tasks import cancel_and_wait
 
@@ -416,6 +417,41 @@ _SEED = re.compile(r"\bSU[A-Z2-7]{56}\b")
 _CREDS_JWT = re.compile(r"-+BEGIN NATS USER JWT-+\s*\S+\s*-+END NATS USER JWT-+")
 
 
+class ClientCertificateRenewal:
+    """nats-py makes every reconnect with the SSL context it was given once: the client
+    certificate in it is loaded again from its files when they changed (looked at on a disconnect
+    and on each failed reconnect attempt), so a certificate renewed on disk is presented at the
+    next reconnect instead of the one loaded at start, which may have expired by then (NATS
+    refuses the handshake, and the writer could journal nothing until restarted). A pair that
+    cannot be loaded (the key moved into place, the certificate not yet) leaves the one loaded
+    before, and is tried again at its next change."""
+
+    def __init__(self, context, cert_file: str, key_file: str) -> None:
+        self.context, self.paths = context, (cert_file, key_file)
+        self.stamp = self._stamp()
+
+    def _stamp(self) -> tuple | None:
+        try:
+            return files_stamp(*self.paths)
+        except OSError:
+            return None
+
+    def check(self) -> None:
+        import ssl
+
+        stamp = self._stamp()
+        if stamp is None or stamp == self.stamp:
+            return
+        self.stamp = stamp
+        try:
+            self.context.load_cert_chain(*self.paths)
+        except (OSError, ssl.SSLError) as exc:
+            logger.warning("cannot load the renewed NATS client certificate cert_file=%s key_file=%s error=%s",
+                           *self.paths, exc)
+            return
+        logger.info("loaded the renewed NATS client certificate cert_file=%s", self.paths[0])
+
+
 def nats_tls(urls: tuple[str, ...], access: NatsAccess | None):
     """The ssl context of a NATS connection, or None for plain connections (tls:// URLs and servers
     that require TLS take the system's CAs when no file is given)."""
@@ -515,12 +551,16 @@ class JetStreamLog:
         self.denied: Exception | None = None  # the last permissions violation NATS reported, and when
         self.denied_at = 0.0
         self._connecting = None  # the connection being made, before it is
+        self._renewal: ClientCertificateRenewal | None = None  # the client certificate, loaded again when renewed
 
     async def connect(self) -> JetStreamLog:
         import nats
 
         urls = shown_urls(self.config.urls)
         options = connect_options(self.config.urls, self.config.access)
+        access = self.config.access
+        if options["tls"] is not None and access is not None and access.cert_file:
+            self._renewal = ClientCertificateRenewal(options["tls"], access.cert_file, access.key_file)
         nc = self._connecting = nats.NATS()
         # NATS not up yet is waited for (up to 3 connect timeouts); a refusal of this process's
         # credentials or of the servers' certificates by every server is final at once
@@ -850,6 +890,8 @@ class JetStreamLog:
     async def _on_error(self, exc: Exception) -> None:
         if self.nc is not None and not self.closing:  # not while the first connect is being tried
             self.events.error(exc)
+            if self._renewal is not None:  # a reconnect attempt failed: the next one with a renewed certificate
+                self._renewal.check()
             if "permissions violation" in str(exc).lower():
                 self.denied, self.denied_at = exc, time.monotonic()
         elif self.nc is None:
@@ -863,6 +905,8 @@ class JetStreamLog:
     async def _on_disconnect(self) -> None:
         if self.nc is not None and not self.closing:
             self.events.disconnected()
+            if self._renewal is not None:
+                self._renewal.check()
 
     async def _on_reconnect(self) -> None:
         url = self.nc.connected_url

@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2
 
 from journal import Journal, JournalConfig
 from journal.errors import JournalFailed, JournalGap, JournalGone, JournalUnreachable
+from journal.fsutil import files_stamp
 from journal.jetstream import JetStreamConfig, JetStreamLog, writer_bucket_streams
 from journal.leadership import WriterLease
 from journal.tail import LocalFollowLog, LocalMembers, write_writer_file
@@ -179,17 +180,14 @@ class CertificateReload:
     def __init__(self, config: ServerConfig, load) -> None:
         self.paths = (config.cert_file, config.key_file)
         self.load = load  # builds what serves the files as they are now
-        self.stamp = self._stamp()  # of the files the first context was built from
+        self.stamp = files_stamp(*self.paths)  # of the files the first context was built from
         self.renewed = None  # what serves the files since they last changed (None: the first context)
         self.error: Exception | None = None  # why the files as they are now cannot be loaded
-
-    def _stamp(self) -> tuple:
-        return tuple((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) for st in map(os.stat, self.paths))
 
     def _changed(self) -> bool:
         """Look at the files; load them again if they changed. Whether a renewal was loaded now."""
         try:
-            stamp = self._stamp()
+            stamp = files_stamp(*self.paths)
         except OSError as exc:
             stamp, self.error = None, exc
         if stamp == self.stamp:

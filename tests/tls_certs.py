@@ -23,7 +23,7 @@ def _pem_key(key) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
-def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool, usage=None, sans=()):
+def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool, usage=None, sans=(), valid_for=None):
     now = datetime.datetime.now(datetime.timezone.utc)
     b = (
         x509.CertificateBuilder()
@@ -32,7 +32,7 @@ def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool, us
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_after(now + (valid_for or datetime.timedelta(days=1)))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         # what real CAs put in (and Python 3.13's default client context, X509_STRICT, requires)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
@@ -108,12 +108,23 @@ def write_crl(path: Path, pki: dict[str, Path], revoked: tuple[Path, ...]) -> Pa
 def server_cert(pki: dict[str, Path], cert_path: Path, key_path: Path) -> int:
     """Write a new server certificate (127.0.0.1, localhost) and key signed by the PKI's CA to
     ``cert_path`` and ``key_path`` (a renewal); its serial number."""
+    return _signed(pki, cert_path, key_path, "renewed server", ExtendedKeyUsageOID.SERVER_AUTH,
+                   [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]).serial_number
+
+
+def client_cert(pki: dict[str, Path], cert_path: Path, key_path: Path,
+                valid_for: datetime.timedelta | None = None) -> x509.Certificate:
+    """Write a new client certificate and key signed by the PKI's CA to ``cert_path`` and
+    ``key_path``, valid for ``valid_for`` from now (default: a day); the certificate."""
+    return _signed(pki, cert_path, key_path, "renewed client", ExtendedKeyUsageOID.CLIENT_AUTH, [], valid_for)
+
+
+def _signed(pki, cert_path: Path, key_path: Path, what: str, usage, sans, valid_for=None) -> x509.Certificate:
     ca = x509.load_pem_x509_certificate(pki["ca"].read_bytes())
     ca_key = serialization.load_pem_private_key(pki["ca-key"].read_bytes(), password=None)
     key = _key()
-    cert = _cert(f"{ca.subject.rfc4514_string()} renewed server", key, ca.subject, ca_key, ca=False,
-                 usage=[ExtendedKeyUsageOID.SERVER_AUTH],
-                 sans=[x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    cert = _cert(f"{ca.subject.rfc4514_string()} {what}", key, ca.subject, ca_key, ca=False, usage=[usage],
+                 sans=sans, valid_for=valid_for)
     key_path.write_bytes(_pem_key(key))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return cert.serial_number
+    return cert

@@ -409,6 +409,52 @@ def test_journals_on_nats_servers_that_require_tls_and_client_certificates(tmp_p
         nats.stop()
 
 
+def test_a_renewed_nats_client_certificate_is_presented_at_the_next_reconnect(tmp_path):
+    """The NATS connection's client certificate is renewed on disk while the writer runs, and the
+    one loaded at start expires; then the NATS server restarts. The writer reconnects with the
+    renewed certificate and goes on (with the expired one, every reconnect's handshake was refused
+    and the writer could journal nothing until restarted)."""
+    import datetime
+    import shutil
+
+    from tests.nats_fixture import start_nats_cluster
+    from tests.tls_certs import client_cert, make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    nats = start_nats_cluster(tmp_path / "nats", size=1, extra=(
+        "--tlsverify", "--tlscert", str(pki["server"]), "--tlskey", str(pki["server-key"]), "--tlscacert", str(pki["ca"])))
+    cert, key = tmp_path / "live" / "client.pem", tmp_path / "live" / "client-key.pem"
+    cert.parent.mkdir()
+    first = client_cert(pki, cert, key, valid_for=datetime.timedelta(seconds=15))
+    server = server_on(nats, tmp_path / "a", "--journal-replicas", "1", "--journal-trusted-ca-file", str(pki["ca"]),
+                       "--journal-cert-file", str(cert), "--journal-key-file", str(key))
+    try:
+        server.start()
+        with grpc.insecure_channel(server.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p", value=b"1"), timeout=10)
+            client_cert(pki, tmp_path / "next.pem", tmp_path / "next-key.pem")  # renewed as a tool does it:
+            shutil.move(tmp_path / "next-key.pem", key)  # whole files moved into place
+            shutil.move(tmp_path / "next.pem", cert)
+            while datetime.datetime.now(datetime.timezone.utc) <= first.not_valid_after_utc + datetime.timedelta(seconds=1):
+                time.sleep(0.5)
+            nats.kill(0)
+            nats.start(0)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    put = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p", value=b"2"), timeout=10)
+                    break
+                except grpc.RpcError as exc:
+                    assert time.monotonic() < deadline, f"no write after the reconnect: {exc}\n{server.log_tail()}"
+                    time.sleep(0.5)
+            assert kv.Range(pb.RangeRequest(key=b"/registry/pods/ns/p"), timeout=10).kvs[0].mod_revision == \
+                put.header.revision
+    finally:
+        server.stop()
+        nats.stop()
+
+
 def test_an_unreachable_journal_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(tmp_path / "d"), "--state-dir",
                         str(tmp_path / "s"), "--listen-client-urls", f"http://127.0.0.1:{free_port()}",
