@@ -171,6 +171,12 @@ class _Acks:
             if exc is None:
                 raise
 
+    async def settled(self, timeout_s: float) -> None:
+        """Until every publish sent has its answer, or ``timeout_s`` passed."""
+        pending = [fut for fut in self.waiting.values() if not fut.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_s)
+
     async def publish(self, subject: str, payload: bytes) -> asyncio.Future:
         self.sent += 1
         token = str(self.sent)
@@ -303,18 +309,28 @@ async def store_object(nc, js, bucket, bucket_name: str, name: str, data, ack_ti
     try:
         async with _Acks(nc) as acks:
             waiting: deque[asyncio.Future] = deque()
-            while block := await asyncio.to_thread(data.read, chunk * STORE_CHUNKS):
-                digest.update(block)
-                for at in range(0, len(block), chunk):
-                    waiting.append(await acks.publish(subject, block[at:at + chunk]))
-                    chunks += 1
-                    if len(waiting) >= in_flight:
-                        await acked(waiting.popleft())
-                size += len(block)
-                if sent is not None:
-                    sent(size)
-            while waiting:
-                await acked(waiting.popleft())
+            try:
+                while block := await asyncio.to_thread(data.read, chunk * STORE_CHUNKS):
+                    digest.update(block)
+                    for at in range(0, len(block), chunk):
+                        waiting.append(await acks.publish(subject, block[at:at + chunk]))
+                        chunks += 1
+                        if len(waiting) >= in_flight:
+                            await acked(waiting.popleft())
+                    size += len(block)
+                    if sent is not None:
+                        sent(size)
+                while waiting:
+                    await acked(waiting.popleft())
+            except Exception:
+                # the chunks still in flight are stored or refused before the purge below: one the
+                # servers stored after it (its room freed by the purge) would be left in the bucket
+                # for good, under a NUID no object names (seen once, in a full bucket)
+                await acks.settled(ack_timeout_s)
+                for fut in waiting:  # their refusals are this one's echo: retrieved, not logged as lost
+                    if fut.done() and not fut.cancelled():
+                        fut.exception()
+                raise
         info = ObjectInfo(name=name, bucket=bucket_name, nuid=nuid, size=size, chunks=chunks,
                           mtime=datetime.now(timezone.utc).isoformat(),
                           options=ObjectMetaOptions(max_chunk_size=chunk),

@@ -17,6 +17,7 @@ def test_a_stream_electing_a_leader_is_listed(tmp_path):
     (``journal verify``, ``cluster``'s partition-left-out check) passed over that stream. Each
     round moves a stream's leader and lists at once: every stream is there, with its messages."""
     import nats
+    import nats.errors
     import nats.js.errors
 
     cluster = start_nats_cluster(tmp_path, size=3)
@@ -27,7 +28,13 @@ def test_a_stream_electing_a_leader_is_listed(tmp_path):
             js = nc.jetstream(timeout=10.0)
             names = [f"s{n}" for n in range(4)]
             for name in names:
-                await js.add_stream(name=name, subjects=[f"{name}.>"], num_replicas=3)
+                for attempt in range(5):  # a loaded machine's young cluster can take its time to answer
+                    try:
+                        await js.add_stream(name=name, subjects=[f"{name}.>"], num_replicas=3)  # the same again: ok
+                        break
+                    except nats.errors.TimeoutError:
+                        if attempt == 4:
+                            raise
                 for _ in range(100):  # a new R3 stream answers once it has elected its leader
                     try:
                         await js.publish(f"{name}.x", b"1", stream=name)
