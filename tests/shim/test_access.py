@@ -108,3 +108,34 @@ def test_a_forwarded_call_acts_as_the_client_the_follower_names_only_beside_the_
         Access(auth=None, leases=None, cert_users=True).caller(Certified("root", alice, mark, (FORWARDED_SECRET, "")))
     # without --client-cert-auth a certificate names no one, forwarded or not
     assert Access(auth=None, leases=None).caller(Certified("root", alice, mark)) is None
+
+
+def test_a_forged_forwarded_call_is_answered_as_a_member_that_is_not_the_writer(tmp_path):
+    """What a follower's call with a stale secret gets from the writer's services: UNAVAILABLE
+    "shardetcd: not the writer", the answer on which a follower looks the writer up again and
+    sends the call once more (WriterLink.unary); with the writer's secret, the claimed client's
+    permissions decide."""
+    from shim.access import FORWARDED_CALLER, FORWARDED_METADATA_MARK, FORWARDED_SECRET
+    from shim.errors import NOT_THE_WRITER
+
+    async def go():
+        store = await open_store(tmp_path, bcrypt_cost=4)
+        try:
+            m = Member(store, ServerConfig(client_cert_auth=True))
+            kv, auth = KVService(m), AuthService(m)
+            await auth.UserAdd(pb.AuthUserAddRequest(name="root", password="pw"), Metadata())
+            await auth.UserGrantRole(pb.AuthUserGrantRoleRequest(user="root", role="root"), Metadata())
+            await auth.UserAdd(pb.AuthUserAddRequest(name="alice", password="pw"), Metadata())
+            await auth.AuthEnable(pb.AuthEnableRequest(), Metadata())
+            claim = (FORWARDED_METADATA_MARK, (FORWARDED_CALLER, "alice"))
+            await kv.Put(pb.PutRequest(key=b"k", value=b"v"), Certified("root"))  # root's own connection
+            with pytest.raises(Aborted) as refused:
+                await kv.Put(pb.PutRequest(key=b"k", value=b"v"), Certified("root", *claim, (FORWARDED_SECRET, "old")))
+            assert refused.value.args == (grpc.StatusCode.UNAVAILABLE, NOT_THE_WRITER)
+            with pytest.raises(Aborted, match="permission denied"):
+                await kv.Put(pb.PutRequest(key=b"k", value=b"v"),
+                             Certified("root", *claim, (FORWARDED_SECRET, m.forward_secret)))
+        finally:
+            await store.close()
+
+    asyncio.run(go())
