@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import secrets
 import shutil
 import tempfile
@@ -71,7 +72,10 @@ class DataDir:
         (etcd's --wal-dir), recorded at the first start and required to stay the same."""
         path = path.absolute()
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            if path.is_dir():
+                _check_private(path)
+            else:
+                private_dirs(path)
             if not (path / "meta.json").exists():
                 if (path / "member" / "snap" / "db").is_file():  # etcd's own data dir (a swapped manifest)
                     raise DataDirError(
@@ -118,8 +122,12 @@ class DataDir:
         _write_atomic(self.path / "meta.json", json.dumps(self.meta, indent=1).encode())
 
     def shard_dir(self, name: str) -> Path:
-        d = self.path / "shards" / name
-        d.mkdir(parents=True, exist_ok=True)
+        shards = self.path / "shards"
+        private_dirs(shards)
+        if mode_bits(shards) != PRIVATE_DIR:
+            shards.chmod(PRIVATE_DIR)  # an earlier shardetcd's: the journals are the keyspace
+        d = shards / name
+        d.mkdir(exist_ok=True)
         if self._wal is not None:
             _link_journal(d / "journal", self._wal[0] / name)
         return d
@@ -257,12 +265,40 @@ def _empty_scratch(tmp: Path) -> None:
 
 
 def _lock_state_base(base: Path) -> int:
-    """flock ``base``/LOCK before any shard clears its state dir under it."""
+    """flock ``base``/LOCK before any shard clears its state dir under it (made private when new:
+    the shards' RocksDB states hold every value; each is private in any case, state.open_rocks)."""
     try:
-        base.mkdir(parents=True, exist_ok=True)
+        private_dirs(base)
     except OSError as exc:
         raise DataDirError(f"state dir {base} is not writable: {exc.strerror}") from None
     return _lock(base, "state dir")
+
+
+PRIVATE_DIR = 0o700  # etcd's PrivateDirMode: its data dir and member dir are its user's alone
+
+
+def mode_bits(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def private_dirs(path: Path) -> None:
+    """Make ``path`` and each missing parent readable by this user only, as etcd's TouchDirAll
+    makes its data dir (the keyspace holds every Kubernetes Secret)."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        d.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+
+
+def _check_private(path: Path) -> None:
+    """etcd's warning, word for word, for a data dir others may read (it is used as it is)."""
+    mode = path.stat().st_mode
+    if stat.S_IMODE(mode) != PRIVATE_DIR:
+        logger.warning('check file permission error=directory "%s" exist, but the permission is "%s". The '
+                       'recommended permission is "-rwx------" to prevent possible unprivileged access to the data',
+                       path, stat.filemode(mode))
 
 
 def _lock(directory: Path, what: str) -> int:

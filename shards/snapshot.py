@@ -244,7 +244,7 @@ def _build_cluster(imported: Imported, data_dir: Path, cluster: ClusterLayout, w
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=data_dir.parent, prefix=f".{data_dir.name}.restoring-") as building:
         new = Path(building) / "cluster"
-        new.mkdir()
+        new.mkdir(mode=0o700)  # becomes the data dir (each partition's in it made private too)
         builds: list[_Build] = []
         try:
             for pid, p in enumerate(cluster.partitions):

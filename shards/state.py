@@ -73,7 +73,7 @@ BULK_SST = "bulk-load.sst"  # in the state dir while recovery writes it; RocksDB
 def open_rocks(path: Path) -> Rdict:
     if path.exists():
         shutil.rmtree(path)
-    path.mkdir(parents=True)
+    path.mkdir(mode=0o700, parents=True)  # every value is in it: this user's alone, as etcd's db file
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     db = Rdict(str(path), opts)

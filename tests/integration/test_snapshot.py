@@ -129,6 +129,7 @@ def test_an_interrupted_restore_leaves_nothing_a_server_would_serve(shardetcd, t
 
     partial = tmp_path / "partial"  # what a restore used to leave: some shards, no meta.json
     shutil.copytree(next(tmp_path.glob(".restored.restoring-*")) / "data" / "shards", partial / "shards")
+    partial.chmod(0o700)  # as a restore makes it (one open to others is warned about first)
     assert "holds shard data but no meta.json" in _start_refused(partial, tmp_path)
 
     assert _restore(snap, target).returncode == 0
