@@ -127,7 +127,8 @@ class CheckpointFile:
         self._placed = False  # renamed into place
         self._pending: list[bytes] = []
         self._pending_bytes = 0
-        self._f: BinaryIO | None = open(self.tmp, "wb")
+        # the keyspace: this user's alone, as etcd's db file
+        self._f: BinaryIO | None = os.fdopen(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
         try:
             _write_frame(self._f, RTYPE_HEADER, rev, meta)
         except BaseException:

@@ -144,7 +144,7 @@ class SegmentWriter:
         self.close()  # the zeros ahead stay: the file is no longer written, readers stop at them
         path = self._directory / segment_name(self._next_seq, first_rev)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        self._fd = os.open(path, flags, 0o644)
+        self._fd = os.open(path, flags, 0o600)  # the keyspace: this user's alone, as etcd's WAL files
         self._written = 0
         self._info = SegmentInfo(path=path, seq=self._next_seq)
         self._next_seq += 1

@@ -21,9 +21,12 @@ def mode(path) -> int:
 def opened(data_dir, state_dir):
     async def go():
         store = await Store.open(StoreConfig(data_dir=data_dir, layout=load_layout(None), state_dir=state_dir,
-                                             journal=JournalConfig(segment_bytes_max=16 * 1024)))
+                                             journal=JournalConfig(segment_bytes_max=16 * 1024),
+                                             checkpoint_journal_bytes=8 * 1024))
         try:
-            await store.put(PutReq(key=b"/registry/secrets/ns/s", value=b"token"))
+            for i in range(200):  # past a segment and a checkpoint
+                await store.put(PutReq(key=b"/registry/secrets/ns/s%d" % (i % 20), value=b"token" * 20))
+            await asyncio.sleep(0.2)
             return {p.name: mode(p) for p in state_dir.iterdir() if p.is_dir()}
         finally:
             await store.close()
@@ -38,6 +41,9 @@ def test_a_new_data_dir_and_the_state_are_readable_by_this_user_only(tmp_path):
     assert mode(data / "shards") == 0o700  # where the journals are, as etcd's member dir
     assert mode(tmp_path / "state") == 0o700
     assert states and set(states.values()) == {0o700}, states  # each shard's RocksDB state
+    segments, checkpoints = list(data.glob("shards/*/journal/*.wal")), list(data.glob("shards/*/*.ckpt"))
+    assert segments and checkpoints  # and their files, as etcd's WAL files and db: 0600
+    assert {p.name: mode(p) for p in segments + checkpoints} == {p.name: 0o600 for p in segments + checkpoints}
 
 
 def test_an_existing_data_dir_open_to_others_is_used_with_etcds_warning(tmp_path, caplog):
