@@ -68,8 +68,8 @@ def backend(request, tmp_path_factory) -> Iterator[Backend]:
     (local journal) started with kubeadm's etcd command line and reached over mutual TLS, as
     kube-apiserver reaches etcd in production (--etcd-cafile/--etcd-certfile/--etcd-keyfile
     against --client-cert-auth); and a shardetcd writer with two followers on a JetStream journal,
-    all three in kube-apiserver's --etcd-servers (its etcd client spreads calls over them:
-    reads and watches on followers, writes handed on to the writer)."""
+    all three in kube-apiserver's --etcd-servers over mutual TLS (its etcd client spreads calls
+    over them: reads and watches on followers, writes handed on to the writer over TLS)."""
     require_kube_apiserver()
     tmp = tmp_path_factory.mktemp(request.param)
     extra = ["--watch-cache-sizes=configmaps#0"]
@@ -83,8 +83,8 @@ def backend(request, tmp_path_factory) -> Iterator[Backend]:
         servers, urls, tls = mutual_tls_shardetcd(tmp)
         extra += tls
     else:
-        servers = list(writer_and_followers(tmp))
-        urls = [s.client_url for s in servers if hasattr(s, "client_url")]
+        servers, urls, tls = writer_and_followers(tmp)
+        extra += tls
     try:
         api = start_kube_apiserver(tmp, urls, extra_args=extra)
         try:
@@ -122,24 +122,37 @@ def mutual_tls_shardetcd(tmp: Path):
 
 
 def writer_and_followers(tmp: Path):
-    """NATS (3 servers), a writer and two --follow processes: [writer, follower, follower, NATS]."""
-    from tests.etcd_fixture import free_port
+    """NATS (3 servers), a writer and two --follow processes, each serving https:// with
+    --client-cert-auth (and http:// for the fixture's readiness check), the followers handing
+    writes on to the writer's https:// URL with a client certificate: ([writer, follower,
+    follower, NATS], kube-apiserver's --etcd-servers, its TLS flags)."""
+    from tests.etcd_fixture import free_ports
     from tests.nats_fixture import start_nats_cluster
     from tests.shardetcd_fixture import ShardetcdProcess
+    from tests.tls_certs import make_pki
 
+    pki = make_pki(tmp / "pki")
+    tls = ("--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"]), "--trusted-ca-file",
+           str(pki["ca"]), "--client-cert-auth", "--client-cert-file", str(pki["client"]),
+           "--client-key-file", str(pki["client-key"]))
     nats = start_nats_cluster(tmp / "nats")
-    started = []
+    started, urls = [], []
     try:
         for name, extra in (("writer", ()), ("follower-1", ("--follow",)), ("follower-2", ("--follow",))):
-            started.append(ShardetcdProcess(data_dir=tmp / name / "data", state_dir=tmp / name / "state",
-                                            port=free_port(), log_path=tmp / name / "shardetcd.log",
-                                            extra_args=("--journal-url", nats.urls, *extra)).start())
+            port, tls_port = free_ports(2)
+            urls.append(f"https://127.0.0.1:{tls_port}")
+            started.append(ShardetcdProcess(
+                data_dir=tmp / name / "data", state_dir=tmp / name / "state", port=port,
+                log_path=tmp / name / "shardetcd.log", extra_args=(
+                    "--journal-url", nats.urls, "--listen-client-urls", f"http://127.0.0.1:{port},{urls[-1]}",
+                    "--advertise-client-urls", urls[-1], *tls, *extra)).start())
     except BaseException:
         for s in started:
             s.stop()
         nats.stop()
         raise
-    return [*started, nats]
+    return [*started, nats], urls, [
+        f"--etcd-cafile={pki['ca']}", f"--etcd-certfile={pki['client']}", f"--etcd-keyfile={pki['client-key']}"]
 
 
 def rv(obj: dict) -> int:
