@@ -125,7 +125,7 @@ def sweep_members(root: Path, prefix: str, stale_s: float) -> int:
 def write_writer_file(data_dir: Path, record: str) -> None:
     """The writer's own: where it serves clients, for followers reading its data dir."""
     tmp = Path(data_dir) / (WRITER_FILE + ".tmp")
-    tmp.write_text(record)  # readable as the journals beside it are: followers read both (the writer's secret too)
+    tmp.write_text(record)  # in the data dir, private as the journals beside it (it holds the writer's secret)
     os.replace(tmp, Path(data_dir) / WRITER_FILE)
 
 

@@ -60,34 +60,28 @@ def make_pki(directory: Path, name: str = "ca", client_cns: tuple[str, ...] = ()
     files = {"ca": directory / f"{name}.pem", "ca-key": directory / f"{name}-key.pem"}
     files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     files["ca-key"].write_bytes(_pem_key(ca_key))
-    for dns in client_dns:
-        key = _key()
-        cert = _cert(f"client {dns}", key, ca.subject, ca_key, ca=False, usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
-                     sans=[x509.DNSName(dns)])
-        files[f"client-dns:{dns}"] = directory / f"{name}-client-dns-{dns}.pem"
-        files[f"client-dns:{dns}-key"] = directory / f"{name}-client-dns-{dns}-key.pem"
-        files[f"client-dns:{dns}"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        files[f"client-dns:{dns}-key"].write_bytes(_pem_key(key))
-    for role, usage, sans in (
-        ("server", [ExtendedKeyUsageOID.SERVER_AUTH],
-         [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-        ("client", [ExtendedKeyUsageOID.CLIENT_AUTH], []),
-    ):
-        key = _key()
-        cert = _cert(f"{name}-{role}", key, ca.subject, ca_key, ca=False, usage=usage, sans=sans)
-        files[role] = directory / f"{name}-{role}.pem"
-        files[f"{role}-key"] = directory / f"{name}-{role}-key.pem"
-        files[role].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        files[f"{role}-key"].write_bytes(_pem_key(key))
-    for cn in client_cns:
-        key = _key()
-        cert = _cert(cn, key, ca.subject, ca_key, ca=False, usage=[ExtendedKeyUsageOID.CLIENT_AUTH])
-        files[f"client:{cn}"] = directory / f"{name}-client-cn-{cn}.pem"
-        files[f"client:{cn}-key"] = directory / f"{name}-client-cn-{cn}-key.pem"
-        files[f"client:{cn}"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        files[f"client:{cn}-key"].write_bytes(_pem_key(key))
+    issued = [(f"client-dns:{dns}", f"client-dns-{dns}", f"client {dns}", ExtendedKeyUsageOID.CLIENT_AUTH,
+               [x509.DNSName(dns)]) for dns in client_dns]
+    issued += [("server", "server", f"{name}-server", ExtendedKeyUsageOID.SERVER_AUTH, _SERVER_SANS),
+               ("client", "client", f"{name}-client", ExtendedKeyUsageOID.CLIENT_AUTH, [])]
+    issued += [(f"client:{cn}", f"client-cn-{cn}", cn, ExtendedKeyUsageOID.CLIENT_AUTH, []) for cn in client_cns]
+    for label, file, subject, usage, sans in issued:
+        files[label], files[f"{label}-key"] = directory / f"{name}-{file}.pem", directory / f"{name}-{file}-key.pem"
+        _issue(ca, ca_key, subject, usage, sans, files[label], files[f"{label}-key"])
     return files
 
+
+_SERVER_SANS = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+
+
+def _issue(ca: x509.Certificate, ca_key, subject: str, usage, sans, cert_path: Path, key_path: Path,
+           valid_for: datetime.timedelta | None = None) -> x509.Certificate:
+    """A certificate for a new key, signed by ``ca``, written (PEM) with its key."""
+    key = _key()
+    cert = _cert(subject, key, ca.subject, ca_key, ca=False, usage=[usage], sans=sans, valid_for=valid_for)
+    key_path.write_bytes(_pem_key(key))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert
 
 def write_crl(path: Path, pki: dict[str, Path], revoked: tuple[Path, ...]) -> Path:
     """A CRL (PEM) signed by the PKI's CA, revoking the certificates in the files ``revoked``."""
@@ -108,23 +102,19 @@ def write_crl(path: Path, pki: dict[str, Path], revoked: tuple[Path, ...]) -> Pa
 def server_cert(pki: dict[str, Path], cert_path: Path, key_path: Path) -> int:
     """Write a new server certificate (127.0.0.1, localhost) and key signed by the PKI's CA to
     ``cert_path`` and ``key_path`` (a renewal); its serial number."""
-    return _signed(pki, cert_path, key_path, "renewed server", ExtendedKeyUsageOID.SERVER_AUTH,
-                   [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]).serial_number
+    return _renewed(pki, cert_path, key_path, "renewed server", ExtendedKeyUsageOID.SERVER_AUTH,
+                    _SERVER_SANS).serial_number
 
 
 def client_cert(pki: dict[str, Path], cert_path: Path, key_path: Path,
                 valid_for: datetime.timedelta | None = None) -> x509.Certificate:
     """Write a new client certificate and key signed by the PKI's CA to ``cert_path`` and
     ``key_path``, valid for ``valid_for`` from now (default: a day); the certificate."""
-    return _signed(pki, cert_path, key_path, "renewed client", ExtendedKeyUsageOID.CLIENT_AUTH, [], valid_for)
+    return _renewed(pki, cert_path, key_path, "renewed client", ExtendedKeyUsageOID.CLIENT_AUTH, [], valid_for)
 
 
-def _signed(pki, cert_path: Path, key_path: Path, what: str, usage, sans, valid_for=None) -> x509.Certificate:
+def _renewed(pki, cert_path: Path, key_path: Path, what: str, usage, sans, valid_for=None) -> x509.Certificate:
+    """``_issue`` by the CA of the PKI's files."""
     ca = x509.load_pem_x509_certificate(pki["ca"].read_bytes())
     ca_key = serialization.load_pem_private_key(pki["ca-key"].read_bytes(), password=None)
-    key = _key()
-    cert = _cert(f"{ca.subject.rfc4514_string()} {what}", key, ca.subject, ca_key, ca=False, usage=[usage],
-                 sans=sans, valid_for=valid_for)
-    key_path.write_bytes(_pem_key(key))
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return cert
+    return _issue(ca, ca_key, f"{ca.subject.rfc4514_string()} {what}", usage, sans, cert_path, key_path, valid_for)
