@@ -98,7 +98,7 @@ class _DefaultShardetcd(ShardetcdProcess):
 
     def args(self) -> list[str]:
         return [sys.executable, "-m", self.module, "--data-dir", str(self.data_dir),
-                "--listen-client-urls", self.client_url,
+                "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
                 "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}", *self.extra_args]
 
     def default_state_dir(self) -> Path:

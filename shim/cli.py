@@ -21,7 +21,7 @@ from shards.tokens import TokenOptionsError, parse_auth_token
 from . import logs
 from .autocompact import AutoCompaction
 from .config import ETCD_API_VERSION, GRPC_SERVERS, ServerConfig
-from .etcdflags import FlagError, cipher_suites, normalize, refusal
+from .etcdflags import FlagError, cipher_suites, normalize, refusal, validate
 from .loop import EVENT_LOOPS, default_event_loop, run as run_loop
 from .server import StartupError, StoreStopped, serve
 
@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=d.name, help="human-readable name of this member (default: %(default)s)")
     p.add_argument("--data-dir", type=Path, default=None, help="where journals and checkpoints live (default: ./${name}.shardetcd)")
     p.add_argument("--listen-client-urls", type=_urls, default=d.listen_client_urls, help="comma-separated URLs to serve clients on (default: http://127.0.0.1:2379)")
-    p.add_argument("--advertise-client-urls", type=_urls, default=(), help="client URLs to report in MemberList (default: the listen URLs)")
+    p.add_argument("--advertise-client-urls", type=_urls, default=(), help="client URLs to report in MemberList and to followers; required with "
+                   "--listen-client-urls, as etcd (default: the listen URLs, with no --listen-client-urls or "
+                   "from a --config-file)")
     p.add_argument("--initial-advertise-peer-urls", type=_urls, default=d.initial_advertise_peer_urls,
                    help="peer URLs to report in MemberList, as etcd (no peer traffic here: writers and standbys "
                         "share a journal, not Raft) (default: %(default)s)")
@@ -649,6 +651,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for warning in reading.warnings:
         logger.warning("%s", warning)
+    if (why := validate(reading)) is not None:  # etcd: "failed to verify flags", exit 1
+        print(f"shardetcd: {why}", file=sys.stderr)
+        return 1
     if (reason := refusal(reading, args.journal_urls)) is not None:
         print(f"shardetcd: refusing to start: {reason}", file=sys.stderr)
         return 1

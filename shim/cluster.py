@@ -113,8 +113,9 @@ class Child:
 
     def move_to(self, url: str) -> None:
         """Listen on ``url`` from the next spawn on."""
-        i = self.argv.index("--listen-client-urls")
-        self.argv[i + 1] = self.url = url
+        for flag in ("--listen-client-urls", "--advertise-client-urls"):
+            i = self.argv.index(flag)
+            self.argv[i + 1] = self.url = url
 
     def new_log(self) -> bytes:
         """What the process printed since it was started (with its log lines unless rotated)."""
@@ -207,7 +208,7 @@ class Supervisor:
             for replica in (1, 2) if standbys else (1,):
                 label = p.name if replica == 1 else f"{p.name}.{replica}"
                 argv = [sys.executable, "-m", "shim", "--name", label, "--data-dir", str(data_dir / label),
-                        "--listen-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
+                        "--listen-client-urls", url, "--advertise-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
                         "--partition", p.name]
                 if standbys:  # whichever holds the partition's writer lease serves; the other follows
                     argv.append("--standby")
@@ -226,7 +227,7 @@ class Supervisor:
                 url = f"{self.scheme}://{host}:{self._next_free_port()}"
                 label = f"{p.name}.f{n}"
                 argv = [sys.executable, "-m", "shim", "--name", label, "--data-dir", str(data_dir / label),
-                        "--listen-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
+                        "--listen-client-urls", url, "--advertise-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
                         "--partition", p.name, "--follow"]
                 if local_journal:  # the partition's writer's journal, read in its data dir
                     argv += ["--follow-data-dir", str(data_dir / p.name)]

@@ -23,6 +23,7 @@ environment error or a refusal exits 1, as etcd 3.5.1 does.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -461,6 +462,71 @@ def _read_config_file(reading: Reading, path: str, options, switches) -> None:
 
 # etcd flags handled here rather than by an option of the same name, or refused
 _HANDLED = {"version", "unsafe-no-fsync", "config-file"}
+
+MAX_ELECTION_MS = 50000  # etcd's bound on --election-timeout
+
+
+def _bind_host_error(urls: list[str]) -> str | None:
+    """etcd's check of URLs it listens on: an IP address (or localhost) to bind, not a name to resolve."""
+    for u in urls:
+        scheme, _, rest = u.partition("://")
+        if scheme in ("unix", "unixs"):
+            continue
+        host = rest.rpartition(":")[0].removeprefix("[").removesuffix("]")
+        if host == "localhost":
+            continue
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return f"expected IP in URL for binding ({u})"
+        if "%" in host:  # Go's net.ParseIP takes no zone
+            return f"expected IP in URL for binding ({u})"
+    return None
+
+
+def _empty_host(urls: list[str]) -> str | None:
+    for u in urls:
+        if u.partition("://")[2].rpartition(":")[0] == "":
+            return f"unexpected empty host ({u})"
+    return None
+
+
+def validate(reading: Reading) -> str | None:
+    """What etcd 3.5.1 says when it checks its settings once read ("failed to verify flags", exit 1),
+    in its order and words; None when it would go on. Peer and Raft settings are checked although
+    nothing here uses them: a manifest shardetcd takes must stay one etcd takes."""
+    e = reading.etcd
+    for flag, default in (("listen-peer-urls", ["http://localhost:2380"]),
+                          ("listen-client-urls", ["http://localhost:2379"]), ("listen-metrics-urls", [])):
+        if why := _bind_host_error(e.get(flag) or default):
+            return why
+    for flag, default in (("initial-advertise-peer-urls", ["http://localhost:2380"]),
+                          ("advertise-client-urls", ["http://localhost:2379"])):
+        urls = e.get(flag) or default
+        if why := _empty_host(urls):
+            return f'--{flag} {_go_quote(",".join(urls))} must be "host:port" ({why})'
+    if sum(bool(e.get(f)) for f in ("discovery", "initial-cluster", "discovery-srv")) > 1:
+        return ('multiple discovery or bootstrap flags are set. Choose one of "initial-cluster", "discovery" '
+                'or "discovery-srv"')
+    tick, election = e.get("heartbeat-interval", 100), e.get("election-timeout", 1000)
+    if tick == 0:
+        return "--heartbeat-interval must be >0 (set to 0ms)"
+    if election == 0:
+        return "--election-timeout must be >0 (set to 0ms)"
+    if 5 * tick > election:
+        return f"--election-timeout[{election}ms] should be at least as 5 times as --heartbeat-interval[{tick}ms]"
+    if election > MAX_ELECTION_MS:
+        return f"--election-timeout[{election}ms] is too long, and should be set less than {MAX_ELECTION_MS}ms"
+    # from the command line or ETCD_*, etcd advertises no default once the listen URLs are given;
+    # its configuration file keeps the default (here: the listen URLs)
+    if reading.config_file is None and e.get("listen-client-urls") and not e.get("advertise-client-urls"):
+        return "--advertise-client-urls is required when --listen-client-urls is set explicitly"
+    return None
+
+
+def _go_quote(text: str) -> str:
+    """Go's %q of a string of printable ASCII (URLs): double quotes, backslash and quote escaped."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def refusal(reading: Reading, journal_urls: tuple[str, ...]) -> str | None:

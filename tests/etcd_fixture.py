@@ -104,6 +104,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
+def client_url_flags(urls: str) -> list[str]:
+    """Flags that serve clients on ``urls`` (comma-separated) and advertise them, as etcd requires."""
+    return ["--listen-client-urls", urls, "--advertise-client-urls", urls]
+
+
 class EtcdStartError(RuntimeError):
     pass
 

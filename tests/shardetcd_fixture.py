@@ -104,6 +104,8 @@ class ShardetcdProcess:
             str(self.data_dir),
             "--listen-client-urls",
             self.client_url,
+            "--advertise-client-urls",
+            self.client_url,
             "--log-level",
             "warn",
             # keep the RocksDB state under the test's tmp dir rather than /dev/shm

@@ -105,6 +105,16 @@ REFUSED = [  # (command line, environment)
         "{bad", "", '{"maxsize": 1}x', "[1]", '"str"', '{"MaxSize": "x"}', '{"maxsize": 1.5}', '{"maxsize": 1e2}',
         '{"maxsize": 99999999999999999999}', '{"maxsize": {}}', '{"compress": 1}', '{"maxsize": null, "localtime": "x"}',
         '{"maxsize": "y", "maxsize": 1}', '{"filename": 3}')),
+    # etcd's checks once its settings are read: addresses to bind, hosts to advertise, Raft's timing
+    (["--listen-client-urls=http://example.com:2379"], {}),
+    (["--listen-peer-urls=http://localhost:2380,http://etcd-0:2380"], {}),
+    (["--advertise-client-urls=http://:2379"], {}),
+    (["--initial-advertise-peer-urls=http://127.0.0.1:2380,http://:2380"], {}),
+    (["--initial-cluster=default=http://127.0.0.1:2380", "--discovery=http://127.0.0.1:1/x"], {}),
+    (["--heartbeat-interval=300"], {}),
+    (["--heartbeat-interval=0"], {}),
+    (["--election-timeout=60000"], {}),
+    ([], {"ETCD_LISTEN_METRICS_URLS": "http://metrics:2381"}),
     ([], {"ETCD_SNAPSHOT_COUNT": "abc"}),
     ([], {"ETCD_CLIENT_CERT_AUTH": "yes"}),
     ([], {"ETCD_MAX_REQUEST_BYTES": "-1"}),
@@ -118,6 +128,22 @@ def test_refused_as_etcd_refuses(tmp_path, argv, env):
         got[name] = outcome(cmd, ["--data-dir", str(tmp_path / name), *own_ports(cmd, tmp_path / name), *argv],
                             env, tmp_path)
     assert got["shardetcd"] == got["etcd"] and got["etcd"][0] in (1, 2) and got["etcd"][1]
+
+
+@pytest.mark.parametrize("how", ["flags", "environment"])
+def test_listen_client_urls_without_advertise_client_urls_are_refused_as_etcd(tmp_path, how):
+    """What clients and followers are told to dial must be said: etcd will not guess it from a listen
+    URL (which may be 0.0.0.0), though its configuration file keeps the default."""
+    got = {}
+    for name, cmd in (("etcd", etcd_cmd()), ("shardetcd", shardetcd_cmd())):
+        argv = [a for a in own_ports(cmd, tmp_path / name) if not a.startswith("--advertise-client-urls")]
+        listen = [a for a in argv if a.startswith("--listen-client-urls")]
+        rest = [a for a in argv if a not in listen]
+        env = {"ETCD_LISTEN_CLIENT_URLS": listen[0].partition("=")[2]} if how == "environment" else {}
+        got[name] = outcome(cmd, ["--data-dir", str(tmp_path / name), *rest, *(listen if how == "flags" else ())],
+                            env, tmp_path)
+    assert got["shardetcd"] == got["etcd"] == (
+        1, "--advertise-client-urls is required when --listen-client-urls is set explicitly")
 
 
 def test_a_flag_and_its_variable_together_are_refused_as_etcd(tmp_path):

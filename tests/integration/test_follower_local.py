@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests.etcd_fixture import free_port
+from tests.etcd_fixture import client_url_flags, free_port
 from tests.integration.diffkit import run_differential
 from tests.integration.followkit import (a_revoked_lease_is_kept_alive_no_more_through_the_follower,
                                          a_watch_resumes_across_a_follower_restart,
@@ -310,7 +310,7 @@ def test_follow_flags_are_checked(tmp_path):
         for i, (args, says) in enumerate(cases):
             own = str(tmp_path / f"f{i}")
             out = subprocess.run([sys.executable, "-m", "shim", "--data-dir", own,
-                                  "--listen-client-urls", f"http://127.0.0.1:{free_port()}",
+                                  *client_url_flags(f"http://127.0.0.1:{free_port()}"),
                                   *(own if a == "OWN" else a for a in args)],
                                  capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
             assert out.returncode == 2 and says in out.stderr, (args, out.stderr)

@@ -18,7 +18,7 @@ import pytest
 from journal.jetstream import list_streams
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shards.layout import DEFAULT_LAYOUT_TOML, load_layout
-from tests.etcd_fixture import free_port
+from tests.etcd_fixture import client_url_flags, free_port
 from tests.nats_fixture import shardetcd_on as server_on, wait_standing_by
 
 REPO = Path(__file__).resolve().parents[2]
@@ -457,7 +457,7 @@ def test_a_renewed_nats_client_certificate_is_presented_at_the_next_reconnect(tm
 
 def test_an_unreachable_journal_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(tmp_path / "d"), "--state-dir",
-                        str(tmp_path / "s"), "--listen-client-urls", f"http://127.0.0.1:{free_port()}",
+                        str(tmp_path / "s"), *client_url_flags(f"http://127.0.0.1:{free_port()}"),
                         "--journal-url", f"nats://127.0.0.1:{free_port()}"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     lines = r.stderr.strip().splitlines()

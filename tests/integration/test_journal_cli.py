@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.etcd_fixture import client_url_flags
 from tests.shardetcd_fixture import start_shardetcd
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def test_verify_and_repair(shardetcd):
     refused = cli("repair", "--data-dir", str(data))
     assert refused.returncode == 1 and "cannot repair" in refused.stdout
     start = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(data), "--state-dir", str(data.parent / "s2"),
-                            "--listen-client-urls", "http://127.0.0.1:1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+                            *client_url_flags("http://127.0.0.1:1")], cwd=REPO, capture_output=True, text=True, timeout=60)
     last = start.stderr.strip().splitlines()[-1]
     assert start.returncode == 2 and last.startswith("shardetcd: journal corrupt, refusing to start:"), start.stderr[-800:]
     assert seg.name in last and "offset 0" in last
@@ -112,14 +113,14 @@ def test_verify_reports_what_start_up_refuses(tmp_path):
     line = next(x for x in gap.stdout.splitlines() if x.startswith(f"pods: {segments[2].name}: "))
     assert line.startswith(f"pods: {segments[2].name}: corrupt") and "segment sequence gap: expected seq 1, found 2" in line
     refused = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(data), "--state-dir", str(tmp_path / "s2"),
-                              "--listen-client-urls", "http://127.0.0.1:1"], cwd=REPO, capture_output=True, text=True,
+                              *client_url_flags("http://127.0.0.1:1")], cwd=REPO, capture_output=True, text=True,
                              timeout=60)
     assert refused.returncode == 2 and "segment sequence gap: expected seq 1, found 2" in refused.stderr, refused.stderr[-800:]
     segments[0].unlink()  # now the journal starts at seq 2 with no checkpoint: records were "released" and lost
     lost = cli("verify", "--data-dir", str(data))
     assert lost.returncode == 1 and "pods: journal: corrupt" in lost.stdout and "no sound checkpoint" in lost.stdout, lost.stdout
     refused = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(data), "--state-dir", str(tmp_path / "s3"),
-                              "--listen-client-urls", "http://127.0.0.1:1"], cwd=REPO, capture_output=True, text=True,
+                              *client_url_flags("http://127.0.0.1:1")], cwd=REPO, capture_output=True, text=True,
                              timeout=60)
     assert refused.returncode == 2 and "checkpoint that is missing" in refused.stderr, refused.stderr[-800:]
 

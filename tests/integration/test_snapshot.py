@@ -12,7 +12,7 @@ import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.shardetcd_fixture import ShardetcdProcess, start_shardetcd
-from tests.etcd_fixture import free_port
+from tests.etcd_fixture import client_url_flags, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,7 +98,7 @@ def _restore(snap: Path, target: Path, env: dict | None = None) -> subprocess.Co
 
 def _start_refused(data_dir: Path, tmp_path: Path) -> str:
     r = subprocess.run([sys.executable, "-m", "shim", "--data-dir", str(data_dir), "--state-dir",
-                        str(tmp_path / "refused-state"), "--listen-client-urls", f"http://127.0.0.1:{free_port()}"],
+                        str(tmp_path / "refused-state"), *client_url_flags(f"http://127.0.0.1:{free_port()}")],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr

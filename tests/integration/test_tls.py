@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests.etcd_fixture import free_port
+from tests.etcd_fixture import client_url_flags, free_port
 from tests.tls_certs import make_pki
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def tls_server(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "shim", "--data-dir", str(tmp_path / "d"), "--state-dir", str(tmp_path / "s"),
-         "--listen-client-urls", f"https://127.0.0.1:{port}", "--log-level", "warn",
+         *client_url_flags(f"https://127.0.0.1:{port}"), "--log-level", "warn",
          "--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"]),
          "--trusted-ca-file", str(pki["ca"]), "--client-cert-auth"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -88,7 +88,7 @@ def test_etcdctl_over_mutual_tls(tls_server):
 def test_https_url_without_certificates_fails_to_start(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "shim", "--data-dir", str(tmp_path / "d"), "--state-dir", str(tmp_path / "s"),
-         "--listen-client-urls", f"https://127.0.0.1:{free_port()}"],
+         *client_url_flags(f"https://127.0.0.1:{free_port()}")],
         cwd=REPO, capture_output=True, text=True, timeout=30,
     )
     assert r.returncode != 0
@@ -101,7 +101,7 @@ def test_a_client_certificate_without_its_key_stops_the_start_as_in_etcd(tmp_pat
     pki = make_pki(tmp_path / "pki")
     r = subprocess.run(
         [sys.executable, "-m", "shim", "--data-dir", str(tmp_path / "d"), "--state-dir", str(tmp_path / "s"),
-         "--listen-client-urls", f"https://127.0.0.1:{free_port()}", "--cert-file", str(pki["server"]),
+         *client_url_flags(f"https://127.0.0.1:{free_port()}"), "--cert-file", str(pki["server"]),
          "--key-file", str(pki["server-key"]), "--client-cert-file", str(pki["client"])],
         cwd=REPO, capture_output=True, text=True, timeout=30,
     )
@@ -128,7 +128,7 @@ def test_http_over_h2_on_the_tls_client_port_answers_as_etcds(tmp_path):
     etcd = start_etcd(tmp_path / "etcd", extra_client_urls=(f"https://127.0.0.1:{etcd_port}",), extra_args=tls)
     ours = ShardetcdProcess(data_dir=tmp_path / "s" / "data", state_dir=tmp_path / "s" / "state", port=port,
                             log_path=tmp_path / "s" / "log",
-                            extra_args=("--listen-client-urls", f"http://127.0.0.1:{port},https://127.0.0.1:{tls_port}",
+                            extra_args=(*client_url_flags(f"http://127.0.0.1:{port},https://127.0.0.1:{tls_port}"),
                                         *tls))
     context = ssl.create_default_context(cafile=str(pki["ca"]))
 
@@ -241,7 +241,7 @@ def test_a_renewed_certificate_serves_new_connections_as_in_etcd(tmp_path, serve
         plain = free_port()
         proc = ShardetcdProcess(
             data_dir=tmp_path / "d", state_dir=tmp_path / "s", port=plain, log_path=tmp_path / "log",
-            extra_args=("--listen-client-urls", f"http://127.0.0.1:{plain},https://127.0.0.1:{port}",
+            extra_args=(*client_url_flags(f"http://127.0.0.1:{plain},https://127.0.0.1:{port}"),
                         "--grpc-server", server, *flags)).start()
     endpoint = f"127.0.0.1:{port}"
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests.etcd_fixture import free_port
+from tests.etcd_fixture import client_url_flags, free_port
 from tests.shardetcd_fixture import ShardetcdProcess, start_shardetcd
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def refused(data: Path, tmp_path: Path, *args: str) -> str:
     """The one line a refused start ends with (exit 2)."""
     r = run("--data-dir", str(data), "--state-dir", str(tmp_path / "other-state"),
-            "--listen-client-urls", f"http://127.0.0.1:{free_port()}", *args)
+            *client_url_flags(f"http://127.0.0.1:{free_port()}"), *args)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and lines and lines[-1].startswith("shardetcd: "), r.stderr[-1500:]
     return lines[-1]

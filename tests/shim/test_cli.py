@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests.etcd_fixture import free_port
+from tests.etcd_fixture import client_url_flags, free_port
 from tests.shardetcd_fixture import start_shardetcd
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 30) -> subproc
 def test_help_explains_every_flag():
     out = run_cli("--help").stdout
     for flag in (
-        "--listen-client-urls", "--advertise-client-urls", "--data-dir", "--name", "--max-request-bytes",
+        *client_url_flags("--advertise-client-urls"), "--data-dir", "--name", "--max-request-bytes",
         "--max-txn-ops", "--quota-backend-bytes", "--log-level", "--shard-layout", "--journal-fsync",
         "--journal-inline-writes",
     ):
@@ -90,7 +90,7 @@ def start_raw(tmp_path: Path, *args: str, cwd: Path | None = None) -> subprocess
 def test_serves_defaults_and_stops_cleanly(tmp_path, sig):
     """No data dir flag: ./default.shardetcd; prints where it listens; exits 0 on a signal."""
     port = free_port()
-    proc = start_raw(tmp_path, "--listen-client-urls", f"http://127.0.0.1:{port}")
+    proc = start_raw(tmp_path, *client_url_flags(f"http://127.0.0.1:{port}"))
     try:
         line = proc.stdout.readline()
         assert f"http://127.0.0.1:{port}" in line and str(tmp_path / "default.shardetcd") in line
@@ -110,7 +110,7 @@ def test_port_in_use(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         r = run_cli("--data-dir", str(tmp_path / "d"), "--state-dir", str(tmp_path / "s"),
-                    "--listen-client-urls", f"http://127.0.0.1:{port}")
+                    *client_url_flags(f"http://127.0.0.1:{port}"))
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1] == f"shardetcd: cannot listen on http://127.0.0.1:{port}: address in use or not available"
 
@@ -125,7 +125,7 @@ def test_data_dir_not_writable(tmp_path):
         data_dir = target / "d"
     else:
         data_dir = ro / "d"
-    r = run_cli("--data-dir", str(data_dir), "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+    r = run_cli("--data-dir", str(data_dir), *client_url_flags(f"http://127.0.0.1:{free_port()}"))
     assert r.returncode != 0
     assert "is not writable" in r.stderr.strip().splitlines()[-1]
 
@@ -135,7 +135,7 @@ def test_incompatible_data_dir(tmp_path):
     d.mkdir()
     (d / "LOCK").write_text("")
     (d / "meta.json").write_text(json.dumps({"format": 99}))
-    r = run_cli("--data-dir", str(d), "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+    r = run_cli("--data-dir", str(d), *client_url_flags(f"http://127.0.0.1:{free_port()}"))
     assert r.returncode != 0
     assert "written by an incompatible version" in r.stderr.strip().splitlines()[-1]
 
@@ -144,7 +144,7 @@ def test_bad_layout_file(tmp_path):
     layout = tmp_path / "layout.toml"
     layout.write_text("[[shard]\nname = ")
     r = run_cli("--data-dir", str(tmp_path / "d"), "--shard-layout", str(layout),
-                "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+                *client_url_flags(f"http://127.0.0.1:{free_port()}"))
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].startswith(f"shardetcd: shard layout {layout} does not parse")
 
@@ -155,13 +155,13 @@ def test_changed_layout_is_refused(tmp_path):
     layout = tmp_path / "layout.toml"
     layout.write_text('[[shard]]\nname = "pods"\nresources = ["pods"]\n')
     r = run_cli("--data-dir", str(server.data_dir), "--state-dir", str(tmp_path / "s2"),
-                "--shard-layout", str(layout), "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+                "--shard-layout", str(layout), *client_url_flags(f"http://127.0.0.1:{free_port()}"))
     assert r.returncode != 0 and "moving keys between shards is not supported" in r.stderr
 
 
 def test_data_dir_in_use(shardetcd, tmp_path):
     r = run_cli("--data-dir", str(shardetcd.data_dir), "--state-dir", str(tmp_path / "s2"),
-                "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+                *client_url_flags(f"http://127.0.0.1:{free_port()}"))
     assert r.returncode != 0 and "in use by another shardetcd process" in r.stderr
 
 
@@ -173,7 +173,7 @@ def test_state_dir_in_use(shardetcd, tmp_path):
         for i in range(50):
             kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % i, value=b"v" * 100), timeout=10)
         r = run_cli("--data-dir", str(tmp_path / "other"), "--state-dir", str(shardetcd.state_dir),
-                    "--listen-client-urls", f"http://127.0.0.1:{free_port()}")
+                    *client_url_flags(f"http://127.0.0.1:{free_port()}"))
         assert r.returncode != 0
         assert r.stderr.strip().splitlines() == [
             f"shardetcd: state dir {shardetcd.state_dir.absolute()} is in use by another shardetcd process"]
@@ -243,7 +243,7 @@ def test_a_journal_that_fails_while_starting_is_one_line(tmp_path):
             "cli.serve = serve\n"
             "sys.exit(cli.main(sys.argv[1:]))\n")
     r = subprocess.run([sys.executable, "-c", code, "--data-dir", str(tmp_path / "d"), "--state-dir",
-                        str(tmp_path / "s"), "--listen-client-urls", f"http://127.0.0.1:{free_port()}"],
+                        str(tmp_path / "s"), *client_url_flags(f"http://127.0.0.1:{free_port()}")],
                        cwd=REPO, capture_output=True, text=True, timeout=30)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [f"shardetcd: the journal failed while starting: {said}"]
