@@ -61,6 +61,7 @@ STOP_GRACE_S = 15.0
 POLL_S = 0.1
 FOLLOWER_PORT_MOVES = 5  # a follower whose port another process took while it started moves on this often
 LISTEN_FAILED = b"cannot listen on "
+UNSPECIFIED_HOSTS = ("0.0.0.0", "::", "[::]")
 # server flags the supervisor sets for each partition, which a user may not pass to all
 PER_PARTITION_FLAGS = frozenset({
     "--name", "--listen-client-urls", "--advertise-client-urls", "--listen-metrics-urls",
@@ -111,11 +112,11 @@ class Child:
                                          start_new_session=True, preexec_fn=lambda: _child_setup(self.partition.nice))
         self.started_at, self.ready, self.restart_at = time.monotonic(), False, None
 
-    def move_to(self, url: str) -> None:
-        """Listen on ``url`` from the next spawn on."""
-        for flag in ("--listen-client-urls", "--advertise-client-urls"):
-            i = self.argv.index(flag)
-            self.argv[i + 1] = self.url = url
+    def move_to(self, listen: str, url: str) -> None:
+        """Listen on ``listen`` and advertise ``url`` from the next spawn on."""
+        for flag, value in (("--listen-client-urls", listen), ("--advertise-client-urls", url)):
+            self.argv[self.argv.index(flag) + 1] = value
+        self.url = url
 
     def new_log(self) -> bytes:
         """What the process printed since it was started (with its log lines unless rotated)."""
@@ -194,21 +195,22 @@ class Supervisor:
     def __init__(self, layout: ClusterLayout, layout_path: Path, data_dir: Path, host: str, base_port: int,
                  server_args: list[str], state_dir: Path | None = None, quota_backend_bytes: int | None = None,
                  standbys: bool = False, followers: int = 0, local_journal: bool = True,
-                 wal_dir: Path | None = None) -> None:
+                 wal_dir: Path | None = None, advertise_host: str | None = None) -> None:
         rotated = _given("--enable-log-rotation", server_args)
         # with a certificate among the flags passed on, every process serves TLS on its client URL
         self.scheme = "https" if _given("--cert-file", server_args) else "http"
+        self.host, self.advertise_host = host, advertise_host or host
         self.layout = layout
         self.data_dir = data_dir
         self.stopping = False
         ports = layout.ports(base_port)
         self.children = []
         for p in layout.partitions:
-            url = f"{self.scheme}://{host}:{ports[p.name]}"
+            listen, url = self._urls(ports[p.name])
             for replica in (1, 2) if standbys else (1,):
                 label = p.name if replica == 1 else f"{p.name}.{replica}"
                 argv = [sys.executable, "-m", "shim", "--name", label, "--data-dir", str(data_dir / label),
-                        "--listen-client-urls", url, "--advertise-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
+                        "--listen-client-urls", listen, "--advertise-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
                         "--partition", p.name]
                 if standbys:  # whichever holds the partition's writer lease serves; the other follows
                     argv.append("--standby")
@@ -220,20 +222,26 @@ class Supervisor:
                 if quota is not None:
                     argv += ["--quota-backend-bytes", str(quota)]
                 self.children.append(_child(p, url, data_dir, label, argv + server_args, rotated, replica=replica))
-        self.host = host
         self.next_port = max(ports.values()) + 1
         for p in layout.partitions:
             for n in range(1, followers + 1):
-                url = f"{self.scheme}://{host}:{self._next_free_port()}"
+                listen, url = self._urls(self._next_free_port())
                 label = f"{p.name}.f{n}"
                 argv = [sys.executable, "-m", "shim", "--name", label, "--data-dir", str(data_dir / label),
-                        "--listen-client-urls", url, "--advertise-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
+                        "--listen-client-urls", listen, "--advertise-client-urls", url, "--cluster-layout", str(layout_path.absolute()),
                         "--partition", p.name, "--follow"]
                 if local_journal:  # the partition's writer's journal, read in its data dir
                     argv += ["--follow-data-dir", str(data_dir / p.name)]
                 if state_dir is not None:
                     argv += ["--state-dir", str(state_dir / label)]
                 self.children.append(_child(p, url, data_dir, label, argv + server_args, rotated, follower=n))
+
+    def _urls(self, port: int) -> tuple[str, str]:
+        """The client URL a process on ``port`` listens on, and the one it advertises."""
+        def url(host: str) -> str:
+            return f"{self.scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
+
+        return url(self.host), url(self.advertise_host)
 
     def _next_free_port(self) -> int:
         """The first port after the last one handed out that nothing listens on or is bound to now."""
@@ -282,7 +290,7 @@ class Supervisor:
                     if c.follower and LISTEN_FAILED in c.new_log() and moves < FOLLOWER_PORT_MOVES:
                         moves += 1
                         old = c.url
-                        c.move_to(f"{self.scheme}://{self.host}:{self._next_free_port()}")
+                        c.move_to(*self._urls(self._next_free_port()))
                         logger.warning("follower's port taken, moving partition=%s from=%s to=%s", c.label, old, c.url)
                         c.spawn()
                         continue
@@ -341,7 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path, required=True,
                    help="each partition keeps its data in DIR/<name> and logs to DIR/<name>.log (with "
                         "--enable-log-rotation, rotated by the partition, and what it prints in DIR/<name>.out)")
-    p.add_argument("--host", default="127.0.0.1", help="address every partition listens on (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="IP address every partition listens on (default: %(default)s)")
+    p.add_argument("--advertise-host", default=None,
+                   help="host in the client URLs the partitions advertise and the kube-apiserver flags name "
+                        "(default: --host; required when --host is 0.0.0.0 or ::, as etcd requires "
+                        "--advertise-client-urls)")
     p.add_argument("--base-port", type=int, default=2379, help="the default partition's port; the others take base+2, base+3, … unless the layout sets port (default: %(default)s)")
     p.add_argument("--state-dir", type=Path, default=None, help="each partition keeps its in-memory state in STATE_DIR/<name> (default: under /dev/shm)")
     p.add_argument("--wal-dir", type=Path, default=None,
@@ -365,6 +377,9 @@ def cluster_main(argv: list[str]) -> int:
     clash = sorted({a.split("=")[0] for a in server_args} & PER_PARTITION_FLAGS)
     if clash:
         parser.error(f"the cluster sets {', '.join(clash)} for each partition itself (see --base-port, --data-dir, --state-dir and the layout)")
+    if args.host in UNSPECIFIED_HOSTS and not args.advertise_host:
+        parser.error(f"--host {args.host} listens on every address: give --advertise-host, the name or address "
+                     "kube-apiserver and followers reach the partitions at")
     jetstream = _given("--journal-url", server_args)
     if args.standbys and not jetstream:
         parser.error("--standbys needs --journal-url: a standby takes over a replicated journal")
@@ -384,7 +399,7 @@ def cluster_main(argv: list[str]) -> int:
             _no_jetstream_partition_left_out(layout, server_args)
         sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir,
                          args.quota_backend_bytes, args.standbys, args.followers, local_journal=not jetstream,
-                         wal_dir=args.wal_dir)
+                         wal_dir=args.wal_dir, advertise_host=args.advertise_host)
     except LayoutError as exc:
         print(f"shardetcd cluster: {exc}", file=sys.stderr)
         return 2

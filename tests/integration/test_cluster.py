@@ -367,6 +367,45 @@ def test_a_follower_whose_port_is_taken_while_it_starts_moves_to_a_free_one(tmp_
             sup.stop_all()
 
 
+def test_partitions_and_followers_advertise_the_advertise_host(tmp_path):
+    """--advertise-host: the host every process advertises (MemberList), the kube-apiserver flags
+    name and a follower forwards writes to, while all listen on --host."""
+    from shards.partition import load_cluster_layout
+    from shim.cluster import Supervisor
+
+    layout = tmp_path / "cluster.toml"
+    port = free_port()
+    layout.write_text(f'[[partition]]\nname = "main"\ndefault = true\nport = {port}\n')
+    sup = Supervisor(load_cluster_layout(layout), layout, tmp_path / "data", "127.0.0.1", 2379,
+                     ["--journal-fsync", "always"], tmp_path / "state", followers=1, advertise_host="localhost")
+    follower = next(c for c in sup.children if c.follower)
+    try:
+        assert sup.start_all() is None
+        follower_port = int(follower.url.rsplit(":", 1)[1])
+        assert sup.flags == [f"--etcd-servers=http://localhost:{port},http://localhost:{follower_port}"]
+        for p in (port, follower_port):
+            with grpc.insecure_channel(f"127.0.0.1:{p}") as ch:
+                members = pbg.ClusterStub(ch).MemberList(pb.MemberListRequest(), timeout=10).members
+                assert sorted(u for m in members for u in m.clientURLs) == [
+                    f"http://localhost:{port}", f"http://localhost:{follower_port}"]
+        with grpc.insecure_channel(f"127.0.0.1:{follower_port}") as ch:  # forwarded to the writer
+            put = pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/a", value=b"v"), timeout=10)
+        got = kv(f"127.0.0.1:{port}").Range(pb.RangeRequest(key=b"/registry/pods/ns/a"), timeout=10)
+        assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"v", put.header.revision)]
+    finally:
+        sup.stop_all()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_listening_on_every_address_needs_an_advertise_host(tmp_path, host):
+    c = Cluster(tmp_path)
+    r = subprocess.run([*c.argv, "--host", host], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
+        f"--host {host} listens on every address: give --advertise-host, the name or address kube-apiserver "
+        "and followers reach the partitions at"), r.stderr
+    assert not c.data_dir.exists(), "refused before anything starts"
+
+
 def test_with_tls_flags_every_partition_and_follower_serves_https(tmp_path):
     """--cert-file among the flags passed on: each partition and follower listens on https:// (it
     served plaintext on http:// URLs before), the kube-apiserver flags name https:// URLs, and a
