@@ -190,8 +190,11 @@ class WriterLink:
         return self._channel
 
     def signed(self, metadata) -> tuple:
-        """A forwarded call's metadata with the secret of the writer the channel leads to (over TLS)."""
-        return (*metadata, (FORWARDED_SECRET, self.secret)) if self.secret else tuple(metadata)
+        """A forwarded call's metadata with the secret of the writer the channel leads to (over TLS);
+        over plaintext without the client's Common Name too (the writer would not believe it)."""
+        if self.secret:
+            return (*metadata, (FORWARDED_SECRET, self.secret))
+        return tuple(m for m in metadata if m[0] != FORWARDED_CALLER)
 
     async def forget(self) -> None:
         """The writer did not answer: look it up again next time (a takeover moves it)."""

@@ -162,3 +162,16 @@ def test_a_follower_presents_the_client_certificate_etcd_would_present(tmp_path)
     with pytest.raises(FileNotFoundError):
         WriterTLS(tmp_path / "gone.pem").credentials()
     assert isinstance(WriterTLS().credentials(), grpc.ChannelCredentials)
+
+
+def test_the_clients_common_name_goes_to_the_writer_only_with_its_secret_over_tls():
+    """Over plaintext a forwarded call carries no secret, so the writer would not believe a
+    claimed caller: the follower does not send the client's certificate name there at all."""
+    from shim.access import FORWARDED_CALLER, FORWARDED_METADATA_MARK, FORWARDED_SECRET
+    from shim.follower import WriterLink
+
+    link = WriterLink(log=None, role="writer", store=None)
+    metadata = (("token", "t"), (FORWARDED_CALLER, "admin"), FORWARDED_METADATA_MARK)
+    assert link.signed(metadata) == (("token", "t"), FORWARDED_METADATA_MARK)
+    link.secret = "s3cret"  # read from an https:// writer's record
+    assert link.signed(metadata) == (*metadata, (FORWARDED_SECRET, "s3cret"))
