@@ -271,17 +271,49 @@ class WriterLink:
                 return await call(request, metadata=self.signed(metadata),
                                   timeout=max(deadline - time.monotonic(), 0.1))
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise
-                await self.forget()
-                details = exc.details() or ""
-                unapplied = "failed to connect" in details.lower() or details == NOT_THE_WRITER
-                if not unapplied or time.monotonic() > deadline:
-                    raise  # it may have reached the writer: the client decides
+                await self._unapplied(exc, deadline)
             except RequestTimeoutError:  # no writer has published where it serves yet
                 if time.monotonic() > deadline:
                     raise
             await asyncio.sleep(0.1)
+
+    async def stream(self, service: str, method: str, request: bytes, metadata):
+        """A server-streaming call to the writer (an election's Observe): started again as
+        ``unary`` is while no writer takes it; once answers flow, an error ends it and the
+        client decides, as it would on the member it called."""
+        deadline = time.monotonic() + self.timeout_s
+        answered = False
+        while True:
+            try:
+                channel = await self.channel()
+                call = channel.unary_stream(f"/{service}/{method}", request_serializer=_identity,
+                                            response_deserializer=_identity)(request,
+                                                                             metadata=self.signed(metadata))
+                async for raw in call:
+                    answered = True
+                    yield raw
+                return
+            except grpc.aio.AioRpcError as exc:
+                if answered:
+                    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                        await self.forget()
+                    raise
+                await self._unapplied(exc, deadline)
+            except RequestTimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.1)
+
+    async def _unapplied(self, exc: grpc.aio.AioRpcError, deadline: float) -> None:
+        """Return if the call ``exc`` ended surely never reached a writer and there is time to
+        ask again (the writer is looked up again); else raise it."""
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            raise exc
+        await self.forget()
+        details = exc.details() or ""
+        unapplied = "failed to connect" in details.lower() or details == NOT_THE_WRITER
+        if not unapplied or time.monotonic() > deadline:
+            raise exc  # it may have reached the writer: the client decides
 
 
 async def read_as_stored(*shards) -> None:
@@ -356,15 +388,13 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
     def unary_stream(service: str, method: str):
         async def handle(request: bytes, context):
             await refuse_if_forwarded(context)
-            channel = await link.channel()
-            call = channel.unary_stream(f"/{service}/{method}", request_serializer=_identity,
-                                        response_deserializer=_identity)(request,
-                                                                         metadata=link.signed(_metadata(context)))
             try:
-                async for raw in call:
+                async for raw in link.stream(service, method, request, _metadata(context)):
                     yield as_this_member(raw, headers)[0]
             except grpc.aio.AioRpcError as exc:
                 await _relay_error(context, exc)
+            except RequestTimeoutError:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
 
         return grpc.unary_stream_rpc_method_handler(handle)
 

@@ -242,6 +242,43 @@ def test_a_follower_goes_on_across_a_writer_kill_and_restart(tmp_path):
         writer.stop()
 
 
+def test_an_observe_through_a_follower_waits_for_a_writer_that_is_starting_again(tmp_path):
+    """Observe is handed to the writer like a write: while no writer takes it (killed with -9, not
+    started yet) the follower asks again, as it does a Put, and the client gets the leader once the
+    writer is back, not UNAVAILABLE."""
+    from proto import v3election_pb2 as epb, v3election_pb2_grpc as epbg
+
+    writer = writer_at(tmp_path / "w").start()
+    follower = follower_of(writer, tmp_path / "f").start()
+    try:
+        with grpc.insecure_channel(writer.endpoint) as wch:
+            lease = pbg.LeaseStub(wch).LeaseGrant(pb.LeaseGrantRequest(TTL=60), timeout=10).ID
+            epbg.ElectionStub(wch).Campaign(epb.CampaignRequest(name=b"e1", lease=lease, value=b"leader-1"),
+                                            timeout=10)
+        writer.kill()
+        observed: list = []
+
+        def observe() -> None:
+            with grpc.insecure_channel(follower.endpoint) as fch:
+                try:
+                    stream = epbg.ElectionStub(fch).Observe(epb.LeaderRequest(name=b"e1"), timeout=30)
+                    observed.append(next(iter(stream)).kv.value)
+                    stream.cancel()
+                except grpc.RpcError as exc:
+                    observed.append(exc)
+
+        t = threading.Thread(target=observe)
+        t.start()
+        time.sleep(1.0)  # the Observe is being asked of a writer that is not there
+        assert not observed, observed
+        writer.start()
+        t.join(40)
+        assert observed == [b"leader-1"], (observed, follower.log_tail())
+    finally:
+        follower.stop()
+        writer.stop()
+
+
 def test_a_follower_whose_writer_is_down_ends_the_watches_that_require_a_leader(tmp_path):
     """The writer killed with -9: the follower no longer hears from its leader, so, as an etcd
     member that lost its leader, it ends the watches opened WithRequireLeader (kube-apiserver's)
