@@ -30,6 +30,7 @@ members (``WriterTLS``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -39,6 +40,7 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb
+from journal.tasks import cancel_and_wait
 from shards.errors import RequestTimeoutError
 from shards.tokens import SimpleTokens, looks_simple
 
@@ -162,6 +164,7 @@ class WriterLink:
         self.member_id = 0
         self.secret = ""  # the writer's, from its record: sent with every call handed to it
         self._channel: grpc.aio.Channel | None = None
+        self._closing: set[asyncio.Future] = set()  # channels forgotten, closing once their calls end
         self._target = ""
         self._index: asyncio.Future | None = None  # the read index request in flight
         self._next_index: asyncio.Future | None = None  # the one asked for after it
@@ -197,13 +200,23 @@ class WriterLink:
         return tuple(m for m in metadata if m[0] != FORWARDED_CALLER)
 
     async def forget(self) -> None:
-        """The writer did not answer: look it up again next time (a takeover moves it)."""
+        """The writer did not answer: look it up again next time (a takeover moves it). Calls
+        still on the old channel end on their own (a writer that is gone fails them, one that
+        answers completes them); the channel closes once they have, or after the request
+        timeout. Closed at once, it would cancel them, and a cancelled call ends as if this
+        server were stopping, even a call that the writer may be applying."""
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            closing = asyncio.ensure_future(channel.close(grace=self.timeout_s))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        """This process stops: its calls to the writer with it."""
+        await cancel_and_wait(*self._closing)
         if self._channel is not None:
             channel, self._channel = self._channel, None
             await channel.close()
-
-    async def close(self) -> None:
-        await self.forget()
 
     # -- ReadIndex ------------------------------------------------------
 
@@ -289,9 +302,12 @@ class WriterLink:
                 call = channel.unary_stream(f"/{service}/{method}", request_serializer=_identity,
                                             response_deserializer=_identity)(request,
                                                                              metadata=self.signed(metadata))
-                async for raw in call:
-                    answered = True
-                    yield raw
+                try:
+                    async for raw in call:
+                        answered = True
+                        yield raw
+                finally:
+                    call.cancel()  # the client went away: so does the call to the writer (no-op once ended)
                 return
             except grpc.aio.AioRpcError as exc:
                 if answered:
@@ -389,8 +405,9 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
         async def handle(request: bytes, context):
             await refuse_if_forwarded(context)
             try:
-                async for raw in link.stream(service, method, request, _metadata(context)):
-                    yield as_this_member(raw, headers)[0]
+                async with contextlib.aclosing(link.stream(service, method, request, _metadata(context))) as answers:
+                    async for raw in answers:
+                        yield as_this_member(raw, headers)[0]
             except grpc.aio.AioRpcError as exc:
                 await _relay_error(context, exc)
             except RequestTimeoutError:

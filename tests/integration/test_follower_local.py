@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -242,6 +243,13 @@ def test_a_follower_goes_on_across_a_writer_kill_and_restart(tmp_path):
         writer.stop()
 
 
+def observe_ended_on(server: ShardetcdProcess, code: str) -> float:
+    """Observe streams the server ended with ``code``, from its /metrics (grpc_server_handled_total)."""
+    text = urllib.request.urlopen(f"http://{server.endpoint}/metrics", timeout=10).read().decode()
+    mark = f'grpc_server_handled_total{{grpc_code="{code}",grpc_method="Observe",'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(mark))
+
+
 def test_an_observe_through_a_follower_waits_for_a_writer_that_is_starting_again(tmp_path):
     """Observe is handed to the writer like a write: while no writer takes it (killed with -9, not
     started yet) the follower asks again, as it does a Put, and the client gets the leader once the
@@ -274,6 +282,11 @@ def test_an_observe_through_a_follower_waits_for_a_writer_that_is_starting_again
         writer.start()
         t.join(40)
         assert observed == [b"leader-1"], (observed, follower.log_tail())
+        # the client's cancel ends the writer's side too (no stream left open there)
+        deadline = time.monotonic() + 20
+        while observe_ended_on(writer, "Canceled") != 1:
+            assert time.monotonic() < deadline, observe_ended_on(writer, "Canceled")
+            time.sleep(0.1)
     finally:
         follower.stop()
         writer.stop()

@@ -175,3 +175,43 @@ def test_the_clients_common_name_goes_to_the_writer_only_with_its_secret_over_tl
     assert link.signed(metadata) == (("token", "t"), FORWARDED_METADATA_MARK)
     link.secret = "s3cret"  # read from an https:// writer's record
     assert link.signed(metadata) == (*metadata, (FORWARDED_SECRET, "s3cret"))
+
+
+def test_calls_in_flight_to_the_writer_end_on_their_own_when_its_address_is_forgotten():
+    """Another call's failure makes the link forget the writer's address (look it up again next
+    time). A call still on the old channel is not cancelled by that: it completes with the writer's
+    answer (cancelled, it would end as if this server were stopping, though the writer may apply it)."""
+    import json
+
+    from shim.follower import WriterLink
+
+    async def body() -> None:
+        release = asyncio.Event()
+
+        async def put(request: bytes, context) -> bytes:
+            await release.wait()
+            return ANSWER
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "etcdserverpb.KV", {"Put": grpc.unary_unary_rpc_method_handler(put)})])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+
+        class Log:
+            async def get_meta(self, key: str) -> str:
+                return json.dumps({"urls": [f"http://127.0.0.1:{port}"], "member_id": WRITER, "secret": "s"})
+
+        link = WriterLink(Log(), "writer", Store([]), timeout_s=TIMEOUT_S)
+        try:
+            call = asyncio.ensure_future(link.unary("etcdserverpb.KV", "Put", b"", ()))
+            await settle()
+            await asyncio.sleep(0.2)  # the Put has reached the server and waits there
+            await link.forget()
+            release.set()
+            assert await call == ANSWER
+        finally:
+            await link.close()
+            await server.stop(None)
+
+    run(body)
