@@ -40,7 +40,6 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb
-from journal.tasks import cancel_and_wait
 from shards.errors import RequestTimeoutError
 from shards.tokens import SimpleTokens, looks_simple
 
@@ -164,7 +163,7 @@ class WriterLink:
         self.member_id = 0
         self.secret = ""  # the writer's, from its record: sent with every call handed to it
         self._channel: grpc.aio.Channel | None = None
-        self._closing: set[asyncio.Future] = set()  # channels forgotten, closing once their calls end
+        self._calls: dict[grpc.aio.Channel, int] = {}  # calls (and streams) under way, by channel
         self._target = ""
         self._index: asyncio.Future | None = None  # the read index request in flight
         self._next_index: asyncio.Future | None = None  # the one asked for after it
@@ -199,23 +198,38 @@ class WriterLink:
             return (*metadata, (FORWARDED_SECRET, self.secret))
         return tuple(m for m in metadata if m[0] != FORWARDED_CALLER)
 
+    @contextlib.asynccontextmanager
+    async def calling(self):
+        """The channel to the writer, for one call or stream on it: a channel forgotten meanwhile
+        is closed once the last of them has ended."""
+        channel = await self.channel()
+        self._calls[channel] = self._calls.get(channel, 0) + 1
+        try:
+            yield channel
+        finally:
+            self._calls[channel] -= 1
+            if not self._calls[channel]:
+                del self._calls[channel]
+                if channel is not self._channel:
+                    await channel.close()
+
     async def forget(self) -> None:
         """The writer did not answer: look it up again next time (a takeover moves it). Calls
         still on the old channel end on their own (a writer that is gone fails them, one that
-        answers completes them); the channel closes once they have, or after the request
-        timeout. Closed at once, it would cancel them, and a cancelled call ends as if this
-        server were stopping, even a call that the writer may be applying."""
+        answers completes them, a stream goes on): the channel is closed after the last one.
+        Closed at once, it would cancel them, and a cancelled call ends as if this server were
+        stopping (a write the writer may be applying among them), the coalesced lease
+        keep-alive stream as if this process were."""
         if self._channel is not None:
             channel, self._channel = self._channel, None
-            closing = asyncio.ensure_future(channel.close(grace=self.timeout_s))
-            self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
+            if channel not in self._calls:
+                await channel.close()
 
     async def close(self) -> None:
         """This process stops: its calls to the writer with it."""
-        await cancel_and_wait(*self._closing)
-        if self._channel is not None:
-            channel, self._channel = self._channel, None
+        channels = {*self._calls, *((self._channel,) if self._channel is not None else ())}
+        self._channel = None
+        for channel in channels:
             await channel.close()
 
     # -- ReadIndex ------------------------------------------------------
@@ -278,11 +292,11 @@ class WriterLink:
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                channel = await self.channel()
-                call = channel.unary_unary(f"/{service}/{method}", request_serializer=_identity,
-                                           response_deserializer=_identity)
-                return await call(request, metadata=self.signed(metadata),
-                                  timeout=max(deadline - time.monotonic(), 0.1))
+                async with self.calling() as channel:
+                    call = channel.unary_unary(f"/{service}/{method}", request_serializer=_identity,
+                                               response_deserializer=_identity)
+                    return await call(request, metadata=self.signed(metadata),
+                                      timeout=max(deadline - time.monotonic(), 0.1))
             except grpc.aio.AioRpcError as exc:
                 await self._unapplied(exc, deadline)
             except RequestTimeoutError:  # no writer has published where it serves yet
@@ -298,16 +312,16 @@ class WriterLink:
         answered = False
         while True:
             try:
-                channel = await self.channel()
-                call = channel.unary_stream(f"/{service}/{method}", request_serializer=_identity,
-                                            response_deserializer=_identity)(request,
-                                                                             metadata=self.signed(metadata))
-                try:
-                    async for raw in call:
-                        answered = True
-                        yield raw
-                finally:
-                    call.cancel()  # the client went away: so does the call to the writer (no-op once ended)
+                async with self.calling() as channel:
+                    call = channel.unary_stream(f"/{service}/{method}", request_serializer=_identity,
+                                                response_deserializer=_identity)(request,
+                                                                                 metadata=self.signed(metadata))
+                    try:
+                        async for raw in call:
+                            answered = True
+                            yield raw
+                    finally:
+                        call.cancel()  # the client went away: so does the call to the writer (no-op once ended)
                 return
             except grpc.aio.AioRpcError as exc:
                 if answered:
@@ -418,25 +432,25 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
     def stream_stream(service: str, method: str):
         async def handle(requests, context):
             await refuse_if_forwarded(context)
-            channel = await link.channel()
-            call = channel.stream_stream(f"/{service}/{method}", request_serializer=_identity,
-                                         response_deserializer=_identity)(
-                metadata=link.signed(_metadata(context)))
+            async with link.calling() as channel:
+                call = channel.stream_stream(f"/{service}/{method}", request_serializer=_identity,
+                                             response_deserializer=_identity)(
+                    metadata=link.signed(_metadata(context)))
 
-            async def pump() -> None:
-                async for raw in requests:
-                    await call.write(raw)
-                await call.done_writing()
+                async def pump() -> None:
+                    async for raw in requests:
+                        await call.write(raw)
+                    await call.done_writing()
 
-            pumping = asyncio.ensure_future(pump())
-            try:
-                async for raw in call:
-                    yield as_this_member(raw, headers)[0]
-            except grpc.aio.AioRpcError as exc:
-                await _relay_error(context, exc)
-            finally:
-                pumping.cancel()
-                call.cancel()
+                pumping = asyncio.ensure_future(pump())
+                try:
+                    async for raw in call:
+                        yield as_this_member(raw, headers)[0]
+                except grpc.aio.AioRpcError as exc:
+                    await _relay_error(context, exc)
+                finally:
+                    pumping.cancel()
+                    call.cancel()
 
         return grpc.stream_stream_rpc_method_handler(handle)
 
@@ -553,7 +567,10 @@ class KeepAlives:
                 await asyncio.sleep(self.interval_s)
 
     async def _stream(self) -> None:
-        channel = await self.link.channel()
+        async with self.link.calling() as channel:
+            await self._stream_on(channel)
+
+    async def _stream_on(self, channel: grpc.aio.Channel) -> None:
         call = channel.stream_stream("/etcdserverpb.Lease/LeaseKeepAlive", request_serializer=_identity,
                                      response_deserializer=_identity)(metadata=(FORWARDED_METADATA_MARK,))
         reader = asyncio.ensure_future(self._answers(call))

@@ -179,37 +179,56 @@ def test_the_clients_common_name_goes_to_the_writer_only_with_its_secret_over_tl
 
 def test_calls_in_flight_to_the_writer_end_on_their_own_when_its_address_is_forgotten():
     """Another call's failure makes the link forget the writer's address (look it up again next
-    time). A call still on the old channel is not cancelled by that: it completes with the writer's
-    answer (cancelled, it would end as if this server were stopping, though the writer may apply it)."""
+    time). Calls still on the old channel are not cancelled by that: a Put completes with the
+    writer's answer (cancelled, it would end as if this server were stopping, though the writer
+    may apply it) and a stream (an Observe, the lease keep-alives) goes on; the next call looks
+    the writer up again."""
     import json
 
     from shim.follower import WriterLink
 
     async def body() -> None:
         release = asyncio.Event()
+        lookups = []
 
         async def put(request: bytes, context) -> bytes:
             await release.wait()
             return ANSWER
 
+        async def observe(request: bytes, context):
+            yield b"first"
+            await release.wait()
+            yield b"second"
+
         server = grpc.aio.server()
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "etcdserverpb.KV", {"Put": grpc.unary_unary_rpc_method_handler(put)})])
+        server.add_generic_rpc_handlers([
+            grpc.method_handlers_generic_handler("etcdserverpb.KV", {"Put": grpc.unary_unary_rpc_method_handler(put)}),
+            grpc.method_handlers_generic_handler("v3electionpb.Election",
+                                                 {"Observe": grpc.unary_stream_rpc_method_handler(observe)})])
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
 
         class Log:
             async def get_meta(self, key: str) -> str:
+                lookups.append(key)
                 return json.dumps({"urls": [f"http://127.0.0.1:{port}"], "member_id": WRITER, "secret": "s"})
 
         link = WriterLink(Log(), "writer", Store([]), timeout_s=TIMEOUT_S)
         try:
             call = asyncio.ensure_future(link.unary("etcdserverpb.KV", "Put", b"", ()))
-            await settle()
+            stream = link.stream("v3electionpb.Election", "Observe", b"", ())
+            assert await anext(stream) == b"first"
             await asyncio.sleep(0.2)  # the Put has reached the server and waits there
             await link.forget()
             release.set()
             assert await call == ANSWER
+            assert [raw async for raw in stream] == [b"second"]
+            assert len(lookups) == 1
+            release.clear()
+            call = asyncio.ensure_future(link.unary("etcdserverpb.KV", "Put", b"", ()))
+            await asyncio.sleep(0.2)
+            release.set()
+            assert await call == ANSWER and len(lookups) == 2
         finally:
             await link.close()
             await server.stop(None)
