@@ -76,6 +76,10 @@ READ_AS_STORED = {("etcdserverpb.KV", "Compact"), ("etcdserverpb.Lease", "LeaseR
     "UserRevokeRole", "RoleAdd", "RoleDelete", "RoleGrantPermission", "RoleRevokePermission"))}
 # what a forwarded call's client metadata may carry on to the writer
 FORWARDED_METADATA = ("token", "authorization")
+# the writer's answers come back whatever their size, as to a client of etcd (its default receive
+# limit is 2 GiB): a forwarded Txn or DeleteRange with prev_kv can carry megabytes (gRPC's own
+# default, 4 MiB, refused them with RESOURCE_EXHAUSTED)
+WRITER_CHANNEL_OPTIONS = (("grpc.max_receive_message_length", -1),)
 READ_INDEX_SLOW_S = 0.5  # a read index answered this late counts as slow (etcd's ReadIndexRetryTime)
 _identity = None  # raw bytes in and out
 
@@ -185,9 +189,9 @@ class WriterLink:
                 except OSError as exc:  # as a refused connection: looked up again, the call waits for it
                     logger.warning("cannot read the TLS files to call the writer error=%s", exc)
                     raise RequestTimeoutError() from None
-                self._channel = grpc.aio.secure_channel(self._target, credentials)
+                self._channel = grpc.aio.secure_channel(self._target, credentials, options=WRITER_CHANNEL_OPTIONS)
             else:
-                self._channel = grpc.aio.insecure_channel(self._target)
+                self._channel = grpc.aio.insecure_channel(self._target, options=WRITER_CHANNEL_OPTIONS)
             logger.info("following writer target=%s member=%x", self._target, self.member_id)
         return self._channel
 

@@ -243,6 +243,24 @@ def test_a_follower_goes_on_across_a_writer_kill_and_restart(tmp_path):
         writer.stop()
 
 
+def test_forwarded_answers_larger_than_grpcs_default_limit_come_back(writer_and_followers):
+    """A Txn whose Range reads 5 MB, and a DeleteRange with prev_kv of the same keys, through a
+    follower: the writer's answers (above gRPC's default 4 MiB receive limit) reach the client,
+    as they do from etcd, whose clients take up to 2 GiB."""
+    writer, (follower, _) = writer_and_followers
+    keys = [b"/registry/configmaps/big/c%02d" % i for i in range(25)]
+    span = pb.RangeRequest(key=b"/registry/configmaps/big/", range_end=b"/registry/configmaps/big0")
+    big = [("grpc.max_receive_message_length", -1)]
+    with grpc.insecure_channel(writer.endpoint) as wch, grpc.insecure_channel(follower.endpoint, options=big) as fch:
+        for key in keys:
+            pbg.KVStub(wch).Put(pb.PutRequest(key=key, value=b"x" * 200_000), timeout=10)
+        kv = pbg.KVStub(fch)
+        txn = kv.Txn(pb.TxnRequest(success=[pb.RequestOp(request_range=span)]), timeout=30)
+        assert txn.ByteSize() > 4 << 20 and [x.key for x in txn.responses[0].response_range.kvs] == keys
+        deleted = kv.DeleteRange(pb.DeleteRangeRequest(key=span.key, range_end=span.range_end, prev_kv=True), timeout=30)
+        assert deleted.deleted == 25 and [x.value for x in deleted.prev_kvs] == [b"x" * 200_000] * 25
+
+
 def observe_ended_on(server: ShardetcdProcess, code: str) -> float:
     """Observe streams the server ended with ``code``, from its /metrics (grpc_server_handled_total)."""
     text = urllib.request.urlopen(f"http://{server.endpoint}/metrics", timeout=10).read().decode()
