@@ -80,7 +80,8 @@ FORWARDED_METADATA = ("token", "authorization")
 # limit is 2 GiB): a forwarded Txn or DeleteRange with prev_kv can carry megabytes (gRPC's own
 # default, 4 MiB, refused them with RESOURCE_EXHAUSTED)
 WRITER_CHANNEL_OPTIONS = (("grpc.max_receive_message_length", -1),)
-READ_INDEX_SLOW_S = 0.5  # a read index answered this late counts as slow (etcd's ReadIndexRetryTime)
+READ_INDEX_SLOW_S = 0.5
+KEEPALIVE_STALL_S = 2.0  # a lease renewal sent to the writer and not answered this long: did the writer move?  # a read index answered this late counts as slow (etcd's ReadIndexRetryTime)
 _identity = None  # raw bytes in and out
 
 
@@ -168,6 +169,7 @@ class WriterLink:
         self.secret = ""  # the writer's, from its record: sent with every call handed to it
         self._channel: grpc.aio.Channel | None = None
         self._calls: dict[grpc.aio.Channel, int] = {}  # calls (and streams) under way, by channel
+        self._recheck: asyncio.Future | None = None  # a look at the writer record after a call timed out
         self._target = ""
         self._index: asyncio.Future | None = None  # the read index request in flight
         self._next_index: asyncio.Future | None = None  # the one asked for after it
@@ -216,6 +218,35 @@ class WriterLink:
                 del self._calls[channel]
                 if channel is not self._channel:
                     await channel.close()
+
+    def leads_to(self, channel: grpc.aio.Channel) -> bool:
+        """Whether calls to the writer still go over ``channel`` (not looked up again since)."""
+        return self._channel is channel
+
+    async def forget_if_moved(self) -> None:
+        """A call timed out: a writer that hangs with its connection open (frozen, or its machine
+        cut off) times calls out rather than refusing them. If the writer record names another
+        writer by now (a standby took over), look it up again. Calls timing out together share
+        one look at the record."""
+        if self._recheck is None or self._recheck.done():
+            self._recheck = asyncio.ensure_future(self._moved())
+        if await asyncio.shield(self._recheck):
+            await self.forget()
+
+    async def _moved(self) -> bool:
+        target, member_id = self._target, self.member_id
+        try:
+            record = await self.log.get_meta(self.key)
+        except Exception as exc:  # noqa: BLE001 - the journal is not answering either: the call's error says enough
+            logger.debug("writer record not read after a call timed out error=%r", exc)
+            return False
+        if record is None:
+            return False
+        found = json.loads(record)
+        moved = (found["urls"][0].rpartition("://")[2], found["member_id"]) != (target, member_id)
+        if moved:
+            logger.info("writer moved while a call to it timed out from=%s member=%x", target, member_id)
+        return moved
 
     async def forget(self) -> None:
         """The writer did not answer: look it up again next time (a takeover moves it). Calls
@@ -341,6 +372,8 @@ class WriterLink:
     async def _unapplied(self, exc: grpc.aio.AioRpcError, deadline: float) -> None:
         """Return if the call ``exc`` ended surely never reached a writer and there is time to
         ask again (the writer is looked up again); else raise it."""
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            await self.forget_if_moved()
         if exc.code() != grpc.StatusCode.UNAVAILABLE:
             raise exc
         await self.forget()
@@ -578,6 +611,9 @@ class KeepAlives:
         call = channel.stream_stream("/etcdserverpb.Lease/LeaseKeepAlive", request_serializer=_identity,
                                      response_deserializer=_identity)(metadata=(FORWARDED_METADATA_MARK,))
         reader = asyncio.ensure_future(self._answers(call))
+        # renewals sent on an earlier stream get no answer on this one: those still awaited go again
+        self.sent.clear()
+        self.pending.update(self.waiting)
         try:
             while not reader.done():
                 try:
@@ -586,8 +622,15 @@ class KeepAlives:
                 except TimeoutError:
                     pass
                 self._wake.clear()
-                batch, self.pending = self.pending, set()
                 now = time.monotonic()
+                # a writer that hangs with its connection open answers nothing and ends nothing: once
+                # a renewal waits this long, whether the writer moved is looked at; if it has (or the
+                # link looked it up again for another call), this stream gives way to one to the new writer
+                if self.sent and now - min(self.sent.values()) > KEEPALIVE_STALL_S:
+                    await self.link.forget_if_moved()
+                if not self.link.leads_to(channel):
+                    return
+                batch, self.pending = self.pending, set()
                 for lease_id in batch:
                     self.sent[lease_id] = now
                     await call.write(pb.LeaseKeepAliveRequest(ID=lease_id).SerializeToString())
