@@ -8,6 +8,7 @@ followers that see every write once, in order, under 32 writers.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -669,70 +670,71 @@ def test_simple_tokens_work_on_every_member(nats, tmp_path, etcdctl_bin):
             s.stop()
 
 
-def test_a_follower_finds_the_new_writer_while_the_old_one_is_frozen(nats, tmp_path):
-    """The writer frozen (SIGSTOP: its connections stay open and nothing answers, as a machine cut
-    off without resets) until the standby takes over: writes through the follower reach the new
-    writer while the old one is still frozen. The follower's calls to the old one only time out,
-    so it must look the writer record up on a timeout too, not only on a refused connection."""
+@contextlib.contextmanager
+def writer_follower_standby(nats, tmp_path):
+    """A writer, a follower and a standby following the writer's journals; all killed after."""
     writer = server_on(nats, tmp_path / "w").start()
     follower = server_on(nats, tmp_path / "f", "--follow").start()
     standby = server_on(nats, tmp_path / "s", "--standby").start(wait=False)
     try:
         wait_standing_by(standby)
-        with grpc.insecure_channel(follower.endpoint) as ch:
-            kv = pbg.KVStub(ch)
-            kv.Put(pb.PutRequest(key=b"/registry/pods/a", value=b"1"), timeout=10)
-            os.kill(writer.proc.pid, signal.SIGSTOP)
-            deadline = time.monotonic() + 60
-            while "took over as the writer" not in standby.log_tail(200):
-                assert time.monotonic() < deadline, standby.log_tail(50)
-                time.sleep(0.1)
-            errors = []
-            while True:
-                try:
-                    put = kv.Put(pb.PutRequest(key=b"/registry/pods/a", value=b"2"), timeout=10)
-                    break
-                except grpc.RpcError as exc:
-                    errors.append((exc.code(), exc.details()))
-                    assert time.monotonic() < deadline, (errors, follower.log_tail(30))
-            with grpc.insecure_channel(standby.endpoint) as sch:
-                got = pbg.KVStub(sch).Range(pb.RangeRequest(key=b"/registry/pods/a"), timeout=10)
-            assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"2", put.header.revision)]
+        yield writer, follower, standby
     finally:
         for s in (follower, standby, writer):
             s.kill()
+
+
+def frozen_until_taken_over(writer, standby, timeout: float = 60.0) -> float:
+    """SIGSTOP the writer (its connections stay open, nothing answers: a machine cut off without
+    resets) and wait until the standby has taken over; a deadline for what follows."""
+    os.kill(writer.proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while "took over as the writer" not in standby.log_tail(200):
+        assert time.monotonic() < deadline, standby.log_tail(50)
+        time.sleep(0.1)
+    return deadline
+
+
+def test_a_follower_finds_the_new_writer_while_the_old_one_is_frozen(nats, tmp_path):
+    """The writer frozen until the standby takes over: writes through the follower reach the new
+    writer while the old one is still frozen. The follower's calls to the old one only time out,
+    so it must look the writer record up on a timeout too, not only on a refused connection."""
+    with writer_follower_standby(nats, tmp_path) as (writer, follower, standby), \
+            grpc.insecure_channel(follower.endpoint) as ch:
+        kv = pbg.KVStub(ch)
+        kv.Put(pb.PutRequest(key=b"/registry/pods/a", value=b"1"), timeout=10)
+        deadline = frozen_until_taken_over(writer, standby)
+        errors = []
+        while True:
+            try:
+                put = kv.Put(pb.PutRequest(key=b"/registry/pods/a", value=b"2"), timeout=10)
+                break
+            except grpc.RpcError as exc:
+                errors.append((exc.code(), exc.details()))
+                assert time.monotonic() < deadline, (errors, follower.log_tail(30))
+        with grpc.insecure_channel(standby.endpoint) as sch:
+            got = pbg.KVStub(sch).Range(pb.RangeRequest(key=b"/registry/pods/a"), timeout=10)
+        assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"2", put.header.revision)]
 
 
 def test_lease_keepalives_through_a_follower_reach_the_new_writer_while_the_old_one_is_frozen(nats, tmp_path):
-    """The follower keeps leases alive over one stream to the writer. The writer frozen (SIGSTOP)
-    until the standby takes over: that stream times nothing out, so only the connection's own
-    pings find the old writer gone. A client keeping a 6 s lease alive through the follower
-    every second for 15 s after the takeover still has it at the new writer: its keep-alives
-    got there."""
-    writer = server_on(nats, tmp_path / "w").start()
-    follower = server_on(nats, tmp_path / "f", "--follow").start()
-    standby = server_on(nats, tmp_path / "s", "--standby").start(wait=False)
-    try:
-        wait_standing_by(standby)
-        with grpc.insecure_channel(follower.endpoint) as ch:
-            lease = pbg.LeaseStub(ch)
-            lease_id = lease.LeaseGrant(pb.LeaseGrantRequest(TTL=6), timeout=10).ID
-            os.kill(writer.proc.pid, signal.SIGSTOP)
-            deadline = time.monotonic() + 60
-            while "took over as the writer" not in standby.log_tail(200):
-                assert time.monotonic() < deadline, standby.log_tail(50)
-                time.sleep(0.1)
-            errors = []
-            end = time.monotonic() + 15
-            while time.monotonic() < end:
-                try:
-                    next(iter(lease.LeaseKeepAlive(iter([pb.LeaseKeepAliveRequest(ID=lease_id)]), timeout=5)))
-                except grpc.RpcError as exc:
-                    errors.append((exc.code(), exc.details()))
-                time.sleep(1)
+    """The follower keeps leases alive over one stream to the writer. The writer frozen until the
+    standby takes over: that stream times nothing out. A client keeping a 6 s lease alive through
+    the follower every second for 15 s after the takeover still has it at the new writer: its
+    keep-alives got there."""
+    with writer_follower_standby(nats, tmp_path) as (writer, follower, standby), \
+            grpc.insecure_channel(follower.endpoint) as ch:
+        lease = pbg.LeaseStub(ch)
+        lease_id = lease.LeaseGrant(pb.LeaseGrantRequest(TTL=6), timeout=10).ID
+        frozen_until_taken_over(writer, standby)
+        errors = []
+        end = time.monotonic() + 15
+        while time.monotonic() < end:
+            try:
+                next(iter(lease.LeaseKeepAlive(iter([pb.LeaseKeepAliveRequest(ID=lease_id)]), timeout=5)))
+            except grpc.RpcError as exc:
+                errors.append((exc.code(), exc.details()))
+            time.sleep(1)
         with grpc.insecure_channel(standby.endpoint) as sch:
             ttl = pbg.LeaseStub(sch).LeaseTimeToLive(pb.LeaseTimeToLiveRequest(ID=lease_id), timeout=10).TTL
         assert ttl > 0, (ttl, errors, follower.log_tail(30))
-    finally:
-        for s in (follower, standby, writer):
-            s.kill()
