@@ -40,12 +40,12 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb
-from shards.errors import RequestTimeoutError
+from shards.errors import LeaderChangedError, RequestTimeoutError
 from shards.tokens import SimpleTokens, looks_simple
 
 from . import wire
 from .context import READ_INDEX_METADATA
-from .errors import NOT_THE_WRITER
+from .errors import LEADER_CHANGED, NOT_THE_WRITER
 from .grpcserver import CallDetails
 from .access import FORWARDED_CALLER, FORWARDED_METADATA_MARK, FORWARDED_SECRET, common_name, token_of
 
@@ -81,6 +81,8 @@ FORWARDED_METADATA = ("token", "authorization")
 # default, 4 MiB, refused them with RESOURCE_EXHAUSTED)
 WRITER_CHANNEL_OPTIONS = (("grpc.max_receive_message_length", -1),)
 READ_INDEX_SLOW_S = 0.5
+STREAM_CHECK_S = 5.0  # a forwarded stream (an Observe) quiet this long: did the writer move?
+RECHECK_EVERY_S = 1.0  # the writer record is read at most this often for such checks (a move found: at once)
 KEEPALIVE_STALL_S = 2.0  # a lease renewal sent to the writer and not answered this long: did the writer move?  # a read index answered this late counts as slow (etcd's ReadIndexRetryTime)
 _identity = None  # raw bytes in and out
 
@@ -170,6 +172,7 @@ class WriterLink:
         self._channel: grpc.aio.Channel | None = None
         self._calls: dict[grpc.aio.Channel, int] = {}  # calls (and streams) under way, by channel
         self._recheck: asyncio.Future | None = None  # a look at the writer record after a call timed out
+        self._rechecked_at = 0.0
         self._target = ""
         self._index: asyncio.Future | None = None  # the read index request in flight
         self._next_index: asyncio.Future | None = None  # the one asked for after it
@@ -228,7 +231,9 @@ class WriterLink:
         cut off) times calls out rather than refusing them. If the writer record names another
         writer by now (a standby took over), look it up again. Calls timing out together share
         one look at the record."""
-        if self._recheck is None or self._recheck.done():
+        if self._recheck is None or self._recheck.done() and (
+                self._recheck.result() or time.monotonic() - self._rechecked_at >= RECHECK_EVERY_S):
+            self._rechecked_at = time.monotonic()
             self._recheck = asyncio.ensure_future(self._moved())
         if await asyncio.shield(self._recheck):
             await self.forget()
@@ -351,13 +356,28 @@ class WriterLink:
                     call = channel.unary_stream(f"/{service}/{method}", request_serializer=_identity,
                                                 response_deserializer=_identity)(request,
                                                                                  metadata=self.signed(metadata))
+                    answers = aiter(call)
+                    reading = asyncio.ensure_future(anext(answers))
                     try:
-                        async for raw in call:
+                        while True:
+                            # a writer that hangs with its connection open ends no stream: while this
+                            # one is quiet, whether the writer moved is looked at now and then
+                            done, _ = await asyncio.wait((reading,), timeout=STREAM_CHECK_S)
+                            if not done:
+                                await self.forget_if_moved()
+                                if not self.leads_to(channel):
+                                    raise LeaderChangedError()  # the client observes again, at the new writer
+                                continue
+                            try:
+                                raw = reading.result()
+                            except StopAsyncIteration:
+                                return
                             answered = True
                             yield raw
+                            reading = asyncio.ensure_future(anext(answers))
                     finally:
+                        reading.cancel()
                         call.cancel()  # the client went away: so does the call to the writer (no-op once ended)
-                return
             except grpc.aio.AioRpcError as exc:
                 if answered:
                     if exc.code() == grpc.StatusCode.UNAVAILABLE:
@@ -463,6 +483,8 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
                 await _relay_error(context, exc)
             except RequestTimeoutError:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+            except LeaderChangedError:
+                await context.abort(*LEADER_CHANGED)
 
         return grpc.unary_stream_rpc_method_handler(handle)
 

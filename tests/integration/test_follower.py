@@ -738,3 +738,29 @@ def test_lease_keepalives_through_a_follower_reach_the_new_writer_while_the_old_
         with grpc.insecure_channel(standby.endpoint) as sch:
             ttl = pbg.LeaseStub(sch).LeaseTimeToLive(pb.LeaseTimeToLiveRequest(ID=lease_id), timeout=10).TTL
         assert ttl > 0, (ttl, errors, follower.log_tail(30))
+
+
+def test_an_observe_through_a_follower_ends_once_its_frozen_writer_is_replaced(nats, tmp_path):
+    """An election's Observe through the follower is a stream to the writer, which a writer frozen
+    with its connection open never ends. Once the standby has taken over, the quiet stream ends
+    with etcd's "leader changed" (not after TCP's quarter of an hour), and observing again
+    through the follower answers from the new writer."""
+    from proto import v3election_pb2 as epb, v3election_pb2_grpc as epbg
+
+    with writer_follower_standby(nats, tmp_path) as (writer, follower, standby):
+        with grpc.insecure_channel(writer.endpoint) as wch:
+            lease = pbg.LeaseStub(wch).LeaseGrant(pb.LeaseGrantRequest(TTL=120), timeout=10).ID
+            epbg.ElectionStub(wch).Campaign(epb.CampaignRequest(name=b"e1", lease=lease, value=b"leader-1"),
+                                            timeout=10)
+        with grpc.insecure_channel(follower.endpoint) as ch:
+            election = epbg.ElectionStub(ch)
+            stream = election.Observe(epb.LeaderRequest(name=b"e1"), timeout=90)
+            assert next(stream).kv.value == b"leader-1"
+            frozen_until_taken_over(writer, standby)
+            with pytest.raises(grpc.RpcError) as ended:
+                next(stream)
+            assert (ended.value.code(), ended.value.details()) == (
+                grpc.StatusCode.UNAVAILABLE, "etcdserver: leader changed"), follower.log_tail(30)
+            again = election.Observe(epb.LeaderRequest(name=b"e1"), timeout=30)
+            assert next(again).kv.value == b"leader-1"
+            again.cancel()
