@@ -23,9 +23,12 @@ follows the writer's journals, and hands everything else to the writer.
 
 The writer publishes where it serves clients in the journal's meta bucket
 (key ``writer-urls.<role>``) when it starts serving, after every takeover
-too; the follower reads it again whenever the writer cannot be reached.  An
-https:// address is called over TLS as etcd's own client side calls its
-members (``WriterTLS``).
+too; the follower reads it again whenever the writer cannot be reached, and
+when a call to it times out or a stream to it (lease renewals, an Observe) goes
+quiet: a writer that hangs with its connection open refuses nothing, and a
+record naming another writer is how a takeover shows then.  An https://
+address is called over TLS as etcd's own client side calls its members
+(``WriterTLS``).
 """
 from __future__ import annotations
 
