@@ -48,7 +48,7 @@ from shards.tokens import SimpleTokens, looks_simple
 
 from . import wire
 from .context import READ_INDEX_METADATA
-from .errors import LEADER_CHANGED, NOT_THE_WRITER
+from .errors import LEADER_CHANGED, NOT_THE_WRITER, TIMED_OUT
 from .grpcserver import CallDetails
 from .access import FORWARDED_CALLER, FORWARDED_METADATA_MARK, FORWARDED_SECRET, common_name, token_of
 
@@ -436,6 +436,10 @@ async def refuse_if_forwarded(context: grpc.aio.ServicerContext) -> None:
 
 
 async def _relay_error(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError):
+    """The writer's error as it came; a call to the writer that ran out of this member's time (the
+    writer hanging, or slow) as etcd's member that waited for its proposal in vain says it."""
+    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        await context.abort(*TIMED_OUT)
     await context.abort(exc.code(), exc.details() or "")
 
 
@@ -453,14 +457,14 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
             except grpc.aio.AioRpcError as exc:
                 await _relay_error(context, exc)
             except RequestTimeoutError:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+                await context.abort(*TIMED_OUT)
             raw, rev = as_this_member(raw, headers)
             store.follow_stats.learned(rev)
             if rev > store.committed:  # read your own writes on this member
                 try:
                     await store.wait_committed(rev)
                 except RequestTimeoutError:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+                    await context.abort(*TIMED_OUT)
             if method == "Authenticate" and link.tokens is not None:  # the token works here once answered
                 await link.tokens.learned(pb.AuthenticateResponse.FromString(raw).token)
             elif (service, method) in READ_AS_STORED:
@@ -468,7 +472,7 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
                     async with asyncio.timeout(link.timeout_s):  # not wait_for (journal/tasks.py)
                         await read_as_stored(*store.shards)
                 except TimeoutError:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+                    await context.abort(*TIMED_OUT)
                 if method == "Compact" and (compaction := pb.CompactionRequest.FromString(request)).physical:
                     await store.compacted(compaction.revision)  # as the writer: however long it takes
             return raw
@@ -485,7 +489,7 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
             except grpc.aio.AioRpcError as exc:
                 await _relay_error(context, exc)
             except RequestTimeoutError:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+                await context.abort(*TIMED_OUT)
             except LeaderChangedError:
                 await context.abort(*LEADER_CHANGED)
 
@@ -696,7 +700,7 @@ def keepalive_handler(link: WriterLink, member) -> grpc.GenericRpcHandler:
             try:
                 ttl = await keepalives.keepalive(lease_id)
             except RequestTimeoutError:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+                await context.abort(*TIMED_OUT)
             yield wire.keepalive_response(headers.framed(store.committed), lease_id, ttl)
 
     return WhileFollowing(link, grpc.method_handlers_generic_handler("etcdserverpb.Lease", {
@@ -717,7 +721,7 @@ def follower_kv(member, link: WriterLink):
             except grpc.aio.AioRpcError as exc:
                 await _relay_error(context, exc)
             except RequestTimeoutError:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+                await context.abort(*TIMED_OUT)
             return await self.range_at(request, context, index)
 
     return FollowerKV(member)

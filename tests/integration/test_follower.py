@@ -698,7 +698,8 @@ def frozen_until_taken_over(writer, standby, timeout: float = 60.0) -> float:
 def test_a_follower_finds_the_new_writer_while_the_old_one_is_frozen(nats, tmp_path):
     """The writer frozen until the standby takes over: writes through the follower reach the new
     writer while the old one is still frozen. The follower's calls to the old one only time out,
-    so it must look the writer record up on a timeout too, not only on a refused connection."""
+    so it must look the writer record up on a timeout too, not only on a refused connection; the
+    call that timed out is answered as an etcd member answers one it waited for in vain."""
     with writer_follower_standby(nats, tmp_path) as (writer, follower, standby), \
             grpc.insecure_channel(follower.endpoint) as ch:
         kv = pbg.KVStub(ch)
@@ -707,11 +708,13 @@ def test_a_follower_finds_the_new_writer_while_the_old_one_is_frozen(nats, tmp_p
         errors = []
         while True:
             try:
-                put = kv.Put(pb.PutRequest(key=b"/registry/pods/a", value=b"2"), timeout=10)
+                put = kv.Put(pb.PutRequest(key=b"/registry/pods/a", value=b"2"), timeout=30)
                 break
             except grpc.RpcError as exc:
                 errors.append((exc.code(), exc.details()))
                 assert time.monotonic() < deadline, (errors, follower.log_tail(30))
+        # the call the frozen writer never answered timed out as on an etcd member without a leader
+        assert errors[:1] == [(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")], errors
         with grpc.insecure_channel(standby.endpoint) as sch:
             got = pbg.KVStub(sch).Range(pb.RangeRequest(key=b"/registry/pods/a"), timeout=10)
         assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"2", put.header.revision)]
