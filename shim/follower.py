@@ -47,8 +47,8 @@ from shards.errors import LeaderChangedError, RequestTimeoutError
 from shards.tokens import SimpleTokens, looks_simple
 
 from . import wire
-from .context import READ_INDEX_METADATA
-from .errors import LEADER_CHANGED, NOT_THE_WRITER, TIMED_OUT
+from .context import READ_INDEX_METADATA, abort_with
+from .errors import NOT_THE_WRITER, TIMED_OUT
 from .grpcserver import CallDetails
 from .access import FORWARDED_CALLER, FORWARDED_METADATA_MARK, FORWARDED_SECRET, common_name, token_of
 
@@ -83,15 +83,21 @@ FORWARDED_METADATA = ("token", "authorization")
 # limit is 2 GiB): a forwarded Txn or DeleteRange with prev_kv can carry megabytes (gRPC's own
 # default, 4 MiB, refused them with RESOURCE_EXHAUSTED)
 WRITER_CHANNEL_OPTIONS = (("grpc.max_receive_message_length", -1),)
-READ_INDEX_SLOW_S = 0.5
+READ_INDEX_SLOW_S = 0.5  # a read index answered this late counts as slow (etcd's ReadIndexRetryTime)
 STREAM_CHECK_S = 5.0  # a forwarded stream (an Observe) quiet this long: did the writer move?
 RECHECK_EVERY_S = 1.0  # the writer record is read at most this often for such checks (a move found: at once)
-KEEPALIVE_STALL_S = 2.0  # a lease renewal sent to the writer and not answered this long: did the writer move?  # a read index answered this late counts as slow (etcd's ReadIndexRetryTime)
+KEEPALIVE_STALL_S = 2.0  # a lease renewal sent to the writer and not answered this long: did the writer move?
 _identity = None  # raw bytes in and out
 
 
 def writer_key(role: str) -> str:
     return f"writer-urls.{role}"
+
+
+def _writer_at(record: dict) -> tuple[str, str, int]:
+    """The scheme and host:port of the first client URL a writer record names, and its member id."""
+    scheme, _, target = record["urls"][0].rpartition("://")
+    return scheme, target, record["member_id"]
 
 
 def writer_record(urls: tuple[str, ...], member_id: int, name: str, secret: str) -> str:
@@ -188,8 +194,7 @@ class WriterLink:
             if record is None:
                 raise RequestTimeoutError()  # no writer has served yet
             found = json.loads(record)
-            scheme, _, self._target = found["urls"][0].rpartition("://")
-            self.member_id = found["member_id"]
+            scheme, self._target, self.member_id = _writer_at(found)
             self.secret = found.get("secret", "") if scheme == "https" else ""  # over TLS only
             if scheme == "https":
                 try:
@@ -250,8 +255,7 @@ class WriterLink:
             return False
         if record is None:
             return False
-        found = json.loads(record)
-        moved = (found["urls"][0].rpartition("://")[2], found["member_id"]) != (target, member_id)
+        moved = _writer_at(json.loads(record))[1:] != (target, member_id)
         if moved:
             logger.info("writer moved while a call to it timed out from=%s member=%x", target, member_id)
         return moved
@@ -488,10 +492,8 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
                         yield as_this_member(raw, headers)[0]
             except grpc.aio.AioRpcError as exc:
                 await _relay_error(context, exc)
-            except RequestTimeoutError:
-                await context.abort(*TIMED_OUT)
-            except LeaderChangedError:
-                await context.abort(*LEADER_CHANGED)
+            except (RequestTimeoutError, LeaderChangedError) as exc:
+                await abort_with(context, exc)
 
         return grpc.unary_stream_rpc_method_handler(handle)
 
