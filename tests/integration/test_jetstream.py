@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from journal.jetstream import list_streams
+from journal.jetstream import list_streams, retrying
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shards.layout import DEFAULT_LAYOUT_TOML, load_layout
 from tests.etcd_fixture import client_url_flags, free_port
@@ -339,8 +339,9 @@ def test_a_journal_stream_that_would_drop_records_is_refused(nats, tmp_path):
     nats_call(nats.urls, lambda js: set_max_age(js, 0))
 
     async def made_in_memory(js) -> None:
-        await js.add_stream(StreamConfig(name="mem_events", subjects=["journal.mem_events"], num_replicas=3,
-                                         storage=StorageType.MEMORY))
+        await retrying("add stream", lambda: js.add_stream(StreamConfig(
+            name="mem_events", subjects=["journal.mem_events"], num_replicas=3, storage=StorageType.MEMORY)),
+            deadline_s=60)
 
     nats_call(nats.urls, made_in_memory)
     assert refused(server_on(nats, tmp_path / "m", "--journal-prefix", "mem", "--standby")).startswith(

@@ -268,7 +268,8 @@ def test_jetstream_storage_full_then_freed(tmp_path):
         async def go(js):
             from nats.js.api import StorageType, StreamConfig
 
-            await js.add_stream(StreamConfig(name=FILLER, subjects=["filler"], num_replicas=3, storage=StorageType.FILE))
+            await retrying("add stream", lambda: js.add_stream(StreamConfig(
+                name=FILLER, subjects=["filler"], num_replicas=3, storage=StorageType.FILE)), deadline_s=60)
             for i in range(200):
                 try:
                     await js.publish("filler", b"f" * (512 * 1024), timeout=10)

@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from journal.jetstream import list_streams
+from journal.jetstream import list_streams, retrying
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from shards.layout import load_layout
 from tests.etcd_fixture import free_port
@@ -218,7 +218,8 @@ def test_verify_says_where_each_stream_is_stored(nats, tmp_path):
     assert all(re.fullmatch(r"3 \(leader n\d\)", found[name]) for name in ours), found
 
     async def placed(js) -> str:
-        info = await js.add_stream(name="elsewhere", subjects=["elsewhere.>"], num_replicas=1)
+        info = await retrying("add stream", lambda: js.add_stream(name="elsewhere", subjects=["elsewhere.>"],
+                                                                   num_replicas=1), deadline_s=60)
         return info.cluster.leader
 
     lost_server = on_nats(nats.urls, placed)  # another deployment's stream, on one server only

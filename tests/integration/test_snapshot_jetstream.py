@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from journal.jetstream import retrying
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port
 from tests.integration.test_lost_journal import refused_start
@@ -65,7 +66,9 @@ def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, t
     from tests.integration.test_jetstream_faults import nats_call
 
     async def stale_release_key(js) -> None:  # as a deployment on the prefix whose streams were deleted leaves it
-        await (await js.create_key_value(bucket="restored-meta", history=1)).put("released.restored_pods", b"1000")
+        # (the cluster just started: its first stream may take a loaded machine more than a request's 10 s)
+        bucket = await retrying("bucket", lambda: js.create_key_value(bucket="restored-meta", history=1), deadline_s=60)
+        await retrying("put", lambda: bucket.put("released.restored_pods", b"1000"), deadline_s=60)
 
     nats_call(nats.urls, stale_release_key)
     r = restore(snap, tmp_path / "w" / "data", *js)
@@ -76,7 +79,8 @@ def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, t
     from shards.layout import load_layout
 
     async def recorded_layout(js) -> str:
-        return (await (await js.key_value("restored-meta")).get("layout.default")).value.decode()
+        bucket = await retrying("bucket", lambda: js.key_value("restored-meta"), deadline_s=60)
+        return (await retrying("get", lambda: bucket.get("layout.default"), deadline_s=60)).value.decode()
 
     # what a process with another --shard-layout is refused on (test_jetstream.py)
     assert nats_call(nats.urls, recorded_layout) == load_layout(None).describe()
