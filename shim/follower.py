@@ -77,6 +77,10 @@ FORWARDED: dict[str, dict[str, str]] = {
 READ_AS_STORED = {("etcdserverpb.KV", "Compact"), ("etcdserverpb.Lease", "LeaseRevoke"), *(("etcdserverpb.Auth", m) for m in (
     "AuthEnable", "AuthDisable", "UserAdd", "UserDelete", "UserChangePassword", "UserGrantRole",
     "UserRevokeRole", "RoleAdd", "RoleDelete", "RoleGrantPermission", "RoleRevokePermission"))}
+# forwarded calls answered once what they ask for is had, however long that takes: they are given
+# as long as their client gives them, as on an etcd member (etcdctl lock and elect wait with no
+# deadline), not the follower's request timeout
+WAITING = {("v3lockpb.Lock", "Lock"), ("v3electionpb.Election", "Campaign")}
 # what a forwarded call's client metadata may carry on to the writer
 FORWARDED_METADATA = ("token", "authorization")
 # the writer's answers come back whatever their size, as to a client of etcd (its default receive
@@ -230,6 +234,11 @@ class WriterLink:
                 if channel is not self._channel:
                     await channel.close()
 
+    @property
+    def writer(self) -> tuple[str, int]:
+        """The writer the channel calling() gives leads to: its address and member id."""
+        return self._target, self.member_id
+
     def leads_to(self, channel: grpc.aio.Channel) -> bool:
         """Whether calls to the writer still go over ``channel`` (not looked up again since)."""
         return self._channel is channel
@@ -330,31 +339,82 @@ class WriterLink:
 
     # -- forwarding -----------------------------------------------------
 
-    async def unary(self, service: str, method: str, request: bytes, metadata) -> bytes:
+    async def unary(self, service: str, method: str, request: bytes, metadata, *, waits: bool = False,
+                    client_timeout_s: float | None = None) -> bytes:
         """Call the writer.  While no writer can be reached (a takeover under way),
         wait for one, as an etcd member holds requests while it elects a leader,
         up to the request timeout: a call the writer refused to connect to never
         reached it, so sending it again cannot apply it twice; nor did one that a
-        member answered NOT_THE_WRITER (the writer record still named its address)."""
+        member answered NOT_THE_WRITER (the writer record still named its address).
+        A call that ``waits`` (WAITING: for a lock, a leadership) is given as long as its
+        client gives it (``client_timeout_s``, None: no end), as an etcd member waits; should the
+        writer go away meanwhile (it stopped or crashed, or hangs and a standby took over), it is
+        asked of the next writer: the same lease asks for the same key there, so a lock or a
+        leadership is not had twice, and the place in its queue is kept."""
         deadline = time.monotonic() + self.timeout_s
+        client_deadline = None if client_timeout_s is None else time.monotonic() + client_timeout_s
         while True:
             try:
                 async with self.calling() as channel:
                     call = channel.unary_unary(f"/{service}/{method}", request_serializer=_identity,
                                                response_deserializer=_identity)
-                    return await call(request, metadata=self.signed(metadata),
-                                      timeout=max(deadline - time.monotonic(), 0.1))
+                    if not waits:
+                        return await call(request, metadata=self.signed(metadata),
+                                          timeout=max(deadline - time.monotonic(), 0.1))
+                    timeout = None if client_deadline is None else max(client_deadline - time.monotonic(), 0.1)
+                    return await self._answered(call(request, metadata=self.signed(metadata), timeout=timeout),
+                                                channel, self.writer)
             except grpc.aio.AioRpcError as exc:
-                await self._unapplied(exc, deadline)
+                if waits and _went_away(exc):  # the writer it waited at is gone: asked again of the next one
+                    await self.forget()
+                    deadline = time.monotonic() + self.timeout_s
+                else:
+                    await self._unapplied(exc, deadline)
             except RequestTimeoutError:  # no writer has published where it serves yet
                 if time.monotonic() > deadline:
                     raise
+            except LeaderChangedError:  # it waited at a writer that is one no more: ask the new one
+                deadline = time.monotonic() + self.timeout_s
+                continue
             await asyncio.sleep(0.1)
+
+    async def _answered(self, call, channel: grpc.aio.Channel, sent_to: tuple[str, int], answer=None):
+        """What ``call`` to the writer ``sent_to`` on ``channel`` answers (``answer``: the awaitable
+        that gives it, a stream's next; by default the unary call itself). A writer that hangs with
+        its connection open never answers nor fails: while the answer is slow to come, whether the
+        writer moved is looked at every STREAM_CHECK_S, and once it has, the call is cancelled and
+        LeaderChangedError raised."""
+        pending = asyncio.ensure_future(call if answer is None else answer)
+        try:
+            while True:
+                done, _ = await asyncio.wait((pending,), timeout=STREAM_CHECK_S)
+                if done:
+                    return pending.result()
+                if await self._moved_from(channel, sent_to):
+                    call.cancel()
+                    raise LeaderChangedError()
+        finally:
+            pending.cancel()
+
+    async def _moved_from(self, channel: grpc.aio.Channel, sent_to: tuple[str, int]) -> bool:
+        """Whether the writer record names another writer than ``sent_to``, whom ``channel``
+        leads to. A channel forgotten for another reason (a call to the same writer failed) is
+        no move: a call still waiting on it is let be."""
+        await self.forget_if_moved()
+        if self.leads_to(channel):
+            return False
+        try:
+            await self.channel()
+        except Exception as exc:  # noqa: BLE001 - no record, or the journal not answering: nothing known to have moved
+            logger.debug("writer record not read while a call waits error=%r", exc)
+            return False
+        return self.writer != sent_to
 
     async def stream(self, service: str, method: str, request: bytes, metadata):
         """A server-streaming call to the writer (an election's Observe): started again as
         ``unary`` is while no writer takes it; once answers flow, an error ends it and the
-        client decides, as it would on the member it called."""
+        client decides, as it would on the member it called; so does a writer that moved while
+        the stream was quiet (LeaderChangedError: the client observes again, at the new writer)."""
         deadline = time.monotonic() + self.timeout_s
         answered = False
         while True:
@@ -363,27 +423,16 @@ class WriterLink:
                     call = channel.unary_stream(f"/{service}/{method}", request_serializer=_identity,
                                                 response_deserializer=_identity)(request,
                                                                                  metadata=self.signed(metadata))
-                    answers = aiter(call)
-                    reading = asyncio.ensure_future(anext(answers))
+                    answers, sent_to = aiter(call), self.writer
                     try:
                         while True:
-                            # a writer that hangs with its connection open ends no stream: while this
-                            # one is quiet, whether the writer moved is looked at now and then
-                            done, _ = await asyncio.wait((reading,), timeout=STREAM_CHECK_S)
-                            if not done:
-                                await self.forget_if_moved()
-                                if not self.leads_to(channel):
-                                    raise LeaderChangedError()  # the client observes again, at the new writer
-                                continue
                             try:
-                                raw = reading.result()
+                                raw = await self._answered(call, channel, sent_to, anext(answers))
                             except StopAsyncIteration:
                                 return
                             answered = True
                             yield raw
-                            reading = asyncio.ensure_future(anext(answers))
                     finally:
-                        reading.cancel()
                         call.cancel()  # the client went away: so does the call to the writer (no-op once ended)
             except grpc.aio.AioRpcError as exc:
                 if answered:
@@ -408,6 +457,14 @@ class WriterLink:
         unapplied = "failed to connect" in details.lower() or details == NOT_THE_WRITER
         if not unapplied or time.monotonic() > deadline:
             raise exc  # it may have reached the writer: the client decides
+
+
+def _went_away(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether a call that reached the writer ended because its connection did (the writer
+    stopped or crashed), not with an answer of the writer's (those are etcd's or ours)."""
+    details = exc.details() or ""
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and not details.startswith(("etcdserver: ", "shardetcd: ")) \
+        and "failed to connect" not in details.lower()
 
 
 async def read_as_stored(*shards) -> None:
@@ -454,10 +511,13 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
     store = link.store
 
     def unary(service: str, method: str):
+        waits = (service, method) in WAITING
+
         async def handle(request: bytes, context) -> bytes:
             await refuse_if_forwarded(context)
             try:
-                raw = await link.unary(service, method, request, _metadata(context))
+                raw = await link.unary(service, method, request, _metadata(context), waits=waits,
+                                       client_timeout_s=context.time_remaining() if waits else None)
             except grpc.aio.AioRpcError as exc:
                 await _relay_error(context, exc)
             except RequestTimeoutError:

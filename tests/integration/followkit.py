@@ -412,3 +412,56 @@ def a_revoked_lease_is_kept_alive_no_more_through_the_follower(writer, follower)
                     wait_until("a keep-alive answered TTL 0", lambda: stream.ttl(lease_id) == 0, timeout=10)
         finally:
             stream.close()
+
+
+def waited_for_a_lock_and_a_leadership(endpoint: str, held_s: float, meanwhile=lambda: None
+                                       ) -> tuple[list[str], list[str]]:
+    """Through ``endpoint``: a lock and an election's leadership, each held by one client while a
+    second asks for it with no deadline (as ``etcdctl lock`` and ``elect`` do); ``meanwhile()``
+    runs, and once the holders have held on for ``held_s`` they give them up (the lock unlocked,
+    the leader resigned) on the same endpoint. What the waiting clients got (the lock's key and
+    the leader's key, or their errors), and what they should have got."""
+    from proto import v3election_pb2 as epb, v3election_pb2_grpc as epbg, v3lock_pb2 as lpb, v3lock_pb2_grpc as lpbg
+
+    with grpc.insecure_channel(endpoint) as ch:
+        leases = pbg.LeaseStub(ch)
+        held, waiting, impatient = (leases.LeaseGrant(pb.LeaseGrantRequest(TTL=120), timeout=10).ID for _ in range(3))
+        lock, election = lpbg.LockStub(ch), epbg.ElectionStub(ch)
+        mine = lock.Lock(lpb.LockRequest(name=b"the-lock", lease=held), timeout=10).key
+        leader = election.Campaign(epb.CampaignRequest(name=b"the-election", lease=held, value=b"first"),
+                                   timeout=10).leader
+        got: dict[str, str] = {}
+
+        def wait(what: str, call) -> None:
+            try:
+                got[what] = call()
+            except grpc.RpcError as exc:
+                got[what] = f"{exc.code().name}: {exc.details()}"
+
+        waiters = [threading.Thread(target=wait, args=("lock", lambda: "key " + lock.Lock(
+                       lpb.LockRequest(name=b"the-lock", lease=waiting)).key.decode())),
+                   threading.Thread(target=wait, args=("leader", lambda: "leader " + election.Campaign(
+                       epb.CampaignRequest(name=b"the-election", lease=waiting, value=b"second")).leader.key.decode()))]
+        for t in waiters:
+            t.start()
+        started = time.monotonic()
+        meanwhile()
+        time.sleep(max(held_s - (time.monotonic() - started), 0))
+        assert not got, got  # neither is had while it is held
+        # a client that gives up waiting (cancels: no deadline) takes its place in the queue with it
+        gave_up = lock.Lock.future(lpb.LockRequest(name=b"the-lock", lease=impatient))
+        time.sleep(1)
+        assert gave_up.cancel() and not got, got
+
+        def queue() -> list[bytes] | None:
+            r = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"the-lock/", range_end=b"the-lock0"), timeout=10)
+            return sorted(kv.key for kv in r.kvs) if len(r.kvs) == 2 else None
+
+        queued = wait_until("the lock's queue without the client that gave up", queue, timeout=30)
+        assert queued == sorted(b"the-lock/%x" % lease for lease in (held, waiting)), queued
+        lock.Unlock(lpb.UnlockRequest(key=mine), timeout=30)
+        election.Resign(epb.ResignRequest(leader=leader), timeout=30)
+        for t in waiters:
+            t.join(60)
+        return ([got.get("lock", "no answer"), got.get("leader", "no answer")],
+                [f"key the-lock/{waiting:x}", f"leader the-election/{waiting:x}"])

@@ -24,7 +24,7 @@ from tests.integration.diffkit import run_differential
 from tests.integration.followkit import (a_revoked_lease_is_kept_alive_no_more_through_the_follower,
                                          a_watch_resumes_across_a_follower_restart, put,
                                          auth_changes_decide_the_next_call_on_the_follower, resume_and_stop, wait_until,
-                                         serves_every_pod,
+                                         serves_every_pod, waited_for_a_lock_and_a_leadership,
                                          write_past_checkpoints,
                                          cluster_followers_serve_their_partition,
                                          member_list_names_the_writer_and_its_followers, resync_line,
@@ -767,3 +767,28 @@ def test_an_observe_through_a_follower_ends_once_its_frozen_writer_is_replaced(n
             again = election.Observe(epb.LeaderRequest(name=b"e1"), timeout=30)
             assert next(again).kv.value == b"leader-1"
             again.cancel()
+
+
+def test_a_lock_and_a_leadership_waited_for_through_a_follower_are_had_from_the_writer_that_replaced_a_frozen_one(
+        nats, tmp_path):
+    """Lock and Campaign through the follower wait at the writer for as long as their clients do.
+    The writer frozen while they wait, and the standby taken over: the follower asks them of the
+    new writer (the same lease asks for the same key, so nothing is had twice), and once the
+    holders give the lock and the leadership up there, the waiting clients get them."""
+    with writer_follower_standby(nats, tmp_path) as (writer, follower, standby):
+        def takeover() -> None:
+            deadline = frozen_until_taken_over(writer, standby)
+            with grpc.insecure_channel(follower.endpoint) as ch:
+                wait_until("a write through the follower at the new writer", lambda: not_refused(
+                    lambda: put(pbg.KVStub(ch), b"/registry/pods/after", b"x")), timeout=deadline - time.monotonic())
+
+        got, wanted = waited_for_a_lock_and_a_leadership(follower.endpoint, 0, takeover)
+        assert got == wanted, (got, follower.log_tail(30))
+
+
+def not_refused(call) -> bool:
+    try:
+        call()
+        return True
+    except grpc.RpcError:
+        return False

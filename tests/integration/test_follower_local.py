@@ -29,7 +29,8 @@ from tests.integration.followkit import (a_revoked_lease_is_kept_alive_no_more_t
                                          cluster_followers_serve_their_partition,
                                          falls_behind_then_resyncs_in_process,
                                          member_list_names_the_writer_and_its_followers, put,
-                                         require_leader_watches_end_and_come_back, serves_every_pod, watch_differential_through,
+                                         require_leader_watches_end_and_come_back, serves_every_pod,
+                                         waited_for_a_lock_and_a_leadership, watch_differential_through,
                                          watches_see_every_write_once_in_order, write_past_checkpoints)
 from tests.shardetcd_fixture import ShardetcdProcess
 from tests.watch_client import WatchClient
@@ -238,6 +239,37 @@ def test_a_follower_goes_on_across_a_writer_kill_and_restart(tmp_path):
                            timeout=10)
             assert got.header.revision == last and len(got.kvs) == 5
         assert follower.running()
+    finally:
+        follower.stop()
+        writer.stop()
+
+
+def test_a_lock_and_a_leadership_waited_for_longer_than_a_request_timeout_are_had_through_a_follower(
+        real_etcd, writer_and_followers):
+    """Lock and Campaign answer once the lock or the leadership is had, however long that takes:
+    an etcd member waits for as long as its client does (``etcdctl lock`` and ``elect`` wait with
+    no deadline). Held for 9 s, past the 7 s a follower gives other forwarded calls: the waiting
+    clients get them once given up, on etcd 3.5.1 and through a follower alike."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    follower = writer_and_followers[1][0]
+    with ThreadPoolExecutor(2) as pool:
+        on_etcd, through = pool.map(lambda endpoint: waited_for_a_lock_and_a_leadership(endpoint, 9.0),
+                                    (real_etcd.endpoint, follower.endpoint))
+    assert on_etcd[0] == on_etcd[1], on_etcd
+    assert through[0] == through[1], through
+
+
+def test_a_lock_and_a_leadership_waited_for_through_a_follower_are_had_across_a_writer_crash(tmp_path):
+    """The writer killed with -9 and started again while a Lock and a Campaign wait through the
+    follower: the follower asks them again of the writer that serves next, where the keys they
+    queued with are, and the clients get the lock and the leadership once given up (an etcd
+    member's Lock goes on waiting when the leader fails too)."""
+    writer = writer_at(tmp_path / "w").start()
+    follower = follower_of(writer, tmp_path / "f").start()
+    try:
+        got, wanted = waited_for_a_lock_and_a_leadership(follower.endpoint, 0, lambda: (writer.kill(), writer.start()))
+        assert got == wanted, (got, follower.log_tail(30))
     finally:
         follower.stop()
         writer.stop()

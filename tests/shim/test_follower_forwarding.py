@@ -60,7 +60,7 @@ class Store:
 
 
 def handler(store: Store, answer: bytes, timeout_s: float = TIMEOUT_S):
-    async def unary(service, method, request, metadata):
+    async def unary(service, method, request, metadata, **_):
         return answer
 
     link = SimpleNamespace(store=store, tokens=None, timeout_s=timeout_s, active=True, unary=unary)
@@ -232,5 +232,62 @@ def test_calls_in_flight_to_the_writer_end_on_their_own_when_its_address_is_forg
         finally:
             await link.close()
             await server.stop(None)
+
+    run(body)
+
+
+def test_a_waiting_lock_stays_at_its_writer_until_another_writer_is_recorded(monkeypatch):
+    """A Lock waits at the writer as long as its client does. The link forgetting the writer's
+    address for another call's sake leaves it be (sent again to the same writer, it would queue
+    anew behind later lockers); once the writer record names another writer, the call to the old
+    one is cancelled and the same Lock asked of the new one."""
+    import json
+
+    from shim import follower
+    from shim.follower import WriterLink
+
+    monkeypatch.setattr(follower, "STREAM_CHECK_S", 0.05)
+    monkeypatch.setattr(follower, "RECHECK_EVERY_S", 0.0)
+
+    async def body() -> None:
+        calls: dict[str, list[str]] = {"old": [], "new": []}
+        servers, ports = [], {}
+        for name in ("old", "new"):
+            async def lock(request: bytes, context, name=name) -> bytes:
+                calls[name].append("asked")
+                try:
+                    await asyncio.Event().wait() if name == "old" else None
+                except asyncio.CancelledError:
+                    calls[name].append("cancelled")
+                    raise
+                return b"had at " + name.encode()
+
+            server = grpc.aio.server()
+            server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+                "v3lockpb.Lock", {"Lock": grpc.unary_unary_rpc_method_handler(lock)})])
+            ports[name] = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            servers.append(server)
+        recorded = {"at": "old"}
+
+        class Log:
+            async def get_meta(self, key: str) -> str:
+                return json.dumps({"urls": [f"http://127.0.0.1:{ports[recorded['at']]}"],
+                                   "member_id": WRITER if recorded["at"] == "old" else WRITER + 1})
+
+        link = WriterLink(Log(), "writer", Store([]), timeout_s=TIMEOUT_S)
+        try:
+            call = asyncio.ensure_future(link.unary("v3lockpb.Lock", "Lock", b"", (), waits=True))
+            await asyncio.sleep(0.3)
+            await link.forget()  # another call failed: the writer looked up again, the same one
+            await asyncio.sleep(0.5)  # ten looks at the record
+            assert calls == {"old": ["asked"], "new": []} and not call.done()
+            recorded["at"] = "new"
+            assert await call == b"had at new"
+            assert calls == {"old": ["asked", "cancelled"], "new": ["asked"]}
+        finally:
+            await link.close()
+            for server in servers:
+                await server.stop(None)
 
     run(body)
