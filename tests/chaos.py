@@ -21,8 +21,9 @@ Each round, one fault, at a random time, from:
 * ``kill-nats`` / ``pause-nats``: one NATS server gone or frozen for a while.
 
 At the end of each round the clients stop and the round's history must be
-linearizable key by key (tests/lincheck.py); every member must then serve the
-same values at the same revisions, and exactly one member must be the writer;
+linearizable key by key (tests/lincheck.py); every member must take a write and a
+linearizable read again within a minute, then serve the same values at the same
+revisions, and exactly one member must be the writer;
 and ``journal verify``, run as an operator would while the writer runs, must find
 every stream and checkpoint sound and no acknowledged revision gone.
 A failing history is saved beside the log for ``python -m tests.lincheck``.
@@ -152,6 +153,32 @@ def converged(members: list[Member], keys: list[bytes], log, timeout: float = 60
         time.sleep(0.5)
 
 
+def serving(members: list[Member], log, timeout: float = 60.0) -> None:
+    """Every member takes a write and answers a linearizable read that sees it, within ``timeout``
+    of the fault healing: a fault that leaves the members consistent but unable to serve (a
+    follower stuck on a writer that is gone, a writer that never takes writes again) is a finding
+    too, and the clients' history alone, full of calls of unknown outcome, would not show it."""
+    started = time.monotonic()
+    for m in members:
+        errors = []
+        while True:
+            revive_ended(members, log)
+            try:
+                with grpc.insecure_channel(m.endpoint) as ch:
+                    kv = pbg.KVStub(ch)
+                    key = b"/registry/pods/chaos/serving-" + m.name.encode()
+                    rev = kv.Put(pb.PutRequest(key=key, value=b"%d" % len(errors)), timeout=5).header.revision
+                    got = kv.Range(pb.RangeRequest(key=key), timeout=5)
+                    assert [x.mod_revision for x in got.kvs] == [rev], (m.name, rev, got)
+                break
+            except grpc.RpcError as exc:
+                errors.append(f"{exc.code().name}: {exc.details()}")
+                assert time.monotonic() < started + timeout, f"{m.name} serves no more: {errors[-3:]}; " + \
+                    m.proc.log_tail(15)
+                time.sleep(0.5)
+    log(f"  every member took a write and a linearizable read {time.monotonic() - started:.1f} s after the round")
+
+
 def inject(fault: str, members: list[Member], nats, rng: random.Random, log) -> None:
     writer = the_writer(members)
     others = [m for m in members if m is not writer]
@@ -240,6 +267,7 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     unknown = len(history) - done
     log(f"  {done} operations answered, {unknown} of unknown outcome")
     check_linearizable(history, out, f"round{r}-{fault}", keys)
+    serving(members, log)
     writer = the_writer(members)
     view = converged(members, keys, log)
     log(f"  linearizable; writer {writer.name}; members agree on {sum(len(v) for v in view.values())} keys; "

@@ -1,7 +1,7 @@
 """One round of each fault of tests/chaos.py against a JetStream deployment (three NATS
 servers, a writer and two following standbys), in one fixed order: after each, the
-round's history must be linearizable key by key, every member must serve the same
-values at the same revisions, exactly one member must be the writer, and `journal
+round's history must be linearizable key by key, every member must take a write and a
+linearizable read again, serve the same values at the same revisions, exactly one member must be the writer, and `journal
 verify` (run while the writer runs) must find the journals sound with nothing lost. Members
 come back as following standbys on their old data dirs, so later rounds run on
 members that were writers before. Every member stores a checkpoint and releases its
@@ -21,3 +21,5 @@ def test_one_round_of_each_fault_keeps_every_history_linearizable(tmp_path, caps
     assert len(stored) == len(chaos.FAULTS) and max(stored) > 0, stored
     verified = [line for line in out if "journal verify: all sound; acknowledged: default: writes up to" in line]
     assert len(verified) == len(chaos.FAULTS), out
+    serving = [line for line in out if "every member took a write and a linearizable read" in line]
+    assert len(serving) == len(chaos.FAULTS), out
