@@ -95,6 +95,9 @@ class _Context:
     def invocation_metadata(self):
         return self.metadata
 
+    def time_remaining(self) -> None:
+        return None  # an HTTP request has no deadline: a lock or a campaign waits while its client does
+
     async def abort(self, code: grpc.StatusCode, details: str):
         raise GatewayError(code, details, from_grpc=True)
 

@@ -54,6 +54,7 @@ FIRST_LINE_MAX_CLIENT_PORT = 4096
 DISCARD_BYTES_MAX = 256 << 10  # what Go's server reads of an unread body to keep a connection (maxPostHandlerReadBytes)
 READER_LIMIT = HEAD_BYTES_MAX + 1  # a StreamReader's buffer for one line of the head
 IDLE_READ_S = 60.0  # a request line, head or chunk header not complete by then: the connection is closed
+GONE_CHECK_S = 0.5  # while a request is answered, how often whether its client closed the connection is looked at
 _TOKEN_BYTES = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"  # a header name's
 _HOST_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ!$%&'()*+,-.:;=[]_~")  # httpguts
 _CTL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")  # what Go refuses in a header value (a tab is allowed)
@@ -406,7 +407,8 @@ class HttpEndpoint:
             else:  # a handler that reads no body answers; Go then cannot skip the rest, so it closes
                 await self.serve(method, target, headers, b"", answer)
             return False
-        served = await self.serve(method, target, headers, body, Http1Answer(writer, method, version, extra))
+        served = await _unless_gone(reader, self.serve(method, target, headers, body,
+                                                       Http1Answer(writer, method, version, extra)))
         return served and keep
 
     async def serve(self, method: str, path: str, headers: dict[str, str], body: bytes, answer) -> bool:
@@ -530,6 +532,27 @@ class HttpEndpoint:
             start(200)
         await answer.end()
         return False
+
+
+async def _unless_gone(reader: asyncio.StreamReader, answering) -> bool:
+    """Await ``answering`` (one request answered: whether the connection takes another) unless
+    the client closes the connection first: then it is cancelled, and the connection is done.
+    Go's server cancels a request's context when its connection reads EOF, so on etcd a gateway
+    Lock or Campaign whose client gave up leaves the queue, and a stream to a client gone quiet
+    ends; answered regardless, a Lock would be had, and held, by nobody until its lease ran out.
+    A request pipelined behind this one stays in the reader's buffer, which is not EOF."""
+    task = asyncio.ensure_future(answering)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a cancelled one's end is nobody's to read
+    try:
+        while True:
+            done, _ = await asyncio.wait((task,), timeout=GONE_CHECK_S)
+            if done:
+                return task.result()
+            if reader.at_eof():
+                logger.debug("http client closed the connection before its answer")
+                return False
+    finally:
+        task.cancel()
 
 
 def _redirect(method: str, location: str) -> tuple[int, tuple, bytes]:

@@ -193,3 +193,34 @@ def test_gateway_lock_and_election_json_matches_etcd(gateway, real_etcd):
     both("/v3/election/resign", {"leader": leader})
     both("/v3/election/proclaim", {"leader": leader, "value": b64("v3")})  # not leader any more
     both("/v3/election/resign", {})
+
+
+def test_a_gateway_lock_whose_client_gave_up_leaves_the_queue_as_on_etcd(gateway, real_etcd):
+    """A client that closes its connection while its /v3/lock/lock waits: etcd's gateway cancels
+    the call (Go cancels a request's context when its connection closes), so its key leaves the
+    lock's queue; left there, the lock would be had, and held, by nobody once given up."""
+    import base64
+    import socket
+
+    def queued(base: str) -> list[str]:
+        listed = post(base, "/v3/kv/range", {"key": base64.b64encode(b"gq/").decode(),
+                                             "range_end": base64.b64encode(b"gq0").decode()})[1]
+        return sorted(base64.b64decode(kv["key"]).decode() for kv in listed.get("kvs", []))
+
+    for base in (f"http://127.0.0.1:{gateway}", f"http://{real_etcd.endpoint}"):
+        for lease in ("4660", "4661"):
+            assert post(base, "/v3/lease/grant", {"ID": lease, "TTL": "60"})[0] == 200
+        assert post(base, "/v3/lock/lock", {"name": base64.b64encode(b"gq").decode(), "lease": "4660"})[0] == 200
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        body = json.dumps({"name": base64.b64encode(b"gq").decode(), "lease": "4661"}).encode()
+        with socket.create_connection((host, int(port)), timeout=10) as waiting:
+            waiting.sendall(b"POST /v3/lock/lock HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: %d\r\n\r\n%s" % (base.encode()[7:], len(body), body))
+            deadline = time.monotonic() + 10
+            while queued(base) != ["gq/1234", "gq/1235"]:  # it waits in the queue
+                assert time.monotonic() < deadline, queued(base)
+                time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while (left := queued(base)) != ["gq/1234"]:  # and leaves it with its client
+            assert time.monotonic() < deadline, (base, left)
+            time.sleep(0.1)
