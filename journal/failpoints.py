@@ -42,6 +42,7 @@ POINTS = (
     "snapshot.restore_between_uploads",  # a restore into JetStream, after a shard's checkpoint went up
     "recovery.follow_after_checkpoints",  # a follower or standby starting: checkpoints fetched, journals not read
     "recovery.follow_journal_read",  # ... one journal read (the first to finish), the others being read
+    "recovery.follow_journal_listed",  # ... a JetStream journal of 9 messages or more: its extent known, not read
     "recovery.follow_loading_checkpoints",  # ... journals read, the checkpoints' rows not yet loaded
 )
 

@@ -43,6 +43,7 @@ import json
 import re
 import secrets
 import shutil
+import sys
 import tempfile
 import time
 from collections import deque
@@ -50,6 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Awaitable, Callable, Iterable, Iterator
 
+from journal import failpoints
 from journal.appender import Appender
 from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpoint
 from journal.config import JournalConfig
@@ -1349,6 +1351,7 @@ class JetStreamJournal(Appender):
         self.following = False  # opened to follow another writer: not fenced, not writable
         self.cuts_seen: list[tuple[int, int]] = []  # (epoch, revision) of the cut markers read
         self.first_top = 0  # the highest tag in the first message with records that was read
+        self._after_purge = False  # messages were purged in the middle of the read: first_top is the next one's
 
     # -- open / replay ----------------------------------------------------
 
@@ -1404,16 +1407,18 @@ class JetStreamJournal(Appender):
     async def _read(self, first: int, last: int) -> None:
         """Every record in the stream, cuts applied (the stream is bounded by checkpoints)."""
         self._found, self._msgs, self._stored_bytes, self._last_rev = [], deque(), 0, 0  # a retry starts over
-        self.cuts_seen, self.first_top = [], 0
+        self.cuts_seen, self.first_top, self._after_purge = [], 0, False
         started = time.monotonic()
-        count = await self._read_range(first, last, self._take)
+        count = await self._read_range(first, last, self._take, self._purged_while_read)
         logger.info("journal stream read stream=%s messages=%d records=%d seconds=%.3f",
                     self.stream, count, len(self._found), time.monotonic() - started)
 
-    async def _read_range(self, first: int, last: int, take: Callable[[int, bytes, dict], None]) -> int:
+    async def _read_range(self, first: int, last: int, take: Callable[[int, bytes, dict], None],
+                          purged: Callable[[], None] = lambda: None) -> int:
         """Give messages ``first``..``last`` to ``take(seq, data, headers)``; how many there were.
-        Messages purged meanwhile are passed over; any lost on the way raise DeliveryLost, which
-        ``retrying`` answers by reading again, as it does a read that stalls for READ_STALL_S.
+        Messages purged meanwhile are passed over (``purged()`` is told); any lost on the way raise
+        DeliveryLost, which ``retrying`` answers by reading again, as it does a read that stalls for
+        READ_STALL_S.
 
         An ordered push consumer (JetStream sends, flow-controlled, without a request per batch;
         nats-py replaces the consumer when its own sequence shows a message missing) reads about
@@ -1436,6 +1441,7 @@ class JetStreamJournal(Appender):
                 seq = msg.metadata.sequence.stream
                 if seq > expected:
                     await self._raise_if_lost(expected, seq)
+                    purged()
                 expected = seq + 1
                 if seq <= last:
                     take(seq, msg.data, msg.headers or {})
@@ -1460,6 +1466,17 @@ class JetStreamJournal(Appender):
             done.cancel()  # a stalled read: what a callback still running finds makes no difference
             await sub.unsubscribe()
         return count
+
+    def _purged_while_read(self) -> None:
+        """Messages purged while this read went on: the writer released its journal up to a newer
+        checkpoint, and what was read before them does not join what comes after. The read counts
+        as one that began after them (released before; its first record, the next one read, or
+        none: past any revision), so a starting follower whose checkpoint they were above fetches
+        the newer one and reads again (``shards.recovery._overtaken``). Taken as whole, the
+        revisions they held were in nothing it read nor under its checkpoint, and it refused to
+        start, sure acknowledged records were lost (a standby under load in CI)."""
+        self.released_before = True
+        self.first_top, self._after_purge = sys.maxsize, True
 
     def _decode(self, seq: int, data: bytes, headers: dict, stored: float = 0.0) -> Message:
         epoch = int(headers.get(EPOCH_HEADER, 0))
@@ -1487,8 +1504,8 @@ class JetStreamJournal(Appender):
                 self._found = [r for r in self._found if r.rev <= msg.cut]
                 self._last_rev = msg.cut
             return
-        if msg.records and not self.first_top:
-            self.first_top = msg.top
+        if msg.records and (not self.first_top or self._after_purge):
+            self.first_top, self._after_purge = msg.top, False
         self._found.extend(msg.records)
         self._stored_bytes += len(data)
         self._last_rev = max(self._last_rev, msg.top)
@@ -1503,6 +1520,8 @@ class JetStreamJournal(Appender):
         info = await self._info()
         await self._check_head(info.state.first_seq)  # (a follower's rebuild reads the stream again here)
         self.released_before = info.state.first_seq > 1
+        if info.state.last_seq - info.state.first_seq >= 8:  # (not a journal of markers alone)
+            await failpoints.pause("recovery.follow_journal_listed")
         await self.log.retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
         self._tail = max(self._tail, info.state.last_seq)
         self._msgs = deque()  # purges after a takeover go by the messages this process sees from then on

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -261,12 +262,15 @@ async def _fetch_and_read(shards: list) -> list:
 
 
 async def _overtaken(journal, ckpt) -> JournalGap | None:
-    """A journal read that starts past the checkpoint fetched, released up to a newer one meanwhile."""
+    """A journal read that starts past the checkpoint fetched (or whose messages were purged as it
+    read them), released up to a newer one meanwhile."""
     ckpt_rev = checkpoint_revision(ckpt)
     if journal.released_before and journal.first_top > ckpt_rev and await journal.newest_checkpoint_rev() > ckpt_rev:
-        return JournalGap(journal.name, ckpt_rev + 1, journal.first_top,
-                          f"released past the checkpoint fetched (rev {ckpt_rev}) to a newer one meanwhile; "
-                          f"its first record read is rev {journal.first_top}")
+        first = journal.first_top
+        read = f"its first record read is rev {first}" if first != sys.maxsize else \
+            "no record read after messages purged as they were read"
+        return JournalGap(journal.name, ckpt_rev + 1, first,
+                          f"released past the checkpoint fetched (rev {ckpt_rev}) to a newer one meanwhile; {read}")
     return None
 
 

@@ -243,31 +243,31 @@ class WriterLink:
         """Whether calls to the writer still go over ``channel`` (not looked up again since)."""
         return self._channel is channel
 
-    async def forget_if_moved(self) -> None:
+    async def forget_if_moved(self) -> tuple[str, int] | None:
         """A call timed out: a writer that hangs with its connection open (frozen, or its machine
         cut off) times calls out rather than refusing them. If the writer record names another
         writer by now (a standby took over), look it up again. Calls timing out together share
-        one look at the record."""
-        if self._recheck is None or self._recheck.done() and (
-                self._recheck.result() or time.monotonic() - self._rechecked_at >= RECHECK_EVERY_S):
+        one look at the record (at most one a RECHECK_EVERY_S, but at once after a move was
+        found). The writer the record names: its address and member id (None: not read)."""
+        recheck = self._recheck
+        if recheck is None or recheck.done() and (
+                recheck.result() not in (None, self.writer) or time.monotonic() - self._rechecked_at >= RECHECK_EVERY_S):
             self._rechecked_at = time.monotonic()
-            self._recheck = asyncio.ensure_future(self._moved())
-        if await asyncio.shield(self._recheck):
+            recheck = self._recheck = asyncio.ensure_future(self._named())
+        named = await asyncio.shield(recheck)
+        if named is not None and named != self.writer and self._channel is not None:
+            logger.info("writer moved while a call to it timed out from=%s member=%x to=%s member=%x",
+                        *self.writer, *named)
             await self.forget()
+        return named
 
-    async def _moved(self) -> bool:
-        target, member_id = self._target, self.member_id
+    async def _named(self) -> tuple[str, int] | None:
         try:
             record = await self.log.get_meta(self.key)
         except Exception as exc:  # noqa: BLE001 - the journal is not answering either: the call's error says enough
             logger.debug("writer record not read after a call timed out error=%r", exc)
-            return False
-        if record is None:
-            return False
-        moved = _writer_at(json.loads(record))[1:] != (target, member_id)
-        if moved:
-            logger.info("writer moved while a call to it timed out from=%s member=%x", target, member_id)
-        return moved
+            return None
+        return None if record is None else _writer_at(json.loads(record))[1:]
 
     async def forget(self) -> None:
         """The writer did not answer: look it up again next time (a takeover moves it). Calls
@@ -363,7 +363,7 @@ class WriterLink:
                                           timeout=max(deadline - time.monotonic(), 0.1))
                     timeout = None if client_deadline is None else max(client_deadline - time.monotonic(), 0.1)
                     return await self._answered(call(request, metadata=self.signed(metadata), timeout=timeout),
-                                                channel, self.writer)
+                                                self.writer)
             except grpc.aio.AioRpcError as exc:
                 if waits and _went_away(exc):  # the writer it waited at is gone: asked again of the next one
                     await self.forget()
@@ -378,8 +378,8 @@ class WriterLink:
                 continue
             await asyncio.sleep(0.1)
 
-    async def _answered(self, call, channel: grpc.aio.Channel, sent_to: tuple[str, int], answer=None):
-        """What ``call`` to the writer ``sent_to`` on ``channel`` answers (``answer``: the awaitable
+    async def _answered(self, call, sent_to: tuple[str, int], answer=None):
+        """What ``call`` to the writer ``sent_to`` answers (``answer``: the awaitable
         that gives it, a stream's next; by default the unary call itself). A writer that hangs with
         its connection open never answers nor fails: while the answer is slow to come, whether the
         writer moved is looked at every STREAM_CHECK_S, and once it has, the call is cancelled and
@@ -390,25 +390,19 @@ class WriterLink:
                 done, _ = await asyncio.wait((pending,), timeout=STREAM_CHECK_S)
                 if done:
                     return pending.result()
-                if await self._moved_from(channel, sent_to):
+                if await self._moved_from(sent_to):
                     call.cancel()
                     raise LeaderChangedError()
         finally:
             pending.cancel()
 
-    async def _moved_from(self, channel: grpc.aio.Channel, sent_to: tuple[str, int]) -> bool:
-        """Whether the writer record names another writer than ``sent_to``, whom ``channel``
-        leads to. A channel forgotten for another reason (a call to the same writer failed) is
-        no move: a call still waiting on it is let be."""
-        await self.forget_if_moved()
-        if self.leads_to(channel):
-            return False
-        try:
-            await self.channel()
-        except Exception as exc:  # noqa: BLE001 - no record, or the journal not answering: nothing known to have moved
-            logger.debug("writer record not read while a call waits error=%r", exc)
-            return False
-        return self.writer != sent_to
+    async def _moved_from(self, sent_to: tuple[str, int]) -> bool:
+        """Whether the writer record names another writer than ``sent_to`` (the one a waiting call
+        or stream went to): found so now, or by an earlier look that moved the link on. A channel
+        forgotten for another reason (a call to the same writer failed) is no move: a call still
+        waiting on it is let be."""
+        named = await self.forget_if_moved()
+        return (self.writer if named is None else named) != sent_to
 
     async def stream(self, service: str, method: str, request: bytes, metadata):
         """A server-streaming call to the writer (an election's Observe): started again as
@@ -427,7 +421,7 @@ class WriterLink:
                     try:
                         while True:
                             try:
-                                raw = await self._answered(call, channel, sent_to, anext(answers))
+                                raw = await self._answered(call, sent_to, anext(answers))
                             except StopAsyncIteration:
                                 return
                             answered = True

@@ -918,6 +918,53 @@ def test_a_follower_started_first_makes_the_lease_bucket_with_its_ttl(nats, tmp_
         follower.kill()
 
 
+def test_a_standby_whose_journal_is_released_in_the_middle_of_its_read_loads_the_newer_checkpoint(nats, tmp_path):
+    """A starting standby reads each journal as one stream of messages, from the first its info
+    named; a writer that checkpoints as it writes may release (purge) messages that read has not
+    reached yet (here: before it begins; a read that stalls for READ_STALL_S begins again from the
+    same message). The read passes them over, and was taken as whole: the revisions they held,
+    above the checkpoint it had fetched (none: the journal had not been released before), were in
+    nothing it read, and it refused to start ("acknowledged journal records are gone", seen in CI
+    with 32 writers on a loaded machine). A purge in the middle of a read is a release past its
+    checkpoint too: it fetches the newer checkpoint, reads again, and stands by with everything."""
+    import os
+
+    writer = server_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "262144").start()
+    standby = server_on(nats, tmp_path / "s", "--standby", "--log-level", "info")
+    log = lambda: standby.log_tail(100_000)  # noqa: E731 - the whole log
+    point = "recovery.follow_journal_listed"
+    try:
+        with grpc.insecure_channel(writer.endpoint) as ch:
+            kv = pbg.KVStub(ch)
+            for i in range(100):  # 100 KB: no checkpoint yet, the pods journal never released
+                kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % i, value=b"v" * 1000), timeout=10)
+            os.environ["SHARDETCD_FAILPOINTS"] = f"{point}=pause:5"
+            try:
+                standby.start(wait=False)
+            finally:
+                del os.environ["SHARDETCD_FAILPOINTS"]
+            deadline = time.monotonic() + 30
+            while f"failpoint pausing name={point}" not in log():
+                assert standby.running() and time.monotonic() < deadline, standby.log_tail(20)
+                time.sleep(0.05)
+            for i in range(600):  # within the pause: checkpoints, each releasing the pods journal up to it
+                rev = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/q%d" % (i % 50), value=b"v" * 1000),
+                             timeout=10).header.revision
+        wait_standing_by(standby, timeout=60)
+        again = [l for l in log().splitlines() if "fetching the newer one" in l]
+        assert again and "shardetcd_pods: released past the checkpoint fetched" in again[0], again
+        assert "rebuilds its state" not in log()  # (it stood by without the revisions, then found the gap)
+        writer.kill()
+        standby.wait_ready(timeout=30)
+        with grpc.insecure_channel(standby.endpoint) as ch:
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
+                                       timeout=30)
+            assert got.header.revision == rev and len(got.kvs) == 150
+    finally:
+        standby.kill()
+        writer.kill()
+
+
 @pytest.mark.parametrize("point, reloads", [("recovery.follow_after_checkpoints", True),
                                             ("recovery.follow_journal_read", False),
                                             ("recovery.follow_loading_checkpoints", False)])
