@@ -918,6 +918,32 @@ def test_a_follower_started_first_makes_the_lease_bucket_with_its_ttl(nats, tmp_
         follower.kill()
 
 
+def takes_over_with_the_pods(writer, standby, rev: int, count: int) -> None:
+    """``writer`` killed, ``standby`` serves: ``count`` keys under /registry/pods/ns/ at ``rev``."""
+    writer.kill()
+    standby.wait_ready(timeout=30)
+    with grpc.insecure_channel(standby.endpoint) as ch:
+        got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
+                                   timeout=30)
+    assert got.header.revision == rev and len(got.kvs) == count
+
+
+def started_paused(standby, point: str, seconds: float) -> None:
+    """Start ``standby`` (not waiting for it to serve) with failpoint ``point`` armed to pause it
+    ``seconds``, and wait until it pauses there."""
+    import os
+
+    os.environ["SHARDETCD_FAILPOINTS"] = f"{point}=pause:{seconds}"
+    try:
+        standby.start(wait=False)
+    finally:
+        del os.environ["SHARDETCD_FAILPOINTS"]
+    deadline = time.monotonic() + 30
+    while f"failpoint pausing name={point}" not in standby.log_tail(100_000):
+        assert standby.running() and time.monotonic() < deadline, standby.log_tail(20)
+        time.sleep(0.05)
+
+
 def test_a_standby_whose_journal_is_released_in_the_middle_of_its_read_loads_the_newer_checkpoint(nats, tmp_path):
     """A starting standby reads each journal as one stream of messages, from the first its info
     named; a writer that checkpoints as it writes may release (purge) messages that read has not
@@ -927,8 +953,6 @@ def test_a_standby_whose_journal_is_released_in_the_middle_of_its_read_loads_the
     nothing it read, and it refused to start ("acknowledged journal records are gone", seen in CI
     with 32 writers on a loaded machine). A purge in the middle of a read is a release past its
     checkpoint too: it fetches the newer checkpoint, reads again, and stands by with everything."""
-    import os
-
     writer = server_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "262144").start()
     standby = server_on(nats, tmp_path / "s", "--standby", "--log-level", "info")
     log = lambda: standby.log_tail(100_000)  # noqa: E731 - the whole log
@@ -938,15 +962,7 @@ def test_a_standby_whose_journal_is_released_in_the_middle_of_its_read_loads_the
             kv = pbg.KVStub(ch)
             for i in range(100):  # 100 KB: no checkpoint yet, the pods journal never released
                 kv.Put(pb.PutRequest(key=b"/registry/pods/ns/p%d" % i, value=b"v" * 1000), timeout=10)
-            os.environ["SHARDETCD_FAILPOINTS"] = f"{point}=pause:5"
-            try:
-                standby.start(wait=False)
-            finally:
-                del os.environ["SHARDETCD_FAILPOINTS"]
-            deadline = time.monotonic() + 30
-            while f"failpoint pausing name={point}" not in log():
-                assert standby.running() and time.monotonic() < deadline, standby.log_tail(20)
-                time.sleep(0.05)
+            started_paused(standby, point, 5)
             for i in range(600):  # within the pause: checkpoints, each releasing the pods journal up to it
                 rev = kv.Put(pb.PutRequest(key=b"/registry/pods/ns/q%d" % (i % 50), value=b"v" * 1000),
                              timeout=10).header.revision
@@ -954,12 +970,7 @@ def test_a_standby_whose_journal_is_released_in_the_middle_of_its_read_loads_the
         again = [l for l in log().splitlines() if "fetching the newer one" in l]
         assert again and "shardetcd_pods: released past the checkpoint fetched" in again[0], again
         assert "rebuilds its state" not in log()  # (it stood by without the revisions, then found the gap)
-        writer.kill()
-        standby.wait_ready(timeout=30)
-        with grpc.insecure_channel(standby.endpoint) as ch:
-            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
-                                       timeout=30)
-            assert got.header.revision == rev and len(got.kvs) == 150
+        takes_over_with_the_pods(writer, standby, rev, 150)
     finally:
         standby.kill()
         writer.kill()
@@ -976,8 +987,6 @@ def test_a_standby_whose_checkpoint_is_released_while_it_starts_loads_the_newer_
     rows (long for a large state) the journals are already read: released meanwhile, nothing is
     missed and nothing fetched again. The journals are read at once: while one read waits (here
     the leases journal's, first in the layout), the pods journal's is done, not waiting its turn."""
-    import os
-
     from tests.integration.followkit import write_past_checkpoints
 
     writer = server_on(nats, tmp_path / "w", "--checkpoint-journal-bytes", "65536").start()
@@ -986,15 +995,7 @@ def test_a_standby_whose_checkpoint_is_released_while_it_starts_loads_the_newer_
     try:
         with grpc.insecure_channel(writer.endpoint) as ch:
             pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/early", value=b"v" * 1000), timeout=10)
-        os.environ["SHARDETCD_FAILPOINTS"] = f"{point}=pause:6"
-        try:
-            standby.start(wait=False)
-        finally:
-            del os.environ["SHARDETCD_FAILPOINTS"]
-        deadline = time.monotonic() + 30
-        while f"failpoint pausing name={point}" not in log():
-            assert standby.running() and time.monotonic() < deadline, standby.log_tail(20)
-            time.sleep(0.05)
+        started_paused(standby, point, 6)
         if point == "recovery.follow_journal_read":  # one read done and waiting: the pods journal's done too
             deadline = time.monotonic() + 4
             while "journal stream read stream=shardetcd_pods " not in log():
@@ -1007,12 +1008,7 @@ def test_a_standby_whose_checkpoint_is_released_while_it_starts_loads_the_newer_
         if reloads:  # which checkpoint was overtaken, by what
             assert re.search(r"attempt=1 error=journal nats:shardetcd_\w+: released past the checkpoint fetched "
                              r"\(rev \d+\) to a newer one meanwhile; its first record read is rev \d+$", again[0]), again
-        writer.kill()
-        standby.wait_ready(timeout=30)
-        with grpc.insecure_channel(standby.endpoint) as ch:
-            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
-                                       timeout=30)
-            assert got.header.revision == rev and len(got.kvs) == 42
+        takes_over_with_the_pods(writer, standby, rev, 42)
     finally:
         standby.kill()
         writer.kill()
