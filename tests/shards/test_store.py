@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 
 import pytest
 
@@ -124,8 +125,11 @@ def test_a_failed_checkpoint_is_tried_again_after_a_while_not_a_threshold_later(
     clock = SimpleNamespace(now=1000.0)
     monkeypatch.setattr(shard_module, "time", SimpleNamespace(monotonic=lambda: clock.now))
 
+    opened = []
+
     async def go():
         store = await open_store(tmp_path, checkpoint_journal_bytes=8 * 1024)
+        opened.append(store)
         pods = store.shards[store.router.shard_for_key(POD)]
         real, tries = pods.journal.save_checkpoint, []
 
@@ -153,15 +157,24 @@ def test_a_failed_checkpoint_is_tried_again_after_a_while_not_a_threshold_later(
             await put()
         assert tries == tries[:1] and pods.checkpoints_written == 0
         clock.now += shard_module.CHECKPOINT_RETRY_S
-        for _ in range(20):  # tried at the next commit (written in a thread: a few puts later)
+        for _ in range(20):  # tried at the next commit
             await put()
-            if pods.checkpoints_written:
+            if len(tries) == 2:
                 break
+        deadline = time.monotonic() + 30  # written in a thread: however long a loaded machine takes
+        while not pods.checkpoints_written and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         assert len(tries) == 2 and pods.checkpoints_written == 1 and pods.checkpoint_rev == tries[1]
         assert pods.journal.bytes_appended - failed_at < 8 * 1024  # before another threshold of bytes
-        await store.close()
 
-    run(go())
+    async def closing():  # a failure above leaves no store open (its GC policy would fail later tests)
+        try:
+            await go()
+        finally:
+            for store in opened:
+                await store.close()
+
+    run(closing())
 
 
 def test_a_checkpoint_whose_release_fails_still_counts_as_written(tmp_path, run, monkeypatch):
