@@ -1350,8 +1350,7 @@ class JetStreamJournal(Appender):
         self._took_over = False  # written by this process since a takeover (not since its open)
         self.following = False  # opened to follow another writer: not fenced, not writable
         self.cuts_seen: list[tuple[int, int]] = []  # (epoch, revision) of the cut markers read
-        self.first_top = 0  # the highest tag in the first message with records that was read
-        self._after_purge = False  # messages were purged in the middle of the read: first_top is the next one's
+        self.first_top = 0  # the highest tag in the first message with records that was read (after a purge met)
 
     # -- open / replay ----------------------------------------------------
 
@@ -1407,7 +1406,7 @@ class JetStreamJournal(Appender):
     async def _read(self, first: int, last: int) -> None:
         """Every record in the stream, cuts applied (the stream is bounded by checkpoints)."""
         self._found, self._msgs, self._stored_bytes, self._last_rev = [], deque(), 0, 0  # a retry starts over
-        self.cuts_seen, self.first_top, self._after_purge = [], 0, False
+        self.cuts_seen, self.first_top = [], 0
         started = time.monotonic()
         count = await self._read_range(first, last, self._take, self._purged_while_read)
         logger.info("journal stream read stream=%s messages=%d records=%d seconds=%.3f",
@@ -1476,7 +1475,7 @@ class JetStreamJournal(Appender):
         revisions they held were in nothing it read nor under its checkpoint, and it refused to
         start, sure acknowledged records were lost (a standby under load in CI)."""
         self.released_before = True
-        self.first_top, self._after_purge = sys.maxsize, True
+        self.first_top = sys.maxsize  # until a record after them is read
 
     def _decode(self, seq: int, data: bytes, headers: dict, stored: float = 0.0) -> Message:
         epoch = int(headers.get(EPOCH_HEADER, 0))
@@ -1504,8 +1503,8 @@ class JetStreamJournal(Appender):
                 self._found = [r for r in self._found if r.rev <= msg.cut]
                 self._last_rev = msg.cut
             return
-        if msg.records and (not self.first_top or self._after_purge):
-            self.first_top, self._after_purge = msg.top, False
+        if msg.records and self.first_top in (0, sys.maxsize):
+            self.first_top = msg.top
         self._found.extend(msg.records)
         self._stored_bytes += len(data)
         self._last_rev = max(self._last_rev, msg.top)

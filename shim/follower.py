@@ -447,18 +447,22 @@ class WriterLink:
         if exc.code() != grpc.StatusCode.UNAVAILABLE:
             raise exc
         await self.forget()
-        details = exc.details() or ""
-        unapplied = "failed to connect" in details.lower() or details == NOT_THE_WRITER
-        if not unapplied or time.monotonic() > deadline:
+        if not _never_reached(exc) or time.monotonic() > deadline:
             raise exc  # it may have reached the writer: the client decides
+
+
+def _never_reached(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether an UNAVAILABLE call surely reached no writer: the connection was refused, or the
+    member there answered that it is not the writer."""
+    details = exc.details() or ""
+    return "failed to connect" in details.lower() or details == NOT_THE_WRITER
 
 
 def _went_away(exc: grpc.aio.AioRpcError) -> bool:
     """Whether a call that reached the writer ended because its connection did (the writer
     stopped or crashed), not with an answer of the writer's (those are etcd's or ours)."""
-    details = exc.details() or ""
-    return exc.code() == grpc.StatusCode.UNAVAILABLE and not details.startswith(("etcdserver: ", "shardetcd: ")) \
-        and "failed to connect" not in details.lower()
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and not _never_reached(exc) and \
+        not (exc.details() or "").startswith(("etcdserver: ", "shardetcd: "))
 
 
 async def read_as_stored(*shards) -> None:
