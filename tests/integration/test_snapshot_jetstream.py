@@ -94,9 +94,10 @@ def test_a_snapshot_restores_into_jetstream_and_a_used_prefix_is_refused(nats, t
             ttl = pbg.LeaseStub(ch).LeaseTimeToLive(pb.LeaseTimeToLiveRequest(ID=lease, keys=True), timeout=10)
             assert ttl.TTL > 0 and sorted(ttl.keys) == sorted(KEYS[i] for i in range(0, len(KEYS), 7))
         deadline_rev = rev
-        for _ in range(100):  # the follower catches up through the journal
+        deadline = time.monotonic() + 60  # the follower catches up through the journal (a loaded machine's deadline)
+        while True:
             got_rev, got = everything(follower.endpoint)
-            if got_rev >= deadline_rev:
+            if got_rev >= deadline_rev or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         assert got_rev == rev and [k for k in got if k[0] != b"/registry/pods/ns/after"] == want[1]

@@ -9,6 +9,7 @@ written, and a journal that failed acknowledges nothing more.
 from __future__ import annotations
 
 import asyncio
+import time
 import itertools
 
 import pytest
@@ -397,11 +398,11 @@ def into(got: list):
     return lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records)
 
 
-async def until(done, tries: int = 500) -> None:
-    """Ask ``done()`` every 10 ms, at most ``tries`` times (the caller asserts what it needs)."""
-    for _ in range(tries):
-        if done():
-            return
+async def until(done, within_s: float = 60) -> None:
+    """Ask ``done()`` every 10 ms for at most ``within_s`` (a deadline for a loaded machine, not a
+    timing: the caller asserts what it needs)."""
+    deadline = time.monotonic() + within_s
+    while not done() and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
 
 
@@ -476,7 +477,7 @@ def test_a_jetstream_follower_reads_again_what_was_lost_on_the_way(nats_cluster,
         for rtype, rev, payload in items(20):
             journal.append(rtype, rev, payload)
             await journal.sync()  # one message each
-        await until(lambda: len(got) >= 20 or task.done(), tries=1000)
+        await until(lambda: len(got) >= 20 or task.done())
         assert not task.done(), task
         assert got == items(20) and gaps == [], (got, gaps)
         assert len(subscriptions) >= 3  # a new consumer read them again each time (one more: an empty fetch under load)
