@@ -1413,9 +1413,10 @@ class JetStreamJournal(Appender):
                     self.stream, count, len(self._found), time.monotonic() - started)
 
     async def _read_range(self, first: int, last: int, take: Callable[[int, bytes, dict], None],
-                          purged: Callable[[], None] = lambda: None) -> int:
+                          purged: Callable[[int, int], None]) -> int:
         """Give messages ``first``..``last`` to ``take(seq, data, headers)``; how many there were.
-        Messages purged meanwhile are passed over (``purged()`` is told); any lost on the way raise
+        Messages purged meanwhile are passed over (``purged(expected, got)`` is told: the first
+        passed over, the next one read); any lost on the way raise
         DeliveryLost, which ``retrying`` answers by reading again, as it does a read that stalls for
         READ_STALL_S.
 
@@ -1440,7 +1441,7 @@ class JetStreamJournal(Appender):
                 seq = msg.metadata.sequence.stream
                 if seq > expected:
                     await self._raise_if_lost(expected, seq)
-                    purged()
+                    purged(expected, seq)
                 expected = seq + 1
                 if seq <= last:
                     take(seq, msg.data, msg.headers or {})
@@ -1466,7 +1467,7 @@ class JetStreamJournal(Appender):
             await sub.unsubscribe()
         return count
 
-    def _purged_while_read(self) -> None:
+    def _purged_while_read(self, expected: int, got: int) -> None:
         """Messages purged while this read went on: the writer released its journal up to a newer
         checkpoint, and what was read before them does not join what comes after. The read counts
         as one that began after them (released before; its first record, the next one read, or
@@ -1651,7 +1652,9 @@ class JetStreamJournal(Appender):
         message read; messages stored meanwhile go to ``on_message`` first. Messages
         released before they were read (``on_gap(expected, got)`` false: the state
         loaded does not hold them) raise JournalGap before anything is fenced here:
-        a takeover from a state with holes would cut acknowledged writes."""
+        a takeover from a state with holes would cut acknowledged writes. That
+        includes messages purged while that read goes on: the writer being replaced,
+        still running, may release its journal up to a checkpoint it just wrote."""
         for _ in range(50):
             try:
                 await self._fence()
@@ -1671,7 +1674,12 @@ class JetStreamJournal(Appender):
                     self._tail = seq
                     on_message(self._decode(seq, data, headers))
 
-                await self.log.retrying("read stream", lambda: self._read_range(self._tail + 1, last, take))
+                purged: list[tuple[int, int]] = []
+                await self.log.retrying("read stream", lambda: self._read_range(
+                    self._tail + 1, last, take, lambda expected, got: purged.append((expected, got))))
+                for expected, got in purged:
+                    if not await on_gap(expected, got):
+                        raise JournalGap(self.stream, expected, got)
         raise JournalUnreachable(f"journal {self.stream} keeps changing: another writer is active on it")
 
     def records(self, after_rev: int = 0) -> Iterator[Record]:

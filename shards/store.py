@@ -63,6 +63,7 @@ REFUSALS = (LeaseNotFoundError, KeyNotFoundError, CompactedError, FutureRevision
 logger = logging.getLogger(__name__)
 SORT_RUN = 4096  # keys of a revoked lease sorted in one step
 IDLE_TURN_S = 50e-6  # an event-loop turn shorter than this ran (next to) nothing but the one yielding
+TAKEOVER_TRIES = 3  # a takeover whose journals the writer being replaced released as it read rebuilds and tries again
 ACKNOWLEDGED_EVERY_S = 1.0  # how often a replicated journal's writer publishes its committed revision
 
 # A fresh etcd 3.5's backend file before any key: 20,480 bytes, 16,384 of them in use (bbolt's
@@ -310,13 +311,23 @@ class Store:
         was stored meanwhile, cut what is not whole (recorded in every journal),
         and start writing.  Returns the revision taken over at."""
         from .recovery import check_acknowledged, settle_leases
+        from .resync import resync
 
         started = time.monotonic()
-        await self._catch_up_with_checkpoints()
+        for attempt in range(1, TAKEOVER_TRIES + 1):
+            await self._catch_up_with_checkpoints()
+            try:
+                await self._fence_journals_after_what_was_read()
+                break
+            except JournalGap as gap:  # released under the tail's read: by the writer being replaced, still running
+                if attempt == TAKEOVER_TRIES:
+                    raise
+                logger.warning("journal released under the takeover's read, rebuilding the state first attempt=%d "
+                               "error=%s", attempt, gap)
+                for shard in self.shards:  # every one is read again by the rebuild, and fenced again after it
+                    shard.journal.following = True
+                await resync(self, gap)
         follower = self.follower
-        for sid, shard in enumerate(self.shards):
-            await shard.journal.take_over(lambda msg, sid=sid: follower.on_message(sid, msg),
-                                          self._covered_by_checkpoint(shard))
         rev = follower.applied
         await self.read_acknowledged()  # (a standby's journals are replicated: their meta bucket's word)
         check_acknowledged(self, rev)  # before anything is cut
@@ -331,6 +342,14 @@ class Store:
         await self._start_writing()
         logger.warning("took over as the writer rev=%d seconds=%.3f", rev, time.monotonic() - started)
         return rev
+
+    async def _fence_journals_after_what_was_read(self) -> None:
+        """Each journal fenced after its last message read, what was stored before the fence applied
+        (JournalGap if some of it was released unread: the state loaded does not hold it)."""
+        follower = self.follower
+        for sid, shard in enumerate(self.shards):
+            await shard.journal.take_over(lambda msg, sid=sid: follower.on_message(sid, msg),
+                                          self._covered_by_checkpoint(shard))
 
     async def fence_journals(self) -> None:
         """A writer that took its lapsed writer lease again: fence every journal again after

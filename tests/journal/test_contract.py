@@ -509,6 +509,45 @@ def test_a_jetstream_takeover_reads_again_what_was_lost_on_the_way(nats_cluster,
     asyncio.run(go())
 
 
+def test_a_jetstream_takeover_whose_tail_is_released_under_its_read_is_a_gap(nats_cluster, tmp_path):
+    """The writer being replaced is still running while a standby takes over: it stored messages
+    after those the standby followed (so the standby's fence is refused and it reads them), and it
+    releases its journal up to a checkpoint it just wrote as the standby reads. The messages purged
+    under that read are in no state the standby has: it must say so (JournalGap, its loaded
+    checkpoint not covering them), not fence after passing them over and serve without them."""
+    from journal.errors import JournalGap
+
+    async def go():
+        backend = Backend("jetstream", tmp_path, nats_cluster.urls)
+        log, journal, flog, followed = await open_followed(backend)
+        await followed.catch_up()
+        for rtype, rev, payload in items(20):
+            journal.append(rtype, rev, payload)
+            await journal.sync()  # one message each
+        real_read = followed._read_range
+
+        async def released_first(*args, **kwargs):  # the old writer's release lands as the read begins
+            await journal.save_checkpoint(12, b"meta-12", iter([b"r"]))
+            assert await journal.release(12) >= 12
+            return await real_read(*args, **kwargs)
+
+        followed._read_range = released_first
+        got, gaps = [], []
+
+        async def not_covered(expected: int, got_seq: int) -> bool:  # a newer checkpoint than the one loaded
+            gaps.append((expected, got_seq))
+            return False
+
+        with pytest.raises(JournalGap):
+            await followed.take_over(into(got), not_covered)
+        assert len(gaps) == 1 and got == items(20)[12:], (gaps, got)
+        journal.append(1, 21, b"the old writer is not fenced out by a takeover that failed")
+        await journal.sync()
+        await close_all(followed, flog, journal, log)
+
+    asyncio.run(go())
+
+
 def test_a_jetstream_takeover_below_what_it_followed_writes_on_from_the_cut(nats_cluster, tmp_path):
     """A standby takes over at a revision below records it read (the store cuts what was not whole
     on every shard: the old writer died between two shards' parts), after following handed what

@@ -1,0 +1,74 @@
+"""A standby store taking over JetStream journals from a writer that is still running.
+
+The writer being replaced (frozen, then resumed: its lease lapsed meanwhile) may store messages
+after those the standby followed, and checkpoint and release its journals while the standby
+reads them before fencing. What was released under that read is in no state the standby has: it
+rebuilds from the newer checkpoint and takes over again, so every revision the old writer
+stored is in the state it serves.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from journal.jetstream import JetStreamConfig
+from proto.kv_pb2 import KeyValue
+from shards.layout import load_layout
+from shards.store import Store, StoreConfig
+from shards.types import PutReq, RangeReq
+from tests.nats_fixture import start_nats_cluster
+
+KEY = b"/registry/pods/ns/k%03d"
+
+
+@pytest.fixture(scope="module")
+def nats(tmp_path_factory):
+    cluster = start_nats_cluster(tmp_path_factory.mktemp("nats"), size=1)
+    yield cluster
+    cluster.stop()
+
+
+def config(where, nats, **kwargs) -> StoreConfig:
+    return StoreConfig(data_dir=where / "data", layout=load_layout(None), state_dir=where / "state",
+                       jetstream=JetStreamConfig(urls=tuple(nats.urls.split(",")), prefix="takeover", replicas=1),
+                       **kwargs)
+
+
+def test_a_takeover_whose_journal_is_released_under_its_read_rebuilds_and_loses_nothing(nats, tmp_path, caplog):
+    async def go():
+        writer = await Store.open(config(tmp_path / "w", nats))
+        standby = await Store.open(config(tmp_path / "s", nats), follow=True)
+        try:
+            for i in range(20):
+                await writer.put(PutReq(KEY % i, b"before"))
+            following = asyncio.ensure_future(standby.follow_journals())
+            await asyncio.wait_for(standby.wait_committed(writer.committed), 30)
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+            for i in range(20, 40):  # stored after what the standby followed: its first fence is refused
+                await writer.put(PutReq(KEY % i, b"after"))
+            last = writer.committed
+            pods = next(s for s in writer.shards if s.journal.stream.endswith("pods"))
+            followed = next(s for s in standby.shards if s.journal.stream == pods.journal.stream).journal
+            real_read, released = followed._read_range, []
+
+            async def released_first(*args, **kwargs):  # the old writer's checkpoint lands as the read begins
+                if not released:
+                    pods.start_checkpoint(writer.committed, writer.compact_rev)
+                    await pods.checkpoint_task
+                    released.append(pods.checkpoint_rev)
+                return await real_read(*args, **kwargs)
+
+            followed._read_range = released_first
+            rev = await asyncio.wait_for(standby.take_over(), 60)
+            assert released == [last] and rev == last
+            assert "journal released under the takeover's read" in caplog.text
+            got = standby.range(RangeReq(KEY % 0, KEY % 999))
+            assert [KeyValue.FromString(kv).key for kv in got.kvs] == [KEY % i for i in range(40)]
+            assert (await standby.put(PutReq(KEY % 40, b"new writer"))).revision == last + 1
+        finally:
+            await standby.close()
+            await writer.close()
+
+    asyncio.run(go())
