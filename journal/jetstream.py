@@ -733,6 +733,30 @@ class JetStreamLog:
             await asyncio.sleep(0.05)
         raise JournalUnreachable(f"meta key {key}: NATS keeps answering that it is both set and not found")
 
+    async def raise_meta(self, key: str, value: int) -> None:
+        """Set ``key`` to ``value`` unless it holds a number at least as large already (compared and
+        set on the key's revision). A writer's release records how far it released so; a writer
+        replaced while releasing (frozen between its checkpoint and its release, resumed after the
+        new writer's own release) set it back, and every later start took the new writer's release
+        for messages purged by hand and refused to open the stream."""
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+        kv = await self._meta()
+        for _ in range(100):
+            try:
+                entry = await self.retrying(f"get {key}", lambda: kv.get(key))
+            except KeyNotFoundError:
+                entry = None
+            try:
+                if entry is None:
+                    await self.retrying(f"create {key}", lambda: kv.create(key, str(value).encode()))
+                elif _as_number(entry.value) < value:
+                    await self.retrying(f"update {key}", lambda: kv.update(key, str(value).encode(), last=entry.revision))
+                return
+            except (KeyWrongLastSequenceError, KeyNotFoundError):  # set meanwhile (or our own earlier try): again
+                await asyncio.sleep(0.01)
+        raise JournalUnreachable(f"meta key {key}: it keeps changing while this process sets it")
+
     async def put_meta(self, key: str, value: str) -> None:
         """Set ``key`` in ``<prefix>-meta`` (e.g. where the writer serves clients)."""
         kv = await self._meta()
@@ -1170,6 +1194,14 @@ def writer_bucket_streams(prefix: str) -> tuple[str, ...]:
 def released_key(stream: str) -> str:
     """The meta bucket's key for the first message a stream's writer kept at its last release."""
     return f"released.{stream}"
+
+
+def _as_number(value: bytes | None) -> int:
+    """A meta key's value as the number it holds; -1 for anything else."""
+    try:
+        return int(value or b"")
+    except ValueError:
+        return -1
 
 
 def stream_head_lost(stream: str, first_seq: int, released: str | None) -> str | None:
@@ -1941,7 +1973,7 @@ class JetStreamJournal(Appender):
         if not released:
             return 0
         keep_from = self._msgs[0][0]
-        await self.log.put_meta(released_key(self.stream), str(keep_from))  # before any goes: stream_head_lost
+        await self.log.raise_meta(released_key(self.stream), keep_from)  # before any goes: stream_head_lost
         await self.log.retrying("purge", lambda: self.log.js.purge_stream(self.stream, seq=keep_from))
         logger.info("journal messages purged stream=%s through_rev=%d count=%d", self.stream, rev, released)
         return released

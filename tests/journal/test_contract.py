@@ -611,6 +611,38 @@ def test_opening_a_jetstream_journal_fences_out_the_one_opened_before(nats_clust
     asyncio.run(go())
 
 
+def test_a_release_by_a_replaced_writer_after_the_new_writers_own_does_not_set_it_back(nats_cluster, tmp_path):
+    """A writer frozen between its checkpoint and its release, resumed after the writer that
+    replaced it released the stream further: its release purges nothing (the stream starts past it
+    already) and must leave the record of how far the stream was released as the newer writer set
+    it. Set back, every later open took the newer release for messages removed by hand and refused
+    to start (JournalHeadLost) until the new writer's next release."""
+    async def go():
+        backend = Backend("jetstream", tmp_path, nats_cluster.urls)
+        log_a, a = await backend.open()
+        await a.start()
+        for rtype, rev, payload in items(10):
+            a.append(rtype, rev, payload)
+            await a.sync()  # one message each
+        await a.save_checkpoint(5, b"meta-5", iter([b"r"]))  # ... and frozen before its release
+        log_b, b = await backend.open()  # the writer that replaces it
+        await b.start()
+        for rtype, rev, payload in items(20, first_rev=11):
+            b.append(rtype, rev, payload)
+            await b.sync()
+        await b.save_checkpoint(25, b"meta-25", iter([b"r"]))
+        assert await b.release(25) > 10
+        assert await a.release(5) >= 5  # resumed: its release is all below where the stream starts now
+        flog = await backend.log()
+        followed = await flog.open_journal("j", tmp_path / "scratch", follow=True)
+        await followed.catch_up()
+        assert [r.rev for r in followed.records()] == list(range(26, 31))
+        await close_all(followed, flog, b, log_b, a, log_a)
+        assert [rev for _, rev, _ in await backend.reopen_records()] == list(range(26, 31))
+
+    asyncio.run(go())
+
+
 def test_a_lease_entry_that_expires_during_create_is_not_an_error():
     """nats-py's create re-reads a key whose slot it found taken; when the entry
     expired in between (the holder died), the re-read raises KeyNotFoundError:
