@@ -44,6 +44,7 @@ POINTS = (
     "recovery.follow_journal_read",  # ... one journal read (the first to finish), the others being read
     "recovery.follow_journal_listed",  # ... a JetStream journal of 9 messages or more: its extent known, not read
     "recovery.follow_loading_checkpoints",  # ... journals read, the checkpoints' rows not yet loaded
+    "server.before_announce",  # a replicated journal's writer: recovered, not yet saying where it serves
 )
 
 _armed: dict[str, str] = {}

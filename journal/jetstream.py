@@ -734,11 +734,16 @@ class JetStreamLog:
         raise JournalUnreachable(f"meta key {key}: NATS keeps answering that it is both set and not found")
 
     async def raise_meta(self, key: str, value: int) -> None:
-        """Set ``key`` to ``value`` unless it holds a number at least as large already (compared and
-        set on the key's revision). A writer's release records how far it released so; a writer
-        replaced while releasing (frozen between its checkpoint and its release, resumed after the
-        new writer's own release) set it back, and every later start took the new writer's release
-        for messages purged by hand and refused to open the stream."""
+        """Set ``key`` to ``value`` unless it holds a number at least as large already. A writer's
+        release records how far it released so; a writer replaced while releasing (frozen between
+        its checkpoint and its release, resumed after the new writer's own release) set it back, and
+        every later start took the new writer's release for messages purged by hand and refused to
+        open the stream."""
+        await self.update_meta(key, str(value), lambda current: _as_number(current) >= value)
+
+    async def update_meta(self, key: str, value: str, keep: Callable[[bytes], bool]) -> bool:
+        """Set ``key`` to ``value`` unless ``keep(what it holds)``, compared and set on the key's
+        revision (another process's put in between is looked at again); whether it was set."""
         from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
         kv = await self._meta()
@@ -749,10 +754,12 @@ class JetStreamLog:
                 entry = None
             try:
                 if entry is None:
-                    await self.retrying(f"create {key}", lambda: kv.create(key, str(value).encode()))
-                elif _as_number(entry.value) < value:
-                    await self.retrying(f"update {key}", lambda: kv.update(key, str(value).encode(), last=entry.revision))
-                return
+                    await self.retrying(f"create {key}", lambda: kv.create(key, value.encode()))
+                elif keep(entry.value or b""):
+                    return False
+                else:
+                    await self.retrying(f"update {key}", lambda: kv.update(key, value.encode(), last=entry.revision))
+                return True
             except (KeyWrongLastSequenceError, KeyNotFoundError):  # set meanwhile (or our own earlier try): again
                 await asyncio.sleep(0.01)
         raise JournalUnreachable(f"meta key {key}: it keeps changing while this process sets it")

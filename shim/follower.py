@@ -104,9 +104,18 @@ def _writer_at(record: dict) -> tuple[str, str, int]:
     return scheme, target, record["member_id"]
 
 
-def writer_record(urls: tuple[str, ...], member_id: int, name: str, secret: str) -> str:
-    """Where the writer serves, and the secret its followers' calls carry (access.FORWARDED_SECRET)."""
-    return json.dumps({"urls": list(urls), "member_id": member_id, "name": name, "secret": secret})
+def writer_record(urls: tuple[str, ...], member_id: int, name: str, secret: str, epoch: int = 0) -> str:
+    """Where the writer serves, the secret its followers' calls carry (access.FORWARDED_SECRET), and
+    the writer lease's revision it took the journals over with (a replicated journal's)."""
+    return json.dumps({"urls": list(urls), "member_id": member_id, "name": name, "secret": secret, "epoch": epoch})
+
+
+def record_epoch(record: bytes) -> int:
+    """The epoch a writer record names (0 before records named one; -1 for one that does not read)."""
+    try:
+        return int(json.loads(record).get("epoch", 0))
+    except (ValueError, TypeError, AttributeError):
+        return -1
 
 
 def _header_span(raw: bytes) -> tuple[int, int] | None:

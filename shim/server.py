@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 import grpc
 from grpc_health.v1 import health_pb2
 
-from journal import Journal, JournalConfig
-from journal.errors import JournalFailed, JournalGap, JournalGone, JournalUnreachable
+from journal import Journal, JournalConfig, failpoints
+from journal.errors import JournalFailed, JournalFenced, JournalGap, JournalGone, JournalUnreachable
 from journal.fsutil import files_stamp
 from journal.jetstream import JetStreamConfig, JetStreamLog, writer_bucket_streams
 from journal.leadership import WriterLease
@@ -49,7 +49,7 @@ from .kv import KVService
 from .lease_auth import CheckedLeaseService
 from .maintenance import ClusterService, MaintenanceService
 from .follower import (TokenCatchUp, WriterLink, WriterTLS, follower_kv, forwarding_handlers, keepalive_handler,
-                       writer_key, writer_record)
+                       record_epoch, writer_key, writer_record)
 from .members import Registry
 from .metrics import Metrics, StandbyMetrics
 from .watch import WatchService
@@ -617,7 +617,11 @@ async def start(config: ServerConfig) -> Running:
     registry = None
     try:  # before serving: followers find the writer here (after a takeover too); MemberList lists who serves
         if lease is not None and link is None:
-            await announce_writer(lease, member, config)
+            try:
+                await failpoints.pause("server.before_announce")
+                await announce_writer(lease, member, config)
+            except JournalFenced as exc:
+                raise StartupError(f"{exc}: another shardetcd writes these journals now") from None
         elif store.watermark is not None:  # a local journal: its followers on this machine look here
             write_writer_file(store.datadir.path, writer_record(config.client_urls, member.member_id, config.name,
                                                                       member.forward_secret))
@@ -675,9 +679,16 @@ async def start(config: ServerConfig) -> Running:
 
 
 async def announce_writer(lease: WriterLease, member: Member, config: ServerConfig) -> None:
-    """Say in the journal's meta bucket where the writer serves: followers hand their writes there."""
-    await lease.log.put_meta(writer_key(lease.key), writer_record(config.client_urls, member.member_id, config.name,
-                                                                      member.forward_secret))
+    """Say in the journal's meta bucket where the writer serves: followers hand their writes there.
+    Never over the record of a writer that took the journals over after this one (a greater epoch):
+    this one, frozen after its lease and journals were taken over and resumed before it noticed,
+    pointed every follower's writes at itself, a writer about to fail-stop, and the new writer
+    never said again where it serves. JournalFenced instead: its journals are another's."""
+    epoch = lease.log.epoch
+    record = writer_record(config.client_urls, member.member_id, config.name, member.forward_secret, epoch)
+    if not await lease.log.update_meta(writer_key(lease.key), record, lambda current: record_epoch(current) > epoch):
+        raise JournalFenced(f"a writer that took the journals over after this one (writer lease revision {epoch}) "
+                            "serves them now")
 
 
 async def promote_when_free(running: Running, member: Member, config: ServerConfig) -> None:

@@ -1012,3 +1012,41 @@ def test_a_standby_whose_checkpoint_is_released_while_it_starts_loads_the_newer_
     finally:
         standby.kill()
         writer.kill()
+
+
+def test_a_writer_resumed_after_its_journals_were_taken_over_leaves_the_followers_with_the_new_one(nats, tmp_path):
+    """A writer frozen between its recovery and saying where it serves (the meta bucket's writer
+    record, which followers send their writes to) while a standby takes its lapsed lease and its
+    journals over, then resumed: it must not write its record over the standby's, which is said
+    once, at takeover. It did, and then failed (its lease and journals were another's): every
+    follower's writes went to a process that was gone, until the new writer restarted. It stops,
+    saying why, and a follower's writes reach the new writer."""
+    import os
+    import signal
+
+    old = server_on(nats, tmp_path / "old")
+    started_paused(old, "server.before_announce", 20)
+    standby = server_on(nats, tmp_path / "new", "--standby").start(wait=False)
+    follower = None
+    try:
+        wait_standing_by(standby)
+        os.kill(old.pid, signal.SIGSTOP)  # its lease lapses
+        try:
+            standby.wait_ready(timeout=30)
+        finally:
+            os.kill(old.pid, signal.SIGCONT)  # its pause is over by now: it goes on to say where it serves
+        deadline = time.monotonic() + 30
+        while old.running():
+            assert time.monotonic() < deadline, old.log_tail(20)
+            time.sleep(0.1)
+        assert "another shardetcd writes these journals now" in old.log_tail(20), old.log_tail(20)
+        follower = server_on(nats, tmp_path / "f", "--follow").start()
+        with grpc.insecure_channel(follower.endpoint) as ch:
+            put = pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/p", value=b"v"), timeout=10)
+        with grpc.insecure_channel(standby.endpoint) as ch:
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/p"), timeout=10)
+        assert [(kv.value, kv.mod_revision) for kv in got.kvs] == [(b"v", put.header.revision)]
+    finally:
+        for process in (follower, standby, old):
+            if process is not None:
+                process.kill()

@@ -9,6 +9,7 @@ stored is in the state it serves.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -70,5 +71,43 @@ def test_a_takeover_whose_journal_is_released_under_its_read_rebuilds_and_loses_
         finally:
             await standby.close()
             await writer.close()
+
+    asyncio.run(go())
+
+
+def test_a_replaced_writer_resumed_before_it_noticed_does_not_announce_itself_over_the_new_one(nats):
+    """Followers send their writes where the meta bucket's writer record says the writer serves. A
+    writer frozen after its lease lapsed and its journals were taken over, resumed before it
+    noticed, must not write its record over the new writer's (which is said once, at takeover):
+    every follower's writes then went to a writer about to fail-stop, for good. It stops instead."""
+    from types import SimpleNamespace
+
+    from journal.errors import JournalFenced
+    from journal.jetstream import JetStreamLog
+    from shim.follower import writer_key
+    from shim.server import announce_writer
+
+    async def go():
+        log = await JetStreamLog(JetStreamConfig(urls=tuple(nats.urls.split(",")), prefix="announce",
+                                                 replicas=1)).connect()
+        try:
+            def writer(epoch: int, port: int):
+                log.epoch = epoch
+                return (SimpleNamespace(log=log, key="writer"), SimpleNamespace(member_id=port, forward_secret="s"),
+                        SimpleNamespace(client_urls=(f"http://127.0.0.1:{port}",), name=f"w{port}"))
+
+            async def serving() -> int:
+                return json.loads(await log.get_meta(writer_key("writer")))["member_id"]
+
+            await announce_writer(*writer(7, 1001))
+            await announce_writer(*writer(9, 1002))  # took over
+            with pytest.raises(JournalFenced):
+                await announce_writer(*writer(7, 1001))  # the old one, resumed
+            assert await serving() == 1002
+            await announce_writer(*writer(9, 1002))  # the same writer again (its lease taken again)
+            await announce_writer(*writer(12, 1003))
+            assert await serving() == 1003
+        finally:
+            await log.close()
 
     asyncio.run(go())
