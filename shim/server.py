@@ -621,7 +621,7 @@ async def start(config: ServerConfig) -> Running:
                 await failpoints.pause("server.before_announce")
                 await announce_writer(lease, member, config)
             except JournalFenced as exc:
-                raise StartupError(f"{exc}: another shardetcd writes these journals now") from None
+                raise StartupError(str(exc)) from None
         elif store.watermark is not None:  # a local journal: its followers on this machine look here
             write_writer_file(store.datadir.path, writer_record(config.client_urls, member.member_id, config.name,
                                                                       member.forward_secret))
@@ -687,8 +687,8 @@ async def announce_writer(lease: WriterLease, member: Member, config: ServerConf
     epoch = lease.log.epoch
     record = writer_record(config.client_urls, member.member_id, config.name, member.forward_secret, epoch)
     if not await lease.log.update_meta(writer_key(lease.key), record, lambda current: record_epoch(current) > epoch):
-        raise JournalFenced(f"a writer that took the journals over after this one (writer lease revision {epoch}) "
-                            "serves them now")
+        raise JournalFenced(f"another shardetcd took these journals over after this one (writer lease revision "
+                            f"{epoch}) and serves them now")
 
 
 async def promote_when_free(running: Running, member: Member, config: ServerConfig) -> None:

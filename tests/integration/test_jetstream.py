@@ -1039,7 +1039,7 @@ def test_a_writer_resumed_after_its_journals_were_taken_over_leaves_the_follower
         while old.running():
             assert time.monotonic() < deadline, old.log_tail(20)
             time.sleep(0.1)
-        assert "another shardetcd writes these journals now" in old.log_tail(20), old.log_tail(20)
+        assert "another shardetcd took these journals over after this one" in old.log_tail(20), old.log_tail(20)
         follower = server_on(nats, tmp_path / "f", "--follow").start()
         with grpc.insecure_channel(follower.endpoint) as ch:
             put = pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/ns/p", value=b"v"), timeout=10)
