@@ -19,9 +19,14 @@ segment files, on the writer's own machine).  Both give:
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from journal.record import Record
+
+# ``first_top`` of a read that met messages purged under it and has read no record since: past
+# every revision (a checkpoint fetched before the purge does not reach it)
+NO_RECORD_AFTER_PURGE = sys.maxsize
 
 
 @dataclass(unsafe_hash=True, slots=True)  # immutable by convention: a frozen dataclass's __init__ costs ~1.4 µs more

@@ -43,7 +43,6 @@ import json
 import re
 import secrets
 import shutil
-import sys
 import tempfile
 import time
 from collections import deque
@@ -57,7 +56,7 @@ from journal.checkpoint import Checkpoint, load_latest_checkpoint, write_checkpo
 from journal.config import JournalConfig
 from journal.errors import (JournalCorrupt, JournalError, JournalFailed, JournalFenced, JournalGap, JournalGone,
                             JournalHeadLost, JournalUnreachable)
-from journal.follow import Message  # noqa: F401 - one stream message, as a follower sees it
+from journal.follow import NO_RECORD_AFTER_PURGE, Message  # noqa: F401 - Message: one stream message, as a follower sees it
 from journal.fsutil import files_stamp
 from journal.record import HEADER_BYTES, FrameError, Record, decode_frame, frame_header
 from journal.tasks import cancel_and_wait
@@ -1515,7 +1514,7 @@ class JetStreamJournal(Appender):
         revisions they held were in nothing it read nor under its checkpoint, and it refused to
         start, sure acknowledged records were lost (a standby under load in CI)."""
         self.released_before = True
-        self.first_top = sys.maxsize  # until a record after them is read
+        self.first_top = NO_RECORD_AFTER_PURGE  # until a record after them is read
 
     def _decode(self, seq: int, data: bytes, headers: dict, stored: float = 0.0) -> Message:
         epoch = int(headers.get(EPOCH_HEADER, 0))
@@ -1543,7 +1542,7 @@ class JetStreamJournal(Appender):
                 self._found = [r for r in self._found if r.rev <= msg.cut]
                 self._last_rev = msg.cut
             return
-        if msg.records and self.first_top in (0, sys.maxsize):
+        if msg.records and self.first_top in (0, NO_RECORD_AFTER_PURGE):
             self.first_top = msg.top
         self._found.extend(msg.records)
         self._stored_bytes += len(data)

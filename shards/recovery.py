@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 from journal import failpoints
 from journal.config import JournalConfig
 from journal.errors import JournalGap
+from journal.follow import NO_RECORD_AFTER_PURGE
 from journal.reader import iter_frames
 from journal.record import FrameError
 from journal.segment import list_segments
@@ -267,7 +267,7 @@ async def _overtaken(journal, ckpt) -> JournalGap | None:
     ckpt_rev = checkpoint_revision(ckpt)
     if journal.released_before and journal.first_top > ckpt_rev and await journal.newest_checkpoint_rev() > ckpt_rev:
         first = journal.first_top
-        read = f"its first record read is rev {first}" if first != sys.maxsize else \
+        read = f"its first record read is rev {first}" if first != NO_RECORD_AFTER_PURGE else \
             "no record read after messages purged as they were read"
         return JournalGap(journal.name, ckpt_rev + 1, first,
                           f"released past the checkpoint fetched (rev {ckpt_rev}) to a newer one meanwhile; {read}")
