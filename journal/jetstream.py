@@ -746,8 +746,8 @@ class JetStreamLog:
         from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
         kv = await self._meta()
-        for _ in range(100):
-            try:
+        for attempt in range(100):
+            try:  # (a replica's direct get may lag: the set below is refused then, and this asked again)
                 entry = await self.retrying(f"get {key}", lambda: kv.get(key))
             except KeyNotFoundError:
                 entry = None
@@ -760,7 +760,7 @@ class JetStreamLog:
                     await self.retrying(f"update {key}", lambda: kv.update(key, value.encode(), last=entry.revision))
                 return True
             except (KeyWrongLastSequenceError, KeyNotFoundError):  # set meanwhile (or our own earlier try): again
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(min(0.01 * (attempt + 1), 0.1))
         raise JournalUnreachable(f"meta key {key}: it keeps changing while this process sets it")
 
     async def put_meta(self, key: str, value: str) -> None:
