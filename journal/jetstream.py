@@ -1970,7 +1970,11 @@ class JetStreamJournal(Appender):
     # -- release and checkpoints ---------------------------------------------
 
     async def release(self, rev: int) -> int:
-        """Purge the messages whose records all have tags <= rev (never the newest)."""
+        """Purge the messages whose records all have tags <= rev (never the newest). Nothing once
+        this journal failed: fenced, it is another writer's, whose readers (a standby taking over,
+        a follower) are not to have messages purged under them by a writer that is stopping."""
+        if self.failed:
+            return 0
         keep_from = None
         released = 0
         while len(self._msgs) > 1 and self._msgs[0][1] <= rev:

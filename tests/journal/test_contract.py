@@ -643,6 +643,30 @@ def test_a_release_by_a_replaced_writer_after_the_new_writers_own_does_not_set_i
     asyncio.run(go())
 
 
+def test_a_jetstream_journal_that_failed_purges_nothing(nats_cluster, tmp_path):
+    """A writer fenced out (another opened the stream) fails at its next append; a checkpoint it
+    finishes afterwards (it is stopping) must not release the stream under the new writer and
+    the readers that follow it."""
+    async def go():
+        backend = Backend("jetstream", tmp_path, nats_cluster.urls)
+        log_a, a = await backend.open()
+        await a.start()
+        for rtype, rev, payload in items(10):
+            a.append(rtype, rev, payload)
+            await a.sync()  # one message each
+        log_b, b = await backend.open()
+        a.append(1, 11, b"refused: fenced")
+        with pytest.raises(JournalFailed):
+            await a.sync()
+        before = await backend.stored()
+        await a.save_checkpoint(8, b"meta-8", iter([b"r"]))
+        assert await a.release(8) == 0 and await backend.stored() == before
+        await close_all(a, log_a, b, log_b)
+        assert await backend.reopen_records() == items(10)
+
+    asyncio.run(go())
+
+
 def test_a_lease_entry_that_expires_during_create_is_not_an_error():
     """nats-py's create re-reads a key whose slot it found taken; when the entry
     expired in between (the holder died), the re-read raises KeyNotFoundError:
