@@ -393,6 +393,21 @@ def test_a_follower_reads_every_record_once_in_order(backend):
     asyncio.run(go())
 
 
+async def one_message_each(journal, records) -> None:
+    """Append ``records`` to a started writer's journal, each synced on its own: one message each."""
+    for rtype, rev, payload in records:
+        journal.append(rtype, rev, payload)
+        await journal.sync()
+
+
+async def started_writer(backend: Backend, records=()) -> tuple:
+    """(log, journal) of "j" opened and started as a writer, ``records`` appended one message each."""
+    log, journal = await backend.open()
+    await journal.start()
+    await one_message_each(journal, records)
+    return log, journal
+
+
 def into(got: list):
     """An on_message that adds each record of a message to ``got``, as (rtype, rev, payload)."""
     return lambda msg: got.extend((r.rtype, r.rev, r.payload) for r in msg.records)
@@ -474,9 +489,7 @@ def test_a_jetstream_follower_reads_again_what_was_lost_on_the_way(nats_cluster,
         subscriptions = losing(followed, [{base + 11, base + 12, base + 13}, {base + 19, base + 20}])
         got, (gaps, covered) = [], recording_gaps()
         task = asyncio.ensure_future(followed.follow(into(got), covered))
-        for rtype, rev, payload in items(20):
-            journal.append(rtype, rev, payload)
-            await journal.sync()  # one message each
+        await one_message_each(journal, items(20))
         await until(lambda: len(got) >= 20 or task.done())
         assert not task.done(), task
         assert got == items(20) and gaps == [], (got, gaps)
@@ -496,9 +509,7 @@ def test_a_jetstream_takeover_reads_again_what_was_lost_on_the_way(nats_cluster,
         log, journal, flog, followed = await open_followed(backend)
         await followed.catch_up()
         base = followed.read_tail
-        for rtype, rev, payload in items(20):
-            journal.append(rtype, rev, payload)
-            await journal.sync()  # one message each
+        await one_message_each(journal, items(20))
         subscriptions = losing(followed, [{base + 5, base + 6}])
         got, (gaps, covered) = [], recording_gaps()
         await followed.take_over(into(got), covered)
@@ -521,9 +532,7 @@ def test_a_jetstream_takeover_whose_tail_is_released_under_its_read_is_a_gap(nat
         backend = Backend("jetstream", tmp_path, nats_cluster.urls)
         log, journal, flog, followed = await open_followed(backend)
         await followed.catch_up()
-        for rtype, rev, payload in items(20):
-            journal.append(rtype, rev, payload)
-            await journal.sync()  # one message each
+        await one_message_each(journal, items(20))
         real_read = followed._read_range
 
         async def released_first(*args, **kwargs):  # the old writer's release lands as the read begins
@@ -619,17 +628,9 @@ def test_a_release_by_a_replaced_writer_after_the_new_writers_own_does_not_set_i
     to start (JournalHeadLost) until the new writer's next release."""
     async def go():
         backend = Backend("jetstream", tmp_path, nats_cluster.urls)
-        log_a, a = await backend.open()
-        await a.start()
-        for rtype, rev, payload in items(10):
-            a.append(rtype, rev, payload)
-            await a.sync()  # one message each
+        log_a, a = await started_writer(backend, items(10))
         await a.save_checkpoint(5, b"meta-5", iter([b"r"]))  # ... and frozen before its release
-        log_b, b = await backend.open()  # the writer that replaces it
-        await b.start()
-        for rtype, rev, payload in items(20, first_rev=11):
-            b.append(rtype, rev, payload)
-            await b.sync()
+        log_b, b = await started_writer(backend, items(20, first_rev=11))  # the writer that replaces it
         await b.save_checkpoint(25, b"meta-25", iter([b"r"]))
         assert await b.release(25) > 10
         assert await a.release(5) >= 5  # resumed: its release is all below where the stream starts now
@@ -649,11 +650,7 @@ def test_a_jetstream_journal_that_failed_purges_nothing(nats_cluster, tmp_path):
     the readers that follow it."""
     async def go():
         backend = Backend("jetstream", tmp_path, nats_cluster.urls)
-        log_a, a = await backend.open()
-        await a.start()
-        for rtype, rev, payload in items(10):
-            a.append(rtype, rev, payload)
-            await a.sync()  # one message each
+        log_a, a = await started_writer(backend, items(10))
         log_b, b = await backend.open()
         a.append(1, 11, b"refused: fenced")
         with pytest.raises(JournalFailed):
