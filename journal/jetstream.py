@@ -738,7 +738,8 @@ class JetStreamLog:
         its checkpoint and its release, resumed after the new writer's own release) set it back, and
         every later start took the new writer's release for messages purged by hand and refused to
         open the stream."""
-        await self.update_meta(key, str(value), lambda current: _as_number(current) >= value)
+        await self.update_meta(key, str(value),
+                               lambda current: (held := _as_number(current)) is not None and held >= value)
 
     async def update_meta(self, key: str, value: str, keep: Callable[[bytes], bool]) -> bool:
         """Set ``key`` to ``value`` unless ``keep(what it holds)``, compared and set on the key's
@@ -1202,23 +1203,20 @@ def released_key(stream: str) -> str:
     return f"released.{stream}"
 
 
-def _as_number(value: bytes | None) -> int:
-    """A meta key's value as the number it holds; -1 for anything else."""
+def _as_number(value: bytes | str | None) -> int | None:
+    """A meta key's value as the number it holds; None for anything else."""
     try:
         return int(value or b"")
     except ValueError:
-        return -1
+        return None
 
 
 def stream_head_lost(stream: str, first_seq: int, released: str | None) -> str | None:
     """Why ``stream``, whose first message is ``first_seq`` (read before ``released``, the value of
     its ``released_key``), starts past the first message its writer kept at its last release; None
     when it does not, or no release was recorded (a stream never released, or before the key)."""
-    try:
-        kept = int(released or "")
-    except ValueError:
-        return None
-    if first_seq <= kept:
+    kept = _as_number(released)
+    if kept is None or first_seq <= kept:
         return None
     return (f"stream {stream} starts at message {first_seq}, but its writer released only the messages before "
             f"{kept} (key {released_key(stream)}): messages {kept}..{first_seq - 1} were removed by something else "
@@ -1690,9 +1688,9 @@ class JetStreamJournal(Appender):
         message read; messages stored meanwhile go to ``on_message`` first. Messages
         released before they were read (``on_gap(expected, got)`` false: the state
         loaded does not hold them) raise JournalGap before anything is fenced here:
-        a takeover from a state with holes would cut acknowledged writes. That
-        includes messages purged while that read goes on: the writer being replaced,
-        still running, may release its journal up to a checkpoint it just wrote."""
+        a takeover from a state with holes would cut acknowledged writes. Released
+        before that read or while it goes on alike: the writer being replaced, still
+        running, may release its journal up to a checkpoint it just wrote."""
         for _ in range(50):
             try:
                 await self._fence()
@@ -1702,17 +1700,13 @@ class JetStreamJournal(Appender):
                 self.log.keep_replicas_soon(*self._written_streams())
                 return
             except JournalFenced:
-                info = await self._info()
-                last = info.state.last_seq
-                gap = self._gap(info.state.first_seq, last)
-                if gap is not None and not await on_gap(*gap):
-                    raise JournalGap(self.stream, *gap)
+                last = (await self._info()).state.last_seq
 
                 def take(seq: int, data: bytes, headers: dict) -> None:
                     self._tail = seq
                     on_message(self._decode(seq, data, headers))
 
-                purged: list[tuple[int, int]] = []
+                purged: list[tuple[int, int]] = []  # (released before the read began: its first message is past them)
                 await self.log.retrying("read stream", lambda: self._read_range(
                     self._tail + 1, last, take, lambda expected, got: purged.append((expected, got))))
                 for expected, got in purged:
