@@ -247,11 +247,14 @@ class Store:
             await self._publish_committed()
 
     async def _publish_committed(self) -> None:
+        """The committed revision, unless a later writer's is there already: a writer replaced while
+        it still runs would set the new writer's back, and starts would check the journals only that
+        far until the new writer commits more."""
         committed = self.committed
         if committed <= self._published:
             return
         try:
-            await self.log.put_meta(acknowledged_key(self.config.layout), str(committed))
+            await self.log.raise_meta(acknowledged_key(self.config.layout), committed)
             self._published = committed
         except Exception as exc:  # noqa: BLE001 - NATS away: the writes wait too; tried again next time
             logger.debug("acknowledged revision not published rev=%d error=%s", committed, exc)

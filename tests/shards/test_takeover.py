@@ -111,3 +111,36 @@ def test_a_replaced_writer_resumed_before_it_noticed_does_not_announce_itself_ov
             await log.close()
 
     asyncio.run(go())
+
+
+def test_a_replaced_writers_late_acknowledged_revision_does_not_set_the_new_writers_back(nats, tmp_path):
+    """A writer publishes the revision it acknowledged up to, once a second, for later starts to
+    tell acknowledged records that are gone from records never acknowledged. A writer replaced
+    while it still runs publishes its own, lower, revision after the new writer's: a start then
+    checked the journals only up to it (the new writer publishes again only once it commits more)."""
+    from shards.store import acknowledged_key
+
+    async def go():
+        writer = await Store.open(config(tmp_path / "w", nats))
+        standby = await Store.open(config(tmp_path / "s", nats), follow=True)
+        key = acknowledged_key(writer.config.layout)
+        try:
+            for i in range(5):
+                await writer.put(PutReq(KEY % i, b"old writer"))
+            following = asyncio.ensure_future(standby.follow_journals())
+            await asyncio.wait_for(standby.wait_committed(writer.committed), 30)
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+            old = writer.committed
+            await standby.take_over()
+            for i in range(5, 8):
+                await standby.put(PutReq(KEY % i, b"new writer"))
+            await standby._publish_committed()
+            assert int(await standby.log.get_meta(key)) == standby.committed > old
+            await writer._publish_committed()  # the old writer, late
+            assert int(await standby.log.get_meta(key)) == standby.committed
+        finally:
+            await standby.close()
+            await writer.close()
+
+    asyncio.run(go())
