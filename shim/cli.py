@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experimental-warning-apply-duration", type=_duration_or_zero(0.0), default="100ms",
                    help="a request taking longer is logged as too long and counted in etcd_server_slow_apply_total "
                         "(default: %(default)s, as etcd)")
+    p.add_argument("--enable-pprof", action="store_true",
+                   help="serve /debug/tasks on the client and metrics URLs: what every asyncio task (down to what "
+                        "it waits on) and every thread of the process is doing, as text; what etcd's flag serves "
+                        "is the Go runtime's profiles (/debug/pprof), these are a Python server's goroutine dump")
     p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams, help="most concurrent gRPC streams per client connection (default: %(default)s, as etcd)")
     p.add_argument("--grpc-keepalive-min-time", type=_duration_or_zero(300.0), default=f"{d.grpc_keepalive_min_time_s:g}s", help="shortest interval a client may ping at; 0: grpc-go's 5 minutes, as etcd (default: %(default)s)")
     p.add_argument("--grpc-keepalive-interval", type=_duration_or_zero(0.0), default=f"{d.grpc_keepalive_interval_s / 3600:g}h", help="how often the server pings an idle connection; 0: never, as is 0 for the timeout (default: %(default)s)")
@@ -289,6 +293,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         follow_data_dir=args.follow_data_dir,
         watch_progress_notify_interval_s=args.experimental_watch_progress_notify_interval,
         warning_apply_duration_s=args.experimental_warning_apply_duration,
+        enable_pprof=args.enable_pprof,
         metrics=args.metrics,
         cert_file=args.cert_file,
         key_file=args.key_file,

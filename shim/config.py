@@ -45,6 +45,7 @@ class ServerConfig:
     watch_progress_notify_interval_s: float = 600.0
     metrics: str = "basic"  # etcd's --metrics: "extensive" adds grpc_server_handling_seconds
     warning_apply_duration_s: float = 0.1  # a unary call slower than this is logged and counted, as etcd's
+    enable_pprof: bool = False  # serve /debug/tasks (shim/debug.py)
     cert_file: Path | None = None
     key_file: Path | None = None
     trusted_ca_file: Path | None = None

@@ -40,6 +40,7 @@ from shards.alarms import NAMES
 from shards.types import RangeReq
 
 from .config import ETCD_API_VERSION
+from .debug import tasks_text
 from .peercheck import CertificateCheck, rejects
 from .gateway import PATHS, REASONS, STREAMS, Gateway, GatewayError, compact_json
 from .grpcserver import http_date
@@ -85,6 +86,7 @@ def _go_error(status: int, text: str, *extra) -> tuple[int, tuple, bytes]:
 
 
 NOT_FOUND = _go_error(404, "404 page not found")
+DEBUG_TASKS = "/debug/tasks"  # --enable-pprof (shim/debug.py)
 
 
 def _head(status: int, headers, version: str = "HTTP/1.1") -> bytes:
@@ -322,6 +324,10 @@ class HttpEndpoint:
             ok, reason = self.health()
             return (200, (("Content-Type", "text/plain"),), b"ok") if ok else \
                 (503, (("Content-Type", "text/plain"),), f"failed: {reason}".encode())
+        if path == DEBUG_TASKS and self.m.config.enable_pprof:
+            if method != "GET":
+                return _go_error(405, "Method Not Allowed", ("Allow", "GET"))
+            return 200, (("Content-Type", "text/plain; charset=utf-8"),), tasks_text().encode()
         if path == "/version":
             cluster = ETCD_API_VERSION.rsplit(".", 1)[0] + ".0"  # etcd reports the cluster version as major.minor.0
             body = compact_json({"etcdserver": ETCD_API_VERSION, "etcdcluster": cluster})

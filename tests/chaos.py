@@ -76,6 +76,7 @@ class Member:
                                 log_path=self.base / "shardetcd.log", timeout=120,  # a long run's catch-up reads grow
                                 extra_args=("--journal-url", self.urls,
                                             "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}",
+                                            "--enable-pprof",  # /debug/tasks, for a look at one --hold kept
                                             *self.server_args, *flags))
 
     @property
@@ -284,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"(default: a random one per round, of {','.join(FAULTS)})")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--dir", type=Path, default=None, help="where data, logs and failing histories go")
+    ap.add_argument("--hold", action="store_true", help="on a failure, leave every server running for a look "
+                    "(their PIDs, ports and metrics ports are printed) until this process gets SIGINT or SIGTERM")
     ap.add_argument("--server-args", default="", help="more shardetcd flags for every member, e.g. "
                     "'--checkpoint-journal-bytes 20000' for a checkpoint stored and the journal released every few writes")
     args = ap.parse_args(argv)
@@ -313,6 +316,17 @@ def main(argv: list[str] | None = None) -> int:
             one_round(r, listed[r - 1] if listed else rng.choice(FAULTS), members, nats, rng, out, log)
         log(f"{r} rounds, no fault found (seed {seed})")
         return 0
+    except BaseException:
+        if args.hold:
+            log("held for a look (/debug/tasks on each metrics port): " + "; ".join(
+                f"{m.name} pid {m.proc.pid} {m.endpoint} metrics :{m.metrics_port}" for m in members if m.proc.running()))
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+            try:
+                while True:
+                    time.sleep(3600)
+            except (KeyboardInterrupt, SystemExit):
+                pass
+        raise
     finally:
         for m in members:
             if m.proc.running():
