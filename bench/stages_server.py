@@ -125,11 +125,10 @@ SPECS: tuple[tuple[str, str, str, bool], ...] = (
     ("shim.kv", "KVService.put_batch", "handler: Put", True),  # the native server's batches of calls
     ("shim.kv", "KVService.txn_batch", "handler: Txn", True),
     ("shim.txn", "check_txn", "check + convert a Txn", False),
-    ("shim.validate", "check_put", "check a Put", False),
+    ("shim.validate", "checked_put", "check + convert a Put", False),
     ("shim.validate", "check_size", "request size (ByteSize)", False),
     ("shim.quota", "Quota.check", "quota", False),
-    ("shim.convert", "put_req", "convert a Put or Range", False),
-    ("shim.convert", "range_req", "convert a Put or Range", False),
+    ("shim.convert", "range_req", "convert a Range", False),
     ("shards.store", "Store.put", "store: write (revision, steps, bookkeeping)", True),
     ("shards.store", "Store.txn", "store: write (revision, steps, bookkeeping)", True),
     ("shards.store", "Store.put_many", "store: write (revision, steps, bookkeeping)", True),

@@ -14,7 +14,7 @@ from collections import deque
 from typing import Callable
 
 from journal.errors import JournalFailed
-from journal.record import HEADER_BYTES, check_fields
+from journal.record import HEADER_BYTES, REV_MAX, RTYPE_MAX, check_fields
 
 logger = logging.getLogger("journal.journal")
 
@@ -52,10 +52,12 @@ class Appender:
 
     def _next_seq(self, rtype: int, rev: int, payload_bytes: int, record_bytes_max: int) -> int:
         """Check one append and number it (the caller queues the record)."""
-        self._check_writable()
+        if self._failure is not None or self._closing:
+            self._check_writable()
         if self._task is None:
             raise RuntimeError("append() before start()")
-        check_fields(rtype, rev, payload_bytes, record_bytes_max)
+        if not (1 <= rtype <= RTYPE_MAX and 0 <= rev <= REV_MAX and payload_bytes <= record_bytes_max):
+            check_fields(rtype, rev, payload_bytes, record_bytes_max)  # which one, in its words
         if rev < self._last_rev:
             raise ValueError(f"revision tag {rev} is below the last appended tag {self._last_rev}")
         self._last_seq += 1

@@ -322,8 +322,8 @@ class ShardState:
     # -- writes ---------------------------------------------------------
 
     def put(self, key: bytes, main: int, sub: int, kv: bytes) -> None:
-        e = entry(main, sub, False)
-        self._write_row(row_key(e), kv)
+        e = (main << 33) | (sub << 1)  # entry(main, sub, False) and its row_key, without the calls
+        self._write_row(_ROW.pack(main, sub), kv)
         index = self.index
         revs = index.get(key)
         if revs is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+from operator import attrgetter
 from collections import Counter, deque
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -64,6 +65,7 @@ logger = logging.getLogger(__name__)
 SORT_RUN = 4096  # keys of a revoked lease sorted in one step
 IDLE_TURN_S = 50e-6  # an event-loop turn shorter than this ran (next to) nothing but the one yielding
 TAKEOVER_TRIES = 3  # a takeover whose journals the writer being replaced released as it read rebuilds and tries again
+_BYTES_HIGH = attrgetter("bytes_high")
 ACKNOWLEDGED_EVERY_S = 1.0  # how often a replicated journal's writer publishes its committed revision
 
 # A fresh etcd 3.5's backend file before any key: 20,480 bytes, 16,384 of them in use (bbolt's
@@ -404,7 +406,7 @@ class Store:
         """Like etcd's backend file size: the most row bytes held since the last
         defragment (space freed by compaction is reused, but only a
         defragment gives it back), over what a fresh etcd's file holds."""
-        return EMPTY_BACKEND_BYTES + sum(s.bytes_high for s in self.states)
+        return EMPTY_BACKEND_BYTES + sum(map(_BYTES_HIGH, self.states))  # (every write's quota asks)
 
     def db_size_in_use(self) -> int:
         """Row bytes held now, history included, over what a fresh etcd's file uses."""
@@ -720,7 +722,7 @@ class Store:
             return self.rev  # read-only: wait until what it read is committed
         rev = w.rev
         self.rev = rev
-        participants = tuple(sorted(w.parts))
+        participants = tuple(w.parts) if len(w.parts) == 1 else tuple(sorted(w.parts))
         try:
             for i, sid in enumerate(participants):
                 if i:

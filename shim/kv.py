@@ -54,10 +54,10 @@ class KVService:
 
     def _put_req(self, request: pb.PutRequest, context: grpc.aio.ServicerContext) -> PutReq:
         """A Put's checks, in etcd's order, and the store's request for it."""
-        validate.check_put(request)
-        self._admit(request, context, (request.key,), self.access.put)
-        self.m.quota.check(quota.cost_put(request), capped=True)
-        return convert.put_req(request)
+        req = validate.checked_put(request)
+        self._admit(request, context, (req.key,), self.access.put)
+        self.m.quota.check(quota.cost_put(req), capped=True)
+        return req
 
     def _put_answer(self, r: PutResult) -> bytes:
         return wire.put_response(self.m.headers.framed(r.revision), r.prev_kv)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from proto import rpc_pb2 as pb
 from shards.alarms import NOSPACE, AlarmStore
+from shards.types import PutReq
 
 from .errors import NO_SPACE, RequestError
 
@@ -18,7 +19,7 @@ KV_OVERHEAD_BYTES = 256
 LEASE_OVERHEAD_BYTES = 64
 
 
-def cost_put(r: pb.PutRequest) -> int:
+def cost_put(r: pb.PutRequest | PutReq) -> int:
     return KV_OVERHEAD_BYTES + len(r.key) + len(r.value)
 
 

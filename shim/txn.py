@@ -76,12 +76,11 @@ def _branch(ops, written: list[bytes]):
     for op in ops:
         which = op.WhichOneof("request")
         if which == "request_put":
-            p = op.request_put
-            validate.check_put(p)
-            out.append(convert.put_req(p))
-            puts.append(p.key)
-            written.append(p.key)
-            cost += quota.cost_put(p)
+            put = validate.checked_put(op.request_put)
+            out.append(put)
+            puts.append(put.key)
+            written.append(put.key)
+            cost += quota.cost_put(put)
         elif which == "request_range":
             q = op.request_range
             validate.check_range(q)

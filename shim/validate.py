@@ -8,6 +8,7 @@ fall inside a delete range of the same txn.
 from __future__ import annotations
 
 from proto import rpc_pb2 as pb
+from shards.types import PutReq
 
 from .errors import (
     DUPLICATE_KEY,
@@ -44,6 +45,16 @@ def check_put(r: pb.PutRequest) -> None:
         raise RequestError(VALUE_PROVIDED)
     if r.ignore_lease and r.lease:
         raise RequestError(LEASE_PROVIDED)
+
+
+def checked_put(r: pb.PutRequest) -> PutReq:
+    """``check_put``, and the store's request for the Put, each field read from the message once
+    (every Put's and every Txn put's path; a read of a field makes a Python object each time)."""
+    key, value, lease = r.key, r.value, r.lease
+    ignore_value, ignore_lease = r.ignore_value, r.ignore_lease
+    if not key or ignore_value and value or ignore_lease and lease:
+        check_put(r)
+    return PutReq(key, value, lease, r.prev_kv, ignore_value, ignore_lease)
 
 
 def check_delete(r: pb.DeleteRangeRequest) -> None:

@@ -399,7 +399,7 @@ def test_bench_stages_tiny_splits_shardetcd_per_stage_beside_the_ceiling(tmp_pat
     for load in loads:
         staged = rows[(load, "shardetcd-staged")]
         stages = staged["stages_us"]
-        handler, check = {"put 1/1": ("handler: Put", "check a Put"),
+        handler, check = {"put 1/1": ("handler: Put", "check + convert a Put"),
                           "txn-put 64/8": ("handler: Txn", "check + convert a Txn")}.get(load, (None, None))
         if handler:  # every write passed through its handler's checks (alone or in a batch: the handler
             # stage then counts one call per batch), the store and the journal's acknowledgement
