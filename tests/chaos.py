@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             one_round(r, listed[r - 1] if listed else rng.choice(FAULTS), members, nats, rng, out, log)
         log(f"{r} rounds, no fault found (seed {seed})")
         return 0
-    except BaseException:
+    except Exception:  # a finding (an interrupt ends the run as ever)
         if args.hold:
             log("held for a look (/debug/tasks on each metrics port): " + "; ".join(
                 f"{m.name} pid {m.proc.pid} {m.endpoint} metrics :{m.metrics_port}" for m in members if m.proc.running()))
