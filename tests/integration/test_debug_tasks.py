@@ -5,21 +5,12 @@ hangs; shardetcd's work is asyncio tasks, each shown down to what it waits on.""
 from __future__ import annotations
 
 import threading
-import urllib.error
-import urllib.request
 
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.integration.test_metrics import get as _get
 from tests.shardetcd_fixture import start_shardetcd
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def test_debug_tasks_shows_each_task_down_to_what_it_waits_on_and_every_thread(tmp_path):

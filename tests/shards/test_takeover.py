@@ -36,17 +36,22 @@ def config(where, nats, **kwargs) -> StoreConfig:
                        **kwargs)
 
 
+async def followed_writes(writer: Store, standby: Store, keys: range, value: bytes) -> None:
+    """The writer puts ``keys``; the standby follows its journals until it has them, then stops."""
+    for i in keys:
+        await writer.put(PutReq(KEY % i, value))
+    following = asyncio.ensure_future(standby.follow_journals())
+    await asyncio.wait_for(standby.wait_committed(writer.committed), 30)
+    following.cancel()
+    await asyncio.gather(following, return_exceptions=True)
+
+
 def test_a_takeover_whose_journal_is_released_under_its_read_rebuilds_and_loses_nothing(nats, tmp_path, caplog):
     async def go():
         writer = await Store.open(config(tmp_path / "w", nats))
         standby = await Store.open(config(tmp_path / "s", nats), follow=True)
         try:
-            for i in range(20):
-                await writer.put(PutReq(KEY % i, b"before"))
-            following = asyncio.ensure_future(standby.follow_journals())
-            await asyncio.wait_for(standby.wait_committed(writer.committed), 30)
-            following.cancel()
-            await asyncio.gather(following, return_exceptions=True)
+            await followed_writes(writer, standby, range(20), b"before")
             for i in range(20, 40):  # stored after what the standby followed: its first fence is refused
                 await writer.put(PutReq(KEY % i, b"after"))
             last = writer.committed
@@ -125,12 +130,7 @@ def test_a_replaced_writers_late_acknowledged_revision_does_not_set_the_new_writ
         standby = await Store.open(config(tmp_path / "s", nats), follow=True)
         key = acknowledged_key(writer.config.layout)
         try:
-            for i in range(5):
-                await writer.put(PutReq(KEY % i, b"old writer"))
-            following = asyncio.ensure_future(standby.follow_journals())
-            await asyncio.wait_for(standby.wait_committed(writer.committed), 30)
-            following.cancel()
-            await asyncio.gather(following, return_exceptions=True)
+            await followed_writes(writer, standby, range(5), b"old writer")
             old = writer.committed
             await standby.take_over()
             for i in range(5, 8):
