@@ -286,6 +286,7 @@ class HttpEndpoint:
         self.gateway = gateway
         # room for a request base64 makes a third larger, up to what gRPC takes before refusing
         self.body_bytes_max = 2 * member.config.receive_cap_bytes
+        self.debug = member.config.enable_pprof  # serve /debug/tasks
 
     def health(self) -> tuple[bool, str]:
         if (source := self.m.store.failure_source) is not None:
@@ -324,7 +325,7 @@ class HttpEndpoint:
             ok, reason = self.health()
             return (200, (("Content-Type", "text/plain"),), b"ok") if ok else \
                 (503, (("Content-Type", "text/plain"),), f"failed: {reason}".encode())
-        if path == DEBUG_TASKS and self.m.config.enable_pprof:
+        if path == DEBUG_TASKS and self.debug:
             if method != "GET":
                 return _go_error(405, "Method Not Allowed", ("Allow", "GET"))
             return 200, (("Content-Type", "text/plain; charset=utf-8"),), tasks_text().encode()

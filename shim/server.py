@@ -507,6 +507,7 @@ class StandbyStatus(HttpEndpoint):
         self.metrics = StandbyMetrics(self)
         self.gateway = None
         self.body_bytes_max = 4096
+        self.debug = config.enable_pprof
 
     def health(self) -> tuple[bool, str]:
         return False, "standby"

@@ -42,3 +42,18 @@ def test_debug_tasks_shows_each_task_down_to_what_it_waits_on_and_every_thread(t
 
 def test_without_the_flag_there_is_no_debug_path(shardetcd):
     assert _get(f"{shardetcd.client_url}/debug/tasks") == (404, "404 page not found\n")
+
+
+def test_a_standby_serves_debug_tasks_on_its_metrics_urls_too():
+    """A standby's metrics URLs have an endpoint of their own (no member, no store yet)."""
+    import asyncio
+
+    from shim.config import ServerConfig
+    from shim.server import StandbyStatus
+
+    async def ask(enabled: bool):
+        return StandbyStatus(ServerConfig(enable_pprof=enabled)).route("GET", "/debug/tasks")
+
+    status, _, body = asyncio.run(ask(True))
+    assert status == 200 and b"ask" in body and b"\nthread MainThread\n" in body
+    assert asyncio.run(ask(False))[0] == 404
