@@ -50,6 +50,7 @@ from . import wire
 from .context import READ_INDEX_METADATA, abort_with
 from .errors import NOT_THE_WRITER, TIMED_OUT
 from .grpcserver import CallDetails
+from .handlers import counted
 from .access import FORWARDED_CALLER, FORWARDED_METADATA_MARK, FORWARDED_SECRET, common_name, token_of
 
 logger = logging.getLogger(__name__)
@@ -511,10 +512,12 @@ async def _relay_error(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcEr
     await context.abort(exc.code(), exc.details() or "")
 
 
-def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, str]] = FORWARDED
-                        ) -> list[grpc.GenericRpcHandler]:
+def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, str]] = FORWARDED,
+                        count: bool = True) -> list[grpc.GenericRpcHandler]:
     """Generic handlers (registered before the follower's own services) that hand
-    ``calls`` to the writer as raw bytes; answers carry this member's ``headers``."""
+    ``calls`` to the writer as raw bytes; answers carry this member's ``headers``. Each is
+    ``count``ed here as etcd's member counts the calls its clients make (its gRPC metrics: a
+    write that fails through this member shows in this member's failed-call rate)."""
     store = link.store
 
     def unary(service: str, method: str):
@@ -548,7 +551,7 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
                     await store.compacted(compaction.revision)  # as the writer: however long it takes
             return raw
 
-        return grpc.unary_unary_rpc_method_handler(handle)
+        return handle
 
     def unary_stream(service: str, method: str):
         async def handle(request: bytes, context):
@@ -562,7 +565,7 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
             except (RequestTimeoutError, LeaderChangedError) as exc:
                 await abort_with(context, exc)
 
-        return grpc.unary_stream_rpc_method_handler(handle)
+        return handle
 
     def stream_stream(service: str, method: str):
         async def handle(requests, context):
@@ -587,11 +590,18 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
                     pumping.cancel()
                     call.cancel()
 
-        return grpc.stream_stream_rpc_method_handler(handle)
+        return handle
 
     kinds = {"unary": unary, "unary_stream": unary_stream, "stream_stream": stream_stream}
+    wrap = {"unary": grpc.unary_unary_rpc_method_handler, "unary_stream": grpc.unary_stream_rpc_method_handler,
+            "stream_stream": grpc.stream_stream_rpc_method_handler}
+
+    def handler(service: str, method: str, kind: str):
+        fn = kinds[kind](service, method)
+        return wrap[kind](counted(service, method, kind, fn) if count else fn)
+
     return [WhileFollowing(link, grpc.method_handlers_generic_handler(
-                service, {m: kinds[kind](service, m) for m, kind in methods.items()}))
+                service, {m: handler(service, m, kind) for m, kind in methods.items()}))
             for service, methods in calls.items()]
 
 
@@ -754,7 +764,8 @@ def keepalive_handler(link: WriterLink, member) -> grpc.GenericRpcHandler:
     """Lease.LeaseKeepAlive on a follower: coalesced (KeepAlives) while auth is
     off; with auth on, each client's stream goes to the writer with its token."""
     keepalives = KeepAlives(link)
-    forward = forwarding_handlers(link, member.headers, {"etcdserverpb.Lease": {"LeaseKeepAlive": "stream_stream"}})[0]
+    forward = forwarding_handlers(link, member.headers, {"etcdserverpb.Lease": {"LeaseKeepAlive": "stream_stream"}},
+                                  count=False)[0]  # counted below, either way
     forwarded = forward.handler.service(CallDetails("/etcdserverpb.Lease/LeaseKeepAlive"))
 
     async def handle(requests, context):
@@ -773,7 +784,8 @@ def keepalive_handler(link: WriterLink, member) -> grpc.GenericRpcHandler:
             yield wire.keepalive_response(headers.framed(store.committed), lease_id, ttl)
 
     return WhileFollowing(link, grpc.method_handlers_generic_handler("etcdserverpb.Lease", {
-        "LeaseKeepAlive": grpc.stream_stream_rpc_method_handler(handle)}))
+        "LeaseKeepAlive": grpc.stream_stream_rpc_method_handler(
+            counted("etcdserverpb.Lease", "LeaseKeepAlive", "stream_stream", handle))}))
 
 
 def follower_kv(member, link: WriterLink):

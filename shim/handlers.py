@@ -174,7 +174,7 @@ class RpcStats:
         self.handled[code] += 1
 
 
-RPC_STATS: list[RpcStats] = []  # every method registered through service_handler, in order
+RPC_STATS: list[RpcStats] = []  # every method registered through service_handler or counted, in order
 
 
 class Slow:
@@ -387,6 +387,17 @@ def service_handler(service: str, servicer, module=rpc_pb2, gate=None, max_messa
             h = grpc.unary_unary_rpc_method_handler(_unary(fn, gate, stats), des, serialize)
         handlers[method.name] = h
     return grpc.method_handlers_generic_handler(desc.full_name, handlers)
+
+
+def counted(service: str, method: str, kind: str, fn):
+    """``fn``, a handler of raw bytes that is no servicer's (a follower handing calls to the writer),
+    counted as a servicer's method is: etcd's gRPC metrics, client requests, slow calls, leader
+    checks. ``kind``: "unary", "unary_stream" or "stream_stream"."""
+    stats = RpcStats(service, method, {"unary": "unary", "unary_stream": "server_stream"}.get(kind, "bidi_stream"))
+    RPC_STATS.append(stats)  # summed with the servicer's own, if this process registers one too
+    if kind == "unary":
+        return _unary(fn, None, stats)
+    return _streaming(fn, None, stats, kind == "stream_stream")
 
 
 class _Unknown(grpc.GenericRpcHandler):

@@ -473,3 +473,50 @@ def test_read_index_failures_and_slow_ones_are_counted_as_etcd_names_them(tmp_pa
     finally:
         follower.stop()
         writer.stop()
+
+
+def test_calls_a_follower_hands_to_the_writer_count_in_the_followers_grpc_metrics(writer_and_followers):
+    """etcd's members each count the calls their clients make (grpc_server_*, client requests): a
+    follower counts the writes it hands to the writer too, whatever the writer answers, so that a
+    write failing through it (the writer refusing it, or gone) shows in its failed-call rate, as the
+    dashboards and the failed-RPC alert read it per member."""
+    from tests.integration.test_metrics import scrape
+
+    writer, (follower, _) = writer_and_followers
+    base = f"http://{follower.endpoint}"
+
+    def put_counts() -> tuple[float, dict[str, float]]:
+        m = scrape(base)
+        labels = (("grpc_method", "Put"), ("grpc_service", "etcdserverpb.KV"), ("grpc_type", "unary"))
+        return m[("grpc_server_started_total", labels)], {
+            code: m[("grpc_server_handled_total", (("grpc_code", code), *labels))]
+            for code in ("OK", "NotFound", "Unavailable")}
+
+    def client_requests() -> tuple[float, float]:
+        m = scrape(base)
+        return tuple(m.get(("etcd_server_client_requests_total", (("client_api_version", "unknown"), ("type", kind))), 0)
+                     for kind in ("unary", "stream"))
+
+    before = client_requests()
+    with grpc.insecure_channel(follower.endpoint) as ch:
+        kv = pbg.KVStub(ch)
+        for i in range(3):
+            kv.Put(pb.PutRequest(key=b"/registry/pods/m%d" % i, value=b"v"), timeout=10)
+        with pytest.raises(grpc.RpcError) as refused:  # the writer refuses it: a lease that does not exist
+            kv.Put(pb.PutRequest(key=b"/registry/pods/m", value=b"v", lease=12345), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        lease = pbg.LeaseStub(ch).LeaseGrant(pb.LeaseGrantRequest(TTL=60), timeout=10).ID
+        answers = pbg.LeaseStub(ch).LeaseKeepAlive(iter([pb.LeaseKeepAliveRequest(ID=lease)]), timeout=10)
+        assert [a.TTL for a in answers] == [60]
+        after = client_requests()
+        assert (after[0] - before[0], after[1] - before[1]) == (5, 1)  # 4 puts and a grant; a keep-alive stream
+        m = scrape(base)
+        keepalive = (("grpc_method", "LeaseKeepAlive"), ("grpc_service", "etcdserverpb.Lease"), ("grpc_type", "bidi_stream"))
+        assert (m[("grpc_server_started_total", keepalive)], m[("grpc_server_msg_received_total", keepalive)],
+                m[("grpc_server_msg_sent_total", keepalive)]) == (1, 1, 1)
+        writer.kill()
+        with pytest.raises(grpc.RpcError) as gone:  # no writer to hand it to
+            kv.Put(pb.PutRequest(key=b"/registry/pods/gone", value=b"v"), timeout=20)
+        assert gone.value.code() == grpc.StatusCode.UNAVAILABLE, gone.value
+    started, handled = put_counts()
+    assert (started, handled) == (5, {"OK": 3, "NotFound": 1, "Unavailable": 1}), (started, handled)

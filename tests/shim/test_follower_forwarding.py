@@ -41,10 +41,16 @@ class Aborted(Exception):
 
 
 class Context:
+    aborted_with = None
+
     def invocation_metadata(self):
         return ()
 
+    def code(self):  # what the follower's gRPC metrics count an ended call by
+        return self.aborted_with
+
     async def abort(self, code, details):
+        self.aborted_with = code
         raise Aborted(code, details)
 
 
