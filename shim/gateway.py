@@ -91,6 +91,7 @@ class _Context:
 
     def __init__(self, authorization: str | None = None) -> None:
         self.metadata = () if authorization is None else (("authorization", authorization),)
+        self.aborted: grpc.StatusCode | None = None
 
     def invocation_metadata(self):
         return self.metadata
@@ -98,7 +99,11 @@ class _Context:
     def time_remaining(self) -> None:
         return None  # an HTTP request has no deadline: a lock or a campaign waits while its client does
 
+    def code(self) -> grpc.StatusCode | None:  # a follower's forwarded calls count the call by it
+        return self.aborted
+
     async def abort(self, code: grpc.StatusCode, details: str):
+        self.aborted = code
         raise GatewayError(code, details, from_grpc=True)
 
 

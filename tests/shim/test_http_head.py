@@ -11,7 +11,7 @@ from shim.http import HttpEndpoint
 
 def test_a_trickled_head_is_cut_at_the_deadline(monkeypatch):
     monkeypatch.setattr(http, "IDLE_READ_S", 0.5)
-    member = SimpleNamespace(config=SimpleNamespace(receive_cap_bytes=1 << 20))
+    member = SimpleNamespace(config=SimpleNamespace(receive_cap_bytes=1 << 20, enable_pprof=False))
     endpoint = HttpEndpoint(member, None, None)
 
     async def trickle() -> tuple[float, bytes]:

@@ -67,7 +67,7 @@ WATCH = b'POST /v3/watch HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}'
 
 @pytest.mark.parametrize("lines_before", [0, 1])
 def test_a_failure_inside_a_stream_ends_it_with_an_unknown_error_line(lines_before, caplog):
-    member = SimpleNamespace(config=SimpleNamespace(receive_cap_bytes=1 << 20))
+    member = SimpleNamespace(config=SimpleNamespace(receive_cap_bytes=1 << 20, enable_pprof=False))
     endpoint = HttpEndpoint(member, None, FailingGateway(lines_before))
     with caplog.at_level(logging.ERROR, logger="shim.http"):
         answer = asyncio.run(exchange(endpoint, WATCH))
@@ -84,7 +84,7 @@ def test_a_failure_inside_a_stream_ends_it_with_an_unknown_error_line(lines_befo
 
 
 def test_a_failure_opening_a_stream_is_an_unknown_answer():
-    member = SimpleNamespace(config=SimpleNamespace(receive_cap_bytes=1 << 20))
+    member = SimpleNamespace(config=SimpleNamespace(receive_cap_bytes=1 << 20, enable_pprof=False))
     endpoint = HttpEndpoint(member, None, FailingGateway(None))
     answer = asyncio.run(exchange(endpoint, WATCH))
     head, _, body = answer.partition(b"\r\n\r\n")
@@ -95,7 +95,7 @@ def test_a_failure_opening_a_stream_is_an_unknown_answer():
 def test_a_stream_to_an_http10_client_is_not_chunked():
     """HTTP/1.0 has no chunked encoding: a streamed answer is its lines as they come, ended by the
     connection's close (as Go's server answers a 1.0 client), the error line included."""
-    member = SimpleNamespace(config=SimpleNamespace(receive_cap_bytes=1 << 20))
+    member = SimpleNamespace(config=SimpleNamespace(receive_cap_bytes=1 << 20, enable_pprof=False))
     endpoint = HttpEndpoint(member, None, FailingGateway(1))
     answer = asyncio.run(exchange(endpoint, WATCH.replace(b"HTTP/1.1", b"HTTP/1.0")))
     head, _, body = answer.partition(b"\r\n\r\n")
