@@ -52,7 +52,7 @@ class Headers:
     def framed(self, revision: int) -> bytes:
         """Field 1 (header) of a response, tag and length included."""
         if revision != self._last_rev:
-            body = self._prefix + (b"\x18" + varint(revision) if revision else b"") + self._suffix
+            body = self._prefix + _field_varint(0x18, revision) + self._suffix
             self._last = b"\x0a" + bytes((len(body),)) + body  # at most 4 fields of 11 bytes: one length byte
             self._last_rev = revision
         return self._last
