@@ -12,9 +12,10 @@ watermark advances (``notify``).  A watcher is either
   switch, so there is no gap and no duplicate.
 
 Each stream has one outbox (a deque of messages) that the gRPC layer drains.
-The outbox is bounded by the number of events it holds: a watcher whose stream
-is full becomes unsynced rather than buffering without limit, and catches up
-from the store once the reader drains it.  A progress request is answered
+The outbox is bounded by the number of events it holds and by their bytes: a
+watcher whose stream is full becomes unsynced rather than buffering without
+limit, and catches up from the store once the reader drains it, in batches
+bounded the same way (whole revisions, at least one).  A progress request is answered
 only when every watcher on the stream is synced, so its revision is never
 ahead of an event still to be sent on that stream.
 """
@@ -52,6 +53,7 @@ class Event:
     prev_kv: bytes | None = None
     encoded: bytes | None = None  # the gRPC layer's encoding, shared by every watcher sent this event
     field: bytes | None = None  # the same as a WatchResponse's events field (the gRPC layer's, shared too)
+    size: int = 0  # bytes of kv and prev_kv, what an outbox's byte bound counts
 
 
 @dataclass(slots=True)
@@ -66,6 +68,7 @@ class Message:
     compact_revision: int = 0
     cancel_reason: str = ""
     fragment: bool = False  # the watcher asked for fragmentation of large responses
+    size: int = 0  # its events' bytes (Event.size), set when it is put in an outbox
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,7 @@ class WatchStream:
         self.watchers: dict[int, Watcher] = {}
         self.outbox: deque[Message] = deque()
         self.outbox_events = 0
+        self.outbox_bytes = 0
         self.unsynced: set[Watcher] = set()
         self.progress_wanted = False
         self.closed = False
@@ -212,11 +216,15 @@ class WatchStream:
         elif queued >= self.hub.outbox_messages_max:
             self._room.clear()
             self._no_room = True
-        n = len(msg.events)
-        if n:
+        events = msg.events
+        if events:
+            n = len(events)
+            hub = self.hub
             self.outbox_events += n
-            self.hub.events_queued += n
-            if self.outbox_events >= self.hub.outbox_events_max:
+            hub.events_queued += n
+            msg.size = size = events[0].size if n == 1 else sum(e.size for e in events)
+            self.outbox_bytes += size
+            if self.outbox_events >= hub.outbox_events_max or self.outbox_bytes >= hub.outbox_bytes_max:
                 self._drained.clear()
                 self._backlog = True
 
@@ -228,7 +236,7 @@ class WatchStream:
 
     @property
     def full(self) -> bool:
-        return self.outbox_events >= self.hub.outbox_events_max
+        return self.outbox_events >= self.hub.outbox_events_max or self.outbox_bytes >= self.hub.outbox_bytes_max
 
     async def get(self) -> Message | None:
         """Next message to send; None once the stream is closed."""
@@ -243,7 +251,9 @@ class WatchStream:
             self._room.set()
         if msg.events:
             self.outbox_events -= len(msg.events)
-            if self._backlog and self.outbox_events <= self.hub.outbox_events_max // 2:
+            self.outbox_bytes -= msg.size
+            if self._backlog and self.outbox_events <= self.hub.outbox_events_max // 2 \
+                    and self.outbox_bytes <= self.hub.outbox_bytes_max // 2:
                 self._backlog = False
                 self._drained.set()
         return msg
@@ -296,9 +306,13 @@ class WatchStream:
 
 class WatchHub:
     def __init__(self, store: Store, outbox_events_max: int = 1000, catchup_revs_max: int = 1000,
-                 outbox_messages_max: int = 1000) -> None:
+                 outbox_messages_max: int = 1000, outbox_bytes_max: int = 64 << 20) -> None:
         self.store = store
         self.outbox_events_max = outbox_events_max
+        # a stream not read holds at most this many bytes of events (more than it only when one
+        # message is larger): 64 MiB is ~40 of the largest values a request may carry, where
+        # etcd's stream holds up to 128 responses unsent before its watchers fall behind
+        self.outbox_bytes_max = outbox_bytes_max
         self.outbox_messages_max = outbox_messages_max  # past it, a stream stops reading requests
         self.catchup_revs_max = catchup_revs_max
         self.streams: set[WatchStream] = set()
@@ -395,7 +409,8 @@ class WatchHub:
             events = batches[w]
             if events is None:
                 return
-        elif w.stream.outbox_events >= self.outbox_events_max:  # the stream is full
+        elif (stream := w.stream).outbox_events >= self.outbox_events_max \
+                or stream.outbox_bytes >= self.outbox_bytes_max:  # the stream is full
             batches[w] = None
             w.next_rev = rev  # everything before rev was delivered
             return
@@ -425,7 +440,8 @@ class WatchHub:
             e = state.prev_entry_of_put(key, rev) if kind == PUT else state.entry_at(key, rev - 1)
             if e is not None:
                 prev = state.get_row(e)
-        return Event(kind, row, prev)
+                return Event(kind, row, prev, size=len(row) + len(prev))
+        return Event(kind, row, prev, size=len(row))
 
     # -- catch-up from the store ----------------------------------------
 
@@ -440,7 +456,7 @@ class WatchHub:
             stream.put(Message(w.id, 0, canceled=True, compact_revision=store.compact_rev))
             return
         last = min(store.committed, w.next_rev + self.catchup_revs_max - 1)
-        events = self.history(w, w.next_rev, last)
+        events, last = self.history(w, w.next_rev, last, self.outbox_bytes_max - stream.outbox_bytes)
         if events:
             self._send(w, store.committed, events)
         w.next_rev = last + 1
@@ -448,10 +464,12 @@ class WatchHub:
             stream.unsynced.discard(w)
             self.add_synced(w)
 
-    def history(self, w: Watcher, first: int, last: int) -> list[Event]:
-        """Events for ``w`` with revisions first..last, read from shard rows."""
+    def history(self, w: Watcher, first: int, last: int, budget: int) -> tuple[list[Event], int]:
+        """Events for ``w`` with revisions first..last, read from shard rows, and the revision
+        read up to: once they hold ``budget`` bytes, the revisions after the one being read
+        are left for the next batch (a revision's events always go together)."""
         if w.end is None:
-            return self._key_history(w, first, last)
+            return self._key_history(w, first, last, budget)
         rows: list[tuple[bytes, int]] = []
         lo, hi = first_row_key(first), first_row_key(last + 1)
         for sid in w.sids:
@@ -464,28 +482,40 @@ class WatchHub:
                 rows.append((rk, sid))
                 it.next()
         rows.sort()
-        events = []
+        events: list[Event] = []
+        size = top = 0  # top: the revision of the last event taken
         for rk, sid in rows:
-            row = self.store.states[sid].db[rk]
+            rev = int.from_bytes(rk[:8], "big")
+            if size >= budget and rev != top and top:
+                return events, rev - 1
             kind = DELETE if len(rk) > 16 else PUT
             if not w.wants(kind):
                 continue
+            row = self.store.states[sid].db[rk]
             key = KeyValue.FromString(row).key
             if w.matches(key):
-                events.append(self._event(w, int.from_bytes(rk[:8], "big"), key, kind, row))
-        return events
+                ev = self._event(w, rev, key, kind, row)
+                events.append(ev)
+                size += ev.size
+                top = rev
+        return events, last
 
-    def _key_history(self, w: Watcher, first: int, last: int) -> list[Event]:
+    def _key_history(self, w: Watcher, first: int, last: int, budget: int) -> tuple[list[Event], int]:
         sid = w.sids[0]
         state = self.store.states[sid]
         revs = state.entries(w.key)
         lo, hi = bisect.bisect_left(revs, entry_bound(first - 1)), bisect.bisect_left(revs, entry_bound(last))
         events = []
+        size = 0
         for e in revs[lo:hi]:
+            if size >= budget and events:  # a key changes once in a revision
+                return events, entry_main(e) - 1
             kind = DELETE if e & 1 else PUT
             if w.wants(kind):
-                events.append(self._event(w, entry_main(e), w.key, kind, state.get_row(e)))
-        return events
+                ev = self._event(w, entry_main(e), w.key, kind, state.get_row(e))
+                events.append(ev)
+                size += ev.size
+        return events, last
 
     # -- a follower's state replaced (resync.py) ---------------------------
 

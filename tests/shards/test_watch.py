@@ -17,7 +17,7 @@ def drain(stream):
     msgs = []
     while stream.outbox:
         msgs.append(stream.outbox.popleft())
-    stream.outbox_events = 0
+    stream.outbox_events = stream.outbox_bytes = 0
     stream._drained.set()
     return msgs
 
@@ -132,6 +132,53 @@ def test_a_reader_taking_messages_one_by_one_lets_a_fallen_behind_watcher_catch_
             await store.put(PutReq(b"k", b"last"))
             last = await waiting
         assert not stream.unsynced and [r for r, *_ in events_of([last])] == [store.committed]
+        await store.close()
+
+    run(go())
+
+
+def test_a_stream_not_read_holds_a_bounded_number_of_bytes_and_catches_up_in_bounded_batches(tmp_path, run):
+    """Large values: a stream nobody reads holds at most its byte bound (past it by one
+    message), its watchers fall behind, and catching up from the store reads batches of whole
+    revisions bounded the same way: a one-key watcher, a range watcher with prev_kv over a txn
+    of two keys a revision, and a watcher from a past revision, all without gap or duplicate."""
+    async def go():
+        store = await open_store(tmp_path)
+        hub = store.hub
+        value = b"v" * 10_000
+        hub.outbox_bytes_max = 100_000  # ten values
+        past = hub.open_stream()
+        past.create(WatchSpec(PODS, b"/registry/pods0", start_revision=2, watch_id=3))
+        live = hub.open_stream()
+        live.create(WatchSpec(PODS + b"a", watch_id=1))
+        live.create(WatchSpec(b"/registry/", b"/registry0", prev_kv=True, watch_id=2))
+        for i in range(40):
+            await store.put(PutReq(PODS + b"a", value))
+            await store.txn(TxnReq(success=(PutReq(PODS + b"b", value), PutReq(LEASES + b"l", value))))
+        assert live.unsynced, "the watchers must have fallen behind"
+        got = {1: [], 2: [], 3: []}
+        peak = {live: 0, past: 0}
+        async with asyncio.timeout(10):
+            while any(sum(len(m.events) for m in got[w]) < n for w, n in ((1, 40), (2, 120), (3, 80))):
+                for stream in (live, past):
+                    peak[stream] = max(peak[stream], stream.outbox_bytes)
+                    if stream.outbox:
+                        msg = await stream.get()
+                        got[msg.watch_id].append(msg)
+                await asyncio.sleep(0)
+        assert max(peak.values()) <= 100_000 + 3 * 20_000, peak
+        assert [r for r, *_ in events_of(got[1])] == list(range(2, 82, 2))
+        txn = list(range(3, 82, 2))
+        assert [(r, key) for r, _, key, _ in events_of(got[2])] == [
+            x for t in txn for x in ((t - 1, PODS + b"a"), (t, PODS + b"b"), (t, LEASES + b"l"))]
+        assert all(prev is not None for r, _, _, prev in events_of(got[2]) if r > 3)
+        # a revision's two events are never split between two responses
+        for m in got[2]:
+            revs = [r for r, *_ in events_of([m])]
+            assert all(revs.count(r) == 2 for r in revs if r % 2), revs
+        assert [(r, key) for r, _, key, _ in events_of(got[3])] == [
+            x for t in txn for x in ((t - 1, PODS + b"a"), (t, PODS + b"b"))]
+        assert len(got[3]) > 4, "the catch-up from a past revision must come in several batches"
         await store.close()
 
     run(go())
