@@ -28,14 +28,17 @@ E's rev 10 is whole once A's E part is read.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .lease import GRANT, decode_lease_record
-from .record import AUTH, COMPACT, LEASE, TOKEN, WRITE, Change, decode_compact, decode_write
+from .record import (AUTH, COMPACT, LEASE, TOKEN, WRITE, Change, decode_compact, decode_write, write_changes_in_steps,
+                     write_participants)
 
 if TYPE_CHECKING:
     from journal.follow import Message
@@ -44,6 +47,15 @@ if TYPE_CHECKING:
     from .store import Store
 
 logger = logging.getLogger(__name__)
+
+# A write of many changes (a DeleteRange or a lease revoke of thousands of keys is one revision)
+# is applied in steps while the journals are followed, the event loop serving reads, watches and
+# forwarded calls between them: its record is kept undecoded and its changes decoded and applied
+# STEP_CHANGES at a time, no revision counting as applied before all of its changes are (reads are
+# at the applied revision; the state holds rows above it as a writer's does while it journals).
+BIG_WRITE_BYTES = 64 << 10  # a WRITE record at least this large is decoded as it is applied
+STEP_CHANGES = 256  # changes applied between two looks at the clock
+BACKLOG_MAX = 10_000  # revisions read and not applied past which a message is applied at once (its reader waits)
 
 
 class FollowerDiverged(RuntimeError):
@@ -77,6 +89,13 @@ class Follower:
         self.metas: list[deque[tuple[int, int, int, bytes]]] = [deque() for _ in floors]  # (tag, epoch, type, payload)
         self.cuts: dict[int, int] = {}  # epoch -> the revision its writer recovered to
         self.applied_tops: dict[int, int] = {}  # epoch -> the highest revision applied from its records
+        # the revision being applied in steps: its steps (their value: its changes by shard), its
+        # revision and the epochs of its parts; None while none is
+        self._applying: Generator[None, None, dict[int, list[Change]]] | None = None
+        self._applying_rev = 0
+        self._applying_epochs: tuple[int, ...] = ()
+        self._more = asyncio.Event()  # work left for run(): a revision half applied, or whole ones next
+        self._running = False  # run() is going on (follow_journals): advance may leave work to it
 
     # -- input ------------------------------------------------------------
 
@@ -89,9 +108,29 @@ class Follower:
             self.take(sid, rec)
         if msg.stored and msg.top:
             self.unapplied.append((msg.top, msg.stored))
-        self.advance()
+        if self._running and len(self.parts) < BACKLOG_MAX:
+            self.advance(self.store.config.slice_ms / 1000)
+        else:
+            self.advance()
         if self.unapplied and self.unapplied[0][0] <= self.applied:
             self._applied_messages()
+
+    async def run(self) -> None:
+        """Go on with what ``advance`` left (a write of many changes, a long run of whole
+        revisions), a slice at a time, between turns of the event loop; until cancelled
+        (``Store.follow_journals`` runs it beside the journals' readers, so that what it
+        raises ends the following as what they raise does)."""
+        self._running = True
+        try:
+            while True:
+                await self._more.wait()
+                await self.store._pause()
+                self._more.clear()
+                self.advance(self.store.config.slice_ms / 1000)
+                if self.unapplied and self.unapplied[0][0] <= self.applied:
+                    self._applied_messages()
+        finally:
+            self._running = False
 
     def _applied_messages(self) -> None:
         """Lag of the messages whose every record is applied now (a record of another
@@ -113,7 +152,8 @@ class Follower:
         """Writer ``epoch`` recovered to ``rev``: older epochs' records above it are void."""
         if self.cuts.get(epoch) == rev:
             return
-        if any(e < epoch and top > rev for e, top in self.applied_tops.items()):
+        if any(e < epoch and top > rev for e, top in self.applied_tops.items()) or (
+                self._applying is not None and self._applying_rev > rev and min(self._applying_epochs) < epoch):
             raise FollowerDiverged(f"writer epoch {epoch} cut above revision {rev}, below revisions of an "
                                    f"earlier writer this follower had applied (up to {self.applied})")
         self.cuts[epoch] = rev
@@ -131,10 +171,14 @@ class Follower:
         if self._void(rec.epoch, rec.rev):
             return
         if rec.rtype == WRITE:
-            if rec.rev <= self.applied:
+            if rec.rev <= self.applied or rec.rev == self._applying_rev:
                 return  # an older writer's part of a revision a newer one wrote again
-            participants, changes = decode_write(rec.payload)
-            self.parts.setdefault(rec.rev, {})[sid] = (rec.epoch, participants, changes)
+            payload = rec.payload
+            if len(payload) >= BIG_WRITE_BYTES:  # decoded as it is applied
+                self.parts.setdefault(rec.rev, {})[sid] = (rec.epoch, write_participants(payload), payload)
+            else:
+                participants, changes = decode_write(payload)
+                self.parts.setdefault(rec.rev, {})[sid] = (rec.epoch, participants, changes)
         elif rec.rtype in (LEASE, AUTH, COMPACT, TOKEN):
             self.metas[sid].append((rec.rev, rec.epoch, rec.rtype, rec.payload))
 
@@ -143,29 +187,85 @@ class Follower:
 
     # -- applying -----------------------------------------------------------
 
-    def advance(self) -> int:
-        """Apply every revision that is now whole and next in line; the new applied revision."""
+    def advance(self, slice_s: float | None = None) -> int:
+        """Apply every revision that is now whole and next in line; the new applied revision.
+        With ``slice_s``, for about that long: what is left (the rest of a write of many
+        changes, more whole revisions) goes on in ``run``."""
         first = self.applied + 1
+        deadline = None if slice_s is None else time.perf_counter() + slice_s
+        store = self.store
         self._apply_metas()
-        while (parts := self.parts.get(self.applied + 1)) is not None and self._whole(self.applied + 1, parts):
-            rev = self.applied + 1
-            del self.parts[rev]
-            store = self.store
-            for sid, (epoch, _, changes) in parts.items():
-                store.shards[sid].apply_recovered(rev, changes)
-                self.applied_tops[epoch] = rev
-            if store.hub.active:
-                store._changes[rev] = {sid: changes for sid, (_, _, changes) in parts.items()}
-            self.applied = rev
-            self._apply_metas()
+        while True:
+            if self._applying is None:
+                rev = self.applied + 1
+                parts = self.parts.get(rev)
+                if parts is None or not self._whole(rev, parts):
+                    break
+                del self.parts[rev]
+                if all(type(part[2]) is list for part in parts.values()):  # most revisions: at once
+                    for sid, (epoch, _, changes) in parts.items():
+                        store.shards[sid].apply_recovered(rev, changes)
+                        self.applied_tops[epoch] = rev
+                    self._applied(rev, {sid: part[2] for sid, part in parts.items()})
+                else:
+                    self._applying = self._apply_steps(rev, parts)
+                    self._applying_rev, self._applying_epochs = rev, tuple({part[0] for part in parts.values()})
+            if self._applying is not None and not self._step(deadline):
+                break
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
         if self.applied >= first:
-            store = self.store
             store.rev = store.committed = self.applied
             store.follow_stats.learned(self.applied)
             if store.hub.active:
                 store.hub.notify(store._committed_changes(first, self.applied), self.applied)
             store._release_waiters(self.applied)  # reads waiting for a revision to be applied
+        if deadline is not None and (self._applying is not None or self.applied + 1 in self.parts):
+            self._more.set()
         return self.applied
+
+    def _apply_steps(self, rev: int, parts: dict) -> Generator[None, None, dict[int, list[Change]]]:
+        """Apply revision ``rev``'s parts, a record kept undecoded STEP_CHANGES changes at a
+        time, yielding between them; its changes by shard."""
+        done: dict[int, list[Change]] = {}
+        for sid, (_, _, changes) in parts.items():
+            shard = self.store.shards[sid]
+            if type(changes) is list:
+                shard.apply_recovered(rev, changes)
+                done[sid] = changes
+                continue
+            applied: list[Change] = []
+            for step in write_changes_in_steps(changes, STEP_CHANGES):
+                shard.apply_recovered(rev, step)
+                applied += step
+                yield
+            done[sid] = applied
+        for epoch, _, _ in parts.values():
+            self.applied_tops[epoch] = rev
+        return done
+
+    def _step(self, deadline: float | None) -> bool:
+        """Go on applying the revision being applied in steps, until ``deadline`` (None: to its
+        end); whether it is applied now."""
+        steps = self._applying
+        try:
+            while True:
+                next(steps)
+                if deadline is not None and time.perf_counter() >= deadline:
+                    return False
+        except StopIteration as end:
+            self._applying, self._applying_rev, self._applying_epochs = None, 0, ()
+            self._applied(self.applied + 1, end.value)
+            return True
+        except BaseException:
+            self._applying, self._applying_rev, self._applying_epochs = None, 0, ()
+            raise
+
+    def _applied(self, rev: int, changes: dict[int, list[Change]]) -> None:
+        if self.store.hub.active:
+            self.store._changes[rev] = changes
+        self.applied = rev
+        self._apply_metas()
 
     def _whole(self, rev: int, parts: dict) -> bool:
         epochs = {part[0] for part in parts.values()}

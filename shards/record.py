@@ -51,6 +51,7 @@ its part (in its journal, or in a checkpoint at or above the revision).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 WRITE = 1
@@ -113,7 +114,27 @@ def decode_write(payload: bytes) -> tuple[tuple[int, ...], list[Change]]:
     participants = tuple(_U16.unpack_from(payload, 2 + 2 * i)[0] for i in range(n))
     pos = 2 + 2 * n
     (count,) = _U32.unpack_from(payload, pos)
-    pos += 4
+    changes, pos = _decode_changes(payload, pos + 4, count)
+    if pos != len(payload):
+        raise ValueError(f"write record has {len(payload) - pos} trailing bytes")
+    return participants, changes
+
+
+def write_changes_in_steps(payload: bytes, step: int) -> Iterator[list[Change]]:
+    """A WRITE payload's changes, ``step`` at a time (a follower applies a write of many
+    changes between turns of the event loop, decoding as it goes)."""
+    count, pos = write_changes_at(payload)
+    while count:
+        n = min(step, count)
+        changes, pos = _decode_changes(payload, pos, n)
+        count -= n
+        yield changes
+    if pos != len(payload):
+        raise ValueError(f"write record has {len(payload) - pos} trailing bytes")
+
+
+def _decode_changes(payload: bytes, pos: int, count: int) -> tuple[list[Change], int]:
+    """``count`` changes from ``pos`` on; the offset after them."""
     changes = []
     for _ in range(count):
         kind, sub, klen, vlen = _CHANGE.unpack_from(payload, pos)
@@ -122,9 +143,7 @@ def decode_write(payload: bytes) -> tuple[tuple[int, ...], list[Change]]:
         pos += klen
         changes.append(Change(kind, sub, key, payload[pos : pos + vlen]))
         pos += vlen
-    if pos != len(payload):
-        raise ValueError(f"write record has {len(payload) - pos} trailing bytes")
-    return participants, changes
+    return changes, pos
 
 
 def write_participants(payload: bytes) -> tuple[int, ...]:

@@ -272,6 +272,7 @@ class Store:
             await shard.journal.follow(lambda msg: follower.on_message(sid, msg), self._covered_by_checkpoint(shard))
 
         tasks = [asyncio.create_task(follow(sid, shard)) for sid, shard in enumerate(self.shards)]
+        tasks.append(asyncio.create_task(follower.run()))  # a write of many changes, applied in steps
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -333,7 +334,7 @@ class Store:
                     shard.journal.following = True
                 await resync(self, gap)
         follower = self.follower
-        rev = follower.applied
+        rev = follower.advance()  # a revision half applied in steps, and what is whole after it, applied
         await self.read_acknowledged()  # (a standby's journals are replicated: their meta bucket's word)
         check_acknowledged(self, rev)  # before anything is cut
         dropped = follower.pending()
