@@ -206,7 +206,10 @@ class Follower:
                     for sid, (epoch, _, changes) in parts.items():
                         store.shards[sid].apply_recovered(rev, changes)
                         self.applied_tops[epoch] = rev
-                    self._applied(rev, {sid: part[2] for sid, part in parts.items()})
+                    if store.hub.active:
+                        store._changes[rev] = {sid: part[2] for sid, part in parts.items()}
+                    self.applied = rev
+                    self._apply_metas()
                 else:
                     self._applying = self._apply_steps(rev, parts)
                     self._applying_rev, self._applying_epochs = rev, tuple({part[0] for part in parts.values()})

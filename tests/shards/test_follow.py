@@ -19,6 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 from journal.jetstream import Message
 from journal.record import Record
+from shards import follow
 from shards.follow import Follower, FollowerDiverged, FollowStats
 from shards.recovery import recovered_revision
 from shards.record import PUT, WRITE, Change, encode_write
@@ -41,6 +42,8 @@ class FakeHub:
 
 
 class FakeStore:
+    config = type("Config", (), {"slice_ms": 0.0})  # a follower applying in steps: one step a call
+
     def __init__(self) -> None:
         self.shards = [FakeShard() for _ in range(SHARDS)]
         self.hub = FakeHub()
@@ -116,27 +119,46 @@ def simulate(rng: random.Random, writers: int) -> list[list[Message]]:
     return streams
 
 
-def follow_interleaved(rng: random.Random, streams: list[list[Message]], truth: dict[int, dict[int, bytes]]) -> Follower:
+def follow_interleaved(rng: random.Random, streams: list[list[Message]], truth: dict[int, dict[int, bytes]],
+                       stepped: bool = False) -> Follower:
+    """Messages to a follower in a random interleaving of the streams; ``stepped``: as it follows
+    with run() beside it, each message applied a step at a time (every record a write of many
+    changes), run() going on a random number of steps between messages."""
     store = FakeStore()
     follower = Follower(store, 1, [0] * SHARDS)
+    follower._running = stepped
     queues = [deque(s) for s in streams]
-    while any(queues):
-        sid = rng.choice([i for i, q in enumerate(queues) if q])
-        follower.on_message(sid, queues[sid].popleft())
+
+    def check() -> None:
         for shard_id, shard in enumerate(store.shards):  # never anything the final history lacks
             for rev, changes in shard.applied.items():
                 assert truth.get(rev, {}).get(shard_id) == changes[0].row, (rev, shard_id)
         assert store.committed == follower.applied
+
+    while any(queues):
+        sid = rng.choice([i for i, q in enumerate(queues) if q])
+        follower.on_message(sid, queues[sid].popleft())
+        check()
+        for _ in range(rng.randint(0, 2) if stepped else 0):
+            follower.advance(0.0)
+            check()
+    follower.advance()
+    check()
     return follower
 
 
 @settings(max_examples=300, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), writers=st.integers(1, 5))
-def test_a_follower_applies_exactly_the_final_history_whatever_the_interleaving(seed, writers):
+@given(seed=st.integers(0, 2**32 - 1), writers=st.integers(1, 5), stepped=st.booleans())
+def test_a_follower_applies_exactly_the_final_history_whatever_the_interleaving(seed, writers, stepped):
     rng = random.Random(seed)
     streams = simulate(rng, writers)
     final_rev, truth = whole_prefix(streams)
-    follower = follow_interleaved(rng, streams, truth)
+    big = follow.BIG_WRITE_BYTES
+    follow.BIG_WRITE_BYTES = 0 if stepped else big  # every write decoded and applied in steps
+    try:
+        follower = follow_interleaved(rng, streams, truth, stepped)
+    finally:
+        follow.BIG_WRITE_BYTES = big
     assert follower.applied == final_rev
     applied = {}
     for sid, shard in enumerate(follower.store.shards):
@@ -169,3 +191,31 @@ def test_a_cut_below_what_was_applied_from_an_older_writer_is_a_divergence():
     assert follower.applied == 2
     with pytest.raises(FollowerDiverged):
         follower.on_message(0, Message(2, 7, cut=1))
+
+
+def test_a_cut_below_a_revision_being_applied_in_steps_is_a_divergence(monkeypatch):
+    monkeypatch.setattr(follow, "BIG_WRITE_BYTES", 0)
+    store = FakeStore()
+    follower = Follower(store, 1, [0] * SHARDS)
+    follower._running = True
+    follower.on_message(1, Message(1, 3, (part(2, (0, 1), 3, 1),), top=2))
+    follower.on_message(0, Message(2, 3, (part(2, (0, 1), 3, 0),), top=2))
+    assert follower.applied == 1 and follower._applying_rev == 2  # one of its two parts applied
+    with pytest.raises(FollowerDiverged):
+        follower.on_message(2, Message(3, 7, cut=1))
+
+
+def test_a_part_read_again_while_its_revision_is_applied_in_steps_is_dropped(monkeypatch):
+    """As one read again after its revision was applied (a stream read again from an earlier
+    message): it is not kept as a part still to apply, which a takeover would count as cut."""
+    monkeypatch.setattr(follow, "BIG_WRITE_BYTES", 0)
+    store = FakeStore()
+    follower = Follower(store, 1, [0] * SHARDS)
+    follower._running = True
+    first, second = Message(1, 3, (part(2, (0, 1), 3, 1),), top=2), Message(2, 3, (part(2, (0, 1), 3, 0),), top=2)
+    follower.on_message(1, first)
+    follower.on_message(0, second)
+    assert follower._applying_rev == 2
+    follower.on_message(1, first)
+    follower.advance()
+    assert follower.applied == 2 and follower.pending() == 0

@@ -20,12 +20,20 @@ from shards.store import Store, StoreConfig
 from shards.types import DeleteReq, PutReq, RangeReq, TxnReq
 from shards.watch import WatchSpec
 from tests.shards.store_helpers import open_store
-from tests.shards.test_takeover import config, nats  # noqa: F401 - the module's NATS server fixture
+from tests.nats_fixture import start_nats_cluster
+from tests.shards.test_takeover import config
 from tests.shards.test_watch import drain, events_of
 
 PODS, CMS = b"/registry/pods/ns/p%05d", b"/registry/configmaps/ns/c%05d"
 KEYS = 1500  # per prefix: each shard's part of the delete is a record of ~100 KB, past BIG_WRITE_BYTES
 PADDING = b"-" * 40
+
+
+@pytest.fixture(scope="module")
+def nats(tmp_path_factory):
+    cluster = start_nats_cluster(tmp_path_factory.mktemp("nats"), size=1)
+    yield cluster
+    cluster.stop()
 
 
 async def write_keys(writer: Store) -> None:
@@ -85,7 +93,7 @@ def test_a_write_of_many_changes_on_two_shards_is_applied_in_steps_and_read_whol
     asyncio.run(go())
 
 
-def test_a_standby_taking_over_halfway_through_a_write_applies_the_rest_first(nats, tmp_path, monkeypatch):  # noqa: F811
+def test_a_standby_taking_over_halfway_through_a_write_applies_the_rest_first(nats, tmp_path, monkeypatch):
     monkeypatch.setattr(follow, "STEP_CHANGES", 16)
 
     async def go():
