@@ -195,6 +195,7 @@ class Follower:
         deadline = None if slice_s is None else time.perf_counter() + slice_s
         store = self.store
         self._apply_metas()
+        cut_short = False  # stopped by the deadline, with more to apply
         while True:
             if self._applying is None:
                 rev = self.applied + 1
@@ -214,8 +215,10 @@ class Follower:
                     self._applying = self._apply_steps(rev, parts)
                     self._applying_rev, self._applying_epochs = rev, tuple({part[0] for part in parts.values()})
             if self._applying is not None and not self._step(deadline):
+                cut_short = True
                 break
             if deadline is not None and time.perf_counter() >= deadline:
+                cut_short = (parts := self.parts.get(self.applied + 1)) is not None and self._whole(self.applied + 1, parts)
                 break
         if self.applied >= first:
             store.rev = store.committed = self.applied
@@ -223,7 +226,7 @@ class Follower:
             if store.hub.active:
                 store.hub.notify(store._committed_changes(first, self.applied), self.applied)
             store._release_waiters(self.applied)  # reads waiting for a revision to be applied
-        if deadline is not None and (self._applying is not None or self.applied + 1 in self.parts):
+        if cut_short:
             self._more.set()
         return self.applied
 

@@ -219,3 +219,35 @@ def test_a_part_read_again_while_its_revision_is_applied_in_steps_is_dropped(mon
     follower.on_message(1, first)
     follower.advance()
     assert follower.applied == 2 and follower.pending() == 0
+
+
+def test_run_rests_while_the_next_revision_waits_for_a_part():
+    """run() goes on only while there is something whole to apply: a revision waiting for its
+    part on another stream leaves it waiting, not turning the loop over and over."""
+    import asyncio
+
+    async def go():
+        store = FakeStore()
+        turns = []
+
+        async def pause() -> None:
+            turns.append(1)
+            await asyncio.sleep(0)
+
+        store._pause = pause
+        follower = Follower(store, 1, [0] * SHARDS)
+        runner = asyncio.ensure_future(follower.run())
+        await asyncio.sleep(0)
+        follower.on_message(0, Message(1, 3, (part(2, (0,), 3, 0), part(3, (0, 1), 3, 0)), top=3))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert follower.applied == 2 and len(turns) <= 2
+        follower.on_message(1, Message(2, 3, (part(3, (0, 1), 3, 1),), top=3))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert follower.applied == 3
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        assert not follower._running
+
+    asyncio.run(go())
