@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from .store import Store
 
 logger = logging.getLogger(__name__)
+
+NOTIFY_STEP = 1024  # changes matched against the watchers between two looks at the clock
 
 FILTER_NOPUT, FILTER_NODELETE = 0, 1
 PROGRESS_WATCH_ID = -1  # progress responses for a whole stream carry watch id -1
@@ -201,7 +204,7 @@ class WatchStream:
     def _maybe_progress(self) -> None:
         if self.progress_wanted and not self.unsynced:
             self.progress_wanted = False
-            self.put(Message(PROGRESS_WATCH_ID, self.hub.store.committed))
+            self.put(Message(PROGRESS_WATCH_ID, self.hub.sent_through))
 
     # -- outbox ---------------------------------------------------------
 
@@ -320,6 +323,9 @@ class WatchHub:
         self._ranges: list[set[Watcher]] = [set() for _ in store.states]
         self._count = 0
         self.events_queued = 0  # events put in outboxes, every watcher's (etcd_debugging_mvcc_events_total)
+        # committed changes waiting to be delivered in slices (notify): (changes, last revision)
+        self._queue: deque[tuple[list[tuple[int, int, Change]], int]] = deque()
+        self._delivering: asyncio.Task | None = None
 
     def open_stream(self) -> WatchStream:
         s = WatchStream(self)
@@ -380,10 +386,26 @@ class WatchHub:
         """Revisions up to ``last`` were committed; ``changes`` are (rev, sid, change) in order.
 
         Each change becomes at most two Event objects (with and without
-        prev_kv), shared by every watcher it goes to."""
+        prev_kv), shared by every watcher it goes to. Many changes at once (a
+        DeleteRange or a lease revoke of thousands of keys) are delivered by a
+        task, NOTIFY_STEP changes between two looks at the clock, the event loop
+        serving others between slices; later revisions queue behind them."""
+        if self._queue or len(changes) > NOTIFY_STEP:
+            if self._count or self._queue:
+                self._enqueue(changes, last)
+            return
         if not self._count:
             return
         batches: dict[Watcher, list[Event] | None] = {}  # None: fell behind in this batch
+        self._match(batches, changes)
+        for w, events in batches.items():
+            if events is None:
+                w.stream.fall_behind(w)
+            elif events:
+                self._send(w, last, events)
+
+    def _match(self, batches: dict[Watcher, list[Event] | None], changes: list[tuple[int, int, Change]]) -> None:
+        """Each change's events into the batches of the synced watchers it goes to."""
         by_key, ranges = self._by_key, self._ranges
         for rev, sid, change in changes:
             key = change.key
@@ -395,15 +417,62 @@ class WatchHub:
             if targets:
                 for w in targets:
                     self._deliver(batches, w, rev, change, shared)
-        for w, events in batches.items():
-            if events is None:
-                w.stream.fall_behind(w)
-            elif events:
-                self._send(w, last, events)
+
+    @property
+    def sent_through(self) -> int:
+        """Every synced watcher has been handed the events of every revision up to this one:
+        the committed revision, or the last before those still queued for delivery."""
+        return self._queue[0][0][0][0] - 1 if self._queue else self.store.committed
+
+    def _enqueue(self, changes: list[tuple[int, int, Change]], last: int) -> None:
+        store = self.store
+        if not changes:  # nothing to deliver of these revisions, but after the queue's
+            changes = [(last, -1, None)]
+        self._queue.append((changes, last))
+        # the previous rows of the changes (prev_kv) are read as they are delivered: compaction
+        # must not pass the revision before the first of them meanwhile (as a sliced read's hold)
+        store._reads[changes[0][0] - 1] += 1
+        if self._delivering is None:
+            self._delivering = asyncio.get_running_loop().create_task(self._deliver_queued())
+
+    async def _deliver_queued(self) -> None:
+        store = self.store
+        queue = self._queue
+        try:
+            while queue:
+                changes, last = queue[0]
+                batches: dict[Watcher, list[Event] | None] = {}
+                if changes[0][2] is not None:
+                    deadline = time.perf_counter() + store.config.slice_ms / 1000
+                    for i in range(0, len(changes), NOTIFY_STEP):
+                        self._match(batches, changes[i:i + NOTIFY_STEP])
+                        if time.perf_counter() >= deadline:
+                            await store._pause()
+                            deadline = time.perf_counter() + store.config.slice_ms / 1000
+                hold = changes[0][0] - 1
+                queue.popleft()
+                store._reads[hold] -= 1
+                if not store._reads[hold]:
+                    del store._reads[hold]
+                store._reads_done.set()
+                for w, events in batches.items():
+                    if not w.synced:  # cancelled, or its stream closed, while its batch was made
+                        continue
+                    if events is None:
+                        w.stream.fall_behind(w)
+                    elif events:
+                        self._send(w, last, events)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("watch delivery failed; closing every watch stream")
+            self.close()
+        finally:
+            self._delivering = None
 
     def _deliver(self, batches: dict[Watcher, list[Event] | None], w: Watcher, rev: int, change: Change,
                  shared: list[Event | None]) -> None:
-        if rev < w.min_rev:
+        if rev < w.next_rev:  # before it was created, or caught up from the store past rev meanwhile
             return
         if w in batches:
             events = batches[w]
@@ -559,7 +628,7 @@ class WatchHub:
 
     def progress_tick(self) -> None:
         """Periodic progress notification for idle synced watchers that asked for it."""
-        rev = self.store.committed
+        rev = self.sent_through
         for stream in list(self.streams):
             for w in stream.watchers.values():
                 if not w.progress_notify:
@@ -571,3 +640,12 @@ class WatchHub:
     def close(self) -> None:
         for stream in list(self.streams):
             stream.close()
+        if self._delivering is not None:
+            self._delivering.cancel()
+        for changes, _ in self._queue:
+            hold = changes[0][0] - 1
+            self.store._reads[hold] -= 1
+            if not self.store._reads[hold]:
+                del self.store._reads[hold]
+        self._queue.clear()
+        self.store._reads_done.set()

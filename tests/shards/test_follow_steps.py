@@ -65,7 +65,7 @@ def test_a_write_of_many_changes_on_two_shards_is_applied_in_steps_and_read_whol
                 DeleteReq(b"/registry/pods/", b"/registry/pods0"),
                 DeleteReq(b"/registry/configmaps/", b"/registry/configmaps0")))))
             async with asyncio.timeout(30):
-                while not deleted.done() or follower.committed < writer.committed:
+                while not deleted.done() or follower.committed < writer.committed or follower.hub._queue:
                     seen.append((follower.committed, count(follower, PODS), count(follower, CMS),
                                  follower.follower._applying is not None))
                     await asyncio.sleep(0)

@@ -184,6 +184,65 @@ def test_a_stream_not_read_holds_a_bounded_number_of_bytes_and_catches_up_in_bou
     run(go())
 
 
+def test_many_changes_at_once_are_delivered_in_slices_in_order_exactly_once(tmp_path, run, monkeypatch):
+    """A DeleteRange of many keys is one revision: its events are matched to the watchers in
+    slices by a task, the loop serving between them. Meanwhile a put's event queues behind them,
+    a watcher created from now gets none of them and one from their revision gets each once, a
+    progress response is never ahead of an event still to come on its stream, and a compaction
+    waits: the events carry the previous values, read as they are matched."""
+    from shards import watch
+
+    monkeypatch.setattr(watch, "NOTIFY_STEP", 50)
+
+    async def go():
+        store = await open_store(tmp_path, slice_ms=0.01)
+        hub = store.hub
+        for i in range(500, -1, -100):  # compaction walks the keys from k599 down, the delivery up from k000
+            await store.txn(TxnReq(success=tuple(PutReq(PODS + b"k%03d" % j, b"v%d" % j)
+                                                 for j in range(i + 99, i - 1, -1))))
+        a, b, c, d, e = (hub.open_stream() for _ in range(5))
+        a.create(WatchSpec(PODS, b"/registry/pods0", prev_kv=True))
+        b.create(WatchSpec(PODS + b"k005"))
+        e.create(WatchSpec(PODS, b"/registry/pods0", watch_id=5))
+        del_rev = (await store.delete_range(DeleteReq(PODS, b"/registry/pods0"))).revision
+        assert hub._queue and hub.sent_through == del_rev - 1
+        gate = asyncio.Event()  # the delivery's next slice waits here (the delete's own slices are done)
+
+        async def held() -> None:
+            await gate.wait()
+
+        store._pause = held
+        c.create(WatchSpec(PODS, b"/registry/pods0"))  # from now on
+        d.create(WatchSpec(PODS, b"/registry/pods0", start_revision=del_rev, watch_id=4))
+        a.request_progress()
+        e.cancel(5)  # its events are being matched: none is sent after its cancel
+        after = (await store.put(PutReq(PODS + b"after", b"x"))).revision
+        await store.compact(after)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(hub._queue) == 2 and not any(m.events for m in a.outbox)  # the put's event waits its turn
+        gate.set()
+        async with asyncio.timeout(10):
+            while hub._queue or d.unsynced:
+                await asyncio.sleep(0)
+            await store.compacted(after)
+        got = {s: drain(s) for s in (a, b, c, d, e)}
+        assert [(m.created, m.canceled, len(m.events)) for m in got[e]] == [(True, False, 0), (False, True, 0)]
+        deletes = [(del_rev, DELETE, PODS + b"k%03d" % j) for j in range(600)]
+        put = [(after, PUT, PODS + b"after")]
+        for s, want in ((a, deletes + put), (b, [deletes[5]]), (c, put), (d, deletes + put)):
+            assert [(r, k, key) for r, k, key, _ in events_of(got[s])] == want
+        assert [KeyValue.FromString(prev).value for *_, prev in events_of(got[a])[:600]] == [b"v%d" % j for j in range(600)]
+        msgs = got[a]
+        progress = [i for i, m in enumerate(msgs) if m.watch_id == PROGRESS_WATCH_ID]
+        assert len(progress) == 1 and msgs[progress[0]].revision == del_rev - 1
+        assert all(KeyValue.FromString(e.kv).mod_revision > del_rev - 1 for m in msgs[progress[0] + 1:] for e in m.events)
+        assert not store._reads and store.failure is None
+        await store.close()
+
+    run(go())
+
+
 def test_compacted_start_revision_is_canceled(tmp_path, run):
     async def go():
         store = await open_store(tmp_path)
