@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from proto.kv_pb2 import KeyValue
 
 from .read import normalize_end
-from .record import DELETE, PUT, Change
+from .record import DELETE, PUT, Change, deleted_kv
 from .revision import entry_bound, entry_main, first_row_key
 
 if TYPE_CHECKING:
@@ -502,7 +502,7 @@ class WatchHub:
 
     def _event(self, w: Watcher, rev: int, key: bytes, kind: int, row: bytes) -> Event:
         if kind == DELETE:  # tombstone rows hold the key alone; events carry the revision
-            row = KeyValue(key=key, mod_revision=rev).SerializeToString()
+            row = deleted_kv(key, rev)
         prev = None
         if w.prev_kv:
             state = self.store.states[self.store.router.shard_for_key(key)]

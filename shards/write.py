@@ -22,7 +22,7 @@ from .errors import CompactedError, FutureRevisionError, KeyNotFoundError, Lease
 from .read import listed, normalize_end, range_key, range_steps, scan_shards
 from .revision import entry_main
 from .steps import Steps, drain
-from .record import DELETE, PUT, Change, encode_changes
+from .record import DELETE, PUT, Change, encode_changes, tombstone_row
 from .types import (
     CMP_CREATE,
     CMP_LEASE,
@@ -199,7 +199,7 @@ class WriteTxn:
 
     def _tombstone(self, sid: int, state: ShardState, key: bytes) -> None:
         """Delete ``key``, live in shard ``sid``'s ``state``: its tombstone, lease and change."""
-        row = KeyValue(key=key).SerializeToString()  # etcd's tombstone row: the key alone
+        row = tombstone_row(key)  # etcd's tombstone row: the key alone
         state.delete(key, self.rev, self.sub, row)
         self.store.leases.detach(key)
         self._record(sid, Change(DELETE, self.sub, key, row))

@@ -38,3 +38,13 @@ def test_a_write_record_is_the_documented_bytes_and_reads_back(participants, cha
         for b in range(a, len(changes) + 1):
             parts = [encode_changes(changes[:a]), encode_changes(changes[a:b])]
             assert encode_write(participants, changes, (b, parts)) == payload, (a, b)
+
+
+@pytest.mark.parametrize("key", [b"", b"k", b"x" * 127, b"x" * 128, b"x" * 300, b"\xff" * 20_000])
+@pytest.mark.parametrize("rev", [0, 1, 127, 128, 2**35 + 3])
+def test_tombstone_rows_and_delete_events_are_encoded_as_protobuf_encodes_them(key, rev):
+    from proto.kv_pb2 import KeyValue
+    from shards.record import deleted_kv, tombstone_row
+
+    assert tombstone_row(key) == KeyValue(key=key).SerializeToString()
+    assert deleted_kv(key, rev) == KeyValue(key=key, mod_revision=rev).SerializeToString()
