@@ -19,6 +19,8 @@ answered while its process ran.
   snapshot          Maintenance.Snapshot, the stream read to its end
   lease-revoke      LeaseRevoke of a lease --keys/2 keys are attached to
   delete-range      DeleteRange of --keys/2 keys
+  lease-revoke+watch, delete-range+watch   the same with a watch on the keys' prefix, its client
+                    reading every event: also how long until the watch had the last one
   compact-hot       Compact (physical) of --hot puts to 10 keys: a long history per key
 
     python -m bench.stalls                  # 100,000 keys, 300,000 hot puts (~5 min)
@@ -42,7 +44,8 @@ from .scenarios import Point, Scenario
 from .servers import STARTERS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-OPS = ("range-keys-only", "range-all", "hashkv", "snapshot", "lease-revoke", "delete-range", "compact-hot")
+OPS = ("range-keys-only", "range-all", "hashkv", "snapshot", "lease-revoke", "delete-range", "lease-revoke+watch",
+       "delete-range+watch", "compact-hot")
 POINT = Point(64, 8, (None, None, None))
 PROBE_GAP_S = 0.002
 BATCH = 128  # puts per Txn while attaching keys to a lease (etcd's --max-txn-ops)
@@ -74,11 +77,12 @@ def run_op(op: str, endpoint: str, arg: str) -> tuple[float, int]:
             did = int(maint.HashKV(pb.HashKVRequest(revision=0), timeout=600).header.revision > 0)
         elif op == "snapshot":
             did = sum(len(r.blob) for r in maint.Snapshot(pb.SnapshotRequest(), timeout=600))
-        elif op == "lease-revoke":
+        elif op.startswith("lease-revoke"):
             lease.LeaseRevoke(pb.LeaseRevokeRequest(ID=int(arg)), timeout=600)
             did = 1
-        elif op == "delete-range":
-            did = kv.DeleteRange(pb.DeleteRangeRequest(key=b"/gone/", range_end=b"/gone0"), timeout=600).deleted
+        elif op.startswith("delete-range"):
+            prefix = arg.encode()
+            did = kv.DeleteRange(pb.DeleteRangeRequest(key=prefix, range_end=_end(prefix)), timeout=600).deleted
         elif op == "compact-hot":
             kv.Compact(pb.CompactionRequest(revision=int(arg), physical=True), timeout=600)
             did = 1
@@ -125,15 +129,59 @@ class Probes:
             t.join(60)
 
 
-def timed_op(op: str, endpoint: str, arg: str = "") -> dict:
+class PrefixWatch:
+    """A watch on a prefix, its client reading every event on a thread: when it had the last of
+    ``expect`` events."""
+
+    def __init__(self, endpoint: str, prefix: bytes, expect: int) -> None:
+        import queue
+
+        from proto import rpc_pb2 as pb
+        from proto import rpc_pb2_grpc as pbg
+
+        self.expect, self.got, self.done_at = expect, 0, 0.0
+        self._ch, _, _, _ = _stubs(endpoint)
+        self._requests: queue.Queue = queue.Queue()
+        self._requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(key=prefix, range_end=_end(prefix))))
+        self._call = pbg.WatchStub(self._ch).Watch(iter(self._requests.get, None), timeout=3600)
+        next(self._call)  # created: it watches before anything is timed
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for response in self._call:
+            self.got += len(response.events)
+            if self.got >= self.expect:
+                self.done_at = time.perf_counter()
+                return
+
+    def close(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        self._call.cancel()
+        self._ch.close()
+
+
+def _end(prefix: bytes) -> bytes:
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def timed_op(op: str, endpoint: str, arg: str = "", watch: tuple[bytes, int] | None = None) -> dict:
+    """``op`` timed with the probes running; ``watch``: (prefix, events) a watch must get meanwhile."""
+    watcher = None if watch is None else PrefixWatch(endpoint, *watch)
     with Probes(endpoint) as probes:
         time.sleep(0.2)  # the probes' own pace first
+        started = time.perf_counter()
         out = subprocess.run([sys.executable, "-m", "bench.stalls", "--op", op, "--endpoint", endpoint, "--arg", arg],
                              cwd=REPO_ROOT, check=True, timeout=3600, capture_output=True, text=True).stdout
         took, did = out.split()[-2:]
+        if watcher is not None:
+            watcher.close(600)
         time.sleep(0.1)
-    return {"op": op, "took_s": float(took), "did": int(did), "slowest_put_ms": probes.worst["put"] * 1000,
-            "slowest_range_ms": probes.worst["range"] * 1000, "probes": sum(probes.count.values())}
+    row = {"op": op, "took_s": float(took), "did": int(did), "slowest_put_ms": probes.worst["put"] * 1000,
+           "slowest_range_ms": probes.worst["range"] * 1000, "probes": sum(probes.count.values())}
+    if watcher is not None:  # from the operation's process started (its own start included) to the last event
+        row.update(watch_events=watcher.got, watch_last_event_s=watcher.done_at - started if watcher.done_at else None)
+    return row
 
 
 def _count(endpoint: str, prefix: bytes) -> int:
@@ -179,8 +227,11 @@ def run_server(name: str, tool: str, keys: int, hot: int, scratch: Path, log) ->
     def record(row: dict) -> None:
         row["server"] = name
         rows.append(row)
+        watched = "" if "watch_events" not in row else (
+            f"; the watch had {row['watch_events']:,} events" + (
+                f", the last {row['watch_last_event_s']:.2f} s after the start" if row["watch_last_event_s"] else ""))
         log(f"{name}: {row['op']}: {row['took_s']:.2f} s; slowest put {row['slowest_put_ms']:.0f} ms, "
-            f"range {row['slowest_range_ms']:.0f} ms")
+            f"range {row['slowest_range_ms']:.0f} ms{watched}")
 
     try:
         log(f"{name}: writing {keys:,} keys")
@@ -193,7 +244,12 @@ def run_server(name: str, tool: str, keys: int, hot: int, scratch: Path, log) ->
         record(timed_op("lease-revoke", server.endpoint, str(lid)))
         rows[-1]["keys_left"] = _count(server.endpoint, b"/leased/")
         _attach(server.endpoint, keys // 2, b"/gone/")
-        record(timed_op("delete-range", server.endpoint))
+        record(timed_op("delete-range", server.endpoint, "/gone/"))
+        lid = _attach(server.endpoint, keys // 2, b"/leasedw/", lease_ttl=3600)
+        record(timed_op("lease-revoke+watch", server.endpoint, str(lid), watch=(b"/leasedw/", keys // 2)))
+        rows[-1]["keys_left"] = _count(server.endpoint, b"/leasedw/")
+        _attach(server.endpoint, keys // 2, b"/gonew/")
+        record(timed_op("delete-range+watch", server.endpoint, "/gonew/", watch=(b"/gonew/", keys // 2)))
         log(f"{name}: {hot:,} puts to 10 keys")
         etcdtool.run(tool, server.endpoint, Scenario("hot", "tool", [], (
             "put", "--key-space-size", "10", "--val-size", "256")), POINT, hot, [server.pid], timeout_s=3600)
@@ -205,14 +261,16 @@ def run_server(name: str, tool: str, keys: int, hot: int, scratch: Path, log) ->
 
 def table(rows: list[dict], names: list[str]) -> str:
     by = {(r["server"], r["op"]): r for r in rows}
-    head = "| operation |" + "".join(f" {n} took s | {n} slowest put ms | {n} slowest range ms |" for n in names)
-    lines = [head, "|---|" + "---|---|---|" * len(names)]
+    head = "| operation |" + "".join(f" {n} took s | {n} slowest put ms | {n} slowest range ms | {n} last event s |"
+                                     for n in names)
+    lines = [head, "|---|" + "---|---|---|---|" * len(names)]
     for op in OPS:
         cells = []
         for n in names:
             r = by.get((n, op))
-            cells.append(f" {r['took_s']:.2f} | {r['slowest_put_ms']:.0f} | {r['slowest_range_ms']:.0f} |" if r
-                         else " - | - | - |")
+            last = r and r.get("watch_last_event_s")
+            cells.append(f" {r['took_s']:.2f} | {r['slowest_put_ms']:.0f} | {r['slowest_range_ms']:.0f} | "
+                         f"{f'{last:.2f}' if last else '-'} |" if r else " - | - | - | - |")
         lines.append(f"| {op} |" + "".join(cells))
     return "\n".join(lines)
 
