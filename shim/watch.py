@@ -30,6 +30,9 @@ def watch_spec(r: pb.WatchCreateRequest) -> WatchSpec:
     )
 
 
+ENCODE_STEP = 2048  # events of one message encoded between two looks at the clock
+
+
 class WatchService:
     def __init__(self, member: Member) -> None:
         self.m = member
@@ -62,7 +65,7 @@ class WatchService:
                     event = msg.events[0]
                     yield one_event(framed(msg.revision), msg.watch_id, event.field or self._event_field(event))
                     continue
-                for response in self.encode(msg):
+                for response in (self.encode(msg) if len(msg.events) < ENCODE_STEP else await self.encode_in_slices(msg)):
                     yield response
             if leaderless:
                 await context.abort(*NO_LEADER)
@@ -110,6 +113,25 @@ class WatchService:
     def _event_field(cls, e) -> bytes:
         e.field = wire.event_field(e.encoded or cls._encode_event(e))
         return e.field
+
+    async def encode_in_slices(self, msg: Message) -> list[bytes]:
+        """``encode`` of a message of many events (a large DeleteRange's or lease revoke's), its
+        events encoded ENCODE_STEP at a time between turns of the event loop; fragments at once."""
+        if msg.fragment:
+            return self.encode(msg)
+
+        def steps():
+            fields: list[bytes] = []
+            events = msg.events
+            for i in range(0, len(events), ENCODE_STEP):
+                fields += [e.field or self._event_field(e) for e in events[i:i + ENCODE_STEP]]
+                yield
+            head = wire.watch_response(self.m.headers.framed(msg.revision), msg.watch_id, [], created=msg.created,
+                                       canceled=msg.canceled, compact_revision=msg.compact_revision,
+                                       cancel_reason=msg.cancel_reason)
+            return [head + b"".join(fields)]  # the events field comes last: as watch_response frames them
+
+        return await self.m.store.in_slices(steps())
 
     def encode(self, msg: Message) -> list[bytes]:
         """A message's response, or its fragments (Watch frames a live event to one watcher itself)."""
