@@ -1,6 +1,9 @@
 """Helpers to run a Store in-process on a temporary data dir."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from journal import JournalConfig
@@ -17,3 +20,23 @@ def make_config(tmp_path: Path, **kw) -> StoreConfig:
 
 async def open_store(tmp_path: Path, **kw) -> Store:
     return await Store.open(make_config(tmp_path, **kw))
+
+
+@contextlib.asynccontextmanager
+async def following(tmp_path: Path, writer: Store, **kw) -> AsyncIterator[Store]:
+    """A store following ``writer``'s journals on this machine (data under ``tmp_path``), its
+    following running; closed afterwards (the writer too)."""
+    from journal.tail import LocalFollowLog
+
+    log = LocalFollowLog(writer.datadir.path, load_layout(None).names)
+    follower = await Store.open(StoreConfig(data_dir=tmp_path / "data", layout=load_layout(None),
+                                            state_dir=tmp_path / "state", **kw), log=log, follow=True)
+    task = asyncio.ensure_future(follower.follow_journals())
+    try:
+        yield follower
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await follower.close()
+        await log.close()
+        await writer.close()

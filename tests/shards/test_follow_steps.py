@@ -11,15 +11,13 @@ import asyncio
 
 import pytest
 
-from journal.tail import LocalFollowLog
 from proto.kv_pb2 import KeyValue
 from shards import follow
-from shards.layout import load_layout
 from shards.record import DELETE
-from shards.store import Store, StoreConfig
+from shards.store import Store
 from shards.types import DeleteReq, PutReq, RangeReq, TxnReq
 from shards.watch import WatchSpec
-from tests.shards.store_helpers import open_store
+from tests.shards.store_helpers import following, open_store
 from tests.nats_fixture import start_nats_cluster
 from tests.shards.test_takeover import config
 from tests.shards.test_watch import drain, events_of
@@ -51,11 +49,7 @@ def test_a_write_of_many_changes_on_two_shards_is_applied_in_steps_and_read_whol
     async def go():
         writer = await open_store(tmp_path / "w")
         await write_keys(writer)
-        log = LocalFollowLog(writer.datadir.path, load_layout(None).names)
-        follower = await Store.open(StoreConfig(data_dir=tmp_path / "f" / "data", layout=load_layout(None),
-                                                state_dir=tmp_path / "f" / "state", slice_ms=0.5), log=log, follow=True)
-        following = asyncio.ensure_future(follower.follow_journals())
-        try:
+        async with following(tmp_path / "f", writer, slice_ms=0.5) as follower:
             await asyncio.wait_for(follower.wait_committed(writer.committed), 10)
             before = follower.committed
             stream = follower.hub.open_stream()
@@ -83,12 +77,6 @@ def test_a_write_of_many_changes_on_two_shards_is_applied_in_steps_and_read_whol
             await writer.put(PutReq(PODS % 0, b"after"))  # and it goes on following
             await asyncio.wait_for(follower.wait_committed(writer.committed), 10)
             assert [KeyValue.FromString(kv).value for kv in follower.range(RangeReq(PODS % 0)).kvs] == [b"after"]
-        finally:
-            following.cancel()
-            await asyncio.gather(following, return_exceptions=True)
-            await follower.close()
-            await log.close()
-            await writer.close()
 
     asyncio.run(go())
 

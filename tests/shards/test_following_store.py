@@ -11,13 +11,11 @@ import asyncio
 
 import pytest
 
-from journal.tail import LocalFollowLog
 from proto.kv_pb2 import KeyValue
 from shards.errors import NotTheWriterError
-from shards.layout import load_layout
-from shards.store import Store, StoreConfig
+from shards.store import Store
 from shards.types import DeleteReq, PutReq, RangeReq, TxnReq
-from tests.shards.store_helpers import open_store
+from tests.shards.store_helpers import following, open_store
 
 KEY = b"/registry/pods/a"
 
@@ -26,12 +24,7 @@ def test_a_following_store_refuses_every_write_before_touching_its_state(tmp_pat
     async def go():
         writer = await open_store(tmp_path / "w")
         rev = (await writer.put(PutReq(KEY, b"1"))).revision
-        layout = load_layout(None)
-        log = LocalFollowLog(writer.datadir.path, layout.names)
-        follower = await Store.open(StoreConfig(data_dir=tmp_path / "f" / "data", layout=layout,
-                                                state_dir=tmp_path / "f" / "state"), log=log, follow=True)
-        following = asyncio.ensure_future(follower.follow_journals())
-        try:
+        async with following(tmp_path / "f", writer) as follower:
             before = follower.range(RangeReq(KEY))
             assert [KeyValue.FromString(kv).value for kv in before.kvs] == [b"1"] and follower.rev == rev
             writes = {
@@ -52,12 +45,6 @@ def test_a_following_store_refuses_every_write_before_touching_its_state(tmp_pat
             rev2 = (await writer.put(PutReq(KEY, b"4"))).revision  # and it goes on following
             await asyncio.wait_for(follower.wait_committed(rev2), 10)
             assert [KeyValue.FromString(kv).value for kv in follower.range(RangeReq(KEY)).kvs] == [b"4"]
-        finally:
-            following.cancel()
-            await asyncio.gather(following, return_exceptions=True)
-            await follower.close()
-            await log.close()
-            await writer.close()
 
     asyncio.run(go())
 
