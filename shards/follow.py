@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .lease import GRANT, decode_lease_record
-from .record import (AUTH, COMPACT, LEASE, TOKEN, WRITE, Change, decode_compact, decode_write, write_changes_in_steps,
-                     write_participants)
+from .record import (AUTH, COMPACT, LEASE, TOKEN, WRITE, WRITE_PART, Change, WriteParts, decode_compact, decode_write,
+                     write_changes_in_steps, write_participants)
 
 if TYPE_CHECKING:
     from journal.follow import Message
@@ -89,6 +89,7 @@ class Follower:
         self.metas: list[deque[tuple[int, int, int, bytes]]] = [deque() for _ in floors]  # (tag, epoch, type, payload)
         self.cuts: dict[int, int] = {}  # epoch -> the revision its writer recovered to
         self.applied_tops: dict[int, int] = {}  # epoch -> the highest revision applied from its records
+        self.joined = [WriteParts() for _ in floors]  # per shard: a large write's records read so far
         # the revision being applied in steps: its steps (their value: its changes by shard), its
         # revision and the epochs of its parts; None while none is
         self._applying: Generator[None, None, dict[int, list[Change]]] | None = None
@@ -173,12 +174,15 @@ class Follower:
         if rec.rtype == WRITE:
             if rec.rev <= self.applied or rec.rev == self._applying_rev:
                 return  # an older writer's part of a revision a newer one wrote again
-            payload = rec.payload
+            payload = self.joined[sid].whole(rec.rev, rec.epoch, rec.payload)
             if len(payload) >= BIG_WRITE_BYTES:  # decoded as it is applied
                 self.parts.setdefault(rec.rev, {})[sid] = (rec.epoch, write_participants(payload), payload)
             else:
                 participants, changes = decode_write(payload)
                 self.parts.setdefault(rec.rev, {})[sid] = (rec.epoch, participants, changes)
+        elif rec.rtype == WRITE_PART:
+            if rec.rev > self.applied and rec.rev != self._applying_rev:
+                self.joined[sid].part(rec.rev, rec.epoch, rec.payload)
         elif rec.rtype in (LEASE, AUTH, COMPACT, TOKEN):
             self.metas[sid].append((rec.rev, rec.epoch, rec.rtype, rec.payload))
 

@@ -59,6 +59,11 @@ COMPACT = 2
 LEASE = 3  # payload: see lease.py
 AUTH = 4  # payload: see auth.py
 TOKEN = 5  # payload: see tokens.py
+# The first changes of a write too large for one record (a DeleteRange or a lease revoke of
+# tens of thousands of keys: a JetStream message holds a few MiB); its last record is the WRITE,
+# tagged with the same revision and epoch, right after them on the same journal. Payload: u32
+# count, then the changes as in a WRITE.
+WRITE_PART = 6
 
 PUT, DELETE = 0, 1
 
@@ -168,6 +173,58 @@ def _decode_changes(payload: bytes, pos: int, count: int) -> tuple[list[Change],
         changes.append(Change(kind, sub, key, payload[pos : pos + vlen]))
         pos += vlen
     return changes, pos
+
+
+def split_write(payload: bytes, limit: int) -> list[tuple[int, bytes]]:
+    """A WRITE payload larger than ``limit`` as records of at most ``limit`` bytes (each holding at
+    least one change): (WRITE_PART, changes)... then (WRITE, the head and the last changes)."""
+    count, pos = write_changes_at(payload)
+    head = payload[: pos - 4]
+    room = limit - len(head) - 4  # for each record's changes (the last one carries the head)
+    out: list[tuple[int, bytes]] = []
+    start, n = pos, 0
+    while pos < len(payload):
+        _, _, klen, vlen = _CHANGE.unpack_from(payload, pos)
+        size = _CHANGE.size + klen + vlen
+        if n and (pos - start) + size > room:
+            out.append((WRITE_PART, _U32.pack(n) + payload[start:pos]))
+            start, n = pos, 0
+        pos += size
+        n += 1
+    out.append((WRITE, head + _U32.pack(n) + payload[start:]))
+    return out
+
+
+def join_write(parts: list[bytes], last: bytes) -> bytes:
+    """The WRITE payload that ``split_write`` made ``parts`` (WRITE_PART payloads) and ``last`` of."""
+    count, pos = write_changes_at(last)
+    count += sum(_U32.unpack_from(p)[0] for p in parts)
+    return b"".join((last[: pos - 4], _U32.pack(count), *(memoryview(p)[4:] for p in parts), memoryview(last)[pos:]))
+
+
+class WriteParts:
+    """A journal's WRITE_PART records joined to the WRITE after them, as its records are read
+    in order. Parts of a write whose WRITE never came (its writer stopped between them) are
+    dropped with the next write's parts, or stay out of every revision."""
+
+    __slots__ = ("_key", "_parts")
+
+    def __init__(self) -> None:
+        self._key: tuple[int, int] | None = None  # (revision, epoch) of the parts held
+        self._parts: list[bytes] = []
+
+    def part(self, rev: int, epoch: int, payload: bytes) -> None:
+        if self._key != (rev, epoch):
+            self._key, self._parts = (rev, epoch), []
+        self._parts.append(payload)
+
+    def whole(self, rev: int, epoch: int, payload: bytes) -> bytes:
+        """The WRITE payload of revision ``rev``, its parts read before joined to it."""
+        if self._key is None:
+            return payload
+        key, parts = self._key, self._parts
+        self._key, self._parts = None, []
+        return join_write(parts, payload) if key == (rev, epoch) else payload
 
 
 def write_participants(payload: bytes) -> tuple[int, ...]:

@@ -22,7 +22,8 @@ from journal.record import Record
 from proto.kv_pb2 import KeyValue
 
 from .errors import DataDirError, StateStoreError
-from .record import AUTH, COMPACT, DELETE, LEASE, TOKEN, WRITE, Change, encode_compact, encode_write, write_participants
+from .record import (AUTH, COMPACT, DELETE, LEASE, TOKEN, WRITE, WRITE_PART, Change, WriteParts, encode_compact, encode_write,
+                     split_write, write_participants)
 from .progress import Progress
 from .state import ShardState
 
@@ -110,15 +111,20 @@ class Shard:
         writes, compacts, leases, auths, below = [], [], [], [], []
         progress = Progress("journal read", shard=self.name)
         budget = YIELD_EVERY
+        joined = WriteParts()
         for rec in self.journal.records(after_rev=0):
             progress.tick()
             budget -= 1
             if rec.rtype == WRITE:
                 if rec.rev > ckpt_rev:
-                    writes.append((rec.rev, write_participants(rec.payload), rec.payload, rec.epoch))
+                    payload = joined.whole(rec.rev, rec.epoch, rec.payload)
+                    writes.append((rec.rev, write_participants(payload), payload, rec.epoch))
                     budget -= len(rec.payload) >> 12  # read and checked, not yet decoded: yield every ~32 MB
                 else:
                     below.append(rec.rev)
+            elif rec.rtype == WRITE_PART:
+                if rec.rev > ckpt_rev:
+                    joined.part(rec.rev, rec.epoch, rec.payload)
             elif rec.rtype == COMPACT:
                 compacts.append(rec)
             elif rec.rtype == LEASE:
@@ -162,7 +168,13 @@ class Shard:
 
     def append_write(self, rev: int, participants: tuple[int, ...], changes: list[Change],
                      ahead: tuple[int, list[bytes]] | None = None) -> None:
-        seq = self.journal.append(WRITE, rev, encode_write(participants, changes, ahead))
+        payload = encode_write(participants, changes, ahead)
+        limit = self.journal.config.record_bytes_max
+        if len(payload) <= limit:
+            seq = self.journal.append(WRITE, rev, payload)
+        else:  # its WRITE_PART records, then the WRITE: committed once the last is durable
+            for rtype, part in split_write(payload, limit):
+                seq = self.journal.append(rtype, rev, part)
         self.inflight.append((seq, rev))
         self.writes += 1
 

@@ -1,0 +1,156 @@
+"""A write too large for one journal record goes in several.
+
+A DeleteRange or a lease revoke is one revision whatever the number of keys, and its record
+holds every deletion: past the journal's record limit (a JetStream message holds a few MiB,
+tens of thousands of keys) the append was refused and the store fail-stopped, at every start
+again for an expired lease. Its first changes now go in WRITE_PART records right before its
+WRITE; every reader joins them again, and parts whose WRITE never came are cut with it.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from journal import JournalConfig
+from shards.record import WRITE, WRITE_PART, decode_write, split_write
+from shards.store import Store
+from shards.types import DeleteReq, PutReq, RangeReq, TxnReq
+from tests.nats_fixture import start_nats_cluster
+from tests.shards.store_helpers import following, open_store
+from tests.shards.test_takeover import config
+
+SMALL = JournalConfig(segment_bytes_max=1 << 20, record_bytes_max=20_000)
+PODS, EVENTS = b"/registry/pods/ns/p%05d", b"/registry/events/ns/e%05d"
+N = 2000
+
+
+def count(store: Store, prefix: bytes) -> int:
+    prefix = prefix.split(b"%")[0]
+    return store.range(RangeReq(prefix, prefix[:-1] + bytes([prefix[-1] + 1]), count_only=True)).count
+
+
+async def fill(store: Store) -> int:
+    lease = (await store.lease_grant(0, 3600))[0]
+    for i in range(0, N, 100):
+        await store.txn(TxnReq(success=tuple(PutReq(PODS % j, b"v" * 20) for j in range(i, i + 100))))
+        await store.txn(TxnReq(success=tuple(PutReq(EVENTS % j, b"e" * 20, lease=lease) for j in range(i, i + 100))))
+    return lease
+
+
+def types_of(store: Store, rev: int) -> dict[str, list[int]]:
+    """The types of the records of revision ``rev`` each journal held when ``store`` opened."""
+    return {s.name: [r.rtype for r in s.journal.records(after_rev=0) if r.rev == rev] for s in store.shards}
+
+
+def test_a_write_too_large_for_one_record_is_journaled_in_parts_and_read_back_whole(tmp_path, run):
+    async def go():
+        store = await open_store(tmp_path / "w", journal=SMALL)
+        lease = await fill(store)
+        async with following(tmp_path / "f", store) as follower:
+            deleted = await store.delete_range(DeleteReq(b"/registry/pods/", b"/registry/pods0"))
+            await store.lease_revoke(lease)
+            revoked = store.committed
+            assert deleted.deleted == N and store.failure is None
+            await asyncio.wait_for(follower.wait_committed(revoked), 10)
+            assert (count(follower, PODS), count(follower, EVENTS), follower.committed) == (0, 0, revoked)
+            assert (await store.put(PutReq(PODS % 0, b"after"))).revision == revoked + 1
+            await asyncio.wait_for(follower.wait_committed(revoked + 1), 10)
+            assert count(follower, PODS) == 1
+        again = await open_store(tmp_path / "w", journal=SMALL)  # recovered from the journal
+        try:
+            assert (count(again, PODS), count(again, EVENTS), again.committed) == (1, 0, revoked + 1)
+            pods, events = types_of(again, deleted.revision)["pods"], types_of(again, revoked)["events"]
+            assert pods[-1] == events[-1] == WRITE and pods.count(WRITE_PART) >= 3 and events.count(WRITE_PART) >= 3
+        finally:
+            await again.close()
+
+    run(go())
+
+
+def test_parts_whose_write_never_came_are_cut_at_the_next_start(tmp_path, run):
+    """The writer stopped between a large write's records: its revision was never acknowledged,
+    and the next start cuts its parts as it cuts any write that is not whole."""
+    async def go():
+        store = await open_store(tmp_path, journal=SMALL)
+        await fill(store)
+        rev = store.committed
+        pods = next(s for s in store.shards if s.name == "pods")
+        from shards.record import DELETE, Change, encode_write
+        from proto.kv_pb2 import KeyValue
+        doomed = encode_write((pods.sid,), [Change(DELETE, i, PODS % i, KeyValue(key=PODS % i).SerializeToString())
+                                            for i in range(N)])
+        for rtype, payload in split_write(doomed, SMALL.record_bytes_max)[:-1]:  # all but its WRITE
+            pods.journal.append(rtype, rev + 1, payload)
+        await pods.journal.sync()
+        await store.close()
+        again = await open_store(tmp_path, journal=SMALL)
+        try:
+            assert (again.committed, count(again, PODS)) == (rev, N)
+            assert (await again.put(PutReq(PODS % 0, b"after"))).revision == rev + 1
+            assert all(r.rtype != WRITE_PART for s in again.shards for r in s.journal.records(after_rev=rev))
+        finally:
+            await again.close()
+        last = await open_store(tmp_path, journal=SMALL)
+        try:
+            assert (last.committed, count(last, PODS)) == (rev + 1, N)
+        finally:
+            await last.close()
+
+    run(go())
+
+
+@pytest.fixture(scope="module")
+def nats(tmp_path_factory):
+    cluster = start_nats_cluster(tmp_path_factory.mktemp("nats"), size=1)
+    yield cluster
+    cluster.stop()
+
+
+def test_on_jetstream_a_standby_follows_a_large_write_and_takes_over_with_it(nats, tmp_path):
+    async def go():
+        writer = await Store.open(config(tmp_path / "w", nats, journal=SMALL))
+        standby = await Store.open(config(tmp_path / "s", nats, journal=SMALL), follow=True)
+        try:
+            await fill(writer)
+            following_task = asyncio.ensure_future(standby.follow_journals())
+            rev = (await writer.delete_range(DeleteReq(b"/registry/pods/", b"/registry/pods0"))).revision
+            await asyncio.wait_for(standby.wait_committed(rev), 30)
+            assert count(standby, PODS) == 0
+            late = await Store.open(config(tmp_path / "late", nats, journal=SMALL), follow=True)  # reads it at start
+            try:
+                assert (late.committed, count(late, PODS), count(late, EVENTS)) == (rev, 0, N)
+            finally:
+                await late.close()
+            following_task.cancel()
+            await asyncio.gather(following_task, return_exceptions=True)
+            assert await asyncio.wait_for(standby.take_over(), 60) == rev
+            assert (count(standby, PODS), count(standby, EVENTS)) == (0, N)
+            assert (await standby.put(PutReq(PODS % 0, b"new writer"))).revision == rev + 1
+        finally:
+            await standby.close()
+            await writer.close()
+        again = await Store.open(config(tmp_path / "s2", nats, journal=SMALL))  # a start reads it back whole
+        try:
+            assert (again.committed, count(again, PODS), count(again, EVENTS)) == (rev + 1, 1, N)
+        finally:
+            await again.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("limit", [40, 200, 5_000])
+def test_a_write_payload_split_into_records_joins_back_to_itself(limit):
+    import random
+
+    from shards.record import PUT, Change, DELETE, encode_write, join_write
+
+    rng = random.Random(limit)
+    changes = [Change(rng.choice((PUT, DELETE)), i, b"k" * rng.randint(1, 30), b"v" * rng.randint(0, 90))
+               for i in range(300)]
+    payload = encode_write((0, 2, 4), changes)
+    records = split_write(payload, limit)
+    assert [t for t, _ in records] == [WRITE_PART] * (len(records) - 1) + [WRITE] and len(records) > 1
+    assert all(len(p) <= limit for _, p in records if len(p) > 4 + 13 + 30 + 90)  # one change alone may be more
+    assert decode_write(records[-1][1])[0] == (0, 2, 4)
+    assert join_write([p for _, p in records[:-1]], records[-1][1]) == payload
