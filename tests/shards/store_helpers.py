@@ -40,3 +40,11 @@ async def following(tmp_path: Path, writer: Store, **kw) -> AsyncIterator[Store]
         await follower.close()
         await log.close()
         await writer.close()
+
+
+def count_under(store: Store, key: bytes) -> int:
+    """Keys ``store`` holds under ``key``'s prefix (up to a ``%`` in it: a key pattern will do)."""
+    from shards.types import RangeReq
+
+    prefix = key.split(b"%")[0]
+    return store.range(RangeReq(prefix, prefix[:-1] + bytes([prefix[-1] + 1]), count_only=True)).count

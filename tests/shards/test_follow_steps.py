@@ -17,8 +17,7 @@ from shards.record import DELETE
 from shards.store import Store
 from shards.types import DeleteReq, PutReq, RangeReq, TxnReq
 from shards.watch import WatchSpec
-from tests.shards.store_helpers import following, open_store
-from tests.nats_fixture import start_nats_cluster
+from tests.shards.store_helpers import count_under as count, following, open_store
 from tests.shards.test_takeover import config
 from tests.shards.test_watch import drain, events_of
 
@@ -27,22 +26,10 @@ KEYS = 1500  # per prefix: each shard's part of the delete is a record of ~100 K
 PADDING = b"-" * 40
 
 
-@pytest.fixture(scope="module")
-def nats(tmp_path_factory):
-    cluster = start_nats_cluster(tmp_path_factory.mktemp("nats"), size=1)
-    yield cluster
-    cluster.stop()
-
-
 async def write_keys(writer: Store) -> None:
     for i in range(0, KEYS, 100):
         await writer.txn(TxnReq(success=tuple(PutReq(key % j + PADDING, b"v") for key in (PODS, CMS)
                                               for j in range(i, i + 100))))
-
-
-def count(store: Store, key: bytes) -> int:
-    prefix = key.split(b"%")[0]
-    return store.range(RangeReq(prefix, prefix[:-1] + bytes([prefix[-1] + 1]), count_only=True)).count
 
 
 def test_a_write_of_many_changes_on_two_shards_is_applied_in_steps_and_read_whole_or_not_at_all(tmp_path):

@@ -15,19 +15,13 @@ import pytest
 from journal import JournalConfig
 from shards.record import WRITE, WRITE_PART, decode_write, split_write
 from shards.store import Store
-from shards.types import DeleteReq, PutReq, RangeReq, TxnReq
-from tests.nats_fixture import start_nats_cluster
-from tests.shards.store_helpers import following, open_store
+from shards.types import DeleteReq, PutReq, TxnReq
+from tests.shards.store_helpers import count_under as count, following, open_store
 from tests.shards.test_takeover import config
 
 SMALL = JournalConfig(segment_bytes_max=1 << 20, record_bytes_max=20_000)
 PODS, EVENTS = b"/registry/pods/ns/p%05d", b"/registry/events/ns/e%05d"
 N = 2000
-
-
-def count(store: Store, prefix: bytes) -> int:
-    prefix = prefix.split(b"%")[0]
-    return store.range(RangeReq(prefix, prefix[:-1] + bytes([prefix[-1] + 1]), count_only=True)).count
 
 
 async def fill(store: Store) -> int:
@@ -98,13 +92,6 @@ def test_parts_whose_write_never_came_are_cut_at_the_next_start(tmp_path, run):
             await last.close()
 
     run(go())
-
-
-@pytest.fixture(scope="module")
-def nats(tmp_path_factory):
-    cluster = start_nats_cluster(tmp_path_factory.mktemp("nats"), size=1)
-    yield cluster
-    cluster.stop()
 
 
 def test_on_jetstream_a_standby_follows_a_large_write_and_takes_over_with_it(nats, tmp_path):

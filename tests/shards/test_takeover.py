@@ -18,16 +18,8 @@ from proto.kv_pb2 import KeyValue
 from shards.layout import load_layout
 from shards.store import Store, StoreConfig
 from shards.types import PutReq, RangeReq
-from tests.nats_fixture import start_nats_cluster
 
 KEY = b"/registry/pods/ns/k%03d"
-
-
-@pytest.fixture(scope="module")
-def nats(tmp_path_factory):
-    cluster = start_nats_cluster(tmp_path_factory.mktemp("nats"), size=1)
-    yield cluster
-    cluster.stop()
 
 
 def config(where, nats, **kwargs) -> StoreConfig:
