@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .lease import GRANT, decode_lease_record
-from .record import (AUTH, COMPACT, LEASE, TOKEN, WRITE, WRITE_PART, Change, WriteParts, decode_compact, decode_write,
+from .record import (AUTH, COMPACT, LEASE, TOKEN, WRITE, WRITE_LAST, WRITE_PART, Change, WriteParts, decode_compact, decode_write,
                      write_changes_in_steps, write_participants)
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ class Follower:
     def take(self, sid: int, rec: Record) -> None:
         if self._void(rec.epoch, rec.rev):
             return
-        if rec.rtype == WRITE:
+        if rec.rtype == WRITE or rec.rtype == WRITE_LAST:
             if rec.rev <= self.applied or rec.rev == self._applying_rev:
                 return  # an older writer's part of a revision a newer one wrote again
             payload = self.joined[sid].whole(rec.rev, rec.epoch, rec.payload)

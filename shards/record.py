@@ -59,11 +59,15 @@ COMPACT = 2
 LEASE = 3  # payload: see lease.py
 AUTH = 4  # payload: see auth.py
 TOKEN = 5  # payload: see tokens.py
-# The first changes of a write too large for one record (a DeleteRange or a lease revoke of
-# tens of thousands of keys: a JetStream message holds a few MiB); its last record is the WRITE,
-# tagged with the same revision and epoch, right after them on the same journal. Payload: u32
-# count, then the changes as in a WRITE.
+# A write too large for one record (a DeleteRange or a lease revoke of tens of thousands of keys:
+# a JetStream message holds a few MiB) goes in several, all tagged with its revision and epoch,
+# one after the other on its shard's journal: WRITE_PARTs (payload: u32 count, then changes as in
+# a WRITE), then a WRITE_LAST (a WRITE's payload with the last changes). Read together they are
+# the WRITE. The last is not a WRITE so that a version from before them, which skips both types,
+# finds the revision missing (its start refuses: acknowledged records gone; its follower stops
+# there) rather than applying the last part alone.
 WRITE_PART = 6
+WRITE_LAST = 7
 
 PUT, DELETE = 0, 1
 
@@ -177,7 +181,7 @@ def _decode_changes(payload: bytes, pos: int, count: int) -> tuple[list[Change],
 
 def split_write(payload: bytes, limit: int) -> list[tuple[int, bytes]]:
     """A WRITE payload larger than ``limit`` as records of at most ``limit`` bytes (each holding at
-    least one change): (WRITE_PART, changes)... then (WRITE, the head and the last changes)."""
+    least one change): (WRITE_PART, changes)... then (WRITE_LAST, the head and the last changes)."""
     count, pos = write_changes_at(payload)
     head = payload[: pos - 4]
     room = limit - len(head) - 4  # for each record's changes (the last one carries the head)
@@ -191,7 +195,7 @@ def split_write(payload: bytes, limit: int) -> list[tuple[int, bytes]]:
             start, n = pos, 0
         pos += size
         n += 1
-    out.append((WRITE, head + _U32.pack(n) + payload[start:]))
+    out.append((WRITE_LAST, head + _U32.pack(n) + payload[start:]))
     return out
 
 
@@ -203,8 +207,8 @@ def join_write(parts: list[bytes], last: bytes) -> bytes:
 
 
 class WriteParts:
-    """A journal's WRITE_PART records joined to the WRITE after them, as its records are read
-    in order. Parts of a write whose WRITE never came (its writer stopped between them) are
+    """A journal's WRITE_PART records joined to the WRITE_LAST after them, as its records are
+    read in order. Parts of a write whose WRITE never came (its writer stopped between them) are
     dropped with the next write's parts, or stay out of every revision."""
 
     __slots__ = ("_key", "_parts")
@@ -219,7 +223,7 @@ class WriteParts:
         self._parts.append(payload)
 
     def whole(self, rev: int, epoch: int, payload: bytes) -> bytes:
-        """The WRITE payload of revision ``rev``, its parts read before joined to it."""
+        """The WRITE payload of revision ``rev`` (a WRITE's, or a WRITE_LAST's with its parts)."""
         if self._key is None:
             return payload
         key, parts = self._key, self._parts

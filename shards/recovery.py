@@ -28,7 +28,7 @@ from .follow import Follower
 from .lease import GRANT, decode_lease_record
 from .progress import Progress
 from .shard import YIELD_EVERY, checkpoint_revision
-from .record import AUTH, TOKEN, WRITE, WRITE_PART, decode_compact, decode_extra_meta, decode_write, write_participants
+from .record import AUTH, TOKEN, WRITE, WRITE_LAST, WRITE_PART, decode_compact, decode_extra_meta, decode_write, write_participants
 
 if TYPE_CHECKING:
     from .shard import Recovered
@@ -66,7 +66,7 @@ def writes_on_disk(data_dir: Path, names: list[str],
                 try:
                     for frame in iter_frames(f, 0, os.fstat(f.fileno()).st_size, config.record_bytes_max,
                                              config.read_chunk_bytes):
-                        if frame.rtype == WRITE:
+                        if frame.rtype == WRITE or frame.rtype == WRITE_LAST:  # (a WRITE_LAST's head is a WRITE's)
                             writes.append((frame.rev, write_participants(frame.payload)))
                 except FrameError:
                     pass
@@ -226,7 +226,7 @@ async def _recover_to_follow(store: Store, started: float) -> Follower:
     _learn_tokens(store, base)
     for sid, shard in enumerate(store.shards):
         for rec in shard.journal.records(after_rev=base):
-            if rec.rtype not in (WRITE, WRITE_PART):  # (those came with collect, parts joined)
+            if rec.rtype not in (WRITE, WRITE_PART, WRITE_LAST):  # (those came with collect, parts joined)
                 follower.take(sid, rec)
     follower.advance()
     logger.info("standby loaded rev=%d applied=%d pending_records=%d seconds=%.3f",

@@ -22,7 +22,7 @@ from journal.record import Record
 from proto.kv_pb2 import KeyValue
 
 from .errors import DataDirError, StateStoreError
-from .record import (AUTH, COMPACT, DELETE, LEASE, TOKEN, WRITE, WRITE_PART, Change, WriteParts, encode_compact, encode_write,
+from .record import (AUTH, COMPACT, DELETE, LEASE, TOKEN, WRITE, WRITE_LAST, WRITE_PART, Change, WriteParts, encode_compact, encode_write,
                      split_write, write_participants)
 from .progress import Progress
 from .state import ShardState
@@ -115,7 +115,7 @@ class Shard:
         for rec in self.journal.records(after_rev=0):
             progress.tick()
             budget -= 1
-            if rec.rtype == WRITE:
+            if rec.rtype == WRITE or rec.rtype == WRITE_LAST:
                 if rec.rev > ckpt_rev:
                     payload = joined.whole(rec.rev, rec.epoch, rec.payload)
                     writes.append((rec.rev, write_participants(payload), payload, rec.epoch))
@@ -172,7 +172,7 @@ class Shard:
         limit = self.journal.config.record_bytes_max
         if len(payload) <= limit:
             seq = self.journal.append(WRITE, rev, payload)
-        else:  # its WRITE_PART records, then the WRITE: committed once the last is durable
+        else:  # WRITE_PART records, then a WRITE_LAST: committed once the last is durable
             for rtype, part in split_write(payload, limit):
                 seq = self.journal.append(rtype, rev, part)
         self.inflight.append((seq, rev))

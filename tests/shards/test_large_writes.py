@@ -3,8 +3,8 @@
 A DeleteRange or a lease revoke is one revision whatever the number of keys, and its record
 holds every deletion: past the journal's record limit (a JetStream message holds a few MiB,
 tens of thousands of keys) the append was refused and the store fail-stopped, at every start
-again for an expired lease. Its first changes now go in WRITE_PART records right before its
-WRITE; every reader joins them again, and parts whose WRITE never came are cut with it.
+again for an expired lease. Its first changes now go in WRITE_PART records and its last in a
+WRITE_LAST; every reader joins them again, and parts whose WRITE_LAST never came are cut with it.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from journal import JournalConfig
-from shards.record import WRITE, WRITE_PART, decode_write, split_write
+from shards.record import WRITE_LAST, WRITE_PART, decode_write, split_write
 from shards.store import Store
 from shards.types import DeleteReq, PutReq, TxnReq
 from tests.shards.store_helpers import count_under as count, following, open_store
@@ -55,7 +55,7 @@ def test_a_write_too_large_for_one_record_is_journaled_in_parts_and_read_back_wh
         try:
             assert (count(again, PODS), count(again, EVENTS), again.committed) == (1, 0, revoked + 1)
             pods, events = types_of(again, deleted.revision)["pods"], types_of(again, revoked)["events"]
-            assert pods[-1] == events[-1] == WRITE and pods.count(WRITE_PART) >= 3 and events.count(WRITE_PART) >= 3
+            assert pods[-1] == events[-1] == WRITE_LAST and pods.count(WRITE_PART) >= 3 and events.count(WRITE_PART) >= 3
         finally:
             await again.close()
 
@@ -74,7 +74,7 @@ def test_parts_whose_write_never_came_are_cut_at_the_next_start(tmp_path, run):
         from proto.kv_pb2 import KeyValue
         doomed = encode_write((pods.sid,), [Change(DELETE, i, PODS % i, KeyValue(key=PODS % i).SerializeToString())
                                             for i in range(N)])
-        for rtype, payload in split_write(doomed, SMALL.record_bytes_max)[:-1]:  # all but its WRITE
+        for rtype, payload in split_write(doomed, SMALL.record_bytes_max)[:-1]:  # all but its WRITE_LAST
             pods.journal.append(rtype, rev + 1, payload)
         await pods.journal.sync()
         await store.close()
@@ -137,7 +137,7 @@ def test_a_write_payload_split_into_records_joins_back_to_itself(limit):
                for i in range(300)]
     payload = encode_write((0, 2, 4), changes)
     records = split_write(payload, limit)
-    assert [t for t, _ in records] == [WRITE_PART] * (len(records) - 1) + [WRITE] and len(records) > 1
+    assert [t for t, _ in records] == [WRITE_PART] * (len(records) - 1) + [WRITE_LAST] and len(records) > 1
     assert all(len(p) <= limit for _, p in records if len(p) > 4 + 13 + 30 + 90)  # one change alone may be more
     assert decode_write(records[-1][1])[0] == (0, 2, 4)
     assert join_write([p for _, p in records[:-1]], records[-1][1]) == payload
