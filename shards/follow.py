@@ -174,7 +174,9 @@ class Follower:
         if rec.rtype == WRITE or rec.rtype == WRITE_LAST:
             if rec.rev <= self.applied or rec.rev == self._applying_rev:
                 return  # an older writer's part of a revision a newer one wrote again
-            payload = self.joined[sid].whole(rec.rev, rec.epoch, rec.payload)
+            payload = self.joined[sid].whole(rec.rtype, rec.rev, rec.epoch, rec.payload)
+            if payload is None:
+                return  # the last of a write whose parts were not read: never whole
             if len(payload) >= BIG_WRITE_BYTES:  # decoded as it is applied
                 self.parts.setdefault(rec.rev, {})[sid] = (rec.epoch, write_participants(payload), payload)
             else:

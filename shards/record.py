@@ -195,7 +195,7 @@ def split_write(payload: bytes, limit: int) -> list[tuple[int, bytes]]:
             start, n = pos, 0
         pos += size
         n += 1
-    out.append((WRITE_LAST, head + _U32.pack(n) + payload[start:]))
+    out.append((WRITE_LAST if out else WRITE, head + _U32.pack(n) + payload[start:]))  # (one change: as it is)
     return out
 
 
@@ -222,13 +222,16 @@ class WriteParts:
             self._key, self._parts = (rev, epoch), []
         self._parts.append(payload)
 
-    def whole(self, rev: int, epoch: int, payload: bytes) -> bytes:
-        """The WRITE payload of revision ``rev`` (a WRITE's, or a WRITE_LAST's with its parts)."""
+    def whole(self, rtype: int, rev: int, epoch: int, payload: bytes) -> bytes | None:
+        """The WRITE payload of revision ``rev``: a WRITE's, or a WRITE_LAST's with its parts;
+        None for a WRITE_LAST whose parts were not read before it (not a whole write)."""
         if self._key is None:
-            return payload
+            return payload if rtype == WRITE else None
         key, parts = self._key, self._parts
         self._key, self._parts = None, []
-        return join_write(parts, payload) if key == (rev, epoch) else payload
+        if rtype == WRITE:
+            return payload
+        return join_write(parts, payload) if key == (rev, epoch) else None
 
 
 def write_participants(payload: bytes) -> tuple[int, ...]:

@@ -117,8 +117,9 @@ class Shard:
             budget -= 1
             if rec.rtype == WRITE or rec.rtype == WRITE_LAST:
                 if rec.rev > ckpt_rev:
-                    payload = joined.whole(rec.rev, rec.epoch, rec.payload)
-                    writes.append((rec.rev, write_participants(payload), payload, rec.epoch))
+                    payload = joined.whole(rec.rtype, rec.rev, rec.epoch, rec.payload)
+                    if payload is not None:  # (None: the last of a write whose parts are not here)
+                        writes.append((rec.rev, write_participants(payload), payload, rec.epoch))
                     budget -= len(rec.payload) >> 12  # read and checked, not yet decoded: yield every ~32 MB
                 else:
                     below.append(rec.rev)

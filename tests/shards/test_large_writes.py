@@ -141,3 +141,25 @@ def test_a_write_payload_split_into_records_joins_back_to_itself(limit):
     assert all(len(p) <= limit for _, p in records if len(p) > 4 + 13 + 30 + 90)  # one change alone may be more
     assert decode_write(records[-1][1])[0] == (0, 2, 4)
     assert join_write([p for _, p in records[:-1]], records[-1][1]) == payload
+
+
+def test_the_last_record_of_a_write_without_its_parts_is_no_write():
+    """Read without the parts before it (never written, or not read), a WRITE_LAST is not taken
+    for the whole write; a WRITE is what it is, and parts of another write are dropped."""
+    from shards.record import WRITE, PUT, Change, WriteParts, encode_write
+
+    payload = encode_write((1,), [Change(PUT, i, b"k%d" % i, b"v" * 50) for i in range(40)])
+    records = split_write(payload, 500)
+    joined = WriteParts()
+    assert joined.whole(WRITE_LAST, 9, 3, records[-1][1]) is None
+    for rtype, part in records[:-1]:
+        joined.part(9, 3, part)
+    assert joined.whole(WRITE_LAST, 9, 4, records[-1][1]) is None  # another writer's last
+    for rtype, part in records[:-1]:
+        joined.part(9, 3, part)
+    assert joined.whole(WRITE, 10, 3, b"plain") == b"plain"
+    assert joined.whole(WRITE_LAST, 9, 3, records[-1][1]) is None  # its parts were dropped
+    for rtype, part in records[:-1]:
+        joined.part(9, 3, part)
+    assert joined.whole(WRITE_LAST, 9, 3, records[-1][1]) == payload
+    assert split_write(encode_write((1,), [Change(PUT, 0, b"k", b"v" * 600)]), 500)[0][0] == WRITE  # one change
