@@ -480,15 +480,23 @@ class Store:
                 if time.perf_counter() >= deadline:
                     if not held and hold is not None:
                         held = True
-                        self._reads[hold] += 1
+                        self.hold_compaction(hold)
                     await self._pause()
                     deadline = time.perf_counter() + slice_s
         finally:
             if held:
-                self._reads[hold] -= 1
-                if not self._reads[hold]:
-                    del self._reads[hold]
-                self._reads_done.set()
+                self.release_compaction(hold)
+
+    def hold_compaction(self, rev: int) -> None:
+        """Compaction goes no further than ``rev`` until ``release_compaction(rev)``: rows at
+        or below it that a read in slices (or a watch delivery) is about to fetch stay."""
+        self._reads[rev] += 1
+
+    def release_compaction(self, rev: int) -> None:
+        self._reads[rev] -= 1
+        if not self._reads[rev]:
+            del self._reads[rev]
+        self._reads_done.set()
 
     # -- writes ---------------------------------------------------------
 

@@ -398,7 +398,12 @@ class WatchHub:
             return
         batches: dict[Watcher, list[Event] | None] = {}  # None: fell behind in this batch
         self._match(batches, changes)
+        self._send_batches(batches, last)
+
+    def _send_batches(self, batches: dict[Watcher, list[Event] | None], last: int) -> None:
         for w, events in batches.items():
+            if not w.synced:  # cancelled, or its stream closed, while a queued delivery's batch was made
+                continue
             if events is None:
                 w.stream.fall_behind(w)
             elif events:
@@ -431,7 +436,7 @@ class WatchHub:
         self._queue.append((changes, last))
         # the previous rows of the changes (prev_kv) are read as they are delivered: compaction
         # must not pass the revision before the first of them meanwhile (as a sliced read's hold)
-        store._reads[changes[0][0] - 1] += 1
+        store.hold_compaction(changes[0][0] - 1)
         if self._delivering is None:
             self._delivering = asyncio.get_running_loop().create_task(self._deliver_queued())
 
@@ -449,19 +454,9 @@ class WatchHub:
                         if time.perf_counter() >= deadline:
                             await store._pause()
                             deadline = time.perf_counter() + store.config.slice_ms / 1000
-                hold = changes[0][0] - 1
                 queue.popleft()
-                store._reads[hold] -= 1
-                if not store._reads[hold]:
-                    del store._reads[hold]
-                store._reads_done.set()
-                for w, events in batches.items():
-                    if not w.synced:  # cancelled, or its stream closed, while its batch was made
-                        continue
-                    if events is None:
-                        w.stream.fall_behind(w)
-                    elif events:
-                        self._send(w, last, events)
+                store.release_compaction(changes[0][0] - 1)
+                self._send_batches(batches, last)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -643,9 +638,5 @@ class WatchHub:
         if self._delivering is not None:
             self._delivering.cancel()
         for changes, _ in self._queue:
-            hold = changes[0][0] - 1
-            self.store._reads[hold] -= 1
-            if not self.store._reads[hold]:
-                del self.store._reads[hold]
+            self.store.release_compaction(changes[0][0] - 1)
         self._queue.clear()
-        self.store._reads_done.set()
