@@ -14,21 +14,9 @@ parse and a re-serialize per key.  Field numbers are etcd's:
 """
 from __future__ import annotations
 
+from shards.record import varint  # (the store encodes tombstone rows and delete events with it too)
 from shards.steps import Steps
 from shards.types import DeleteResult, PutResult, RangeResult, TxnResult
-
-
-def varint(n: int) -> bytes:
-    if n < 0:
-        n += 1 << 64
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _field_varint(tag: int, n: int) -> bytes:
