@@ -201,12 +201,15 @@ class Follower:
         deadline = None if slice_s is None else time.perf_counter() + slice_s
         store = self.store
         self._apply_metas()
-        cut_short = False  # stopped by the deadline, with more to apply
+        cut_short = False  # stopped by the deadline with something whole left to apply
         while True:
             if self._applying is None:
                 rev = self.applied + 1
                 parts = self.parts.get(rev)
                 if parts is None or not self._whole(rev, parts):
+                    break
+                if deadline is not None and self.applied >= first and time.perf_counter() >= deadline:
+                    cut_short = True  # a whole revision waits for run() (each call applies one at least)
                     break
                 del self.parts[rev]
                 if all(type(part[2]) is list for part in parts.values()):  # most revisions: at once
@@ -222,9 +225,6 @@ class Follower:
                     self._applying_rev, self._applying_epochs = rev, tuple({part[0] for part in parts.values()})
             if self._applying is not None and not self._step(deadline):
                 cut_short = True
-                break
-            if deadline is not None and time.perf_counter() >= deadline:
-                cut_short = (parts := self.parts.get(self.applied + 1)) is not None and self._whole(self.applied + 1, parts)
                 break
         if self.applied >= first:
             store.rev = store.committed = self.applied
