@@ -126,19 +126,22 @@ class WatchService:
             for i in range(0, len(events), ENCODE_STEP):
                 fields += [e.field or self._event_field(e) for e in events[i:i + ENCODE_STEP]]
                 yield
-            head = wire.watch_response(self.m.headers.framed(msg.revision), msg.watch_id, [], created=msg.created,
-                                       canceled=msg.canceled, compact_revision=msg.compact_revision,
-                                       cancel_reason=msg.cancel_reason)
+            head = wire.watch_response(self.m.headers.framed(msg.revision), msg.watch_id, [], **self._flags(msg))
             return [head + b"".join(fields)]  # the events field comes last: as watch_response frames them
 
         return await self.m.store.in_slices(steps())
+
+    @staticmethod
+    def _flags(msg: Message) -> dict:
+        """A message's fields besides its header, watch id, events and fragment flag."""
+        return dict(created=msg.created, canceled=msg.canceled, compact_revision=msg.compact_revision,
+                    cancel_reason=msg.cancel_reason)
 
     def encode(self, msg: Message) -> list[bytes]:
         """A message's response, or its fragments (Watch frames a live event to one watcher itself)."""
         header = self.m.headers.framed(msg.revision)
         events = [e.encoded or self._encode_event(e) for e in msg.events]
-        flags = dict(created=msg.created, canceled=msg.canceled, compact_revision=msg.compact_revision,
-                     cancel_reason=msg.cancel_reason)
+        flags = self._flags(msg)
         whole = wire.watch_response(header, msg.watch_id, events, **flags)
         limit = self.m.config.max_message_bytes  # as etcd
         if not msg.fragment or len(whole) < limit or len(events) < 2:
