@@ -189,8 +189,7 @@ def _count(endpoint: str, prefix: bytes) -> int:
 
     ch, kv, _, _ = _stubs(endpoint)
     with ch:
-        end = prefix[:-1] + bytes([prefix[-1] + 1])
-        return kv.Range(pb.RangeRequest(key=prefix, range_end=end, count_only=True), timeout=60).count
+        return kv.Range(pb.RangeRequest(key=prefix, range_end=_end(prefix), count_only=True), timeout=60).count
 
 
 def _revision(endpoint: str) -> int:
