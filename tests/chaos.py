@@ -6,7 +6,10 @@ Three real NATS servers (JetStream, R3) and three shardetcd members on them: one
 writer and two ``--follow --standby`` members, as a three-member etcd. Nine clients
 (three per member, one of them only reading) run get / put / delete /
 compare-and-swap on a few keys, on several shards, through whichever member they are on (a follower forwards writes
-to the writer and reads through a read index).
+to the writer and reads through a read index). A tenth client, through a member chosen each
+round, writes large transactions: 9 MiB of values on one shard and a small key on another, past
+the largest record NATS takes, so that each is journaled as a split write (parts, then a last)
+across two shards; it compacts behind itself to keep the members' stores small.
 
 Each round, one fault, at a random time, from:
 
@@ -43,6 +46,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 import grpc
@@ -59,6 +63,12 @@ FAULTS = ("kill-writer", "pause-writer", "cut-writer", "kill-member", "pause-mem
           "kill-nats", "pause-nats")
 LEASE_TTL_S = 3.0  # the writer lease's default TTL
 READS = (1, 0, 0, 0)  # only gets (test_linearizability.MIXED: every kind of operation)
+# the large transaction: BIG_KEYS values of BIG_VALUE_BYTES on one shard, over the ~8 MB record
+# NATS takes (max_payload 8MB less room for headers), so its record is split; plus one small key
+# on another shard, so that it is a cross-shard transaction too
+BIG_KEYS, BIG_VALUE_BYTES = 9, 1 << 20
+BIG_REQUEST_BYTES = 12 << 20  # every member's --max-request-bytes, room for it
+BIG_CHANNEL = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
 class Member:
@@ -77,6 +87,7 @@ class Member:
                                 extra_args=("--journal-url", self.urls,
                                             "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}",
                                             "--enable-pprof",  # /debug/tasks, for a look at one --hold kept
+                                            "--max-request-bytes", str(BIG_REQUEST_BYTES),
                                             *self.server_args, *flags))
 
     @property
@@ -139,9 +150,9 @@ def converged(members: list[Member], keys: list[bytes], log, timeout: float = 60
         views = []
         for m in members:
             try:
-                with grpc.insecure_channel(m.endpoint) as ch:
+                with grpc.insecure_channel(m.endpoint, options=BIG_CHANNEL) as ch:
                     kv = pbg.KVStub(ch)
-                    views.append({k: [(x.value, x.mod_revision) for x in kv.Range(
+                    views.append({k: [(summary(x.value), x.mod_revision) for x in kv.Range(
                         pb.RangeRequest(key=k, serializable=True), timeout=5).kvs] for k in keys})
             except grpc.RpcError:
                 views.append(None)
@@ -152,6 +163,50 @@ def converged(members: list[Member], keys: list[bytes], log, timeout: float = 60
                                  + "".join(f"\n{m.name} log: {m.proc.log_tail(15)}" for m, v in zip(members, views)
                                            if v is None))
         time.sleep(0.5)
+
+
+def summary(value: bytes) -> bytes:
+    """A value as compared and reported: a large one by its start, length and checksum."""
+    return value if len(value) <= 64 else b"%s...(%d bytes, crc32 %08x)" % (value[:16], len(value), zlib.crc32(value))
+
+
+def big_writer(endpoint: str, stop: threading.Event, acked: list[int], keys: list[bytes]) -> None:
+    """Large transactions until ``stop``: the n-th puts a value starting ``n:`` on every one of
+    ``keys`` but the last, and ``n`` on the last, at once; ``acked`` gets each n acknowledged. After
+    each it compacts to its revision (so that the members' stores do not grow by 9 MiB a write)."""
+    n = 0
+    with grpc.insecure_channel(endpoint, options=BIG_CHANNEL) as channel:
+        kv = pbg.KVStub(channel)
+        while not stop.is_set():
+            n += 1
+            value = (b"%d:" % n).ljust(BIG_VALUE_BYTES, b"x")
+            puts = [pb.PutRequest(key=k, value=value) for k in keys[:-1]] + [pb.PutRequest(key=keys[-1], value=b"%d" % n)]
+            try:
+                rev = kv.Txn(pb.TxnRequest(success=[pb.RequestOp(request_put=p) for p in puts]), timeout=20).header.revision
+                acked.append(n)
+                kv.Compact(pb.CompactionRequest(revision=rev), timeout=20)
+            except grpc.RpcError:
+                try:
+                    grpc.channel_ready_future(channel).result(timeout=20)
+                except grpc.FutureTimeoutError:
+                    pass
+            stop.wait(1.0)
+
+
+def check_big(view: dict, keys: list[bytes], acked: list[int]) -> str:
+    """The large transactions' keys in a converged ``view``: one transaction's values, all at one
+    revision (none applied in part), no older than the last acknowledged."""
+    big, small = [view[k] for k in keys[:-1]], view[keys[-1]]
+    assert all(b == big[0] for b in big), f"large transaction applied in part: {big}"
+    if not big[0]:
+        assert not acked and not small, f"no large transaction, but {acked} acknowledged; small key {small}"
+        return "no large transaction"
+    (value, rev), = big[0]
+    n = int(value.split(b":")[0])
+    assert value == summary((b"%d:" % n).ljust(BIG_VALUE_BYTES, b"x")), f"large value damaged: {value}"
+    assert small == [(b"%d" % n, rev)], f"large transaction {n} at {rev}, its small key {small}"
+    assert n >= max(acked, default=0), f"large transaction {n} kept, {max(acked)} was acknowledged"
+    return f"large transaction {n} at revision {rev} ({len(acked)} acknowledged this round)"
 
 
 def serving(members: list[Member], log, timeout: float = 60.0) -> None:
@@ -255,6 +310,11 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     clients = [(m.endpoint, weights) for m in members for weights in (MIXED, MIXED, READS)]
     threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10, keys, weights), daemon=True)
                for c, (ep, weights) in enumerate(clients)]
+    big_keys = [b"/registry/pods/chaos/big-%d/round%d" % (i, r) for i in range(BIG_KEYS)] + [
+        b"/registry/configmaps/chaos/big/round%d" % r]
+    acked: list[int] = []
+    threads.append(threading.Thread(target=big_writer, args=(rng.choice(members).endpoint, stop, acked, big_keys),
+                                    daemon=True))
     for t in threads:
         t.start()
     time.sleep(rng.uniform(1.0, 4.0))
@@ -270,9 +330,10 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     check_linearizable(history, out, f"round{r}-{fault}", keys)
     serving(members, log)
     writer = the_writer(members)
-    view = converged(members, keys, log)
+    view = converged(members, keys + big_keys, log)
     log(f"  linearizable; writer {writer.name}; members agree on {sum(len(v) for v in view.values())} keys; "
         f"the writer stored {writer.checkpoints_stored()} checkpoints since it started")
+    log(f"  {check_big(view, big_keys, acked)}")
     log(f"  journal verify: all sound; {verify_journals(nats)}")
 
 

@@ -6,7 +6,8 @@ verify` (run while the writer runs) must find the journals sound with nothing lo
 come back as following standbys on their old data dirs, so later rounds run on
 members that were writers before. Every member stores a checkpoint and releases its
 journal every 20 KB of journal, so checkpoints are stored and fetched (by followers that fell
-behind a release) all through the faults. ``python -m tests.chaos --minutes N`` runs random
+behind a release) all through the faults; and a client writes 9 MiB transactions, each journaled
+as a split write, whose keys must be found whole on every member. ``python -m tests.chaos --minutes N`` runs random
 rounds for longer."""
 from __future__ import annotations
 
@@ -23,3 +24,5 @@ def test_one_round_of_each_fault_keeps_every_history_linearizable(tmp_path, caps
     assert len(verified) == len(chaos.FAULTS), out
     serving = [line for line in out if "every member took a write and a linearizable read" in line]
     assert len(serving) == len(chaos.FAULTS), out
+    big = [line for line in out if "large transaction " in line and " acknowledged this round" in line]
+    assert len(big) == len(chaos.FAULTS) and any(not line.endswith("(0 acknowledged this round)") for line in big), out
