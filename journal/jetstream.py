@@ -91,6 +91,7 @@ READ_STALL_S = 10.0  # a read at start or takeover that gets nothing for this lo
 STALE_PINGS = 3  # unanswered pings that make a connection stale (see JetStreamConfig.stale_after_s)
 JETSTREAM_NOT_ENABLED_FOR_ACCOUNT = 10039
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Sequence
+STREAM_NOT_FOUND = 10059  # JetStream's "stream not found" (a message asked of a stream that is gone)
 
 
 FETCH_CHUNKS = 64  # an object's chunks (128 KiB each) asked for at once by fetch_object
@@ -209,35 +210,37 @@ class _Acks:
             fut.set_exception(exc)
 
 
-async def list_objects(js, bucket_name: str, stall_s: float = READ_STALL_S) -> list:
+async def list_objects(js, bucket_name: str) -> list:
     """The objects of the object store ``bucket_name`` as nats-py's ``ObjectStore.list`` gives them
     (ObjectInfo, deleted ones included) but [] for an empty bucket; NotFoundError when the bucket is
-    gone; a listing that gets nothing for ``stall_s`` is a NATS timeout, for ``retrying``.
+    gone. Its meta subjects and then each one's newest message, as the stream's leader answers them
+    (``kv_keys``' way), so the listing agrees with ``get_info`` and ``fetch_object``, which the leader
+    answers too.
 
     nats-py's ``list`` reads the meta messages through an ordered push consumer and waits for them
     without a bound: a bucket deleted while it listed (by hand, or lost by NATS) left it waiting for
-    good (7 of 40 tries in a probe), and with it a writer's checkpoints and its shutdown. Here a pull
-    consumer reads the newest meta message of each object, as ``fetch_object`` reads chunks."""
-    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ObjectInfo
+    good (7 of 40 tries in a probe), and with it a writer's checkpoints and its shutdown. A consumer
+    of our own did not wait, but it reads the stream on whichever server it is placed: on a NATS
+    server catching up after a restart it listed a checkpoint the writer had replaced and deleted,
+    and not the newer one (chaos, kill-nats: ``journal verify`` called the stream purged past its
+    checkpoint, which a start would have believed too)."""
+    from nats.js.errors import NotFoundError
+    from nats.js.api import ObjectInfo
     from nats.js.object_store import OBJ_ALL_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
 
-    sub = await js.pull_subscribe(
-        OBJ_ALL_META_PRE_TEMPLATE.format(bucket=bucket_name), stream=OBJ_STREAM_TEMPLATE.format(bucket=bucket_name),
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE,
-                              num_replicas=1, mem_storage=True, inactive_threshold=stall_s * 3))
-    try:
-        found = []
-        pending = (await sub.consumer_info()).num_pending
-        while pending:
-            for msg in await sub.fetch(batch=FETCH_CHUNKS, timeout=stall_s):
-                found.append(ObjectInfo.from_response(json.loads(msg.data)))
-                pending = msg.metadata.num_pending
-        return found
-    finally:
+    stream = OBJ_STREAM_TEMPLATE.format(bucket=bucket_name)
+    held = (await js.stream_info(stream, subjects_filter=OBJ_ALL_META_PRE_TEMPLATE.format(bucket=bucket_name))
+            ).state.subjects or {}
+    found = []
+    for subject in sorted(held):
         try:
-            await sub.unsubscribe()
-        except Exception:  # noqa: BLE001 - the listing's own error (the bucket gone, say) is the one to raise
-            pass
+            msg = await js.get_last_msg(stream, subject)
+        except NotFoundError as exc:
+            if exc.err_code == STREAM_NOT_FOUND:  # the bucket gone since
+                raise
+            continue  # purged since it was listed: an object deleted meanwhile
+        found.append(ObjectInfo.from_response(json.loads(msg.data)))
+    return found
 
 
 async def delete_object(js, bucket_name: str, name: str) -> None:
