@@ -47,11 +47,13 @@ def normalize_end(range_end: bytes) -> bytes | None:
     return b"" if range_end == b"\x00" else range_end
 
 
-def resolve_revision(store: Store, requested: int, current: int) -> int:
+def resolve_revision(store: Store, requested: int, current: int, compacted: int | None = None) -> int:
+    """The revision a read at ``requested`` (0: ``current``) reads; ``compacted``: the compaction
+    point it began under (a txn's), if not the store's now."""
     if requested > current:
         raise FutureRevisionError
     rev = current if requested <= 0 else requested
-    if rev < store.compact_rev:
+    if rev < (store.compact_rev if compacted is None else compacted):
         raise CompactedError
     return rev
 
@@ -130,12 +132,13 @@ def range_key(store: Store, req: RangeReq, current: int) -> RangeResult:
     return RangeResult(current, [_strip_value(row) if req.keys_only else row], False, 1)
 
 
-def range_steps(store: Store, req: RangeReq, current: int) -> Steps[RangeResult]:
+def range_steps(store: Store, req: RangeReq, current: int, compacted: int | None = None) -> Steps[RangeResult]:
     """``range_at`` in steps: the keys are listed ``LIST_KEYS`` at a time, their rows
     fetched ``FETCH_ROWS`` at a time, and decoded (a sort, a create-revision filter,
     keys_only) as many at a time (rows at or below ``current`` never change; the store
-    holds compaction back while a sliced read is in flight)."""
-    rev = resolve_revision(store, req.revision, current)
+    holds compaction back while a sliced read is in flight). ``compacted``: as for
+    ``resolve_revision``."""
+    rev = resolve_revision(store, req.revision, current, compacted)
     end = normalize_end(req.range_end)
     if req.count_only:
         return RangeResult(current, [], False, (yield from count_keys(store, req.key, end, rev)))

@@ -56,7 +56,7 @@ from .types import DeleteReq, DeleteResult, PutReq, PutResult, RangeReq, RangeRe
 from .watch import WatchHub
 from .steps import Steps, T
 from .counts import MvccCounts
-from .write import STEP_KEYS, WriteTxn, single_key_writes
+from .write import STEP_KEYS, WriteTxn, is_write, single_key_writes
 
 # what a write's own checks refuse before it changes anything: answered to that write alone
 REFUSALS = (LeaseNotFoundError, KeyNotFoundError, CompactedError, FutureRevisionError)
@@ -564,9 +564,23 @@ class Store:
         writes = single_key_writes(req)
         if writes is None:
             w = WriteTxn(self)
-            return await self._run(w, w.txn_steps(req))
+            if is_write(req):
+                return await self._run(w, w.txn_steps(req))
+            return await self._read_only_txn(w, req)
         w, result, rev = self._txn_now(req, writes)
         await self._answerable(w, rev)
+        return result
+
+    async def _read_only_txn(self, w: WriteTxn, req: TxnReq) -> TxnResult:
+        """A txn of compares and ranges only, in slices as a Range is: beside writes, not
+        holding them back as a write's slices do. Every read is at the revision it began at
+        (or an op's own), compaction held at the oldest of them while it has yielded."""
+        oldest = min([w.rev - 1, *(op.revision for op in (*req.success, *req.failure) if op.revision > 0)])
+        try:
+            result = await self._in_slices(w.txn_steps(req), oldest)
+        finally:
+            w.end_metrics_txn()
+        await self._answerable(w, w.rev - 1)
         return result
 
     async def txn_many(self, reqs: Sequence[TxnReq]) -> list[TxnResult | Exception]:

@@ -54,7 +54,7 @@ STEP_KEYS = 256  # keys a compare or delete handles between two yields
 class WriteTxn:
     """Changes made at main revision ``rev`` (= the store's latest + 1)."""
 
-    __slots__ = ("store", "rev", "sub", "parts", "ops", "_compared", "ahead")
+    __slots__ = ("store", "rev", "sub", "parts", "ops", "_compared", "ahead", "compacted")
 
     def __init__(self, store: Store) -> None:
         if store.follower is not None:
@@ -62,6 +62,9 @@ class WriteTxn:
         self.store = store
         self.rev = store.rev + 1
         self.sub = 0
+        # the compaction point it began under: a compaction requested while a txn in steps has
+        # yielded (a read-only one runs beside writes) does not refuse its reads, held back for them
+        self.compacted = store.compact_rev
         self.parts: dict[int, list[Change]] = {}
         self.ahead: dict[int, tuple[int, list[bytes]]] | None = None  # see encode_ahead
         self.ops = 0  # operations of etcd's current metrics transaction (counts.py)
@@ -298,7 +301,7 @@ class WriteTxn:
         if isinstance(op, RangeReq) and op.revision:
             if op.revision > self.rev - 1:
                 raise FutureRevisionError
-            if op.revision < self.store.compact_rev:
+            if op.revision < self.compacted:
                 raise CompactedError
 
     def _apply(self, req: TxnReq, path) -> Steps[TxnResult]:
@@ -308,7 +311,7 @@ class WriteTxn:
             if isinstance(op, RangeReq):
                 self.store.counts.ranges += 1
                 self.ops += 1
-                responses.append((yield from range_steps(self.store, op, self.read_rev())))
+                responses.append((yield from range_steps(self.store, op, self.read_rev(), self.compacted)))
             elif isinstance(op, PutReq):
                 responses.append(self.put(op))
             elif isinstance(op, DeleteReq):
@@ -321,11 +324,13 @@ class WriteTxn:
                 responses.append(None)
         return TxnResult(0, ok, responses)
 
-    def _compare_key(self, c: Compare) -> bool:
-        """A compare on one key (kube-apiserver's every txn); before the txn changes anything."""
+    def _compare_key(self, c: Compare, rev: int = 0) -> bool:
+        """A compare on one key (kube-apiserver's every txn); before the txn changes anything. At
+        the latest revision, or at ``rev`` (a txn in steps: writes may have come between them, for
+        one that only reads)."""
         store = self.store
         state = store.states[store.router.shard_for_key(c.key)]
-        e = state.latest_entry(c.key)
+        e = state.entry_at(c.key, rev) if rev else state.latest_entry(c.key)
         if e is None:
             return c.target != CMP_VALUE and _compare_kv(c, _EMPTY_KV)
         row = state.get_row(e)
@@ -338,7 +343,7 @@ class WriteTxn:
         store.counts.ranges += 1  # etcd reads each compare's key or range
         self.ops += 1
         if not c.range_end:
-            return self._compare_key(c)
+            return self._compare_key(c, self.rev - 1)
         items = scan_shards(store, c.key, normalize_end(c.range_end), self.rev - 1)
         states = store.states
         n = 0

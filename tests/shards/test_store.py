@@ -12,6 +12,8 @@ from proto.kv_pb2 import KeyValue
 from shards.errors import CompactedError, FutureRevisionError, LeaseNotFoundError, StoreFailedError
 from shards.types import (
     CMP_MOD,
+    CMP_VALUE,
+    CMP_VERSION,
     RESULT_EQUAL,
     Compare,
     DeleteReq,
@@ -654,6 +656,50 @@ def test_a_large_read_yields_and_holds_compaction_back(tmp_path, run):
         await compaction
         with pytest.raises(CompactedError):
             store.range(RangeReq(keys[0], revision=old))
+        assert store.failure is None
+        await store.close()
+
+    run(go())
+
+
+def test_a_read_only_txn_in_slices_lets_writes_through_and_reads_one_revision(tmp_path, run):
+    """A txn of compares and ranges only (etcdctl txn reading a prefix) runs in slices as a Range
+    does, beside writes, not holding them back as a write's slices do (a 100 MB answer held every
+    Put for 1.9 s): puts are answered between its slices, and none shows in it: its compare over
+    every key, the compare on one key after it and its range all read the revision it began at;
+    it holds compaction back at that revision while it has yielded, as a sliced Range does, and a
+    compaction asked for meanwhile does not refuse its later reads (etcd's read txn began before it)."""
+
+    async def go():
+        store = await open_store(tmp_path, slice_ms=0.5)  # many slices
+        keys = [b"/registry/pods/ns/p%06d" % i for i in range(20_000)]
+        for i in range(0, len(keys), 1000):
+            await store.txn(TxnReq(success=tuple(PutReq(k, b"1" * 100) for k in keys[i : i + 1000])))
+        began, last = store.rev, keys[-1]
+        pods, end = b"/registry/pods/", b"/registry/pods0"
+        req = TxnReq(compare=(Compare(CMP_VERSION, RESULT_EQUAL, pods, end, number=1),
+                              Compare(CMP_VALUE, RESULT_EQUAL, last, value=b"1" * 100)),
+                     success=(RangeReq(pods, end), RangeReq(pods, end, keys_only=True)), failure=(RangeReq(last),))
+        txn = asyncio.ensure_future(store.txn(req))
+        await asyncio.sleep(0)  # its first slice
+        answered_meanwhile, compaction, held = [], None, []
+        while not txn.done():
+            held.append(store.reads_in_flight)  # compaction held back at its revision while it yields
+            await store.put(PutReq(last, b"2"))
+            answered_meanwhile.append(not txn.done())
+            if compaction is None:  # past the revision it reads: the row of `last` it will read goes
+                compaction = asyncio.ensure_future(store.compact(store.rev, physical=True))
+            await asyncio.sleep(0)
+        result = txn.result()
+        assert result.succeeded, "a compare saw a put made after the txn began"
+        assert any(answered_meanwhile), f"every put waited for the read-only txn: {answered_meanwhile}"
+        assert store.rev > began and result.revision == began, (store.rev, began, result.revision)
+        assert max(held) == 1 and store.reads_in_flight == 0
+        got = kvs(result.responses[0])
+        assert len(got) == len(keys) and {(kv.version, kv.value) for kv in got} == {(1, b"1" * 100)}
+        # the second range began after the compaction was asked for, past its revision: still answered
+        assert [(kv.key, kv.value) for kv in kvs(result.responses[1])] == [(k, b"") for k in keys]
+        await compaction
         assert store.failure is None
         await store.close()
 
