@@ -15,16 +15,19 @@ answered while its process ran.
 
   range-keys-only   Range over every key, keys_only (etcdctl get --prefix --keys-only)
   range-all         Range over every key with its value (~100 MB at 100,000 keys)
+  txn-range-all     the same Range inside a Txn (etcdctl txn)
   hashkv            HashKV at the current revision (etcdctl endpoint hashkv)
   snapshot          Maintenance.Snapshot, the stream read to its end
   lease-revoke      LeaseRevoke of a lease --keys/2 keys are attached to
   delete-range      DeleteRange of --keys/2 keys
+  delete-range+prev-kv   the same with prev_kv (etcdctl del --prefix --prev-kv): every deleted row answered
   lease-revoke+watch, delete-range+watch   the same with a watch on the keys' prefix, its client
                     reading every event: also how long until the watch had the last one
   compact-hot       Compact (physical) of --hot puts to 10 keys: a long history per key
 
     python -m bench.stalls                  # 100,000 keys, 300,000 hot puts (~5 min)
     python -m bench.stalls --tiny           # 2,000 keys, 5,000 hot puts (harness check)
+    python -m bench.stalls --only txn-range-all,delete-range+prev-kv --servers shardetcd
 
 On a 2-core machine the probes, the operation's client and the server share the cores, so
 part of a slow answer is waiting for a core: read the two servers against each other.
@@ -44,8 +47,8 @@ from .scenarios import Point, Scenario
 from .servers import STARTERS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-OPS = ("range-keys-only", "range-all", "hashkv", "snapshot", "lease-revoke", "delete-range", "lease-revoke+watch",
-       "delete-range+watch", "compact-hot")
+OPS = ("range-keys-only", "range-all", "txn-range-all", "hashkv", "snapshot", "lease-revoke", "delete-range",
+       "delete-range+prev-kv", "lease-revoke+watch", "delete-range+watch", "compact-hot")
 POINT = Point(64, 8, (None, None, None))
 PROBE_GAP_S = 0.002
 BATCH = 128  # puts per Txn while attaching keys to a lease (etcd's --max-txn-ops)
@@ -73,6 +76,10 @@ def run_op(op: str, endpoint: str, arg: str) -> tuple[float, int]:
             did = len(kv.Range(pb.RangeRequest(key=b"\0", range_end=b"\0", keys_only=True), timeout=600).kvs)
         elif op == "range-all":
             did = len(kv.Range(pb.RangeRequest(key=b"\0", range_end=b"\0"), timeout=600).kvs)
+        elif op == "txn-range-all":  # the same answer inside a TxnResponse (etcdctl txn)
+            r = kv.Txn(pb.TxnRequest(success=[pb.RequestOp(request_range=pb.RangeRequest(key=b"\0", range_end=b"\0"))]),
+                       timeout=600)
+            did = len(r.responses[0].response_range.kvs)
         elif op == "hashkv":
             did = int(maint.HashKV(pb.HashKVRequest(revision=0), timeout=600).header.revision > 0)
         elif op == "snapshot":
@@ -82,7 +89,9 @@ def run_op(op: str, endpoint: str, arg: str) -> tuple[float, int]:
             did = 1
         elif op.startswith("delete-range"):
             prefix = arg.encode()
-            did = kv.DeleteRange(pb.DeleteRangeRequest(key=prefix, range_end=_end(prefix)), timeout=600).deleted
+            r = kv.DeleteRange(pb.DeleteRangeRequest(key=prefix, range_end=_end(prefix), prev_kv=op.endswith("prev-kv")),
+                               timeout=600)
+            did = r.deleted if not r.prev_kvs else len(r.prev_kvs)
         elif op == "compact-hot":
             kv.Compact(pb.CompactionRequest(revision=int(arg), physical=True), timeout=600)
             did = 1
@@ -219,7 +228,7 @@ def _attach(endpoint: str, n: int, prefix: bytes, lease_ttl: int = 0) -> int:
     return lid
 
 
-def run_server(name: str, tool: str, keys: int, hot: int, scratch: Path, log) -> list[dict]:
+def run_server(name: str, tool: str, keys: int, hot: int, scratch: Path, log, only: tuple[str, ...] = OPS) -> list[dict]:
     server = STARTERS[name](scratch)
     rows: list[dict] = []
 
@@ -237,33 +246,40 @@ def run_server(name: str, tool: str, keys: int, hot: int, scratch: Path, log) ->
         etcdtool.run(tool, server.endpoint, Scenario("fill", "tool", [], (
             "put", "--sequential-keys", "--key-space-size", str(keys), "--val-size", "1024")), POINT, keys,
             [server.pid], timeout_s=3600)
-        for op in ("range-keys-only", "range-all", "hashkv", "snapshot"):
-            record(timed_op(op, server.endpoint))
-        lid = _attach(server.endpoint, keys // 2, b"/leased/", lease_ttl=3600)
-        record(timed_op("lease-revoke", server.endpoint, str(lid)))
-        rows[-1]["keys_left"] = _count(server.endpoint, b"/leased/")
-        _attach(server.endpoint, keys // 2, b"/gone/")
-        record(timed_op("delete-range", server.endpoint, "/gone/"))
-        lid = _attach(server.endpoint, keys // 2, b"/leasedw/", lease_ttl=3600)
-        record(timed_op("lease-revoke+watch", server.endpoint, str(lid), watch=(b"/leasedw/", keys // 2)))
-        rows[-1]["keys_left"] = _count(server.endpoint, b"/leasedw/")
-        _attach(server.endpoint, keys // 2, b"/gonew/")
-        record(timed_op("delete-range+watch", server.endpoint, "/gonew/", watch=(b"/gonew/", keys // 2)))
-        log(f"{name}: {hot:,} puts to 10 keys")
-        etcdtool.run(tool, server.endpoint, Scenario("hot", "tool", [], (
-            "put", "--key-space-size", "10", "--val-size", "256")), POINT, hot, [server.pid], timeout_s=3600)
-        record(timed_op("compact-hot", server.endpoint, str(_revision(server.endpoint))))
+        for op in ("range-keys-only", "range-all", "txn-range-all", "hashkv", "snapshot"):
+            if op in only:
+                record(timed_op(op, server.endpoint))
+        if "lease-revoke" in only:
+            lid = _attach(server.endpoint, keys // 2, b"/leased/", lease_ttl=3600)
+            record(timed_op("lease-revoke", server.endpoint, str(lid)))
+            rows[-1]["keys_left"] = _count(server.endpoint, b"/leased/")
+        for op, prefix in (("delete-range", b"/gone/"), ("delete-range+prev-kv", b"/gonep/")):
+            if op in only:
+                _attach(server.endpoint, keys // 2, prefix)
+                record(timed_op(op, server.endpoint, prefix.decode()))
+        if "lease-revoke+watch" in only:
+            lid = _attach(server.endpoint, keys // 2, b"/leasedw/", lease_ttl=3600)
+            record(timed_op("lease-revoke+watch", server.endpoint, str(lid), watch=(b"/leasedw/", keys // 2)))
+            rows[-1]["keys_left"] = _count(server.endpoint, b"/leasedw/")
+        if "delete-range+watch" in only:
+            _attach(server.endpoint, keys // 2, b"/gonew/")
+            record(timed_op("delete-range+watch", server.endpoint, "/gonew/", watch=(b"/gonew/", keys // 2)))
+        if "compact-hot" in only:
+            log(f"{name}: {hot:,} puts to 10 keys")
+            etcdtool.run(tool, server.endpoint, Scenario("hot", "tool", [], (
+                "put", "--key-space-size", "10", "--val-size", "256")), POINT, hot, [server.pid], timeout_s=3600)
+            record(timed_op("compact-hot", server.endpoint, str(_revision(server.endpoint))))
     finally:
         server.stop()
     return rows
 
 
-def table(rows: list[dict], names: list[str]) -> str:
+def table(rows: list[dict], names: list[str], ops: tuple[str, ...] = OPS) -> str:
     by = {(r["server"], r["op"]): r for r in rows}
     head = "| operation |" + "".join(f" {n} took s | {n} slowest put ms | {n} slowest range ms | {n} last event s |"
                                      for n in names)
     lines = [head, "|---|" + "---|---|---|---|" * len(names)]
-    for op in OPS:
+    for op in ops:
         cells = []
         for n in names:
             r = by.get((n, op))
@@ -281,6 +297,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hot", type=int, default=300_000, help="puts to 10 keys before compact-hot")
     ap.add_argument("--servers", default="etcd,shardetcd")
     ap.add_argument("--tiny", action="store_true", help="2,000 keys, 5,000 hot puts: a harness check")
+    ap.add_argument("--only", default=",".join(OPS), help="comma-separated operations (default: all: %(default)s)")
     ap.add_argument("--op", help=argparse.SUPPRESS)  # one operation, run by the bench in a process of its own
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--arg", default="", help=argparse.SUPPRESS)
@@ -293,13 +310,16 @@ def main(argv=None) -> int:
         return 0
     if args.tiny:
         args.keys, args.hot = 2_000, 5_000
+    only = tuple(o for o in args.only.split(",") if o)
+    if unknown := set(only) - set(OPS):
+        ap.error(f"unknown operations: {sorted(unknown)}")
     tool = runargs.tool_or_exit(args, "python -m bench.stalls")
     names = runargs.etcd_and_shardetcd(args.servers)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log = runargs.progress(time.monotonic())
     rows = runargs.each_server(names, "shardetcd-stalls-",
-                               lambda name, scratch: run_server(name, tool, args.keys, args.hot, scratch, log))
-    md = table(rows, names)
+                               lambda name, scratch: run_server(name, tool, args.keys, args.hot, scratch, log, only))
+    md = table(rows, names, only)
     print(md)
     runargs.save(args.out, stamp, "stalls", {"keys": args.keys, "hot": args.hot, "tool": etcdtool.describe(tool)},
                  rows, f"{args.keys:,} keys, {args.hot:,} hot puts", md)

@@ -74,14 +74,17 @@ class KVService:
             await abort_with(context, exc)
         return self._put_answer(r)
 
-    async def DeleteRange(self, request: pb.DeleteRangeRequest, context: grpc.aio.ServicerContext) -> bytes:
+    async def DeleteRange(self, request: pb.DeleteRangeRequest, context: grpc.aio.ServicerContext) -> bytes | wire.Parts:
         try:
             validate.check_delete(request)
             self._admit(request, context, (request.key,), self.access.delete)
             r = await self.store.delete_range(convert.delete_req(request))
         except Exception as exc:
             await abort_with(context, exc)
-        return wire.delete_response(self.m.headers.framed(r.revision), r.deleted, r.prev_kvs)
+        if len(r.prev_kvs) <= wire.PART_ROWS:
+            return wire.delete_response(self.m.headers.framed(r.revision), r.deleted, r.prev_kvs)
+        return await self.store.in_slices(wire.delete_parts(self.m.headers.framed(r.revision), r.deleted,
+                                                            r.prev_kvs))
 
     def _txn_req(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> TxnReq:
         """A Txn's checks, in etcd's order, and the store's request for it."""
@@ -90,20 +93,32 @@ class KVService:
         self.m.quota.check(checked.cost, capped=checked.cost > 0)
         return checked.req
 
-    def _txn_answer(self, r: TxnResult) -> bytes:
+    def _txn_answer(self, r: TxnResult) -> bytes | TxnResult:
+        """The answer's bytes; a result of more than PART_ROWS rows as it is, for
+        ``_large_answer`` to encode in slices."""
+        if wire.txn_rows(r) > wire.PART_ROWS:
+            return r
         return wire.txn_response(self.m.headers.framed(r.revision), r)
+
+    async def _large_answer(self, r: TxnResult) -> wire.Parts:
+        return await self.store.in_slices(wire.txn_parts(self.m.headers.framed(r.revision), r))
 
     async def txn_batch(self, requests: list, contexts: list) -> list:
         """Txn for calls that arrived together: checked one by one, stored as one (Store.txn_many)."""
-        return await self._batch(requests, contexts, self._txn_req, self.store.txn_many, self._txn_answer)
+        answers = await self._batch(requests, contexts, self._txn_req, self.store.txn_many, self._txn_answer)
+        for i, a in enumerate(answers):
+            if type(a) is TxnResult:
+                answers[i] = await self._large_answer(a)
+        return answers
 
     @batched(txn_batch)
-    async def Txn(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> bytes:
+    async def Txn(self, request: pb.TxnRequest, context: grpc.aio.ServicerContext) -> bytes | wire.Parts:
         try:
             r = await self.store.txn(self._txn_req(request, context))
         except Exception as exc:
             await abort_with(context, exc)
-        return self._txn_answer(r)
+        a = self._txn_answer(r)
+        return a if type(a) is bytes else await self._large_answer(a)
 
     @staticmethod
     async def _batch(requests: list, contexts: list, check, store_many, answer) -> list:

@@ -53,10 +53,10 @@ def range_response(header: bytes, kvs: list[bytes], more: bool, count: int) -> b
     return b"".join(parts)
 
 
-def _rows(parts: list, kvs: list[bytes]) -> None:
-    """``kvs`` as field 2 of a RangeResponse, appended to ``parts``."""
+def _rows(parts: list, kvs: list[bytes], tag: bytes = b"\x12") -> None:
+    """``kvs`` as a repeated field (``tag``; field 2 of a RangeResponse), appended to ``parts``."""
     for kv in kvs:
-        parts.append(b"\x12")
+        parts.append(tag)
         parts.append(varint(len(kv)))
         parts.append(kv)
 
@@ -84,18 +84,31 @@ class Parts(list):
 
 def range_parts(header: bytes, kvs: list[bytes], more: bool, count: int) -> Steps[Parts]:
     """``range_response``'s bytes as Parts of PART_ROWS rows, one part a step."""
+    tail: list[bytes] = []
+    _range_tail(tail, more, count)
+    return _row_parts(header, b"\x12", kvs, b"".join(tail))
+
+
+def delete_parts(header: bytes, deleted: int, prev_kvs: list[bytes]) -> Steps[Parts]:
+    """``delete_response``'s bytes as Parts of PART_ROWS previous rows, one part a step."""
+    return _row_parts(header + b"\x10" + varint(deleted) if deleted else header, b"\x1a", prev_kvs, b"")
+
+
+def _row_parts(head: bytes, tag: bytes, rows: list[bytes], tail: bytes) -> Steps[Parts]:
+    """``head``, ``rows`` as the repeated field ``tag``, then ``tail``: Parts of PART_ROWS rows,
+    one part a step."""
     parts, size = Parts(), 0
-    for start in range(0, len(kvs), PART_ROWS):
-        chunk = [header] if not start else []
-        _rows(chunk, kvs[start:start + PART_ROWS])
-        if start + PART_ROWS >= len(kvs):
-            _range_tail(chunk, more, count)
+    for start in range(0, len(rows), PART_ROWS):
+        chunk = [head] if not start else []
+        _rows(chunk, rows[start:start + PART_ROWS], tag)
+        if start + PART_ROWS >= len(rows):
+            chunk.append(tail)
         data = b"".join(chunk)
         parts.append(data)
         size += len(data)
         yield
     if not parts:
-        parts.append(range_response(header, kvs, more, count))
+        parts.append(head + tail)
         size = len(parts[0])
     parts.size = size
     return parts
@@ -137,6 +150,61 @@ def txn_response(header: bytes, result: TxnResult) -> bytes:
     for r in result.responses:
         parts.append(_len_field(b"\x1a", _response_op(r)))
     return b"".join(parts)
+
+
+def txn_rows(result: TxnResult) -> int:
+    """Rows a txn's answer holds: its ranges' and its deletes' previous ones, nested txns' too."""
+    n = 0
+    for r in result.responses:
+        kind = type(r)
+        if kind is RangeResult:
+            n += len(r.kvs)
+        elif kind is DeleteResult:
+            n += len(r.prev_kvs)
+        elif kind is TxnResult:
+            n += txn_rows(r)
+    return n
+
+
+def txn_parts(header: bytes, result: TxnResult) -> Steps[Parts]:
+    """``txn_response``'s bytes as Parts: a step per operation's answer, one of more than
+    PART_ROWS rows in parts of PART_ROWS rows, a step each (the lengths around them are sums of
+    the parts' sizes)."""
+    out = Parts()
+    pending = [header, b"\x10\x01"] if result.succeeded else [header]
+    for r in result.responses:
+        op = yield from _op_parts(r)
+        if type(op) is bytes:
+            pending.append(_len_field(b"\x1a", op))
+        else:
+            pending.append(b"\x1a" + varint(op.size))
+            out.append(b"".join(pending))
+            out.extend(op)
+            pending = []
+        yield
+    if pending:
+        out.append(b"".join(pending))
+    out.size = sum(len(part) for part in out)
+    return out
+
+
+def _op_parts(r) -> Steps[bytes | Parts]:
+    """A ResponseOp's bytes; Parts for one of more than PART_ROWS rows."""
+    kind = type(r)
+    if kind is RangeResult and len(r.kvs) > PART_ROWS:
+        return _wrapped(b"\x0a", (yield from range_parts(_op_header(r.revision), r.kvs, r.more, r.count)))
+    if kind is DeleteResult and len(r.prev_kvs) > PART_ROWS:
+        return _wrapped(b"\x1a", (yield from delete_parts(_op_header(r.revision), r.deleted, r.prev_kvs)))
+    if kind is TxnResult and txn_rows(r) > PART_ROWS:
+        return _wrapped(b"\x22", (yield from txn_parts(_EMPTY_HEADER, r)))
+    return _response_op(r)
+
+
+def _wrapped(tag: bytes, inner: Parts) -> Parts:
+    """``inner`` as the field ``tag`` of the message around it: its tag and length, then it."""
+    out = Parts([tag + varint(inner.size), *inner])
+    out.size = len(out[0]) + inner.size
+    return out
 
 
 def _response_op(r) -> bytes:

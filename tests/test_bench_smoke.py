@@ -455,7 +455,8 @@ def test_bench_stalls_tiny_times_each_operation_with_probes_on_both_servers(tmp_
     assert [(r["server"], r["op"]) for r in rows] == [(s, op) for s in ("etcd", "shardetcd") for op in OPS]
     for r in rows:
         assert r["took_s"] > 0 and r["probes"] > 0 and r["slowest_put_ms"] > 0 and r["slowest_range_ms"] > 0, r
-        want = {"range-keys-only": 2_001, "range-all": 2_001, "delete-range": 1_000, "delete-range+watch": 1_000}.get(r["op"])
+        want = {"range-keys-only": 2_001, "range-all": 2_001, "txn-range-all": 2_001, "delete-range": 1_000,
+                "delete-range+prev-kv": 1_000, "delete-range+watch": 1_000}.get(r["op"])
         assert r["did"] == want if want else r["did"] > 0, r
         if r["op"].startswith("lease-revoke"):
             assert r["keys_left"] == 0, r

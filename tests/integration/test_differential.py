@@ -84,7 +84,34 @@ def _op(req):
     return pb.RequestOp(**{field: req})
 
 
+def _many(prefix: bytes, n: int, shards: tuple[bytes, ...] = (b"/registry/pods/", b"/registry/configmaps/")) -> list:
+    """Txns putting ``n`` keys under ``prefix`` on each of ``shards``, 100 puts a txn."""
+    keys = [shard + prefix + b"%05d" % i for i in range(n) for shard in shards]
+    return [_txn(success=[_op(pb.PutRequest(key=k, value=b"v" * (len(k) % 7) + k)) for k in keys[i:i + 100]])
+            for i in range(0, len(keys), 100)]
+
+
+# answers of more than wire.PART_ROWS (1,024) rows are encoded a part at a time
+_LARGE = [b"/registry/", b"/registry0"]
+
 SEQUENCES = {
+    # a txn answering ranges of more rows than one part holds (read-only, so run beside writes;
+    # then in a write, nested, and a delete's previous rows), and a DeleteRange with prev_kv
+    "large_answers_in_parts": [
+        *_many(b"a/", 1300),
+        _txn(success=[_op(pb.RangeRequest(key=_LARGE[0], range_end=_LARGE[1]))]),
+        _txn(compare=[pb.Compare(key=_LARGE[0], range_end=_LARGE[1], target=pb.Compare.VERSION, result=pb.Compare.EQUAL,
+                                 version=1)],
+             success=[_op(pb.RangeRequest(key=_LARGE[0], range_end=_LARGE[1], limit=2000)),
+                      _op(pb.RangeRequest(key=b"/registry/pods/", range_end=b"/registry/pods0", keys_only=True))],
+             failure=[_op(pb.RangeRequest(key=b"/registry/pods/a/00001"))]),
+        _txn(success=[_op(pb.PutRequest(key=b"/registry/pods/a/00001", value=b"w")),
+                      _op(_txn(success=[_op(pb.RangeRequest(key=_LARGE[0], range_end=_LARGE[1], count_only=False))])),
+                      _op(pb.DeleteRangeRequest(key=b"/registry/configmaps/", range_end=b"/registry/configmaps0",
+                                                prev_kv=True))]),
+        pb.DeleteRangeRequest(key=b"/registry/pods/", range_end=b"/registry/pods0", prev_kv=True),
+        pb.RangeRequest(key=b"\x00", range_end=b"\x00", count_only=True),
+    ],
     # count_only over a range whose end sorts before its key: etcd counts 0
     "count_only_inverted_range": [
         pb.PutRequest(key=b"a", value=b"1"),

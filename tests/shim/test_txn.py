@@ -13,6 +13,7 @@ from proto import kv_pb2, rpc_pb2 as pb
 from shards.types import DeleteResult, PutResult, RangeResult, TxnResult
 from shim import convert, quota, txn, validate, wire
 from shim.errors import RequestError
+from tests.shim.test_wire_range import _steps
 
 KEYS = [b"", b"a", b"b", b"b\x00", b"c", b"/registry/pods/x"]
 
@@ -118,7 +119,8 @@ def _kv(r: random.Random) -> bytes:
                            mod_revision=r.randint(1, 300), version=r.randint(1, 3), lease=r.choice([0, 5])).SerializeToString()
 
 
-def _result(r: random.Random, depth: int = 0) -> TxnResult:
+def _result(r: random.Random, depth: int = 0, rows=(0, 1, 2, 3)) -> TxnResult:
+    """A random result; ``rows``: how many rows a range or a delete's previous rows may hold."""
     out = []
     for _ in range(r.choice([0, 1, 2, 3])):
         x = r.random()
@@ -126,11 +128,12 @@ def _result(r: random.Random, depth: int = 0) -> TxnResult:
         if x < 0.3:
             out.append(PutResult(rev, _kv(r) if r.random() < 0.5 else None))
         elif x < 0.6:
-            out.append(RangeResult(rev, [_kv(r) for _ in range(r.randint(0, 3))], r.random() < 0.3, r.randint(0, 5)))
+            out.append(RangeResult(rev, [_kv(r) for _ in range(r.choice(rows))], r.random() < 0.3, r.randint(0, 5)))
         elif x < 0.85:
-            out.append(DeleteResult(rev, r.randint(0, 3), [_kv(r) for _ in range(r.randint(0, 2))]))
+            n = r.choice(rows)
+            out.append(DeleteResult(rev, n + r.randint(0, 1), [_kv(r) for _ in range(n)]))
         elif x < 0.95 and depth < 2:
-            out.append(_result(r, depth + 1))
+            out.append(_result(r, depth + 1, rows))
         else:
             out.append(None)
     return TxnResult(r.choice([0, 5, 300]), r.random() < 0.5, out)
@@ -144,3 +147,24 @@ def test_hand_encoded_txn_response_is_protobufs_encoding():
         header = pb.ResponseHeader(cluster_id=0x1234_5678_9ABC, member_id=0xFEDC_BA98, revision=res.revision, raft_term=3)
         want = _pb_txn_response(res, header).SerializeToString()
         assert wire.txn_response(headers.framed(res.revision), res) == want
+
+
+def test_large_txn_response_in_parts_is_protobufs_encoding():
+    """A txn answering more than PART_ROWS rows (a range over many keys, a delete with prev_kv) is
+    encoded in parts, a step per operation and per PART_ROWS rows: joined, the same bytes."""
+    r = random.Random(11)
+    headers = wire.Headers(cluster_id=0x1234_5678_9ABC, member_id=0xFEDC_BA98, raft_term=3)
+    large = 0
+    for _ in range(60):
+        res = _result(r, rows=(0, 2, wire.PART_ROWS, wire.PART_ROWS + 1, 2 * wire.PART_ROWS + 5))
+        rows = wire.txn_rows(res)
+        header = pb.ResponseHeader(cluster_id=0x1234_5678_9ABC, member_id=0xFEDC_BA98, revision=res.revision, raft_term=3)
+        want = _pb_txn_response(res, header).SerializeToString()
+        steps, parts = _steps(wire.txn_parts(headers.framed(res.revision), res))
+        assert type(parts) is wire.Parts and parts.joined() == want and parts.size == len(want)
+        assert wire.txn_response(headers.framed(res.revision), res) == want
+        assert all(len(p) <= len(want) for p in parts)
+        if rows > 2 * wire.PART_ROWS:  # no step with more than about two parts' rows in it
+            large += 1
+            assert steps >= rows // wire.PART_ROWS and len(parts) > 2, (rows, steps, len(parts))
+    assert large >= 5
