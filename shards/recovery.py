@@ -224,9 +224,12 @@ async def _recover_to_follow(store: Store, started: float) -> Follower:
             if r > base and not follower._void(epoch, r):
                 follower.parts.setdefault(r, {})[sid] = (epoch, participants, decode_write(payload)[1])
     _learn_tokens(store, base)
-    for sid, shard in enumerate(store.shards):
+    for sid, (shard, f) in enumerate(zip(store.shards, found)):
+        whole = {r for r, *_ in f.writes}
         for rec in shard.journal.records(after_rev=base):
-            if rec.rtype not in (WRITE, WRITE_PART, WRITE_LAST):  # (those came with collect, parts joined)
+            # writes came with collect, parts joined; the parts of one whose last is not stored yet
+            # go to the follower, which joins them to it when it comes
+            if rec.rtype not in (WRITE, WRITE_PART, WRITE_LAST) or rec.rtype == WRITE_PART and rec.rev not in whole:
                 follower.take(sid, rec)
     follower.advance()
     logger.info("standby loaded rev=%d applied=%d pending_records=%d seconds=%.3f",
