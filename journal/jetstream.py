@@ -131,7 +131,11 @@ async def fetch_object(js, bucket, bucket_name: str, name: str, into) -> None:
                               mem_storage=True, inactive_threshold=READ_STALL_S * 3))
     try:
         pending = 1
-        while pending:
+        # the consumer reads the stream on whichever server NATS placed it, which may still be
+        # catching up (a server restarted): its count of chunks left can say none before it has
+        # them all (chaos: a 9 MB checkpoint "corrupt" for journal verify, a DigestMismatchError a
+        # start would have stopped on). The size is the leader's (get_info): read on until it is.
+        while pending or size < info.size:
             for msg in await sub.fetch(batch=FETCH_CHUNKS, timeout=READ_STALL_S):
                 into.write(msg.data)
                 digest.update(msg.data)

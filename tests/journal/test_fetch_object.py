@@ -390,6 +390,46 @@ def test_a_server_catching_up_lists_and_fetches_what_the_leader_holds(tmp_path):
     assert len(listed) > 20 and all(names == ["checkpoint-2"] for names in listed), listed
 
 
+def test_a_consumer_that_counts_nothing_left_too_soon_is_read_on_to_the_objects_size():
+    """fetch_object's consumer sits on whichever NATS server it was placed, maybe one still catching
+    up after a restart: its count of chunks left can say none before it has them all. The object's
+    size is the leader's (get_info), so the fetch reads on until it has that many bytes. It stopped
+    at the count: chaos (kill-nats) saw a 9 MB checkpoint come up short, a DigestMismatchError
+    that journal verify called corrupt and a start would have stopped on."""
+    import base64
+    import hashlib
+    from types import SimpleNamespace
+
+    from nats.js.api import ObjectInfo
+
+    data = os.urandom(5 * 1000)
+    chunks = [data[i:i + 1000] for i in range(0, len(data), 1000)]
+    # what the lagging server delivers: two chunks, "none left"; then, caught up, the other three
+    deliveries = [[(chunks[0], 1), (chunks[1], 0)], [(chunks[2], 2), (chunks[3], 1), (chunks[4], 0)]]
+
+    class Sub:
+        async def fetch(self, batch, timeout):
+            if not deliveries:
+                raise asyncio.TimeoutError
+            return [SimpleNamespace(data=d, metadata=SimpleNamespace(num_pending=n)) for d, n in deliveries.pop(0)]
+
+        async def unsubscribe(self):
+            pass
+
+    class JS:
+        async def pull_subscribe(self, subject, stream, config):
+            return Sub()
+
+    class Bucket:
+        async def get_info(self, name):
+            digest = "SHA-256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode()
+            return ObjectInfo(name=name, bucket="b", nuid="n1", size=len(data), chunks=len(chunks), digest=digest)
+
+    into = io.BytesIO()
+    asyncio.run(fetch_object(JS(), Bucket(), "b", "checkpoint-1", into))
+    assert into.getvalue() == data and not deliveries
+
+
 def test_a_bucket_deleted_at_any_step_of_a_listing_ends_it(nats_cluster):
     """The bucket deleted just before and just after each of the JetStream API calls a listing
     makes in turn (the stream's meta subjects, then the newest message of the one object): the
