@@ -200,7 +200,7 @@ def check_big(view: dict, keys: list[bytes], acked: list[int]) -> str:
     assert all(b == big[0] for b in big), f"large transaction applied in part: {big}"
     if not big[0]:
         assert not acked and not small, f"no large transaction, but {acked} acknowledged; small key {small}"
-        return "no large transaction"
+        return "no large transaction (0 acknowledged this round)"
     (value, rev), = big[0]
     n = int(value.split(b":")[0])
     assert value == summary((b"%d:" % n).ljust(BIG_VALUE_BYTES, b"x")), f"large value damaged: {value}"
