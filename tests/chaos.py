@@ -170,10 +170,11 @@ def summary(value: bytes) -> bytes:
     return value if len(value) <= 64 else b"%s...(%d bytes, crc32 %08x)" % (value[:16], len(value), zlib.crc32(value))
 
 
-def big_writer(endpoint: str, stop: threading.Event, acked: list[int], keys: list[bytes]) -> None:
+def big_writer(endpoint: str, stop: threading.Event, acked: list[int], unknown: list[int], keys: list[bytes]) -> None:
     """Large transactions until ``stop``: the n-th puts a value starting ``n:`` on every one of
-    ``keys`` but the last, and ``n`` on the last, at once; ``acked`` gets each n acknowledged. After
-    each it compacts to its revision (so that the members' stores do not grow by 9 MiB a write)."""
+    ``keys`` but the last, and ``n`` on the last, at once; ``acked`` gets each n acknowledged,
+    ``unknown`` each n whose call failed (it may take effect, even after later ones). After each
+    it compacts to its revision (so that the members' stores do not grow by 9 MiB a write)."""
     n = 0
     with grpc.insecure_channel(endpoint, options=BIG_CHANNEL) as channel:
         kv = pbg.KVStub(channel)
@@ -182,7 +183,12 @@ def big_writer(endpoint: str, stop: threading.Event, acked: list[int], keys: lis
             value = (b"%d:" % n).ljust(BIG_VALUE_BYTES, b"x")
             puts = [pb.PutRequest(key=k, value=value) for k in keys[:-1]] + [pb.PutRequest(key=keys[-1], value=b"%d" % n)]
             try:
-                rev = kv.Txn(pb.TxnRequest(success=[pb.RequestOp(request_put=p) for p in puts]), timeout=20).header.revision
+                try:
+                    rev = kv.Txn(pb.TxnRequest(success=[pb.RequestOp(request_put=p) for p in puts]),
+                                 timeout=20).header.revision
+                except grpc.RpcError:
+                    unknown.append(n)
+                    raise
                 acked.append(n)
                 kv.Compact(pb.CompactionRequest(revision=rev), timeout=20)
             except grpc.RpcError:
@@ -193,9 +199,10 @@ def big_writer(endpoint: str, stop: threading.Event, acked: list[int], keys: lis
             stop.wait(1.0)
 
 
-def check_big(view: dict, keys: list[bytes], acked: list[int]) -> str:
+def check_big(view: dict, keys: list[bytes], acked: list[int], unknown: list[int]) -> str:
     """The large transactions' keys in a converged ``view``: one transaction's values, all at one
-    revision (none applied in part), no older than the last acknowledged."""
+    revision (none applied in part), no older than the last acknowledged unless its own outcome was
+    unknown (a call that failed may still take effect after later ones)."""
     big, small = [view[k] for k in keys[:-1]], view[keys[-1]]
     assert all(b == big[0] for b in big), f"large transaction applied in part: {big}"
     if not big[0]:
@@ -205,7 +212,7 @@ def check_big(view: dict, keys: list[bytes], acked: list[int]) -> str:
     n = int(value.split(b":")[0])
     assert value == summary((b"%d:" % n).ljust(BIG_VALUE_BYTES, b"x")), f"large value damaged: {value}"
     assert small == [(b"%d" % n, rev)], f"large transaction {n} at {rev}, its small key {small}"
-    assert n >= max(acked, default=0), f"large transaction {n} kept, {max(acked)} was acknowledged"
+    assert n >= max(acked, default=0) or n in unknown, f"large transaction {n} kept, {max(acked)} was acknowledged"
     return f"large transaction {n} at revision {rev} ({len(acked)} acknowledged this round)"
 
 
@@ -313,8 +320,9 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     big_keys = [b"/registry/pods/chaos/big-%d/round%d" % (i, r) for i in range(BIG_KEYS)] + [
         b"/registry/configmaps/chaos/big/round%d" % r]
     acked: list[int] = []
-    threads.append(threading.Thread(target=big_writer, args=(rng.choice(members).endpoint, stop, acked, big_keys),
-                                    daemon=True))
+    unknown: list[int] = []
+    threads.append(threading.Thread(target=big_writer, args=(rng.choice(members).endpoint, stop, acked, unknown,
+                                                             big_keys), daemon=True))
     for t in threads:
         t.start()
     time.sleep(rng.uniform(1.0, 4.0))
@@ -333,7 +341,7 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     view = converged(members, keys + big_keys, log)
     log(f"  linearizable; writer {writer.name}; members agree on {sum(len(v) for v in view.values())} keys; "
         f"the writer stored {writer.checkpoints_stored()} checkpoints since it started")
-    log(f"  {check_big(view, big_keys, acked)}")
+    log(f"  {check_big(view, big_keys, acked, unknown)}")
     with grpc.insecure_channel(writer.endpoint) as ch:  # gone, so that a long run's state does not grow 9 MiB a round
         pbg.KVStub(ch).Txn(pb.TxnRequest(success=[pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=k))
                                                   for k in big_keys]), timeout=30)
