@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 BIG_WRITE_BYTES = 64 << 10  # a WRITE record at least this large is decoded as it is applied
 STEP_CHANGES = 256  # changes applied between two looks at the clock
 BACKLOG_MAX = 10_000  # revisions read and not applied past which a message is applied at once (its reader waits)
+STUCK_WARN_S = 10.0  # records read above the applied revision, none applied for this long: a warning names why
 
 
 class FollowerDiverged(RuntimeError):
@@ -96,11 +97,15 @@ class Follower:
         self._applying_rev = 0
         self._applying_epochs: tuple[int, ...] = ()
         self._more = asyncio.Event()  # work left for run(): a revision half applied, or whole ones next
+        self._since = (applied, time.monotonic())  # the applied revision, and since when (stuck_warning)
+        self._warned = 0  # the applied revision a warning was logged at
         self._running = False  # run() is going on (follow_journals): advance may leave work to it
 
     # -- input ------------------------------------------------------------
 
     def on_message(self, sid: int, msg: Message) -> None:
+        if not self.parts:  # nothing read waited to be applied: a wait, if one begins, begins now
+            self._since = (self.applied, time.monotonic())
         if msg.epoch > self.store.writer_epoch:  # a new writer: its term is every member's
             self.store.saw_writer_epoch(msg.epoch)
         if msg.cut is not None:
@@ -115,6 +120,27 @@ class Follower:
             self.advance()
         if self.unapplied and self.unapplied[0][0] <= self.applied:
             self._applied_messages()
+        if self.applied != self._since[0]:
+            self._since = (self.applied, time.monotonic())
+        elif self.parts and self._applying is None and self._warned != self.applied:
+            self._stuck_warning()
+
+    def _stuck_warning(self) -> None:
+        """Records above the applied revision read, none applied for STUCK_WARN_S: which revision
+        is not whole, and what of it was read (a record of a shard that never came, a large write's
+        last without its parts), once per applied revision."""
+        held = time.monotonic() - self._since[1]
+        if held < STUCK_WARN_S:
+            return
+        self._warned, rev = self.applied, self.applied + 1
+        got = self.parts.get(rev, {})
+        participants = next(iter(got.values()))[1] if got else ()
+        names = [shard.name for shard in self.store.shards]
+        logger.warning("follower applied nothing for %.0f s: revision %d is not whole, later ones wait behind it "
+                       "read_for_it=%s participants=%s epochs=%s large_write_parts_held=%s read_up_to=%d",
+                       held, rev, [names[sid] for sid in sorted(got)], [names[sid] for sid in participants],
+                       sorted({part[0] for part in got.values()}),
+                       [names[sid] for sid, j in enumerate(self.joined) if j.held], max(self.parts))
 
     async def run(self) -> None:
         """Go on with what ``advance`` left (a write of many changes, a long run of whole

@@ -220,6 +220,11 @@ class WriteParts:
         self._key: tuple[int, int] | None = None  # (revision, epoch) of the parts held
         self._parts: list[bytes] = []
 
+    @property
+    def held(self) -> bool:
+        """Parts are held, waiting for their last."""
+        return self._key is not None
+
     def part(self, rev: int, epoch: int, payload: bytes) -> None:
         if self._key != (rev, epoch):
             self._key, self._parts = (rev, epoch), []

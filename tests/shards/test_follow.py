@@ -31,6 +31,7 @@ SHARDS = 3
 @dataclass
 class FakeShard:
     applied: dict[int, list] = field(default_factory=dict)
+    name: str = "fake"  # (a follower's warning names shards)
 
     def apply_recovered(self, rev: int, changes: list) -> None:
         assert rev not in self.applied, f"revision {rev} applied twice"
@@ -251,3 +252,30 @@ def test_run_rests_while_the_next_revision_waits_for_a_part():
         assert not follower._running
 
     asyncio.run(go())
+
+
+def test_a_revision_that_stays_incomplete_is_named_in_a_warning_once(monkeypatch, caplog):
+    """Records above the applied revision read and none applied for STUCK_WARN_S: one warning names
+    the revision that is not whole and what of it was read, so that a follower stuck behind it
+    (a shard's record that never came; chaos: a large write's last without its parts) says why
+    in its log, not only in its lag gauges. Nothing while it is idle, or before that long."""
+    now = [1000.0]
+    monkeypatch.setattr(follow.time, "monotonic", lambda: now[0])
+    store = FakeStore()
+    for i, shard in enumerate(store.shards):
+        shard.name = f"s{i}"
+    f = Follower(store, 1, [1] * SHARDS)
+    now[0] += 60  # idle: nothing read, nothing to say
+    f.on_message(1, Message(1, 1, (part(3, (1,), 1, 1),), top=3))  # revision 2 not read yet
+    f.on_message(0, Message(1, 1, (part(2, (0, 2), 1, 0),), top=2))  # half of it
+    now[0] += follow.STUCK_WARN_S - 1
+    f.on_message(1, Message(2, 1, (part(4, (1,), 1, 1),), top=4))
+    assert not [r for r in caplog.records if "applied nothing" in r.getMessage()]
+    now[0] += 2
+    f.on_message(1, Message(3, 1, (part(5, (1,), 1, 1),), top=5))
+    f.on_message(1, Message(4, 1, (part(6, (1,), 1, 1),), top=6))
+    warned = [r.getMessage() for r in caplog.records if "applied nothing" in r.getMessage()]
+    assert len(warned) == 1 and "revision 2 is not whole" in warned[0], warned
+    assert "read_for_it=['s0'] participants=['s0', 's2']" in warned[0] and "read_up_to=5" in warned[0], warned
+    f.on_message(2, Message(1, 1, (part(2, (0, 2), 1, 2),), top=2))  # the missing half: all applied
+    assert f.applied == 6
