@@ -97,15 +97,13 @@ class Follower:
         self._applying_rev = 0
         self._applying_epochs: tuple[int, ...] = ()
         self._more = asyncio.Event()  # work left for run(): a revision half applied, or whole ones next
-        self._since = (applied, time.monotonic())  # the applied revision, and since when (stuck_warning)
+        self._since = (-1, 0.0)  # records waiting above this applied revision since then (-1: none wait)
         self._warned = 0  # the applied revision a warning was logged at
         self._running = False  # run() is going on (follow_journals): advance may leave work to it
 
     # -- input ------------------------------------------------------------
 
     def on_message(self, sid: int, msg: Message) -> None:
-        if not self.parts:  # nothing read waited to be applied: a wait, if one begins, begins now
-            self._since = (self.applied, time.monotonic())
         if msg.epoch > self.store.writer_epoch:  # a new writer: its term is every member's
             self.store.saw_writer_epoch(msg.epoch)
         if msg.cut is not None:
@@ -120,9 +118,11 @@ class Follower:
             self.advance()
         if self.unapplied and self.unapplied[0][0] <= self.applied:
             self._applied_messages()
-        if self.applied != self._since[0]:
+        if not self.parts or self._applying is not None:  # nothing waits (or it is being applied)
+            self._since = (-1, 0.0)
+        elif self._since[0] != self.applied:  # a wait begins (the clock is read only then)
             self._since = (self.applied, time.monotonic())
-        elif self.parts and self._applying is None and self._warned != self.applied:
+        elif self._warned != self.applied:
             self._stuck_warning()
 
     def _stuck_warning(self) -> None:

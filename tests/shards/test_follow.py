@@ -258,7 +258,8 @@ def test_a_revision_that_stays_incomplete_is_named_in_a_warning_once(monkeypatch
     """Records above the applied revision read and none applied for STUCK_WARN_S: one warning names
     the revision that is not whole and what of it was read, so that a follower stuck behind it
     (a shard's record that never came; chaos: a large write's last without its parts) says why
-    in its log, not only in its lag gauges. Nothing while it is idle, or before that long."""
+    in its log, not only in its lag gauges. Nothing while it is idle, or before that long, and a
+    wait counts from when records began to wait (not from before a cut voided earlier ones)."""
     now = [1000.0]
     monkeypatch.setattr(follow.time, "monotonic", lambda: now[0])
     store = FakeStore()
@@ -279,3 +280,10 @@ def test_a_revision_that_stays_incomplete_is_named_in_a_warning_once(monkeypatch
     assert "read_for_it=['s0'] participants=['s0', 's2']" in warned[0] and "read_up_to=5" in warned[0], warned
     f.on_message(2, Message(1, 1, (part(2, (0, 2), 1, 2),), top=2))  # the missing half: all applied
     assert f.applied == 6
+    f.on_message(0, Message(2, 1, (part(8, (0,), 1, 0),), top=8))  # 7 not read: a wait begins
+    now[0] += 2 * follow.STUCK_WARN_S
+    f.on_message(0, Message(3, 2, cut=6))  # a new writer voids it: nothing waits any more
+    f.on_message(0, Message(4, 2, (part(8, (0,), 2, 0),), top=8))  # a new wait, begun now
+    now[0] += 1
+    f.on_message(0, Message(5, 2, (part(9, (0,), 2, 0),), top=9))
+    assert len([r for r in caplog.records if "applied nothing" in r.getMessage()]) == 1
