@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from journal import JournalConfig
-from shards.record import WRITE_LAST, WRITE_PART, decode_write, split_write
+from shards.record import DELETE, WRITE_LAST, WRITE_PART, Change, decode_write, encode_write, split_write, tombstone_row
 from shards.store import Store
 from shards.types import DeleteReq, PutReq, TxnReq
 from tests.shards.store_helpers import count_under as count, following, open_store
@@ -30,6 +30,12 @@ async def fill(store: Store) -> int:
         await store.txn(TxnReq(success=tuple(PutReq(PODS % j, b"v" * 20) for j in range(i, i + 100))))
         await store.txn(TxnReq(success=tuple(PutReq(EVENTS % j, b"e" * 20, lease=lease) for j in range(i, i + 100))))
     return lease
+
+
+def every_pod_deleted(sid: int) -> bytes:
+    """The WRITE payload of a deletion of every pod ``fill`` wrote (shard ``sid``): large enough
+    to be split into records."""
+    return encode_write((sid,), [Change(DELETE, i, PODS % i, tombstone_row(PODS % i)) for i in range(N)])
 
 
 def types_of(store: Store, rev: int) -> dict[str, list[int]]:
@@ -70,10 +76,7 @@ def test_parts_whose_write_never_came_are_cut_at_the_next_start(tmp_path, run):
         await fill(store)
         rev = store.committed
         pods = next(s for s in store.shards if s.name == "pods")
-        from shards.record import DELETE, Change, encode_write
-        from proto.kv_pb2 import KeyValue
-        doomed = encode_write((pods.sid,), [Change(DELETE, i, PODS % i, KeyValue(key=PODS % i).SerializeToString())
-                                            for i in range(N)])
+        doomed = every_pod_deleted(pods.sid)
         for rtype, payload in split_write(doomed, SMALL.record_bytes_max)[:-1]:  # all but its WRITE_LAST
             pods.journal.append(rtype, rev + 1, payload)
         await pods.journal.sync()
@@ -109,18 +112,13 @@ def test_a_standby_started_between_a_large_writes_records_applies_it_once_its_la
         return replace(c, jetstream=replace(c.jetstream, prefix="partstart"))
 
     async def go():
-        from proto.kv_pb2 import KeyValue
-        from shards.record import DELETE, Change, encode_write
-
         writer = await Store.open(conf(tmp_path / "w"))
         standby = None
         try:
             await fill(writer)
             rev = writer.committed
             pods = next(s for s in writer.shards if s.name == "pods")
-            gone = encode_write((pods.sid,), [Change(DELETE, i, PODS % i, KeyValue(key=PODS % i).SerializeToString())
-                                              for i in range(N)])
-            records = split_write(gone, one_a_message.record_bytes_max)
+            records = split_write(every_pod_deleted(pods.sid), one_a_message.record_bytes_max)
             assert len(records) > 3 and records[-1][0] == WRITE_LAST
             for rtype, payload in records[:-2]:  # stored so far (the writer's own path is not paused here)
                 pods.journal.append(rtype, rev + 1, payload)
@@ -179,7 +177,7 @@ def test_on_jetstream_a_standby_follows_a_large_write_and_takes_over_with_it(nat
 def test_a_write_payload_split_into_records_joins_back_to_itself(limit):
     import random
 
-    from shards.record import PUT, Change, DELETE, encode_write, join_write
+    from shards.record import PUT, join_write
 
     rng = random.Random(limit)
     changes = [Change(rng.choice((PUT, DELETE)), i, b"k" * rng.randint(1, 30), b"v" * rng.randint(0, 90))
@@ -195,7 +193,7 @@ def test_a_write_payload_split_into_records_joins_back_to_itself(limit):
 def test_the_last_record_of_a_write_without_its_parts_is_no_write():
     """Read without the parts before it (never written, or not read), a WRITE_LAST is not taken
     for the whole write; a WRITE is what it is, and parts of another write are dropped."""
-    from shards.record import WRITE, PUT, Change, WriteParts, encode_write
+    from shards.record import WRITE, PUT, WriteParts
 
     payload = encode_write((1,), [Change(PUT, i, b"k%d" % i, b"v" * 50) for i in range(40)])
     records = split_write(payload, 500)
