@@ -9,7 +9,9 @@ compare-and-swap on a few keys, on several shards, through whichever member they
 to the writer and reads through a read index). A tenth client, through a member chosen each
 round, writes large transactions: 9 MiB of values on one shard and a small key on another, past
 the largest record NATS takes, so that each is journaled as a split write (parts, then a last)
-across two shards; it compacts behind itself to keep the members' stores small.
+across two shards; it compacts behind itself to keep the members' stores small. Every member
+also serves a watch stream on the round's keys, kept open through faults as a client library
+keeps it (tests/chaos_watch.py).
 
 Each round, one fault, at a random time, from:
 
@@ -26,7 +28,9 @@ Each round, one fault, at a random time, from:
 At the end of each round the clients stop and the round's history must be
 linearizable key by key (tests/lincheck.py); every member must take a write and a
 linearizable read again within a minute, then serve the same values at the same
-revisions, and exactly one member must be the writer;
+revisions, and exactly one member must be the writer; a last put on each key must reach every watcher,
+and the watchers must tell one history of each key, no event missed outside what compaction
+took, ending where the members' values are;
 and ``journal verify``, run as an operator would while the writer runs, must find
 every stream and checkpoint sound and no acknowledged revision gone.
 A failing history is saved beside the log for ``python -m tests.lincheck``.
@@ -52,6 +56,7 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.chaos_watch import FENCE, MemberWatch, watch_report
 from tests.etcd_fixture import free_port
 from tests.integration.test_linearizability import KEYS, MIXED, check_linearizable, client
 from tests.integration.test_metrics import scrape
@@ -310,6 +315,18 @@ def verify_journals(nats) -> str:
 def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Random, out: Path, log) -> None:
     log(f"round {r}: {fault}")
     keys = [k + b"/round%d" % r for k in KEYS]  # each round's register starts absent
+    with grpc.insecure_channel(the_writer(members).endpoint) as ch:
+        start_rev = pbg.KVStub(ch).Range(pb.RangeRequest(key=keys[0]), timeout=10).header.revision + 1
+    watches = [MemberWatch(m.name, m.endpoint, keys, start_rev) for m in members]
+    try:
+        _round(r, fault, members, nats, rng, out, log, keys, watches, start_rev)
+    finally:
+        for w in watches:
+            w.close()
+
+
+def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, out: Path, log,
+           keys: list[bytes], watches: list[MemberWatch], start_rev: int) -> None:
     history: list = []
     stop = threading.Event()
     # per member: two clients doing everything, one only reading (a write to a member cut off
@@ -342,6 +359,15 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     log(f"  linearizable; writer {writer.name}; members agree on {sum(len(v) for v in view.values())} keys; "
         f"the writer stored {writer.checkpoints_stored()} checkpoints since it started")
     log(f"  {check_big(view, big_keys, acked, unknown)}")
+    fences = {}
+    with grpc.insecure_channel(writer.endpoint) as ch:
+        for k in keys:
+            fences[k] = pbg.KVStub(ch).Put(pb.PutRequest(key=k, value=FENCE), timeout=10).header.revision
+    for w in watches:
+        for k in keys:
+            assert w.wait_through(k, fences[k], 60), f"{w.member}'s watcher on {k!r} did not see the fence at " \
+                f"{fences[k]} in 60 s (it is at {w.next[k]}, streams opened {w.opened} times)"
+    log(f"  {watch_report(watches, keys, start_rev, fences, view, history)}")
     with grpc.insecure_channel(writer.endpoint) as ch:  # gone, so that a long run's state does not grow 9 MiB a round
         pbg.KVStub(ch).Txn(pb.TxnRequest(success=[pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=k))
                                                   for k in big_keys]), timeout=30)
