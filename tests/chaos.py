@@ -402,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
 
     log(f"chaos seed {seed}, data and logs under {out}")
     nats = start_nats_cluster(out / "nats", size=3, extra=("--no_advertise",))  # members go through their proxies
+    # stopped by PID: the finally below stops every server (the caller's handler back after)
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     members: list[Member] = []
     try:
         members.append(Member(nats, out, "m0", server_args=server_args))
@@ -418,7 +420,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.hold:
             log("held for a look (/debug/tasks on each metrics port): " + "; ".join(
                 f"{m.name} pid {m.proc.pid} {m.endpoint} metrics :{m.metrics_port}" for m in members if m.proc.running()))
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
             try:
                 while True:
                     time.sleep(3600)
@@ -426,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         raise
     finally:
+        signal.signal(signal.SIGTERM, before)
         for m in members:
             if m.proc.running():
                 os.kill(m.proc.pid, signal.SIGCONT)
