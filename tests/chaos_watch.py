@@ -11,8 +11,9 @@ Then, key by key (``check_watches``): each watcher's events come in increasing r
 per revision; two watchers never tell different events at one revision; no watcher misses an
 event another saw at a revision it covered (outside its gaps); every put event carries a value
 some client put (each value once), and, when some watcher has no gap, every acknowledged put's
-value is among the events; and the key's state a watcher's events end in before the fence is
-what the members serve.
+value is among the events; an event's prev_kv, when there is one (etcd leaves it out when
+compaction took it), is the state the watcher's event before left; and the key's state a
+watcher's events end in before the fence is what the members serve.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Seen:
     key: bytes
     events: list[tuple[int, str, bytes]] = field(default_factory=list)  # (revision, PUT or DELETE, value)
     gaps: list[tuple[int, int]] = field(default_factory=list)  # first and last revision lost to a compaction
+    prevs: dict[int, tuple[bytes, int]] = field(default_factory=dict)  # an event's prev_kv (value, mod revision)
     problems: list[str] = field(default_factory=list)  # out of order, cancelled for another reason
 
     def covers(self, rev: int) -> bool:
@@ -81,7 +83,7 @@ class MemberWatch:
             def create(key: bytes) -> None:
                 creating.append(key)
                 requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
-                    key=key, start_revision=self.next[key])))
+                    key=key, start_revision=self.next[key], prev_kv=True)))
 
             for key in self.seen:
                 create(key)
@@ -108,6 +110,8 @@ class MemberWatch:
             if rev < self.next[key]:
                 seen.problems.append(f"event at {rev} after the watcher was at {self.next[key]}")
             seen.events.append((rev, "DELETE" if ev.type == kv_pb2.Event.DELETE else "PUT", ev.kv.value))
+            if ev.HasField("prev_kv"):
+                seen.prevs[rev] = (ev.prev_kv.value, ev.prev_kv.mod_revision)
             self.next[key] = max(self.next[key], rev + 1)
         if r.canceled:
             if r.compact_revision:
@@ -167,6 +171,12 @@ def check_watches(seen: list[Seen], start_rev: int, fence_rev: int, served: list
         missed = sorted(rev for rev in at if start_rev <= rev <= fence_rev and s.covers(rev) and rev not in own)
         assert not missed, f"{s.member}'s watcher on {key!r} missed revisions {missed} " \
                            f"(seen by {sorted({at[r][2] for r in missed})}; its gaps {s.gaps})"
+        state, last = None, start_rev - 1  # the key is new in the round
+        for rev, kind, value in s.events:  # prev_kv: the state after the event before, unless a gap hides it
+            if rev in s.prevs and not any(last < a <= rev for a, _ in s.gaps):
+                assert s.prevs[rev] == state, f"{s.member}'s watcher on {key!r} at {rev}: prev_kv {s.prevs[rev]}, " \
+                                              f"its event before left {state}"
+            state, last = ((value, rev) if kind == "PUT" else None), rev
         before = [e for e in s.events if e[0] < fence_rev]
         if not any(a > (before[-1][0] if before else start_rev - 1) for a, _ in s.gaps):  # nothing hidden after its last
             ended = [(before[-1][2], before[-1][0])] if before and before[-1][1] == "PUT" else []
@@ -185,5 +195,6 @@ def watch_report(watches: list[MemberWatch], keys: list[bytes], start_rev: int, 
                  view: dict, history: list) -> str:
     """Every key's watchers checked (``check_watches``); a line for the round's log."""
     events = sum(check_watches([w.seen[k] for w in watches], start_rev, fences[k], view[k], history) for k in keys)
-    return (f"watches agree: {events} events on {len(keys)} keys; per member, streams opened and "
+    prevs = sum(len(s.prevs) for w in watches for s in w.seen.values())
+    return (f"watches agree: {events} events on {len(keys)} keys, {prevs} prev_kvs; per member, streams opened and "
             f"compaction gaps: {', '.join(f'{w.member} {w.opened}/{sum(len(s.gaps) for s in w.seen.values())}' for w in watches)}")

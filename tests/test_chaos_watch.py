@@ -86,3 +86,17 @@ def test_a_watcher_cancelled_for_another_reason_than_compaction_is_a_finding():
 
 def test_when_every_watcher_has_a_gap_an_acknowledged_put_may_be_lost_to_it():
     assert check(seen("m0", *GOOD[1:], gaps=[(10, 10)]), seen("m1", GOOD[2], gaps=[(10, 14)])) == 3
+
+
+def test_a_prev_kv_must_be_the_state_the_event_before_left():
+    def with_prevs(w: Seen, prevs: dict) -> Seen:
+        w.prevs.update(prevs)
+        return w
+    right = {12: (b"c0-1", 11), FENCE_REV: (b"c1-1", 15)}  # 15's prev absent: the key was deleted at 12
+    assert check(with_prevs(seen("m0", *GOOD), right)) == 4
+    assert check(with_prevs(seen("m0", *GOOD), {12: (b"c0-1", 11)})) == 4  # left out (compacted): allowed
+    for wrong in ({11: (b"c0-1", 11)}, {12: (b"c0-1", 10)}, {15: (b"c0-1", 11)}, {FENCE_REV: (b"c0-1", 11)}):
+        with pytest.raises(AssertionError, match="prev_kv"):
+            check(with_prevs(seen("m0", *GOOD), wrong))
+    # behind a gap the event before is not known: not checked
+    assert check(seen("m0", *GOOD), with_prevs(seen("m1", GOOD[0], GOOD[2], gaps=[(12, 14)]), {15: (b"x", 1)})) == 4
