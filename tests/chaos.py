@@ -11,7 +11,8 @@ round, writes large transactions: 9 MiB of values on one shard and a small key o
 the largest record NATS takes, so that each is journaled as a split write (parts, then a last)
 across two shards; it compacts behind itself to keep the members' stores small. Every member
 also serves a watch stream on the round's keys, kept open through faults as a client library
-keeps it (tests/chaos_watch.py).
+keeps it (tests/chaos_watch.py), and a lease with keys on two shards kept alive through it; one
+more lease is left to expire (tests/chaos_lease.py).
 
 Each round, one fault, at a random time, from:
 
@@ -30,7 +31,9 @@ linearizable key by key (tests/lincheck.py); every member must take a write and 
 linearizable read again within a minute, then serve the same values at the same
 revisions, and exactly one member must be the writer; a last put on each key must reach every watcher,
 and the watchers must tell one history of each key, no event missed outside what compaction
-took, ending where the members' values are;
+took, ending where the members' values are; keep-alives must be answered again, no kept lease
+found gone just after a renewal, the dropped lease gone, and every lease's keys on every member
+exactly while it is alive;
 and ``journal verify``, run as an operator would while the writer runs, must find
 every stream and checkpoint sound and no acknowledged revision gone.
 A failing history is saved beside the log for ``python -m tests.lincheck``.
@@ -56,6 +59,7 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.chaos_lease import RoundLeases
 from tests.chaos_watch import FENCE, MemberWatch, watch_report
 from tests.etcd_fixture import free_port
 from tests.integration.test_linearizability import KEYS, MIXED, check_linearizable, client
@@ -318,15 +322,19 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     with grpc.insecure_channel(the_writer(members).endpoint) as ch:
         start_rev = pbg.KVStub(ch).Range(pb.RangeRequest(key=keys[0]), timeout=10).header.revision + 1
     watches = [MemberWatch(m.name, m.endpoint, keys, start_rev) for m in members]
+    leases = None
     try:
-        _round(r, fault, members, nats, rng, out, log, keys, watches, start_rev)
+        leases = RoundLeases({m.name: m.endpoint for m in members}, the_writer(members).endpoint, r)
+        _round(r, fault, members, nats, rng, out, log, keys, watches, start_rev, leases)
     finally:
         for w in watches:
             w.close()
+        if leases is not None:
+            leases.stop()
 
 
 def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, out: Path, log,
-           keys: list[bytes], watches: list[MemberWatch], start_rev: int) -> None:
+           keys: list[bytes], watches: list[MemberWatch], start_rev: int, leases: RoundLeases) -> None:
     history: list = []
     stop = threading.Event()
     # per member: two clients doing everything, one only reading (a write to a member cut off
@@ -354,8 +362,12 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     log(f"  {done} operations answered, {unknown} of unknown outcome")
     check_linearizable(history, out, f"round{r}-{fault}", keys)
     serving(members, log)
+    leases.answered()
+    leases.stop()
     writer = the_writer(members)
-    view = converged(members, keys + big_keys, log)
+    alive = leases.alive(writer.endpoint)
+    view = converged(members, keys + big_keys + leases.all_keys, log)
+    alive_after = leases.alive(writer.endpoint)
     log(f"  linearizable; writer {writer.name}; members agree on {sum(len(v) for v in view.values())} keys; "
         f"the writer stored {writer.checkpoints_stored()} checkpoints since it started")
     log(f"  {check_big(view, big_keys, acked, unknown)}")
@@ -368,6 +380,8 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
             assert w.wait_through(k, fences[k], 60), f"{w.member}'s watcher on {k!r} did not see the fence at " \
                 f"{fences[k]} in 60 s (it is at {w.next[k]}, streams opened {w.opened} times)"
     log(f"  {watch_report(watches, keys, start_rev, fences, view, history)}")
+    log(f"  {leases.report(alive, alive_after, view)}")
+    leases.revoke(writer.endpoint, alive_after)
     with grpc.insecure_channel(writer.endpoint) as ch:  # gone, so that a long run's state does not grow 9 MiB a round
         pbg.KVStub(ch).Txn(pb.TxnRequest(success=[pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=k))
                                                   for k in big_keys]), timeout=30)

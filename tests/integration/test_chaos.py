@@ -7,8 +7,10 @@ come back as following standbys on their old data dirs, so later rounds run on
 members that were writers before. Every member stores a checkpoint and releases its
 journal every 20 KB of journal, so checkpoints are stored and fetched (by followers that fell
 behind a release) all through the faults; and a client writes 9 MiB transactions, each journaled
-as a split write, whose keys must be found whole on every member. ``python -m tests.chaos --minutes N`` runs random
-rounds for longer."""
+as a split write, whose keys must be found whole on every member; and every member's watchers
+on the round's keys must tell one history (tests/chaos_watch.py), and leases kept alive through
+every member or left to expire must hold their keys exactly while they live (tests/chaos_lease.py). ``python -m tests.chaos
+--minutes N`` runs random rounds for longer."""
 from __future__ import annotations
 
 from tests import chaos
@@ -26,3 +28,7 @@ def test_one_round_of_each_fault_keeps_every_history_linearizable(tmp_path, caps
     assert len(serving) == len(chaos.FAULTS), out
     big = [line for line in out if "large transaction " in line and " acknowledged this round" in line]
     assert len(big) == len(chaos.FAULTS) and any(not line.endswith("(0 acknowledged this round)") for line in big), out
+    watched = [int(line.split("watches agree: ")[1].split()[0]) for line in out if "watches agree: " in line]
+    assert len(watched) == len(chaos.FAULTS) and min(watched) > 0, out
+    leased = [line for line in out if "dropped gone; keys as their leases on every member" in line]
+    assert len(leased) == len(chaos.FAULTS) and any(" kept (" in line for line in leased), out
