@@ -6,6 +6,25 @@ import os
 from pathlib import Path
 
 
+PRIVATE_FILE = 0o600  # etcd's PrivateFileMode: every file of its data dir is its user's alone
+
+
+def open_private(path: Path) -> int:
+    """``path`` created (or truncated) for writing, readable by this user only; the fd."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    os.fchmod(fd, PRIVATE_FILE)  # one left by an earlier version with the umask's mode
+    return fd
+
+
+def write_private(path: Path, data: bytes, sync: bool = False) -> None:
+    """``path`` holds ``data``, readable by this user only (fsync'ed with ``sync``)."""
+    with os.fdopen(open_private(path), "wb") as f:
+        f.write(data)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def pwrite_all(fd: int, data: bytes, offset: int) -> None:
     """os.pwrite at ``offset`` until every byte is written (short writes are continued, errors propagate)."""
     view = memoryview(data)

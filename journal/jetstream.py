@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 import json
 import re
 import secrets
@@ -57,7 +58,7 @@ from journal.config import JournalConfig
 from journal.errors import (JournalCorrupt, JournalError, JournalFailed, JournalFenced, JournalGap, JournalGone,
                             JournalHeadLost, JournalUnreachable)
 from journal.follow import NO_RECORD_AFTER_PURGE, Message  # noqa: F401 - Message: one stream message, as a follower sees it
-from journal.fsutil import files_stamp
+from journal.fsutil import files_stamp, open_private
 from journal.record import HEADER_BYTES, FrameError, Record, decode_frame, frame_header
 from journal.tasks import cancel_and_wait
 
@@ -2083,7 +2084,7 @@ class JetStreamJournal(Appender):
             into.mkdir(parents=True)
 
             async def fetch():
-                with open(into / name, "wb") as f:
+                with os.fdopen(open_private(into / name), "wb") as f:  # the keyspace: this user's alone
                     await fetch_object(self.log.js, bucket, self.checkpoint_bucket, name, f)
 
             try:

@@ -39,6 +39,7 @@ from journal.checkpoint import Checkpoint, _list_checkpoints, _load
 from journal.config import CheckpointConfig, JournalConfig
 from journal.errors import JournalCorrupt, JournalGap, JournalHeadLost, JournalUnreachable
 from journal.follow import Message
+from journal.fsutil import write_private
 from journal.reader import iter_frames
 from journal.record import FrameError, Record
 from journal.segment import head_lost, list_segments
@@ -75,7 +76,7 @@ class LocalMembers:
             sweep_members(self.directory.parent, self.prefix, STALE_TTLS * ttl_s)
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{key}.tmp"
-        tmp.write_text(value)
+        write_private(tmp, value.encode())
         os.replace(tmp, self.directory / key)
 
     async def announced(self, prefix: str, ttl_s: float) -> list[str]:
@@ -125,7 +126,7 @@ def sweep_members(root: Path, prefix: str, stale_s: float) -> int:
 def write_writer_file(data_dir: Path, record: str) -> None:
     """The writer's own: where it serves clients, for followers reading its data dir."""
     tmp = Path(data_dir) / (WRITER_FILE + ".tmp")
-    tmp.write_text(record)  # in the data dir, private as the journals beside it (it holds the writer's secret)
+    write_private(tmp, record.encode())  # private as the journals beside it (it holds the writer's secret)
     os.replace(tmp, Path(data_dir) / WRITER_FILE)
 
 

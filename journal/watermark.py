@@ -33,6 +33,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from journal.fsutil import PRIVATE_FILE
+
 FILE_NAME = "watermark"
 MAGIC = b"SDWMARK2"  # 2: with the CRC
 _HEAD = struct.Struct("<8sQQQQQ")
@@ -82,7 +84,7 @@ class WatermarkWriter:
         (0 when its journal policy did not sync), published again until this writer recovered."""
         self.path = path
         size = _size(shards)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
         try:
             if os.fstat(fd).st_size < size:  # never shrunk: a reader's mapping must stay valid
                 os.ftruncate(fd, size)

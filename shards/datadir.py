@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from journal.fsutil import fsync_dir
+from journal.fsutil import PRIVATE_FILE, fsync_dir, write_private
 from journal.watermark import FILE_NAME as WATERMARK_FILE, acknowledged_revision
 
 from .errors import DataDirError
@@ -304,7 +304,7 @@ def _check_private(path: Path) -> None:
 def _lock(directory: Path, what: str) -> int:
     """flock ``directory``/LOCK for as long as this process runs; the held fd."""
     try:
-        fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
     except OSError as exc:
         raise DataDirError(f"{what} {directory} is not writable: {exc.strerror}") from None
     try:
@@ -347,10 +347,7 @@ def _load_or_create_meta(path: Path, layout: Layout) -> dict:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    write_private(tmp, data, sync=True)
     os.replace(tmp, path)
     dfd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -12,6 +12,7 @@ checkpoints.
 from __future__ import annotations
 
 import contextlib
+import stat
 import threading
 import time
 import urllib.request
@@ -86,6 +87,15 @@ def test_member_list_names_the_local_writer_and_its_followers(writer_and_followe
     never in the writer's data dir), the writer is the leader, a stopped follower drops out."""
     writer, followers = writer_and_followers
     member_list_names_the_writer_and_its_followers(writer, followers)
+
+
+def test_the_files_a_writer_and_its_followers_write_are_their_users_alone(writer_and_followers):
+    """As etcd's (0600): the writer's record of where it serves (with its secret) and watermark
+    beside its journals, and what each process writes in its own data dir."""
+    writer, followers = writer_and_followers
+    files = [p for proc in (writer, *followers) for p in proc.data_dir.rglob("*") if p.is_file()]
+    assert {"writer.json", "watermark", "meta.json"} <= {p.name for p in files}
+    assert {str(p): stat.S_IMODE(p.stat().st_mode) for p in files} == {str(p): 0o600 for p in files}
 
 
 def test_reads_of_every_kind_and_read_your_writes_through_a_follower(writer_and_followers):

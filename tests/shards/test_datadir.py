@@ -44,6 +44,9 @@ def test_a_new_data_dir_and_the_state_are_readable_by_this_user_only(tmp_path):
     segments, checkpoints = list(data.glob("shards/*/journal/*.wal")), list(data.glob("shards/*/*.ckpt"))
     assert segments and checkpoints  # and their files, as etcd's WAL files and db: 0600
     assert {p.name: mode(p) for p in segments + checkpoints} == {p.name: 0o600 for p in segments + checkpoints}
+    files = [p for p in data.rglob("*") if p.is_file()]  # meta.json, LOCK, the watermark, ...
+    assert {"meta.json", "LOCK", "watermark"} <= {p.name for p in files}
+    assert {str(p.relative_to(data)): mode(p) for p in files} == {str(p.relative_to(data)): 0o600 for p in files}
 
 
 def test_an_existing_data_dir_open_to_others_is_used_with_etcds_warning(tmp_path, caplog):
