@@ -660,14 +660,15 @@ class TokenCatchUp:
 
 class KeepAlives:
     """A follower's keep-alives, coalesced as etcd's grpc-proxy does: a keep-alive
-    for a lease this process renewed at the writer recently enough is answered
-    here at once (the TTL the writer granted), and the lease is renewed at the
+    for a lease this process renewed at the writer within the last two batch
+    intervals is answered here at once (the TTL the writer granted: the lease
+    lives at least that less 1 s past the answer), and the lease is renewed at the
     writer with the next batch; every ``interval_s`` one stream to the writer
     carries one renewal per lease kept alive since the last batch, however many
     clients sent how many keep-alives.  A keep-alive for a lease the follower
-    cannot vouch for (never renewed through it, too close to its deadline, or
-    revoked or expired in the journal as far as it has read) waits for the
-    writer's own answer."""
+    cannot vouch for (not renewed through it that recently, too close to its
+    deadline, or revoked or expired in the journal as far as it has read) waits
+    for the writer's own answer."""
 
     def __init__(self, link: WriterLink, interval_s: float = 0.5) -> None:
         self.link = link
@@ -689,7 +690,9 @@ class KeepAlives:
             since, ttl = renewed
             if lease_id not in self.link.store.leases:  # revoked, or expired, as far as this process has read
                 del self.renewed[lease_id]
-            elif time.monotonic() - since < ttl - 3 * self.interval_s:
+            # the answer promises the whole TTL, the writer promised it from ``since``: so only just after
+            # a renewal (the next batch renews it again), and not near the deadline of a short lease
+            elif time.monotonic() - since < min(ttl - 3 * self.interval_s, 2 * self.interval_s):
                 return ttl
         future = asyncio.get_running_loop().create_future()
         self.waiting.setdefault(lease_id, []).append(future)

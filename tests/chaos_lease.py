@@ -5,12 +5,13 @@ alive once a second on one LeaseKeepAlive stream (opened again when it breaks), 
 keep-alive was sent and what came back. One more lease is granted and *dropped*: never kept
 alive, with a key of its own.
 
-Checks (``check_keeper``, ``check_leases``): a lease a keeper kept alive is not found gone sooner
-than ``COALESCE_S`` after a keep-alive that was answered with a TTL was sent: a follower answers a
-keep-alive from its own latest renewal at the writer (as etcd's grpc-proxy coalesces them), so
-the guarantee through a follower is that much, where etcd's leader gives the whole TTL. A lease
-gone loses its keys on every member, and a lease alive keeps them; the dropped lease is gone, and
-its key with it, once its TTL and the fault are past.
+Checks (``check_keeper``, ``check_leases``): a lease a keeper kept alive is not found gone
+sooner than the TTL it was answered with, less ``COALESCE_S``, after that keep-alive was sent: a
+follower answers a keep-alive from its own latest renewal at the writer (as etcd's grpc-proxy
+coalesces them), up to that much older, where etcd's leader answers from the renewal itself; a
+writer taking over gives every lease its whole TTL again. A lease gone loses its keys on every
+member, and a lease alive keeps them; the dropped lease is gone, and its key with it, once its
+TTL and the fault are past.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 KEEPER_TTL_S = 10
 DROPPED_TTL_S = 3
 KEEP_EVERY_S = 1.0
-COALESCE_S = 1.5  # shim/follower.py KeepAlives: 3 batch intervals
+COALESCE_S = 1.0  # shim/follower.py KeepAlives: 2 batch intervals
 
 
 def lease_keys(owner: str, r: int) -> list[bytes]:
@@ -123,14 +124,14 @@ class Keeper:
 
 
 def check_keeper(answers: list[tuple[float, float, int]]) -> str:
-    """A kept lease is not found gone within ``COALESCE_S`` of sending a keep-alive answered
-    with a TTL; a summary of what it was answered."""
-    ok = [(sent, answered) for sent, answered, ttl in answers if ttl > 0]
+    """A kept lease is not found gone sooner than the TTL a keep-alive was answered with, less
+    ``COALESCE_S``, after it was sent; a summary of what it was answered."""
+    ok = [(sent, answered, ttl) for sent, answered, ttl in answers if ttl > 0]
     gone = [answered for _, answered, ttl in answers if ttl <= 0]
     if gone:
-        alive_at = max(sent for sent, answered in ok if answered <= gone[0])
-        assert gone[0] >= alive_at + COALESCE_S, \
-            f"the lease was found gone {gone[0] - alive_at:.2f} s after a keep-alive that renewed it was sent"
+        alive_at, _, ttl = max(a for a in ok if a[1] <= gone[0])
+        assert gone[0] >= alive_at + ttl - COALESCE_S, \
+            f"the lease was found gone {gone[0] - alive_at:.2f} s after a keep-alive answered with TTL {ttl} was sent"
         return f"gone {gone[0] - alive_at:.1f} s after its last renewal"
     longest = max((b[0] - a[0] for a, b in zip(ok, ok[1:])), default=0.0)
     return f"kept ({len(ok)} renewals, longest {longest:.1f} s between)"
