@@ -37,7 +37,6 @@ every process serves TLS: its client URL, and so the kube-apiserver flags, are
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import signal
@@ -50,6 +49,8 @@ from pathlib import Path
 
 from shards.errors import LayoutError
 from shards.partition import ClusterLayout, Partition, load_cluster_layout
+
+from . import supervised
 
 logger = logging.getLogger("shardetcd.cluster")
 
@@ -107,9 +108,10 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.out_path.open("ab") as out:
             self.log_offset = out.tell()
-            # own session: a Ctrl-C reaches the supervisor, which stops the partitions in order
+            # own session: a Ctrl-C reaches the supervisor, which stops the partitions in order; no
+            # preexec_fn: the process sets up its niceness and parent-death signal itself (shim/supervised.py)
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                         start_new_session=True, preexec_fn=lambda: _child_setup(self.partition.nice))
+                                         start_new_session=True, env=supervised.environment(self.partition.nice))
         self.started_at, self.ready, self.restart_at = time.monotonic(), False, None
 
     def move_to(self, listen: str, url: str) -> None:
@@ -161,15 +163,6 @@ def _tail(path: Path, size: int = 4096) -> bytes:
             return f.read()
     except OSError:
         return b""
-
-
-def _child_setup(nice: int) -> None:
-    """In the child before exec: its niceness; SIGTERM if the supervisor dies, even by SIGKILL (Linux)."""
-    if nice:
-        os.nice(nice)
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def exit_reason(code: int) -> str:

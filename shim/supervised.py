@@ -1,0 +1,37 @@
+"""A process `shardetcd cluster` started sets itself up first thing, before anything else is
+imported: the supervisor spawns it without running code between fork and exec (no
+``preexec_fn``), so Python spawns it with vfork and no fork handler runs. With a
+``preexec_fn`` every spawn is a full fork that runs gRPC's fork handlers in the child, and
+when the supervisor's process has gRPC running (the test suite's workers run it in-process),
+the child could abort before exec ("Epoll1Poller epoll_wait error: Bad file descriptor",
+grpc/grpc#43055) and the partition failed to start."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+ENV = "SHARDETCD_SUPERVISED"  # "<the supervisor's pid>:<niceness to add>"
+
+
+def environment(nice: int) -> dict[str, str]:
+    """The environment a supervised process is spawned with."""
+    return {**os.environ, ENV: f"{os.getpid()}:{nice}"}
+
+
+def as_supervised() -> None:
+    """In a process the supervisor spawned: its niceness, and SIGTERM when the supervisor dies,
+    even by SIGKILL (Linux); a supervisor gone already is a SIGTERM now. Nothing otherwise."""
+    given = os.environ.pop(ENV, None)  # not passed on to what this process starts
+    if not given:
+        return
+    supervisor, nice = (int(part) for part in given.split(":"))
+    if nice:
+        os.nice(nice)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != supervisor:  # it died before the line above: nobody would send it
+            os.kill(os.getpid(), signal.SIGTERM)
