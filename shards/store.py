@@ -122,6 +122,8 @@ class Store:
         self.auth = AuthStore(self._journal_auth, config.bcrypt_cost, config.auth_token_ttl_s,
                               parse_auth_token(config.auth_token, config.auth_token_ttl_s), self._journal_token)
         self._expiry_task: asyncio.Task | None = None
+        # whether keep-alives can be answered now (the shim's: not while a writer's lease is unsure)
+        self.leases_answerable: Callable[[], bool] = lambda: True
         self.log = None  # where the journals live (set by open)
         self._owns_log = True
         self.follower = None  # set while this store follows another writer's journals
@@ -1002,17 +1004,34 @@ class Store:
         is spread out instead of stalling the server (etcd: 1,000/s).
 
         A tick that comes late by more than a tick means the event loop was
-        held (a long request, a pause of the process): keep-alives could not be
-        processed meanwhile, so that time is given back to every lease before
-        anything is expired, as etcd extends leases after a leader change."""
+        held (a long request, a pause of the process) or the revokes of the tick
+        before waited that long on the journal: keep-alives may not have been
+        answered meanwhile, so that time is given back to every lease before
+        anything is expired, as etcd extends leases after a leader change.  So
+        is the time keep-alives were refused (``leases_answerable``: a writer
+        whose lease NATS could not confirm, e.g. while JetStream had no
+        quorum), where etcd, without a leader, expires nothing either."""
         loop = asyncio.get_running_loop()
+        refused_since: float | None = None
+        due = loop.time() + interval_s
         while True:
-            due = loop.time() + interval_s
-            await asyncio.sleep(interval_s)
-            late = loop.time() - due
+            # from the tick before: time spent waiting on that tick's revokes counts as late too (the
+            # journal stalled, as when JetStream has no quorum: keep-alives are refused meanwhile)
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            now = loop.time()
+            late, due = now - due, now + interval_s
             if late > interval_s:
                 self.leases.extend_all(late)
-                logger.warning("event loop was held, lease deadlines extended seconds=%.3f", late)
+                logger.warning("lease expiry ran late, lease deadlines extended seconds=%.3f", late)
+                continue
+            if not self.leases_answerable():
+                if refused_since is None:  # counted from this tick: a moment of it between two ticks is not
+                    refused_since = loop.time()
+                continue
+            if refused_since is not None:
+                refused, refused_since = loop.time() - refused_since, None
+                self.leases.extend_all(refused)
+                logger.warning("keep-alives could not be answered, lease deadlines extended seconds=%.3f", refused)
                 continue
             expired = self.leases.expired(per_tick)
             if not expired or self.failure is not None:

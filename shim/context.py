@@ -51,6 +51,8 @@ class Member:
                              forward_secret=self.forward_secret)
         self.store.on_term = self.new_term  # a follower that sees a new writer reports its term
         self.store.read_guard = self.unsure_writer  # a Txn or DeleteRange that only read is a linearizable read
+        # keep-alives are refused while the writer lease is not sure: that time does not count against leases
+        self.store.leases_answerable = lambda: self.lease is None or self.lease.sure()
         self.standing_by = False  # --follow --standby: True until it takes over (set by the server)
         self.lease: WriterLease | None = None  # the writer lease this process writes under (JetStream)
         self.leader_streams: set[Callable[[], None]] = set()  # ends each open stream that requires a leader

@@ -544,6 +544,64 @@ def test_a_held_event_loop_does_not_expire_leases_kept_alive(tmp_path, run):
     run(go())
 
 
+def test_time_keep_alives_were_refused_does_not_count_against_leases(tmp_path, run):
+    """While keep-alives cannot be answered (a writer whose lease NATS cannot confirm, as when
+    JetStream has no quorum) no lease expires, and that time is given back after, as etcd
+    expires nothing without a leader and gives every lease its TTL again after an election;
+    a lease nobody renews after still expires."""
+    async def go():
+        store = await open_store(tmp_path)
+        answerable = True
+        store.leases_answerable = lambda: answerable
+        kept, _, _ = await store.lease_grant(0, 2)
+        dropped, _, _ = await store.lease_grant(0, 2)
+        await store.put(PutReq(POD, b"kept", lease=kept))
+        await store.put(PutReq(OTHER, b"dropped", lease=dropped))
+        assert store.lease_renew(kept) == 2
+        answerable = False
+        await asyncio.sleep(3.0)  # past both leases' TTL: keep-alives refused all along
+        assert kept in store.leases and dropped in store.leases
+        answerable = True
+        await asyncio.sleep(0.6)
+        assert kept in store.leases, "a lease renewed just before keep-alives were refused expired after"
+        for _ in range(8):  # renewed again from here on
+            assert store.lease_renew(kept) == 2
+            await asyncio.sleep(0.5)
+        assert kept in store.leases and dropped not in store.leases
+        assert [kv.key for kv in kvs(store.range(RangeReq(b"\x00", b"\x00")))] == [POD]
+        await store.close()
+
+    run(go())
+
+
+def test_time_lease_expiry_waited_on_the_journal_does_not_count_against_leases(tmp_path, run):
+    """A revoke that waits 5 s on the journal (stalled: keep-alives are refused meanwhile too,
+    test above) holds the expiry loop; that time is given back to the leases before the next
+    expiry, so a lease whose client renews it once the server answers again is still there."""
+    async def go():
+        store = await open_store(tmp_path)
+        kept, _, _ = await store.lease_grant(0, 4)
+        dropped, _, _ = await store.lease_grant(0, 2)
+        revoke, stalled_ended = store.lease_revoke, asyncio.Event()
+
+        async def stalled(lease_id):
+            if lease_id == dropped:
+                await asyncio.sleep(5.0)
+                stalled_ended.set()
+            return await revoke(lease_id)
+
+        store.lease_revoke = stalled
+        await asyncio.sleep(1.5)
+        assert store.lease_renew(kept) == 4  # due at 5.5 s; the dropped one's revoke stalls from ~2 s to ~7 s
+        await stalled_ended.wait()
+        await asyncio.sleep(0.8)  # the expiry's next tick has come
+        assert store.lease_renew(kept) == 4, "the lease ran out while the expiry waited on another's revoke"
+        assert dropped not in store.leases
+        await store.close()
+
+    run(go())
+
+
 def test_a_long_txn_yields_and_holds_other_writes_back(tmp_path, run):
     """A txn whose compares walk 20,000 keys 32 times runs in slices (issue
     18.3): reads are served while it runs, and a write sent meanwhile is
