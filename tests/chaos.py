@@ -25,6 +25,8 @@ Each round, one fault, at a random time, from:
 * ``kill-member`` / ``pause-member`` / ``cut-member``: the same to a member that
   is not the writer.
 * ``kill-nats`` / ``pause-nats``: one NATS server gone or frozen for a while.
+* ``kill-nats-quorum``: two of the three gone for a while: JetStream stores nothing meanwhile
+  (no write may be acknowledged, none acknowledged before may be lost), then comes back.
 
 At the end of each round the clients stop and the round's history must be
 linearizable key by key (tests/lincheck.py); every member must take a write and a
@@ -69,7 +71,7 @@ from tests.shardetcd_fixture import ShardetcdProcess
 from tests.tcp_proxy import TcpProxy
 
 FAULTS = ("kill-writer", "pause-writer", "cut-writer", "kill-member", "pause-member", "cut-member",
-          "kill-nats", "pause-nats")
+          "kill-nats", "pause-nats", "kill-nats-quorum")
 LEASE_TTL_S = 3.0  # the writer lease's default TTL
 READS = (1, 0, 0, 0)  # only gets (test_linearizability.MIXED: every kind of operation)
 # the large transaction: BIG_KEYS values of BIG_VALUE_BYTES on one shard, over the ~8 MB record
@@ -276,6 +278,15 @@ def inject(fault: str, members: list[Member], nats, rng: random.Random, log) -> 
             for p in victim.proxies:
                 p.restore()
         time.sleep(LEASE_TTL_S)
+    elif fault == "kill-nats-quorum":
+        gone = sorted(rng.sample(range(3), 2))
+        held = rng.uniform(1.0, 3.0) * LEASE_TTL_S
+        log(f"  NATS servers {gone} killed for {held:.1f} s: JetStream has no quorum")
+        for i in gone:
+            nats.kill(i)
+        time.sleep(held)
+        for i in gone:
+            nats.start(i)
     else:
         i = rng.randrange(3)
         held = rng.uniform(1.0, 3.0) * LEASE_TTL_S
