@@ -253,8 +253,10 @@ def serving(members: list[Member], log, timeout: float = 60.0) -> None:
     log(f"  every member took a write and a linearizable read {time.monotonic() - started:.1f} s after the round")
 
 
-def inject(fault: str, members: list[Member], nats, rng: random.Random, log) -> None:
+def inject(fault: str, members: list[Member], nats, rng: random.Random, log) -> str | None:
+    """The fault, until it healed; the member it struck (None: NATS)."""
     writer = the_writer(members)
+    victim = None
     others = [m for m in members if m is not writer]
     if fault in ("kill-writer", "kill-member"):
         victim = writer if fault == "kill-writer" else rng.choice(others)
@@ -301,6 +303,7 @@ def inject(fault: str, members: list[Member], nats, rng: random.Random, log) -> 
             time.sleep(held)
             nats.resume(i)
     revive_ended(members, log)
+    return victim.name if victim is not None else None
 
 
 def revive_ended(members: list[Member], log) -> None:
@@ -362,7 +365,7 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     for t in threads:
         t.start()
     time.sleep(rng.uniform(1.0, 4.0))
-    inject(fault, members, nats, rng, log)
+    struck = inject(fault, members, nats, rng, log)
     time.sleep(3.0)  # traffic after the fault healed
     stop.set()
     for t in threads:
@@ -391,7 +394,7 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
             assert w.wait_through(k, fences[k], 60), f"{w.member}'s watcher on {k!r} did not see the fence at " \
                 f"{fences[k]} in 60 s (it is at {w.next[k]}, streams opened {w.opened} times)"
     log(f"  {watch_report(watches, keys, start_rev, fences, view, history)}")
-    log(f"  {leases.report(alive, alive_after, view)}")
+    log(f"  {leases.report(alive, alive_after, view, struck)}")
     leases.revoke(writer.endpoint, alive_after)
     with grpc.insecure_channel(writer.endpoint) as ch:  # gone, so that a long run's state does not grow 9 MiB a round
         pbg.KVStub(ch).Txn(pb.TxnRequest(success=[pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=k))

@@ -184,11 +184,17 @@ class RoundLeases:
             time.sleep(0.5)
         return {lease_id: time_to_live(writer, lease_id) > 0 for lease_id in self.keys}
 
-    def report(self, before: dict[int, bool], after: dict[int, bool], view: dict) -> str:
+    def report(self, before: dict[int, bool], after: dict[int, bool], view: dict, struck: str | None) -> str:
         """Checked against the members' ``view`` of their keys, with which leases the writer held
-        ``before`` and ``after`` that view was taken (one that expired meanwhile is left out)."""
+        ``before`` and ``after`` that view was taken (one that expired meanwhile is left out). Every
+        keeper through a member the fault did not strike (``struck``: None for NATS) kept its
+        lease: its keep-alives were answered, or refused while the writer could answer none (or was
+        being replaced), a time that does not count against a lease (etcd expires nothing without
+        a leader, and a new one gives every lease its TTL again)."""
         for name, k in self.keepers.items():
             assert not (k.gone and before[k.id]), f"{name}'s lease {k.id:x} was answered gone, the writer holds it"
+            assert name == struck or (before[k.id] and not k.gone), \
+                f"the lease kept alive through {name} was lost, a member the fault did not strike: {check_keeper(k.answers)}"
         steady = {lease_id: alive for lease_id, alive in before.items() if after[lease_id] == alive}
         check_leases(steady, self.keys, view)
         kept = "; ".join(f"{name} {check_keeper(k.answers)}" for name, k in self.keepers.items())
