@@ -4,8 +4,11 @@ On every member, one watch stream with a watcher on each of a round's keys, from
 the round began at. The stream is kept through the member's faults as a client library keeps
 it: when it breaks it is opened again, each watcher from the revision after its last event;
 when a watcher is cancelled with etcd's compaction answer it is created again from the
-compaction revision (the revisions between are lost to it, a *gap*). After the round a last
-put on each key (the *fence*) must reach every watcher.
+compaction revision (the revisions between are lost to it, a *gap*). Every half second the
+stream asks for a progress notification (as kube-apiserver's watch cache does before a
+consistent read from it): once one says revision R, no watcher created before it may get an
+event at R or below. After the round a last put on each key (the *fence*) must reach every
+watcher.
 
 Then, key by key (``check_watches``): each watcher's events come in increasing revisions, one
 per revision; two watchers never tell different events at one revision; no watcher misses an
@@ -26,6 +29,8 @@ import grpc
 from proto import kv_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
 
 FENCE = b"fence"
+PROGRESS_EVERY_S = 0.5
+PROGRESS_ID = -1  # the watch id of a progress notification for a whole stream
 
 
 @dataclass
@@ -50,6 +55,7 @@ class MemberWatch:
         self.seen = {k: Seen(member, k) for k in keys}
         self.next = dict.fromkeys(keys, start_rev)  # each watcher's next revision to see
         self.opened = 0
+        self.progress = 0  # progress notifications received
         self.failure: BaseException | None = None  # the watcher itself failed
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -79,6 +85,12 @@ class MemberWatch:
                 return
             creating: list[bytes] = []  # creates are answered in the order they were sent
             ids: dict[int, bytes] = {}
+            floor: dict[bytes, int] = {}  # per key: the stream's latest progress revision since its watcher was created
+            ended = threading.Event()
+
+            def ask_progress() -> None:  # as kube-apiserver's watch cache does, for consistent reads
+                while not ended.wait(PROGRESS_EVERY_S):
+                    requests.put(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
 
             def create(key: bytes) -> None:
                 creating.append(key)
@@ -87,28 +99,40 @@ class MemberWatch:
 
             for key in self.seen:
                 create(key)
+            threading.Thread(target=ask_progress, daemon=True).start()
             try:
                 for n, r in enumerate(call):
                     self.opened += n == 0  # a stream the member answered
+                    if r.watch_id == PROGRESS_ID and not (r.created or r.canceled or r.events):
+                        # every event up to here was sent, to every watcher of the stream
+                        floor.update(dict.fromkeys(ids.values(), r.header.revision))
+                        self.progress += 1
+                        continue
                     if r.created:
                         ids[r.watch_id] = creating.pop(0)
+                        floor[ids[r.watch_id]] = 0
                     key = ids.get(r.watch_id)
                     if key is None:
                         continue
                     with self._cond:
-                        self._take(key, r)
+                        self._take(key, r, floor.get(key, 0))
                         self._cond.notify_all()
                     if r.canceled and r.compact_revision:
                         create(key)
             finally:
+                ended.set()
                 requests.put(None)
 
-    def _take(self, key: bytes, r: pb.WatchResponse) -> None:
+    def _take(self, key: bytes, r: pb.WatchResponse, progress: int = 0) -> None:
+        """An answer to the watcher on ``key``, the stream's latest progress notification since
+        it was created at revision ``progress``."""
         seen = self.seen[key]
         for ev in r.events:
             rev = ev.kv.mod_revision
             if rev < self.next[key]:
                 seen.problems.append(f"event at {rev} after the watcher was at {self.next[key]}")
+            if rev <= progress:
+                seen.problems.append(f"event at {rev} after a progress notification at {progress}")
             seen.events.append((rev, "DELETE" if ev.type == kv_pb2.Event.DELETE else "PUT", ev.kv.value))
             if ev.HasField("prev_kv"):
                 seen.prevs[rev] = (ev.prev_kv.value, ev.prev_kv.mod_revision)
@@ -196,5 +220,7 @@ def watch_report(watches: list[MemberWatch], keys: list[bytes], start_rev: int, 
     """Every key's watchers checked (``check_watches``); a line for the round's log."""
     events = sum(check_watches([w.seen[k] for w in watches], start_rev, fences[k], view[k], history) for k in keys)
     prevs = sum(len(s.prevs) for w in watches for s in w.seen.values())
-    return (f"watches agree: {events} events on {len(keys)} keys, {prevs} prev_kvs; per member, streams opened and "
+    progress = sum(w.progress for w in watches)
+    return (f"watches agree: {events} events on {len(keys)} keys, {prevs} prev_kvs, {progress} progress notifications; "
+            f"per member, streams opened and "
             f"compaction gaps: {', '.join(f'{w.member} {w.opened}/{sum(len(s.gaps) for s in w.seen.values())}' for w in watches)}")

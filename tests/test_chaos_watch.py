@@ -100,3 +100,19 @@ def test_a_prev_kv_must_be_the_state_the_event_before_left():
             check(with_prevs(seen("m0", *GOOD), wrong))
     # behind a gap the event before is not known: not checked
     assert check(seen("m0", *GOOD), with_prevs(seen("m1", GOOD[0], GOOD[2], gaps=[(12, 14)]), {15: (b"x", 1)})) == 4
+
+
+def test_an_event_at_or_below_a_progress_notification_is_a_finding():
+    from proto import kv_pb2, rpc_pb2 as pb
+    from tests.chaos_watch import MemberWatch
+
+    w = object.__new__(MemberWatch)  # its bookkeeping only: no stream
+    w.seen, w.next = {KEY: Seen("m0", KEY)}, {KEY: START}
+
+    def answer(rev: int) -> pb.WatchResponse:
+        return pb.WatchResponse(events=[kv_pb2.Event(kv=kv_pb2.KeyValue(key=KEY, mod_revision=rev, value=b"v"))])
+
+    w._take(KEY, answer(11), progress=10)
+    assert not w.seen[KEY].problems
+    w._take(KEY, answer(13), progress=13)
+    assert w.seen[KEY].problems == ["event at 13 after a progress notification at 13"]
