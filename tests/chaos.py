@@ -28,6 +28,10 @@ Each round, one fault, at a random time, from:
 * ``kill-nats-quorum``: two of the three gone for a while: JetStream stores nothing meanwhile
   (no write may be acknowledged, none acknowledged before may be lost), then comes back.
 
+With ``--journal local``, the default deployment instead: the writer on a local journal and
+two followers of its data dir (``--follow-data-dir``), with the faults that apply to it
+(``LOCAL_FAULTS``: a killed writer comes back on its journal, a paused one goes on).
+
 At the end of each round the clients stop and the round's history must be
 linearizable key by key (tests/lincheck.py); every member must take a write and a
 linearizable read again within a minute, then serve the same values at the same
@@ -36,8 +40,8 @@ and the watchers must tell one history of each key, no event missed outside what
 took, ending where the members' values are; keep-alives must be answered again, no kept lease
 found gone just after a renewal, the dropped lease gone, and every lease's keys on every member
 exactly while it is alive;
-and ``journal verify``, run as an operator would while the writer runs, must find
-every stream and checkpoint sound and no acknowledged revision gone.
+and (JetStream) ``journal verify``, run as an operator would while the writer runs, must
+find every stream and checkpoint sound and no acknowledged revision gone.
 A failing history is saved beside the log for ``python -m tests.lincheck``.
 All servers listen on 127.0.0.1 on free ports and are stopped by PID.
 """
@@ -72,6 +76,7 @@ from tests.tcp_proxy import TcpProxy
 
 FAULTS = ("kill-writer", "pause-writer", "cut-writer", "kill-member", "pause-member", "cut-member",
           "kill-nats", "pause-nats", "kill-nats-quorum")
+LOCAL_FAULTS = ("kill-writer", "pause-writer", "kill-member", "pause-member")  # --journal local: no NATS
 LEASE_TTL_S = 3.0  # the writer lease's default TTL
 READS = (1, 0, 0, 0)  # only gets (test_linearizability.MIXED: every kind of operation)
 # the large transaction: BIG_KEYS values of BIG_VALUE_BYTES on one shard, over the ~8 MB record
@@ -86,16 +91,23 @@ class Member:
     """One shardetcd process slot: its data dir and port outlive each process in it."""
 
     def __init__(self, nats, base: Path, name: str, *flags: str, server_args: tuple[str, ...] = ()) -> None:
+        """With ``nats`` None, on a local journal: the writer, or a follower of its data dir."""
         self.base, self.name, self.server_args = base / name, name, server_args
-        self.proxies = [TcpProxy(server.client_port).start() for server in nats.servers]
-        self.urls = ",".join(f"nats://127.0.0.1:{p.port}" for p in self.proxies)
+        self.proxies = [TcpProxy(server.client_port).start() for server in nats.servers] if nats else []
+        self.journal = ("--journal-url", ",".join(f"nats://127.0.0.1:{p.port}" for p in self.proxies)) if nats else ()
+        # what it comes back as after it ended: a standby on JetStream, what it was on a local journal
+        self.revived_as = ("--follow", "--standby") if nats else flags
         self.port, self.metrics_port = free_port(), free_port()
         self.proc = self._process(*flags).start(wait="--follow" in flags)
 
+    @property
+    def data_dir(self) -> Path:
+        return self.base / "data"
+
     def _process(self, *flags: str) -> ShardetcdProcess:
-        return ShardetcdProcess(data_dir=self.base / "data", state_dir=self.base / "state", port=self.port,
+        return ShardetcdProcess(data_dir=self.data_dir, state_dir=self.base / "state", port=self.port,
                                 log_path=self.base / "shardetcd.log", timeout=120,  # a long run's catch-up reads grow
-                                extra_args=("--journal-url", self.urls,
+                                extra_args=(*self.journal,
                                             "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}",
                                             "--enable-pprof",  # /debug/tasks, for a look at one --hold kept
                                             "--max-request-bytes", str(BIG_REQUEST_BYTES),
@@ -106,10 +118,11 @@ class Member:
         return self.proc.endpoint
 
     def revive(self) -> None:
-        """Back as a following standby, if its process ended."""
+        """Back, if its process ended: as a following standby on JetStream; on a local journal,
+        as what it was (the writer recovers its journal, a follower follows it again)."""
         if self.proc.running():
             return
-        self.proc = self._process("--follow", "--standby").start(wait=True)
+        self.proc = self._process(*self.revived_as).start(wait="--follow" in self.revived_as)
 
     def follower_metrics(self) -> str:
         """Its follower gauges (applied and writer revisions, lag), for a report."""
@@ -399,7 +412,8 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     with grpc.insecure_channel(writer.endpoint) as ch:  # gone, so that a long run's state does not grow 9 MiB a round
         pbg.KVStub(ch).Txn(pb.TxnRequest(success=[pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=k))
                                                   for k in big_keys]), timeout=30)
-    log(f"  journal verify: all sound; {verify_journals(nats)}")
+    if nats is not None:  # a local journal is verified offline only (its writer appends all along)
+        log(f"  journal verify: all sound; {verify_journals(nats)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -415,10 +429,14 @@ def main(argv: list[str] | None = None) -> int:
                     "(their PIDs, ports and metrics ports are printed) until this process gets SIGINT or SIGTERM")
     ap.add_argument("--server-args", default="", help="more shardetcd flags for every member, e.g. "
                     "'--checkpoint-journal-bytes 20000' for a checkpoint stored and the journal released every few writes")
+    ap.add_argument("--journal", choices=("jetstream", "local"), default="jetstream",
+                    help="local: the writer on a local journal (the default deployment) and two followers of its "
+                    f"data dir (--follow-data-dir), with the faults {', '.join(LOCAL_FAULTS)}")
     args = ap.parse_args(argv)
     server_args = tuple(shlex.split(args.server_args))
+    faults = LOCAL_FAULTS if args.journal == "local" else FAULTS
     listed = [f for f in args.faults.split(",") if f]
-    if unknown := set(listed) - set(FAULTS):
+    if unknown := set(listed) - set(faults):
         ap.error(f"unknown faults: {sorted(unknown)}")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -428,20 +446,22 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
-    log(f"chaos seed {seed}, data and logs under {out}")
-    nats = start_nats_cluster(out / "nats", size=3, extra=("--no_advertise",))  # members go through their proxies
+    log(f"chaos seed {seed}, {args.journal} journal, data and logs under {out}")
+    nats = None if args.journal == "local" else \
+        start_nats_cluster(out / "nats", size=3, extra=("--no_advertise",))  # members go through their proxies
     # stopped by PID: the finally below stops every server (the caller's handler back after)
     before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     members: list[Member] = []
     try:
         members.append(Member(nats, out, "m0", server_args=server_args))
+        following = ("--follow", "--standby") if nats else ("--follow", "--follow-data-dir", str(members[0].data_dir))
         for i in (1, 2):  # one by one: the finally below stops those that started if one does not
-            members.append(Member(nats, out, f"m{i}", "--follow", "--standby", server_args=server_args))
+            members.append(Member(nats, out, f"m{i}", *following, server_args=server_args))
         ends = time.monotonic() + args.minutes * 60
         r = 0
         while (r < len(listed) if listed else r < args.rounds if args.rounds else time.monotonic() < ends):
             r += 1
-            one_round(r, listed[r - 1] if listed else rng.choice(FAULTS), members, nats, rng, out, log)
+            one_round(r, listed[r - 1] if listed else rng.choice(faults), members, nats, rng, out, log)
         log(f"{r} rounds, no fault found (seed {seed})")
         return 0
     except Exception:  # a finding (an interrupt ends the run as ever)
@@ -462,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                 m.proc.kill()
             for p in m.proxies:
                 p.close()
-        nats.stop()
+        if nats is not None:
+            nats.stop()
 
 
 if __name__ == "__main__":
