@@ -4,7 +4,6 @@ itself, first thing."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
