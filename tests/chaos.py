@@ -37,9 +37,10 @@ linearizable key by key (tests/lincheck.py); every member must take a write and 
 linearizable read again within a minute, then serve the same values at the same
 revisions, and exactly one member must be the writer; a last put on each key must reach every watcher,
 and the watchers must tell one history of each key, no event missed outside what compaction
-took, ending where the members' values are; keep-alives must be answered again, no kept lease
-found gone just after a renewal, the dropped lease gone, and every lease's keys on every member
-exactly while it is alive;
+took, progress notifications true, ending where the members' values are; keep-alives must be
+answered again, no kept lease found gone sooner than its TTL less 1 s after a renewal, every
+lease kept alive through a member the fault did not strike still there, the dropped lease gone,
+and every lease's keys on every member exactly while it is alive;
 and (JetStream) ``journal verify``, run as an operator would while the writer runs, must
 find every stream and checkpoint sound and no acknowledged revision gone.
 A failing history is saved beside the log for ``python -m tests.lincheck``.
