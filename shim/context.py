@@ -52,7 +52,7 @@ class Member:
         self.store.on_term = self.new_term  # a follower that sees a new writer reports its term
         self.store.read_guard = self.unsure_writer  # a Txn or DeleteRange that only read is a linearizable read
         # keep-alives are refused while the writer lease is not sure: that time does not count against leases
-        self.store.leases_answerable = lambda: self.lease is None or self.lease.sure()
+        self.store.leases_answerable = self.surely_writer
         self.standing_by = False  # --follow --standby: True until it takes over (set by the server)
         self.lease: WriterLease | None = None  # the writer lease this process writes under (JetStream)
         self.leader_streams: set[Callable[[], None]] = set()  # ends each open stream that requires a leader
@@ -77,16 +77,19 @@ class Member:
         """The writer's leader probe: it is its own leader while its lease is sure."""
         return self.lease is not None and self.lease.sure()
 
+    def surely_writer(self) -> bool:
+        """Nobody else can write now: no writer lease (a local journal), or a sure one."""
+        return self.lease is None or self.lease.sure()
+
     def unsure_writer(self) -> Awaitable[None] | None:
         """Before a linearizable answer from this process's own state: None while it surely
         is the writer (or writes under no lease: a local journal), else what to await first
         (journal/leadership.py: a writer cut off from NATS must not answer from a state a new
         writer has moved past).  Raises LeaderChangedError once another process holds the
         lease, RequestTimeoutError while NATS cannot confirm it (etcd's answers)."""
-        lease = self.lease
-        if lease is None or lease.sure():
+        if self.surely_writer():
             return None
-        return asyncio.ensure_future(self._confirm(lease))  # a task of its own: a Range starts outside one (handlers.eager)
+        return asyncio.ensure_future(self._confirm(self.lease))  # a task of its own: a Range starts outside one (handlers.eager)
 
     def requires_leader(self, context: grpc.aio.ServicerContext) -> bool:
         """A stream opened with WithRequireLeader on a member that can lose its leader while it

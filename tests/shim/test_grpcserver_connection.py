@@ -384,6 +384,7 @@ def test_an_eager_reads_wait_for_a_sure_writer_lease_runs_in_a_task():
 
         member = SimpleNamespace(lease=Lease(), store=SimpleNamespace(config=SimpleNamespace(request_timeout_s=5)))
         member._confirm = lambda lease: Member._confirm(member, lease)
+        member.surely_writer = lambda: Member.surely_writer(member)
 
         @eager
         async def linearizable_read(request, context):  # KVService.range_at's first wait
