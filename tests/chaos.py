@@ -347,12 +347,13 @@ def verify_journals(nats) -> str:
 def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Random, out: Path, log) -> None:
     log(f"round {r}: {fault}")
     keys = [k + b"/round%d" % r for k in KEYS]  # each round's register starts absent
-    with grpc.insecure_channel(the_writer(members).endpoint) as ch:
+    writer = the_writer(members).endpoint
+    with grpc.insecure_channel(writer) as ch:
         start_rev = pbg.KVStub(ch).Range(pb.RangeRequest(key=keys[0]), timeout=10).header.revision + 1
     watches = [MemberWatch(m.name, m.endpoint, keys, start_rev) for m in members]
     leases = None
     try:
-        leases = RoundLeases({m.name: m.endpoint for m in members}, the_writer(members).endpoint, r)
+        leases = RoundLeases({m.name: m.endpoint for m in members}, writer, r)
         _round(r, fault, members, nats, rng, out, log, keys, watches, start_rev, leases)
     finally:
         for w in watches:

@@ -145,12 +145,6 @@ def check_leases(alive: dict[int, bool], keys: dict[int, list[bytes]], view: dic
             f"lease {lease_id:x} {'alive' if is_alive else 'gone'}, its keys on the members: {present} of {keys[lease_id]}"
 
 
-def time_to_live(endpoint: str, lease_id: int) -> int:
-    """The lease's remaining TTL at the writer (-1: gone)."""
-    with grpc.insecure_channel(endpoint) as ch:
-        return pbg.LeaseStub(ch).LeaseTimeToLive(pb.LeaseTimeToLiveRequest(ID=lease_id), timeout=10).TTL
-
-
 class RoundLeases:
     """A round's leases: a keeper through each member, and one dropped lease."""
 
@@ -179,10 +173,14 @@ class RoundLeases:
     def alive(self, writer: str, timeout: float = 60.0) -> dict[int, bool]:
         """Which leases the writer holds, once the dropped one is gone (within ``timeout``)."""
         deadline = time.monotonic() + timeout
-        while (ttl := time_to_live(writer, self.dropped)) != -1:
-            assert time.monotonic() < deadline, f"the dropped lease (TTL {DROPPED_TTL_S} s) has {ttl} s left"
-            time.sleep(0.5)
-        return {lease_id: time_to_live(writer, lease_id) > 0 for lease_id in self.keys}
+        with grpc.insecure_channel(writer) as ch:
+            def time_to_live(lease_id: int) -> int:  # -1: gone
+                return pbg.LeaseStub(ch).LeaseTimeToLive(pb.LeaseTimeToLiveRequest(ID=lease_id), timeout=10).TTL
+
+            while (ttl := time_to_live(self.dropped)) != -1:
+                assert time.monotonic() < deadline, f"the dropped lease (TTL {DROPPED_TTL_S} s) has {ttl} s left"
+                time.sleep(0.5)
+            return {lease_id: time_to_live(lease_id) > 0 for lease_id in self.keys}
 
     def report(self, before: dict[int, bool], after: dict[int, bool], view: dict, struck: str | None) -> str:
         """Checked against the members' ``view`` of their keys, with which leases the writer held
