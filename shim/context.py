@@ -127,10 +127,10 @@ class Member:
         except JournalUnreachable:
             raise RequestTimeoutError() from None
 
-    def leader_id(self) -> int:
-        """etcd's leader: this member, or the writer a follower hands writes to."""
+    async def leader_id(self) -> int:
+        """etcd's leader: this member, or the writer a follower follows (0: none has served yet)."""
         link = getattr(self, "link", None)
-        return link.member_id if link is not None and link.member_id else self.member_id
+        return self.member_id if link is None else await link.leader()
 
     def header(self, revision: int | None = None) -> pb.ResponseHeader:
         return pb.ResponseHeader(

@@ -191,6 +191,7 @@ class WriterLink:
         self.store = store
         self.timeout_s = timeout_s
         self.member_id = 0
+        self._leader, self._leader_read_at = 0, -RECHECK_EVERY_S  # leader(): the record's writer, when read
         self.secret = ""  # the writer's, from its record: sent with every call handed to it
         self._channel: grpc.aio.Channel | None = None
         self._calls: dict[grpc.aio.Channel, int] = {}  # calls (and streams) under way, by channel
@@ -252,6 +253,22 @@ class WriterLink:
     def leads_to(self, channel: grpc.aio.Channel) -> bool:
         """Whether calls to the writer still go over ``channel`` (not looked up again since)."""
         return self._channel is channel
+
+    async def leader(self) -> int:
+        """etcd's leader as this follower names it (Status): the member id of the writer the writer
+        record names, 0 while none has served. Read at most every RECHECK_EVERY_S and waited for no
+        longer (unread, the last one read), so that it follows a takeover with or without a call
+        handed to the writer; the channel's writer is only looked up for a call."""
+        if time.monotonic() - self._leader_read_at >= RECHECK_EVERY_S:
+            self._leader_read_at = time.monotonic()
+            try:
+                async with asyncio.timeout(RECHECK_EVERY_S):  # not wait_for: it can drop a cancel (journal/tasks.py)
+                    record = await self.log.get_meta(self.key)
+            except Exception as exc:  # noqa: BLE001 - the journal is not answering: the last one read
+                logger.debug("writer record not read for Status error=%r", exc)
+            else:
+                self._leader = 0 if record is None else _writer_at(json.loads(record))[2]
+        return self._leader
 
     async def forget_if_moved(self) -> tuple[str, int] | None:
         """A call timed out: a writer that hangs with its connection open (frozen, or its machine

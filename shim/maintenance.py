@@ -162,7 +162,7 @@ class MaintenanceService:
             version=ETCD_API_VERSION,
             dbSize=store.db_size(),
             dbSizeInUse=store.db_size_in_use(),
-            leader=self.m.leader_id(),
+            leader=await self.m.leader_id(),
             raftIndex=store.committed,
             raftAppliedIndex=store.committed,
             raftTerm=self.m.raft_term,

@@ -792,3 +792,37 @@ def not_refused(call) -> bool:
         return True
     except grpc.RpcError:
         return False
+
+
+def test_a_follower_names_the_writer_as_leader_without_handing_it_a_call(nats, tmp_path):
+    """Status on a follower names the writer the writer record names, as an etcd follower
+    names its leader, whether or not the follower has handed the writer a call (it named
+    itself until its first forwarded call; `shardetcd cluster` starts followers beside their
+    writer, so etcdctl endpoint status called them leaders): none while no writer has served,
+    the writer once one serves, and a standby once it took over."""
+    follower = server_on(nats, tmp_path / "f", "--follow").start(wait=False)  # its readiness check reads
+    writer = standby = None                                                     # through a writer
+    wait_until("the follower serves", lambda: "serving the etcd v3 API" in follower.log_tail(50), 30)
+    try:
+        with grpc.insecure_channel(follower.endpoint) as ch:
+            maintenance = pbg.MaintenanceStub(ch)
+
+            def leader() -> int:
+                return maintenance.Status(pb.StatusRequest(), timeout=10).leader
+
+            own = maintenance.Status(pb.StatusRequest(), timeout=10).header.member_id
+            assert leader() == 0  # no writer yet: etcd's "no leader"
+            writer = server_on(nats, tmp_path / "w").start()
+            standby = server_on(nats, tmp_path / "s", "--follow", "--standby").start()
+            ids = {}
+            for name, server in (("writer", writer), ("standby", standby)):
+                with grpc.insecure_channel(server.endpoint) as sch:
+                    ids[name] = pbg.MaintenanceStub(sch).Status(pb.StatusRequest(), timeout=10).header.member_id
+            wait_until("the follower names the writer", lambda: leader() == ids["writer"], 10)
+            writer.kill()
+            wait_until("the follower names the standby that took over", lambda: leader() == ids["standby"], 30)
+            assert own not in ids.values()
+    finally:
+        for s in (follower, standby, writer):
+            if s is not None:
+                s.kill()
