@@ -237,12 +237,16 @@ class Supervisor:
         return url(self.host), url(self.advertise_host)
 
     def _next_free_port(self) -> int:
-        """The first port after the last one handed out that nothing listens on or is bound to now."""
+        """The first port after the last one handed out that nothing listens on or is bound to now.
+        Bound as the server binds it (SO_REUSEADDR): a port whose connections are in TIME_WAIT is
+        free to it, so a cluster started again gives its followers the ports, and kube-apiserver
+        the flags, it had."""
         while True:
             port, self.next_port = self.next_port, self.next_port + 1
             if port > 65535:
                 raise LayoutError("no free port left after the partitions' for the followers")
             with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     sock.bind((self.host, port))
                 except OSError:

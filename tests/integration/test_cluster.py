@@ -7,6 +7,7 @@ Python gRPC client.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -365,6 +366,51 @@ def test_a_follower_whose_port_is_taken_while_it_starts_moves_to_a_free_one(tmp_
                 assert pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/a"), timeout=10).header.revision >= 1
         finally:
             sup.stop_all()
+
+
+def test_followers_keep_their_ports_when_the_cluster_starts_again(tmp_path):
+    """A cluster started again (say, by its init system) gives its followers the ports they had,
+    so that the kube-apiserver flags it printed stay true. A follower's clients were connected
+    when it stopped, so its port is left in TIME_WAIT, which a plain bind refuses but a server
+    (binding with SO_REUSEADDR) does not mind: the supervisor's check of a port now binds as a
+    server does (it moved such a follower to the next port, for as long as TIME_WAIT lasts)."""
+    import socket
+
+    from shards.partition import load_cluster_layout
+    from shim.cluster import Supervisor
+
+    layout = tmp_path / "cluster.toml"
+    layout.write_text(f'[[partition]]\nname = "main"\ndefault = true\nport = {free_port()}\n')
+
+    def supervisor() -> Supervisor:
+        return Supervisor(load_cluster_layout(layout), layout, tmp_path / "data", "127.0.0.1", 2379,
+                          ["--journal-fsync", "always"], tmp_path / "state", followers=1)
+
+    first = supervisor()
+    try:
+        assert first.start_all() is None
+        url = next(c for c in first.children if c.follower).url
+        port = int(url.rsplit(":", 1)[1])
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        requests = queue.Queue()
+        requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"/registry/pods/a")))
+        watch = pbg.WatchStub(channel).Watch(iter(requests.get, None))
+        assert next(watch).created
+    finally:
+        first.stop_all()  # the follower ends the open watch and closes its connection first: TIME_WAIT on its port
+    requests.put(None)
+    channel.close()
+    with socket.socket() as plain:  # what the test is about: the port is in TIME_WAIT
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    again = supervisor()
+    try:
+        assert again.start_all() is None
+        assert next(c for c in again.children if c.follower).url == url
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            assert pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/a"), timeout=10).header.revision >= 1
+    finally:
+        again.stop_all()
 
 
 def test_partitions_and_followers_advertise_the_advertise_host(tmp_path):
