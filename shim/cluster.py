@@ -21,7 +21,9 @@ partition runs two processes on the same client URL, both started
 ``--standby``: the one that takes the partition's writer lease serves, the
 other follows its journals and takes over when it dies (binding the URL the
 dead one held); the supervisor restarts the dead one, which then stands by in
-turn.  The second one keeps its data in ``DIR/<name>.2`` and logs to
+turn. When the one serving hangs instead and keeps the URL, the standby takes
+over and says it finds the URL held (``supervised.URL_HELD``): the supervisor
+kills the hung, deposed process, and the standby binds the URL.  The second one keeps its data in ``DIR/<name>.2`` and logs to
 ``DIR/<name>.2.log``.
 
 With ``--followers N``, each partition also gets N followers (``--follow``),
@@ -62,6 +64,7 @@ STOP_GRACE_S = 15.0
 POLL_S = 0.1
 FOLLOWER_PORT_MOVES = 5  # a follower whose port another process took while it started moves on this often
 LISTEN_FAILED = b"cannot listen on "
+URL_HELD = supervised.URL_HELD.encode()
 UNSPECIFIED_HOSTS = ("0.0.0.0", "::", "[::]")
 # server flags the supervisor sets for each partition, which a user may not pass to all
 PER_PARTITION_FLAGS = frozenset({
@@ -82,6 +85,7 @@ class Child:
     log_offset: int = 0
     rotated: bool = False  # the process writes (and rotates) log_path itself; its output goes to out_path
     ready: bool = False
+    held_up: bool = False  # it took over, found its URL held, and the holder was killed (--standbys)
     restarts: int = 0
     backoff_s: float = BACKOFF_MIN_S
     restart_at: float | None = None
@@ -112,7 +116,7 @@ class Child:
             # preexec_fn: the process sets up its niceness and parent-death signal itself (shim/supervised.py)
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                          start_new_session=True, env=supervised.environment(self.partition.nice))
-        self.started_at, self.ready, self.restart_at = time.monotonic(), False, None
+        self.started_at, self.ready, self.restart_at, self.held_up = time.monotonic(), False, None, False
 
     def move_to(self, listen: str, url: str) -> None:
         """Listen on ``listen`` and advertise ``url`` from the next spawn on."""
@@ -313,8 +317,13 @@ class Supervisor:
                 continue
             code = c.proc.poll()
             if code is None:
-                if not c.ready and c.check_ready():
-                    logger.warning("serving again partition=%s url=%s pid=%d", c.label, c.url, c.proc.pid)
+                if not c.ready:
+                    said = c.new_log()
+                    if URL_HELD in said and not (c.held_up or c.follower):
+                        self._kill_deposed(c)
+                    if READY_LINE in said:
+                        c.ready = True
+                        logger.warning("serving again partition=%s url=%s pid=%d", c.label, c.url, c.proc.pid)
                 continue
             up_s = now - c.started_at
             if up_s >= HEALTHY_AFTER_S:
@@ -323,6 +332,18 @@ class Supervisor:
             c.backoff_s = min(BACKOFF_MAX_S, c.backoff_s * 2)
             logger.warning("partition died partition=%s pid=%d reason=%r up_s=%.1f last_log=%r restart_in_s=%.1f",
                            c.label, c.proc.pid, exit_reason(code), up_s, c.last_log_line(), c.restart_at - now)
+
+    def _kill_deposed(self, c: Child) -> None:
+        """``c``, one of a partition's two processes (--standbys), took the partition over but finds
+        its URL held: by the other one, deposed (the writer lease and the journals are ``c``'s now)
+        but not gone, stopped or hung where it would notice. Nothing else can end it, and until it
+        ends the partition serves nobody: SIGKILL it (it is restarted as a standby in turn)."""
+        c.held_up = True
+        for other in self.children:
+            if other is not c and other.name == c.name and not other.follower and other.proc.poll() is None:
+                logger.warning("took over but its URL is held: killing the process it took over from partition=%s "
+                               "pid=%d by=%s", other.label, other.proc.pid, c.label)
+                other.proc.kill()
 
     def stop_all(self) -> None:
         live = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]

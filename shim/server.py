@@ -9,6 +9,7 @@ import os
 import signal
 import ssl
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -33,7 +34,7 @@ from shards.store import Store, StoreConfig
 
 from proto import v3election_pb2, v3lock_pb2
 
-from . import autocompact, grpcserver
+from . import autocompact, grpcserver, supervised
 from .concurrency import ElectionService, LockService
 from .auth import AuthService
 from .config import ServerConfig
@@ -55,6 +56,8 @@ from .metrics import Metrics, StandbyMetrics
 from .watch import WatchService
 
 logger = logging.getLogger(__name__)
+
+TAKEOVER_LISTEN_WAIT_S = 60.0  # a standby that took over waits this long for its URL (listen_on)
 
 
 class StartupError(RuntimeError):
@@ -530,6 +533,26 @@ def check_client_tls(config: ServerConfig, addresses: list[tuple[str, bool]]) ->
     _read(config.client_key_file, "--client-key-file")
 
 
+async def listen_on(server, url: str, addr: str, creds, took_over: bool) -> int:
+    """Listen on a client URL (TLS with ``creds``); its port. A supervised standby that took over
+    (``took_over``: `shardetcd cluster --standbys`, two processes on one URL) may find the URL still
+    held by the process it took over from, deposed but not gone (stopped, or hung where it would
+    notice): it says so (supervised.URL_HELD) on its standard error, where the supervisor reads it
+    and kills that process, and tries again meanwhile, for up to TAKEOVER_LISTEN_WAIT_S."""
+    deadline = None
+    while True:
+        try:
+            return server.add_secure_port(addr, creds) if creds is not None else server.add_insecure_port(addr)
+        except RuntimeError:
+            if not took_over or deadline is not None and time.monotonic() > deadline:
+                raise StartupError(f"cannot listen on {url}: address in use or not available") from None
+        if deadline is None:
+            deadline = time.monotonic() + TAKEOVER_LISTEN_WAIT_S
+            logger.warning("client URL held by the process taken over from, waiting for it url=%s", url)
+            print(f"shardetcd: {url} {supervised.URL_HELD}", file=sys.stderr, flush=True)
+        await asyncio.sleep(0.1)
+
+
 async def start(config: ServerConfig) -> Running:
     addresses = [parse_listen_url(u) for u in config.listen_client_urls]
     check_client_tls(config, addresses)
@@ -648,11 +671,9 @@ async def start(config: ServerConfig) -> Running:
     ports, http = [], []
     try:
         creds = tls_credentials(config) if any(tls for _, tls in addresses) else None
+        took_over = config.standby and not config.follow and supervised.supervisor is not None
         for url, (addr, tls) in zip(config.listen_client_urls, addresses):
-            try:
-                ports.append(server.add_secure_port(addr, creds) if tls else server.add_insecure_port(addr))
-            except RuntimeError:
-                raise StartupError(f"cannot listen on {url}: address in use or not available") from None
+            ports.append(await listen_on(server, url, addr, creds if tls else None, took_over))
         # the metrics URLs before the client port serves: whoever finds that serving finds them too
         # (a probe of /health, a scrape right after a start)
         http = await serve_metrics(config, endpoint)

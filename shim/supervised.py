@@ -12,6 +12,10 @@ import signal
 import sys
 
 ENV = "SHARDETCD_SUPERVISED"  # "<the supervisor's pid>:<niceness to add>"
+# a standby that took over and finds its URL still held says this on its standard error, where the
+# supervisor reads it and kills the process holding it: the one it took over from (shim/server.py)
+URL_HELD = "still held after taking over as the writer"
+supervisor: int | None = None  # this process's supervisor, when `shardetcd cluster` started it
 
 
 def environment(nice: int) -> dict[str, str]:
@@ -22,6 +26,7 @@ def environment(nice: int) -> dict[str, str]:
 def as_supervised() -> None:
     """In a process the supervisor spawned: its niceness, and SIGTERM when the supervisor dies,
     even by SIGKILL (Linux); a supervisor gone already is a SIGTERM now. Nothing otherwise."""
+    global supervisor
     given = os.environ.pop(ENV, None)  # not passed on to what this process starts
     if not given:
         return

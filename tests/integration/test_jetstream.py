@@ -645,6 +645,51 @@ def test_cluster_standbys_take_over_their_partition_on_the_same_url(nats, tmp_pa
                 pass
 
 
+def test_a_stopped_partition_writer_is_replaced_on_its_url_while_it_holds_it(nats, tmp_path):
+    """`shardetcd cluster --standbys`: the process serving a partition stops (SIGSTOP: as one hung
+    where it would not notice it was deposed) and keeps holding the partition's URL. Its standby
+    takes the writer lease over, finds the URL held, says so, and the supervisor kills the stopped
+    process (deposed: the lease and the journals are the standby's), so that the standby serves the
+    URL with every acknowledged write while the old one would still be stopped. Before, the standby
+    exited on the held URL and the partition served nobody until the stopped process went on."""
+    import os
+    import signal
+
+    from tests.chaos_cluster import _alive, served_again
+    from tests.integration.test_cluster import Cluster
+
+    cluster = Cluster(tmp_path)
+    cluster.argv += ["--journal-url", nats.urls, "--standbys"]
+    cluster.start()
+    pids = dict(cluster.child_pids)
+    try:
+        acked = {}
+        with grpc.insecure_channel(cluster.endpoint("main")) as ch:
+            for i in range(20):
+                key = b"/registry/pods/ns/k%d" % i
+                acked[key] = pbg.KVStub(ch).Put(pb.PutRequest(key=key, value=b"v"), timeout=10).header.revision
+        stopped = cluster.child_pids["main"]
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            served_again(cluster.endpoint("main"), 30.0)
+            killed = not _alive(stopped)
+        finally:
+            if _alive(stopped):
+                os.kill(stopped, signal.SIGCONT)
+        assert killed, cluster.output()[-3000:]
+        assert "killing the process it took over from partition=main" in cluster.output(), cluster.output()[-3000:]
+        with grpc.insecure_channel(cluster.endpoint("main")) as ch:
+            got = pbg.KVStub(ch).Range(pb.RangeRequest(key=b"/registry/pods/ns/", range_end=b"/registry/pods/ns0"),
+                                       timeout=10)
+        assert {kv.key: kv.mod_revision for kv in got.kvs} == acked
+    finally:
+        cluster.stop()
+        for pid in pids.values():
+            if _alive(pid):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_more_replicas_than_a_lone_nats_server_has_is_refused_in_one_line(tmp_path):
     """A single NATS server (not clustered) refuses a stream of 3 replicas, the default: the start
     says so in one line, naming --journal-replicas 1 (it was a traceback); with it, it serves."""
