@@ -28,6 +28,10 @@ Each round, one fault, at a random time, from:
 * ``kill-nats-quorum``: two of the three gone for a while: JetStream stores nothing meanwhile
   (no write may be acknowledged, none acknowledged before may be lost), then comes back.
 
+With ``--cluster``, ``shardetcd cluster`` on the same NATS servers instead: two partitions, each two
+processes on one URL (one serves, one stands by) and a follower, supervised, with faults of their
+own (``CLUSTER_FAULTS``: its processes killed or paused, the supervisor killed; tests/chaos_cluster.py).
+
 With ``--journal local``, the default deployment instead: the writer on a local journal and
 two followers of its data dir (``--follow-data-dir``), with the faults that apply to it
 (``LOCAL_FAULTS``: a killed writer comes back on its journal, a paused one goes on).
@@ -66,6 +70,8 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests import chaos_cluster
+from tests.chaos_cluster import CLUSTER_FAULTS, ClusterRun
 from tests.chaos_lease import RoundLeases
 from tests.chaos_watch import FENCE, MemberWatch, watch_report
 from tests.etcd_fixture import free_port
@@ -241,7 +247,8 @@ def check_big(view: dict, keys: list[bytes], acked: list[int], unknown: list[int
     return f"large transaction {n} at revision {rev} ({len(acked)} acknowledged this round)"
 
 
-def serving(members: list[Member], log, timeout: float = 60.0) -> None:
+def serving(members: list[Member], log, timeout: float = 60.0, prefix: bytes = b"/registry/pods/chaos/serving-",
+            who: str = "every member") -> None:
     """Every member takes a write and answers a linearizable read that sees it, within ``timeout``
     of the fault healing: a fault that leaves the members consistent but unable to serve (a
     follower stuck on a writer that is gone, a writer that never takes writes again) is a finding
@@ -254,7 +261,7 @@ def serving(members: list[Member], log, timeout: float = 60.0) -> None:
             try:
                 with grpc.insecure_channel(m.endpoint) as ch:
                     kv = pbg.KVStub(ch)
-                    key = b"/registry/pods/chaos/serving-" + m.name.encode()
+                    key = prefix + m.name.encode()
                     rev = kv.Put(pb.PutRequest(key=key, value=b"%d" % len(errors)), timeout=5).header.revision
                     got = kv.Range(pb.RangeRequest(key=key), timeout=5)
                     assert [x.mod_revision for x in got.kvs] == [rev], (m.name, rev, got)
@@ -264,11 +271,15 @@ def serving(members: list[Member], log, timeout: float = 60.0) -> None:
                 assert time.monotonic() < started + timeout, f"{m.name} serves no more: {errors[-3:]}; " + \
                     m.proc.log_tail(15)
                 time.sleep(0.5)
-    log(f"  every member took a write and a linearizable read {time.monotonic() - started:.1f} s after the round")
+    log(f"  {who} took a write and a linearizable read {time.monotonic() - started:.1f} s after the round")
 
 
-def inject(fault: str, members: list[Member], nats, rng: random.Random, log) -> str | None:
+def inject(fault: str, members: list[Member], nats, rng: random.Random, log, run: ClusterRun | None = None) -> str | None:
     """The fault, until it healed; the member it struck (None: NATS)."""
+    if run is not None and "nats" not in fault:
+        struck = chaos_cluster.inject(fault, run, rng, log, LEASE_TTL_S)
+        revive_ended(members, log)
+        return struck
     writer = the_writer(members)
     victim = None
     others = [m for m in members if m is not writer]
@@ -344,7 +355,8 @@ def verify_journals(nats) -> str:
     return "; ".join(lines)
 
 
-def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Random, out: Path, log) -> None:
+def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Random, out: Path, log,
+              run: ClusterRun | None = None, others: list = ()) -> None:
     log(f"round {r}: {fault}")
     keys = [k + b"/round%d" % r for k in KEYS]  # each round's register starts absent
     writer = the_writer(members).endpoint
@@ -354,7 +366,7 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     leases = None
     try:
         leases = RoundLeases({m.name: m.endpoint for m in members}, writer, r)
-        _round(r, fault, members, nats, rng, out, log, keys, watches, start_rev, leases)
+        _round(r, fault, members, nats, rng, out, log, keys, watches, start_rev, leases, run, list(others))
     finally:
         for w in watches:
             w.close()
@@ -363,14 +375,18 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
 
 
 def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, out: Path, log,
-           keys: list[bytes], watches: list[MemberWatch], start_rev: int, leases: RoundLeases) -> None:
+           keys: list[bytes], watches: list[MemberWatch], start_rev: int, leases: RoundLeases,
+           run: ClusterRun | None, others: list) -> None:
     history: list = []
     stop = threading.Event()
     # per member: two clients doing everything, one only reading (a write to a member cut off
-    # from the writer blocks its client, so only a reader goes on asking it while it is cut off)
-    clients = [(m.endpoint, weights) for m in members for weights in (MIXED, MIXED, READS)]
-    threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10, keys, weights), daemon=True)
-               for c, (ep, weights) in enumerate(clients)]
+    # from the writer blocks its client, so only a reader goes on asking it while it is cut off);
+    # a cluster's other partition: one client through each of its endpoints, on a key of its own
+    clients = [(m.endpoint, weights, keys) for m in members for weights in (MIXED, MIXED, READS)]
+    other_keys = [chaos_cluster.OTHER_KEY + b"/round%d" % r] if others else []
+    clients += [(m.endpoint, MIXED, other_keys) for m in others]
+    threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10, ks, weights), daemon=True)
+               for c, (ep, weights, ks) in enumerate(clients)]
     big_keys = [b"/registry/pods/chaos/big-%d/round%d" % (i, r) for i in range(BIG_KEYS)] + [
         b"/registry/configmaps/chaos/big/round%d" % r]
     acked: list[int] = []
@@ -380,7 +396,7 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     for t in threads:
         t.start()
     time.sleep(rng.uniform(1.0, 4.0))
-    struck = inject(fault, members, nats, rng, log)
+    struck = inject(fault, members, nats, rng, log, run)
     time.sleep(3.0)  # traffic after the fault healed
     stop.set()
     for t in threads:
@@ -389,8 +405,11 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     done = sum(1 for _, op in history if not math.isinf(op.ret))
     unknown = len(history) - done
     log(f"  {done} operations answered, {unknown} of unknown outcome")
-    check_linearizable(history, out, f"round{r}-{fault}", keys)
+    check_linearizable(history, out, f"round{r}-{fault}", keys + other_keys)
     serving(members, log)
+    if others:
+        serving(others, log, prefix=chaos_cluster.OTHER_KEY + b"/serving-", who="the other partition's members each")
+        log(f"  the other partition's members agree: {converged(others, other_keys, log)}")
     leases.answered()
     leases.stop()
     writer = the_writer(members)
@@ -434,9 +453,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--journal", choices=("jetstream", "local"), default="jetstream",
                     help="local: the writer on a local journal (the default deployment) and two followers of its "
                     f"data dir (--follow-data-dir), with the faults {', '.join(LOCAL_FAULTS)}")
+    ap.add_argument("--cluster", action="store_true", help="shardetcd cluster on JetStream (--standbys, --followers 1), "
+                    f"two partitions, with the faults {', '.join(CLUSTER_FAULTS)} (tests/chaos_cluster.py)")
     args = ap.parse_args(argv)
+    if args.cluster and args.journal == "local":
+        ap.error("--cluster runs on JetStream")
     server_args = tuple(shlex.split(args.server_args))
-    faults = LOCAL_FAULTS if args.journal == "local" else FAULTS
+    faults = CLUSTER_FAULTS if args.cluster else LOCAL_FAULTS if args.journal == "local" else FAULTS
     listed = [f for f in args.faults.split(",") if f]
     if unknown := set(listed) - set(faults):
         ap.error(f"unknown faults: {sorted(unknown)}")
@@ -448,22 +471,28 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
-    log(f"chaos seed {seed}, {args.journal} journal, data and logs under {out}")
+    log(f"chaos seed {seed}, {'a cluster on ' if args.cluster else ''}{args.journal} journal, data and logs under {out}")
     nats = None if args.journal == "local" else \
         start_nats_cluster(out / "nats", size=3, extra=("--no_advertise",))  # members go through their proxies
     # stopped by PID: the finally below stops every server (the caller's handler back after)
     before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     members: list[Member] = []
+    run, others = None, []
     try:
-        members.append(Member(nats, out, "m0", server_args=server_args))
-        following = ("--follow", "--standby") if nats else ("--follow", "--follow-data-dir", str(members[0].data_dir))
-        for i in (1, 2):  # one by one: the finally below stops those that started if one does not
-            members.append(Member(nats, out, f"m{i}", *following, server_args=server_args))
+        if args.cluster:
+            run = ClusterRun(nats, out, ("--max-request-bytes", str(BIG_REQUEST_BYTES), "--enable-pprof", *server_args))
+            run.start()
+            members, others = chaos_cluster.members(run, "main"), chaos_cluster.members(run, "nodes")
+        else:
+            members.append(Member(nats, out, "m0", server_args=server_args))
+            following = ("--follow", "--standby") if nats else ("--follow", "--follow-data-dir", str(members[0].data_dir))
+            for i in (1, 2):  # one by one: the finally below stops those that started if one does not
+                members.append(Member(nats, out, f"m{i}", *following, server_args=server_args))
         ends = time.monotonic() + args.minutes * 60
         r = 0
         while (r < len(listed) if listed else r < args.rounds if args.rounds else time.monotonic() < ends):
             r += 1
-            one_round(r, listed[r - 1] if listed else rng.choice(faults), members, nats, rng, out, log)
+            one_round(r, listed[r - 1] if listed else rng.choice(faults), members, nats, rng, out, log, run, others)
         log(f"{r} rounds, no fault found (seed {seed})")
         return 0
     except Exception:  # a finding (an interrupt ends the run as ever)
@@ -478,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         signal.signal(signal.SIGTERM, before)
-        for m in members:
+        if run is not None:
+            run.stop()
+        for m in members if run is None else ():
             if m.proc.running():
                 os.kill(m.proc.pid, signal.SIGCONT)
                 m.proc.kill()
