@@ -1303,7 +1303,7 @@ class Server:
             infos = socket.getaddrinfo(host or None, port_number, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except socket.gaierror as exc:
             raise RuntimeError(f"cannot resolve {address}: {exc}") from None
-        seen = set()
+        seen, listening = set(), []
         for family, kind, proto, _, sockaddr in infos:
             if (family, sockaddr[0]) in seen:
                 continue
@@ -1316,13 +1316,15 @@ class Server:
                 sock.bind((sockaddr[0], bound or port_number, *sockaddr[2:]))
                 sock.listen(1024)
             except OSError as exc:
-                sock.close()
+                for s in (sock, *listening):  # all of the address or none: a caller may try it again
+                    s.close()
                 raise RuntimeError(f"cannot listen on {address}: {exc.strerror}") from None
             sock.setblocking(False)
             bound = sock.getsockname()[1]
-            self.sockets.append((sock, context))
+            listening.append(sock)
         if not bound:
             raise RuntimeError(f"cannot listen on {address}")
+        self.sockets += [(sock, context) for sock in listening]
         return bound
 
     async def start(self) -> None:

@@ -595,3 +595,29 @@ def test_a_batched_method_behind_a_gate_lets_each_call_through_it_in_a_task():
         conn.connection_lost(None)
 
     asyncio.run(run())
+
+
+def test_an_address_that_cannot_be_listened_on_whole_leaves_nothing_listening(monkeypatch):
+    """A host name can stand for several addresses; when one of them is held, the call fails
+    and none of the others is left listening, so that the same address can be tried again (a
+    standby that took over retries its URL until the process it took over from lets go)."""
+    import socket
+
+    from tests.etcd_fixture import free_port
+
+    port = free_port()
+    two = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (host, port)) for host in ("127.0.0.1", "127.0.0.2")]
+    monkeypatch.setattr(gs.socket, "getaddrinfo", lambda *args, **kwargs: two)
+    server = gs.Server(gs.ServerOptions())
+    with socket.socket() as held:
+        held.bind(("127.0.0.2", port))
+        held.listen()
+        with pytest.raises(RuntimeError, match="cannot listen on both:"):
+            server.add_insecure_port(f"both:{port}")
+        assert server.sockets == []
+        with socket.socket() as again:  # 127.0.0.1's socket was closed: the port is free there
+            again.bind(("127.0.0.1", port))
+            again.listen()
+    assert server.add_insecure_port(f"both:{port}") == port and len(server.sockets) == 2
+    for sock, _ in server.sockets:
+        sock.close()
