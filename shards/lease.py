@@ -37,6 +37,7 @@ class Lease:
     expiry: float  # monotonic deadline
     keys: set[bytes] = field(default_factory=set)
     queued: float = 0.0  # the deadline of this lease's one entry in the expiry heap
+    expiring: bool = False  # expired, its revoke under way: no keep-alive renews it (etcd: not found)
 
     def remaining_s(self, now: float) -> float:
         return self.expiry - now
@@ -103,7 +104,7 @@ class LeaseTable:
     def renew(self, lease_id: int) -> int:
         """Reset the lease's deadline; its TTL, or 0 when it does not exist."""
         lease = self.leases.get(lease_id)
-        if lease is None:
+        if lease is None or lease.expiring:
             return 0
         lease.expiry = self.clock() + lease.ttl  # its heap entry moves when it comes due
         return lease.ttl

@@ -602,6 +602,32 @@ def test_time_lease_expiry_waited_on_the_journal_does_not_count_against_leases(t
     run(go())
 
 
+def test_a_keep_alive_during_its_leases_expiry_is_answered_gone(tmp_path, run):
+    """A lease that expired is revoked in steps, behind other writes; a keep-alive that comes
+    meanwhile renewed it and was answered with its whole TTL, and then the revoke went on: the
+    client was promised 2 s and the lease was gone at once. As etcd answers a keep-alive of an
+    expired lease whose revoke is under way: not found (TTL 0)."""
+    async def go():
+        store = await open_store(tmp_path)
+        lease, _, _ = await store.lease_grant(0, 1)
+        await store.put(PutReq(b"/registry/pods/ns/held", b"v", lease=lease))
+        revoke, revoking = store.lease_revoke, asyncio.Event()
+
+        async def behind_other_writes(lease_id):
+            revoking.set()
+            await asyncio.sleep(1.0)
+            return await revoke(lease_id)
+
+        store.lease_revoke = behind_other_writes
+        await revoking.wait()  # expired, its revoke under way
+        assert store.lease_renew(lease) == 0
+        await asyncio.sleep(1.5)
+        assert lease not in store.leases and not store.range(RangeReq(b"/registry/pods/ns/held")).kvs
+        await store.close()
+
+    run(go())
+
+
 def test_a_long_txn_yields_and_holds_other_writes_back(tmp_path, run):
     """A txn whose compares walk 20,000 keys 32 times runs in slices (issue
     18.3): reads are served while it runs, and a write sent meanwhile is
