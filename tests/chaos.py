@@ -73,6 +73,7 @@ from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests import chaos_cluster
 from tests.chaos_cluster import CLUSTER_FAULTS, ClusterRun
 from tests.chaos_lease import RoundLeases
+from tests.chaos_lock import Locker, check_lockers
 from tests.chaos_watch import FENCE, MemberWatch, watch_report
 from tests.etcd_fixture import free_port
 from tests.integration.test_linearizability import KEYS, MIXED, check_linearizable, client
@@ -363,20 +364,23 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     with grpc.insecure_channel(writer) as ch:
         start_rev = pbg.KVStub(ch).Range(pb.RangeRequest(key=keys[0]), timeout=10).header.revision + 1
     watches = [MemberWatch(m.name, m.endpoint, keys, start_rev) for m in members]
-    leases = None
+    leases, lockers = None, []
     try:
         leases = RoundLeases({m.name: m.endpoint for m in members}, writer, r)
-        _round(r, fault, members, nats, rng, out, log, keys, watches, start_rev, leases, run, list(others))
+        lockers = [Locker(m.name, m.endpoint, b"/chaos/lock/round%d" % r, leases.keepers[m.name].id) for m in members]
+        _round(r, fault, members, nats, rng, out, log, keys, watches, start_rev, leases, lockers, run, list(others))
     finally:
         for w in watches:
             w.close()
+        for lk in lockers:
+            lk.stop()
         if leases is not None:
             leases.stop()
 
 
 def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, out: Path, log,
            keys: list[bytes], watches: list[MemberWatch], start_rev: int, leases: RoundLeases,
-           run: ClusterRun | None, others: list) -> None:
+           lockers: list[Locker], run: ClusterRun | None, others: list) -> None:
     history: list = []
     stop = threading.Event()
     # per member: two clients doing everything, one only reading (a write to a member cut off
@@ -402,6 +406,8 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     for t in threads:
         t.join(60)
     assert not any(t.is_alive() for t in threads), "a client is stuck"
+    for lk in lockers:
+        lk.stop()
     done = sum(1 for _, op in history if not math.isinf(op.ret))
     unknown = len(history) - done
     log(f"  {done} operations answered, {unknown} of unknown outcome")
@@ -429,6 +435,7 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
                 f"{fences[k]} in 60 s (it is at {w.next[k]}, streams opened {w.opened} times)"
     log(f"  {watch_report(watches, keys, start_rev, fences, view, history)}")
     log(f"  {leases.report(alive, alive_after, view, struck)}")
+    log(f"  {check_lockers(lockers, alive, struck)}")
     leases.revoke(writer.endpoint, alive_after)
     with grpc.insecure_channel(writer.endpoint) as ch:  # gone, so that a long run's state does not grow 9 MiB a round
         pbg.KVStub(ch).Txn(pb.TxnRequest(success=[pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=k))

@@ -9,8 +9,10 @@ members that were writers before. Every member stores a checkpoint and releases 
 journal every 20 KB of journal, so checkpoints are stored and fetched (by followers that fell
 behind a release) all through the faults; and a client writes 9 MiB transactions, each journaled
 as a split write, whose keys must be found whole on every member; and every member's watchers
-on the round's keys must tell one history (tests/chaos_watch.py), and leases kept alive through
-every member or left to expire must hold their keys exactly while they live (tests/chaos_lease.py). ``python -m tests.chaos
+on the round's keys must tell one history (tests/chaos_watch.py), leases kept alive through
+every member or left to expire must hold their keys exactly while they live (tests/chaos_lease.py),
+and the lock taken again and again through every member must be held by one at a time
+(tests/chaos_lock.py). ``python -m tests.chaos
 --minutes N`` runs random rounds for longer (``--journal local``: on the default deployment)."""
 from __future__ import annotations
 
@@ -46,3 +48,5 @@ def assert_every_round_checked(out: list[str], faults) -> None:
     assert len(watched) == len(faults) and min(watched) > 0, out
     leased = [line for line in out if "dropped gone; keys as their leases on every member" in line]
     assert len(leased) == len(faults) and any(" kept (" in line for line in leased), out
+    locked = [int(line.split("; ")[1].split()[0]) for line in out if "  locks: taken " in line]
+    assert len(locked) == len(faults) and min(locked) > 0, out  # fenced writes made under the lock

@@ -1,0 +1,62 @@
+"""tests/chaos_lock.py's checks: a lock answered at a revision where another key is the oldest, a
+key not the session's, a revision the member does not have, a fenced write failing while the
+session lives, and a locker that never got the lock are caught; what faults allow is not."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests.chaos_lock import Held, check_lockers
+
+NAME = b"/chaos/lock/round1"
+
+
+def locker(member: str, lease: int, *held: Held) -> SimpleNamespace:
+    return SimpleNamespace(member=member, name=NAME, lease=lease, held=list(held), errors=["Lock: UNAVAILABLE: x"])
+
+
+def taken(lease: int, revision: int, **kw) -> Held:
+    key = NAME + b"/%x" % lease
+    return Held(key, revision, **({"oldest": key, "fenced": True} | kw))
+
+
+def test_locks_taken_in_turn_report_what_was_done():
+    lockers = [locker("m0", 0xA, taken(0xA, 10), taken(0xA, 14)), locker("m1", 0xB, taken(0xB, 12))]
+    assert check_lockers(lockers, {0xA: True, 0xB: True}, None) == "locks: taken m0 2, m1 1; 3 fenced writes; 0 not read back"
+
+
+def test_a_lock_answered_where_another_key_is_the_oldest_is_a_finding():
+    twice = taken(0xB, 12, oldest=NAME + b"/a")
+    with pytest.raises(AssertionError, match="the lock was held twice"):
+        check_lockers([locker("m0", 0xA, taken(0xA, 10)), locker("m1", 0xB, twice)], {0xA: True, 0xB: True}, None)
+
+
+def test_a_lock_answer_naming_another_sessions_key_is_a_finding():
+    other = Held(NAME + b"/c", 10, oldest=NAME + b"/c", fenced=True)
+    with pytest.raises(AssertionError, match="its session's is"):
+        check_lockers([locker("m0", 0xA, other)], {0xA: True}, None)
+
+
+def test_a_lock_answer_at_a_revision_the_member_lacks_is_a_finding_other_unread_ones_are_counted():
+    lost = taken(0xA, 99, oldest=None, fenced=None, read_error="OUT_OF_RANGE: etcdserver: mvcc: required revision is a future revision")
+    with pytest.raises(AssertionError, match="which it does not have"):
+        check_lockers([locker("m0", 0xA, lost)], {0xA: True}, None)
+    unread = taken(0xA, 9, oldest=None, fenced=None, read_error="UNAVAILABLE: connection refused")
+    assert check_lockers([locker("m0", 0xA, unread)], {0xA: True}, None).endswith("0 fenced writes; 1 not read back")
+
+
+def test_a_fenced_write_failing_while_the_session_lives_is_a_finding_unless_a_call_before_failed():
+    failed = taken(0xA, 10, fenced=False)
+    with pytest.raises(AssertionError, match="its session alive"):
+        check_lockers([locker("m0", 0xA, failed)], {0xA: True}, None)
+    check_lockers([locker("m0", 0xA, failed)], {0xA: False}, None)  # the session expired meanwhile
+    check_lockers([locker("m0", 0xA, taken(0xA, 10, fenced=False, after_failed_call=True))], {0xA: True}, None)
+    check_lockers([locker("m0", 0xA, taken(0xA, 10, fenced=None))], {0xA: True}, None)  # no answer
+
+
+def test_a_locker_that_never_got_the_lock_is_a_finding_unless_its_member_was_struck():
+    lockers = [locker("m0", 0xA, taken(0xA, 10)), locker("m1", 0xB)]
+    with pytest.raises(AssertionError, match="the locker through m1 never took the lock"):
+        check_lockers(lockers, {0xA: True, 0xB: True}, None)
+    assert check_lockers(lockers, {0xA: True, 0xB: True}, "m1").startswith("locks: taken m0 1, m1 0")
