@@ -63,6 +63,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import urllib.request
 import zlib
 from pathlib import Path
@@ -504,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception:  # a finding (an interrupt ends the run as ever)
         if args.hold:
+            traceback.print_exc()
             log("held for a look (/debug/tasks on each metrics port): " + "; ".join(
                 f"{m.name} pid {m.proc.pid} {m.endpoint} metrics :{m.metrics_port}" for m in members if m.proc.running()))
             try:

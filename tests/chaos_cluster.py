@@ -147,9 +147,16 @@ class ClusterRun:
                 self.proc.kill()
                 self.proc.wait()
         for pid in self.seen:
-            if _alive(pid):
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
+            try:  # still one of this cluster's (not a PID used again since)
+                ours = str(self.dir).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if ours and _alive(pid):
+                _resume(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 class ClusterMember:
@@ -237,6 +244,15 @@ def members(run: ClusterRun, partition: str) -> list[ClusterMember]:
             ClusterMember(run, f"{partition}.f1", (f"{partition}.f1",))]
 
 
+def _resume(pid: int) -> None:
+    """SIGCONT, unless the supervisor killed (and reaped) it meanwhile: a writer stopped past its
+    lease is deposed, and killed once its standby took over and found the URL held."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
 def served_again(endpoint: str, timeout: float) -> float:
     """Seconds until a put through ``endpoint`` is answered (AssertionError past ``timeout``): each
     try on a new connection, as one to a process that hangs would hang too."""
@@ -276,10 +292,7 @@ def inject(fault: str, run: ClusterRun, rng: random.Random, log, lease_ttl_s: fl
         try:
             took = served_again(run.urls["main"], 30.0)
         finally:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass  # killed (and reaped) by the supervisor
+            _resume(pid)
         log(f"  main served a write {took:.1f} s after its writer stopped; {victim} "
             f"{'was killed' if not _alive(pid) else 'still runs'}")
         return struck
@@ -292,6 +305,6 @@ def inject(fault: str, run: ClusterRun, rng: random.Random, log, lease_ttl_s: fl
         log(f"  SIGSTOP {victim} (pid {pid}) for {held:.1f} s")
         os.kill(pid, signal.SIGSTOP)
         time.sleep(held)
-        os.kill(pid, signal.SIGCONT)
+        _resume(pid)
         time.sleep(lease_ttl_s)
     return struck
