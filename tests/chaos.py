@@ -72,7 +72,7 @@ import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests import chaos_cluster
-from tests.chaos_cluster import CLUSTER_FAULTS, ClusterRun
+from tests.chaos_cluster import CLUSTER_FAULTS, ClusterRun, endpoint_status
 from tests.chaos_lease import RoundLeases
 from tests.chaos_lock import Locker, check_lockers
 from tests.chaos_watch import FENCE, MemberWatch, watch_report
@@ -151,11 +151,7 @@ class Member:
         return int(sum(v for (name, _), v in m.items() if name == "shardetcd_shard_checkpoints_total"))
 
     def status(self) -> pb.StatusResponse | None:
-        try:
-            with grpc.insecure_channel(self.endpoint) as ch:
-                return pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=2)
-        except grpc.RpcError:
-            return None
+        return endpoint_status(self.endpoint)
 
 
 def the_writer(members: list[Member], timeout: float = 60.0) -> Member:

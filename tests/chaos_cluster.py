@@ -41,6 +41,15 @@ OTHER_KEY = b"/registry/minions/chaos/lin"  # on the nodes partition
 START_TIMEOUT_S = 120.0
 
 
+def endpoint_status(endpoint: str) -> pb.StatusResponse | None:
+    """Status through ``endpoint``, None when it does not answer (a chaos member's own)."""
+    try:
+        with grpc.insecure_channel(endpoint) as ch:
+            return pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=2)
+    except grpc.RpcError:
+        return None
+
+
 def _alive(pid: int) -> bool:
     """Running, and not a zombie."""
     try:
@@ -213,11 +222,7 @@ class ClusterMember:
         return "\n".join(tails)
 
     def status(self) -> pb.StatusResponse | None:
-        try:
-            with grpc.insecure_channel(self.endpoint) as ch:
-                return pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=2)
-        except grpc.RpcError:
-            return None
+        return endpoint_status(self.endpoint)
 
     def _metrics(self) -> str:
         with urllib.request.urlopen(f"http://{self.endpoint}/metrics", timeout=5) as r:
