@@ -30,7 +30,8 @@ Each round, one fault, at a random time, from:
 
 With ``--cluster``, ``shardetcd cluster`` on the same NATS servers instead: two partitions, each two
 processes on one URL (one serves, one stands by) and a follower, supervised, with faults of their
-own (``CLUSTER_FAULTS``: its processes killed or paused, the supervisor killed; tests/chaos_cluster.py).
+own (``CLUSTER_FAULTS``: its processes killed, paused or hung, the supervisor killed;
+tests/chaos_cluster.py); with ``--journal local`` too, the cluster on local journals.
 
 With ``--journal local``, the default deployment instead: the writer on a local journal and
 two followers of its data dir (``--follow-data-dir``), with the faults that apply to it
@@ -72,7 +73,7 @@ import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests import chaos_cluster
-from tests.chaos_cluster import CLUSTER_FAULTS, ClusterRun, endpoint_status
+from tests.chaos_cluster import CLUSTER_FAULTS, CLUSTER_LOCAL_FAULTS, ClusterRun, endpoint_status
 from tests.chaos_lease import RoundLeases
 from tests.chaos_lock import Locker, check_lockers
 from tests.chaos_watch import FENCE, MemberWatch, watch_report
@@ -457,13 +458,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--journal", choices=("jetstream", "local"), default="jetstream",
                     help="local: the writer on a local journal (the default deployment) and two followers of its "
                     f"data dir (--follow-data-dir), with the faults {', '.join(LOCAL_FAULTS)}")
-    ap.add_argument("--cluster", action="store_true", help="shardetcd cluster on JetStream (--standbys, --followers 1), "
-                    f"two partitions, with the faults {', '.join(CLUSTER_FAULTS)} (tests/chaos_cluster.py)")
+    ap.add_argument("--cluster", action="store_true", help="shardetcd cluster, two partitions, each with a follower: "
+                    f"on JetStream with --standbys, with the faults {', '.join(CLUSTER_FAULTS)}; with --journal local, "
+                    f"{', '.join(CLUSTER_LOCAL_FAULTS)} (tests/chaos_cluster.py)")
     args = ap.parse_args(argv)
-    if args.cluster and args.journal == "local":
-        ap.error("--cluster runs on JetStream")
     server_args = tuple(shlex.split(args.server_args))
-    faults = CLUSTER_FAULTS if args.cluster else LOCAL_FAULTS if args.journal == "local" else FAULTS
+    local = args.journal == "local"
+    faults = (CLUSTER_LOCAL_FAULTS if local else CLUSTER_FAULTS) if args.cluster else LOCAL_FAULTS if local else FAULTS
     listed = [f for f in args.faults.split(",") if f]
     if unknown := set(listed) - set(faults):
         ap.error(f"unknown faults: {sorted(unknown)}")

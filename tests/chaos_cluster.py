@@ -1,17 +1,19 @@
-"""tests/chaos.py's ``--cluster`` deployment: ``shardetcd cluster`` on JetStream.
+"""tests/chaos.py's ``--cluster`` deployment: ``shardetcd cluster``, on JetStream or local journals.
 
-The supervisor runs two partitions, ``main`` (everything the chaos clients, watches and leases
-use) and ``nodes`` (``/registry/minions/``, one client of its own), each as two processes on one
-client URL (``--standbys``: one serves, the other follows and takes over) and one follower on a
-URL of its own (``--followers 1``). The chaos members are the endpoints: ``main`` (whichever of
-its two processes serves) and ``main.f1``; ``nodes`` and ``nodes.f1`` are the other partition's.
-The supervisor restarts what dies; the faults strike its processes, or it:
+The supervisor runs two partitions, ``main`` (everything the chaos clients, watches, leases and
+locks use) and ``nodes`` (``/registry/minions/``, one client of its own), each as two processes on
+one client URL (on JetStream, ``--standbys``: one serves, the other follows and takes over; on
+local journals, one process) and one follower on a URL of its own (``--followers 1``: of the
+JetStream journals, or of the writer's data dir). The chaos members are the endpoints: ``main``
+(whichever of its processes serves) and ``main.f1``; ``nodes`` and ``nodes.f1`` are the other
+partition's. The supervisor restarts what dies; the faults strike its processes, or it
+(``CLUSTER_FAULTS``; on local journals ``CLUSTER_LOCAL_FAULTS``, without the standby's and NATS's):
 
 * ``kill-writer`` / ``pause-writer``: main's serving process (its standby takes over the URL);
 * ``hang-writer``: main's serving process stopped until a write through main's URL is answered:
   the standby must take over and serve the URL the stopped process still holds (the supervisor
   kills it) within 30 s;
-* ``kill-member`` / ``pause-member``: main's standby process or its follower;
+* ``kill-member`` / ``pause-member``: main's standby process or its follower (local: its follower);
 * ``kill-partition``: the nodes partition's serving process (main must not notice);
 * ``kill-supervisor``: SIGKILL the supervisor: every process it started stops (their parent-death
   signal), and it is started again on the same data dir, as an init system would;
@@ -37,6 +39,7 @@ from tests.shardetcd_fixture import REPO_ROOT
 
 CLUSTER_FAULTS = ("kill-writer", "pause-writer", "hang-writer", "kill-member", "pause-member", "kill-partition", "kill-supervisor",
                   "kill-nats", "pause-nats", "kill-nats-quorum")
+CLUSTER_LOCAL_FAULTS = ("kill-writer", "pause-writer", "kill-member", "pause-member", "kill-partition", "kill-supervisor")
 OTHER_KEY = b"/registry/minions/chaos/lin"  # on the nodes partition
 START_TIMEOUT_S = 120.0
 
@@ -62,15 +65,17 @@ class ClusterRun:
     """One ``shardetcd cluster`` supervisor, started again on the same data dir when it is killed."""
 
     def __init__(self, nats, out: Path, server_args: tuple[str, ...]) -> None:
+        """On ``nats``'s JetStream with standbys; with ``nats`` None, on local journals."""
         self.dir = out / "cluster"
+        self.standbys = nats is not None
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ports = dict(zip(("main", "nodes"), free_ports(2)))
         layout = out / "cluster.toml"
         layout.write_text(f'[[partition]]\nname = "nodes"\nresources = ["nodes"]\nport = {self.ports["nodes"]}\n\n'
                           f'[[partition]]\nname = "main"\ndefault = true\nport = {self.ports["main"]}\n')
         self.argv = [sys.executable, "-m", "shim", "cluster", "--layout", str(layout), "--data-dir", str(self.dir / "data"),
-                     "--state-dir", str(self.dir / "state"), "--journal-url", nats.urls, "--standbys", "--followers", "1",
-                     *server_args]
+                     "--state-dir", str(self.dir / "state"), "--followers", "1",
+                     *(("--journal-url", nats.urls, "--standbys") if nats else ()), *server_args]
         self.out_path = self.dir / "supervisor.out"
         self.proc: subprocess.Popen | None = None
         self.urls: dict[str, str] = {}
@@ -245,7 +250,7 @@ class ClusterMember:
 
 
 def members(run: ClusterRun, partition: str) -> list[ClusterMember]:
-    return [ClusterMember(run, partition, (partition, f"{partition}.2")),
+    return [ClusterMember(run, partition, (partition, f"{partition}.2") if run.standbys else (partition,)),
             ClusterMember(run, f"{partition}.f1", (f"{partition}.f1",))]
 
 
@@ -288,7 +293,7 @@ def inject(fault: str, run: ClusterRun, rng: random.Random, log, lease_ttl_s: fl
     if fault.endswith("-writer"):
         victim, struck = writer, "main"
     else:
-        victim = rng.choice([{"main": "main.2", "main.2": "main"}[writer], "main.f1"])
+        victim = rng.choice([{"main": "main.2", "main.2": "main"}[writer], "main.f1"] if run.standbys else ["main.f1"])
         struck = "main.f1" if victim == "main.f1" else None  # a standby serves no client
     pid = run.pids()[victim]
     if fault == "hang-writer":
