@@ -75,7 +75,7 @@ from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests import chaos_cluster
 from tests.chaos_cluster import CLUSTER_FAULTS, CLUSTER_LOCAL_FAULTS, ClusterRun, endpoint_status
 from tests.chaos_lease import RoundLeases
-from tests.chaos_lock import Locker, check_lockers
+from tests.chaos_lock import Candidate, Locker, check_lockers
 from tests.chaos_watch import FENCE, MemberWatch, watch_report
 from tests.etcd_fixture import free_port
 from tests.integration.test_linearizability import KEYS, MIXED, check_linearizable, client
@@ -365,7 +365,8 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     leases, lockers = None, []
     try:
         leases = RoundLeases({m.name: m.endpoint for m in members}, writer, r)
-        lockers = [Locker(m.name, m.endpoint, b"/chaos/lock/round%d" % r, leases.keepers[m.name].id) for m in members]
+        lockers = [kind(m.name, m.endpoint, b"/chaos/%s/round%d" % (kind.noun.encode(), r), leases.keepers[m.name].id)
+                   for kind in (Locker, Candidate) for m in members]
         _round(r, fault, members, nats, rng, out, log, keys, watches, start_rev, leases, lockers, run, list(others))
     finally:
         for w in watches:
@@ -433,7 +434,8 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
                 f"{fences[k]} in 60 s (it is at {w.next[k]}, streams opened {w.opened} times)"
     log(f"  {watch_report(watches, keys, start_rev, fences, view, history)}")
     log(f"  {leases.report(alive, alive_after, view, struck)}")
-    log(f"  {check_lockers(lockers, alive, struck)}")
+    for kind in (Locker, Candidate):
+        log(f"  {check_lockers([lk for lk in lockers if type(lk) is kind], alive, struck)}")
     leases.revoke(writer.endpoint, alive_after)
     with grpc.insecure_channel(writer.endpoint) as ch:  # gone, so that a long run's state does not grow 9 MiB a round
         pbg.KVStub(ch).Txn(pb.TxnRequest(success=[pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=k))

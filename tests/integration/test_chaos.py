@@ -11,8 +11,8 @@ behind a release) all through the faults; and a client writes 9 MiB transactions
 as a split write, whose keys must be found whole on every member; and every member's watchers
 on the round's keys must tell one history (tests/chaos_watch.py), leases kept alive through
 every member or left to expire must hold their keys exactly while they live (tests/chaos_lease.py),
-and the lock taken again and again through every member must be held by one at a time
-(tests/chaos_lock.py). ``python -m tests.chaos
+and the lock taken and the election won again and again through every member must be held by one
+at a time (tests/chaos_lock.py). ``python -m tests.chaos
 --minutes N`` runs random rounds for longer (``--journal local``: on the default deployment)."""
 from __future__ import annotations
 
@@ -48,5 +48,6 @@ def assert_every_round_checked(out: list[str], faults) -> None:
     assert len(watched) == len(faults) and min(watched) > 0, out
     leased = [line for line in out if "dropped gone; keys as their leases on every member" in line]
     assert len(leased) == len(faults) and any(" kept (" in line for line in leased), out
-    locked = [int(line.split("; ")[1].split()[0]) for line in out if "  locks: taken " in line]
-    assert len(locked) == len(faults) and min(locked) > 0, out  # fenced writes made under the lock
+    for noun in ("locks", "elections"):  # fenced writes made holding the lock, or leading
+        fenced = [int(line.split("; ")[1].split()[0]) for line in out if f"  {noun}: taken " in line]
+        assert len(fenced) == len(faults) and min(fenced) > 0, out
