@@ -7,7 +7,6 @@ Python gRPC client.
 from __future__ import annotations
 
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -370,10 +369,11 @@ def test_a_follower_whose_port_is_taken_while_it_starts_moves_to_a_free_one(tmp_
 
 def test_followers_keep_their_ports_when_the_cluster_starts_again(tmp_path):
     """A cluster started again (say, by its init system) gives its followers the ports they had,
-    so that the kube-apiserver flags it printed stay true. A follower's clients were connected
-    when it stopped, so its port is left in TIME_WAIT, which a plain bind refuses but a server
-    (binding with SO_REUSEADDR) does not mind: the supervisor's check of a port now binds as a
-    server does (it moved such a follower to the next port, for as long as TIME_WAIT lasts)."""
+    so that the kube-apiserver flags it printed stay true. A follower that had clients when it
+    stopped and closed their connections first leaves its port in TIME_WAIT (made here by hand,
+    the way such a close leaves it), which a plain bind refuses but a server (binding with
+    SO_REUSEADDR) does not mind: the supervisor's check of a port now binds as a server does (it
+    moved such a follower to the next port, for as long as TIME_WAIT lasts)."""
     import socket
 
     from shards.partition import load_cluster_layout
@@ -390,16 +390,17 @@ def test_followers_keep_their_ports_when_the_cluster_starts_again(tmp_path):
     try:
         assert first.start_all() is None
         url = next(c for c in first.children if c.follower).url
-        port = int(url.rsplit(":", 1)[1])
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        requests = queue.Queue()
-        requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(key=b"/registry/pods/a")))
-        watch = pbg.WatchStub(channel).Watch(iter(requests.get, None))
-        assert next(watch).created
     finally:
-        first.stop_all()  # the follower ends the open watch and closes its connection first: TIME_WAIT on its port
-    requests.put(None)
-    channel.close()
+        first.stop_all()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            served, _ = listener.accept()
+            served.close()  # the serving side closes first: its end of the connection goes to TIME_WAIT
+            assert client.recv(1) == b""
     with socket.socket() as plain:  # what the test is about: the port is in TIME_WAIT
         with pytest.raises(OSError):
             plain.bind(("127.0.0.1", port))
