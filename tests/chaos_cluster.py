@@ -177,7 +177,8 @@ class ClusterMember:
     """A chaos member of the cluster: one client URL, served by the processes ``names`` in turn
     (the partition's two processes, or one follower). It is also its own ``proc``, as
     tests/chaos.py asks a member's process: running while the supervisor runs (which restarts
-    its processes), its log the tail of their logs."""
+    its processes), its log the tail of their logs; only the cluster as a whole is stopped
+    (``ClusterRun.stop``)."""
 
     proxies: list = []
 
@@ -211,10 +212,6 @@ class ClusterMember:
     def revive(self) -> None:
         if not self.run.running():
             self.run.start()
-
-    def kill(self) -> None:
-        """Only the cluster as a whole ends (tests/chaos.py's cleanup)."""
-        self.run.stop()
 
     def log_tail(self, lines: int = 40) -> str:
         tails = []
