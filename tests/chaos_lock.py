@@ -27,6 +27,7 @@ Checks (``check_lockers``, for each kind):
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -67,6 +68,7 @@ class Taker:
         self.failure: BaseException | None = None
         self._stop = threading.Event()
         self._call = None
+        self.doing = ("", 0.0)  # what its thread does, since when (for a report)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -75,6 +77,7 @@ class Taker:
             failed_before = False
             with grpc.insecure_channel(self.endpoint) as channel:
                 while not self._stop.is_set():
+                    self.doing = (self.kind, time.monotonic())
                     held = self._taken(channel)
                     if held is None:
                         failed_before = True
@@ -82,8 +85,10 @@ class Taker:
                         continue
                     held.after_failed_call, failed_before = failed_before, False
                     self.held.append(held)
+                    self.doing = ("its checks", time.monotonic())
                     self._look(channel, held)
                     try:
+                        self.doing = ("giving back", time.monotonic())
                         self._give_back(channel, held)
                     except grpc.RpcError as exc:
                         self.errors.append(f"giving back: {exc.code().name}: {exc.details()}")
@@ -114,12 +119,19 @@ class Taker:
         held.oldest = oldest[0].key if oldest else None
         return oldest[0] if oldest else None
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 45.0) -> None:
+        """Until the thread ends: its call cancelled, again should it have begun one as the stop came
+        (a Lock or Campaign begun then waits for what nobody gives back any more); a read, a fenced
+        write or a give-back under way ends within its 10 s deadline."""
         self._stop.set()
-        if self._call is not None:
-            self._call.cancel()
-        self._thread.join(30)
-        assert not self._thread.is_alive(), f"the {self.kind} client through {self.member} is stuck"
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            if (call := self._call) is not None:
+                call.cancel()
+            self._thread.join(0.2)
+        what, since = self.doing
+        assert not self._thread.is_alive(), f"the {self.kind} client through {self.member} is stuck in {what} " \
+            f"for {time.monotonic() - since:.1f} s; last errors: {self.errors[-3:]}"
         if self.failure is not None:
             raise AssertionError(f"the {self.kind} client through {self.member} failed") from self.failure
 
