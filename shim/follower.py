@@ -209,6 +209,7 @@ class WriterLink:
             if record is None:
                 raise RequestTimeoutError()  # no writer has served yet
             found = json.loads(record)
+            before = self._target, self.member_id
             scheme, self._target, self.member_id = _writer_at(found)
             self.secret = found.get("secret", "") if scheme == "https" else ""  # over TLS only
             if scheme == "https":
@@ -220,7 +221,9 @@ class WriterLink:
                 self._channel = grpc.aio.secure_channel(self._target, credentials, options=WRITER_CHANNEL_OPTIONS)
             else:
                 self._channel = grpc.aio.insecure_channel(self._target, options=WRITER_CHANNEL_OPTIONS)
-            logger.info("following writer target=%s member=%x", self._target, self.member_id)
+            # said once a writer: while one is down, every call looks it up again, ten times a second
+            (logger.info if (self._target, self.member_id) != before else logger.debug)(
+                "following writer target=%s member=%x", self._target, self.member_id)
         return self._channel
 
     def signed(self, metadata) -> tuple:

@@ -297,3 +297,29 @@ def test_a_waiting_lock_stays_at_its_writer_until_another_writer_is_recorded(mon
                 await server.stop(None)
 
     run(body)
+
+
+def test_looking_the_writer_up_again_logs_a_writer_once(caplog):
+    """While the writer is down every forwarded call looks it up again (ten times a second, seen
+    in chaos); the INFO line naming the writer followed comes once a writer, not once a lookup."""
+    import json
+    import logging
+
+    from shim.follower import WriterLink
+
+    records = [{"urls": ["http://127.0.0.1:1"], "member_id": 1}] * 3 + [{"urls": ["http://127.0.0.1:2"], "member_id": 2}]
+
+    class Log:
+        async def get_meta(self, key: str) -> str:
+            return json.dumps(records.pop(0))
+
+    async def body() -> None:
+        link = WriterLink(Log(), "writer", None)
+        for _ in range(4):
+            await link.channel()
+            await link.forget()
+
+    with caplog.at_level(logging.INFO, logger="shim.follower"):
+        run(body)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and "following writer" in r.getMessage()]
+    assert said == ["following writer target=127.0.0.1:1 member=1", "following writer target=127.0.0.1:2 member=2"]
