@@ -347,9 +347,14 @@ class SegmentTail:
             self._close_file()
             records: list[Record] = []
             try:
-                while batch := self._read(mark):  # empty once read up to the mark (or the writer restarted)
-                    records += batch
-                    await asyncio.sleep(0)
+                while True:
+                    if batch := self._read(mark):
+                        records += batch
+                        await asyncio.sleep(0)
+                    elif self._restarted(mark):  # the round read as the writer restarted was dropped: the
+                        mark = await self.log.mark()  # rounds before are final; read on from its new mark
+                    else:  # read up to the mark
+                        break
                 break
             except _Vanished:  # released while being read: start over from the oldest left
                 continue

@@ -230,6 +230,34 @@ def test_a_round_read_while_the_writer_restarts_is_dropped(tmp_path):
     asyncio.run(go())
 
 
+def test_a_catch_up_that_meets_a_writer_restart_reads_on_from_its_new_mark(tmp_path):
+    """A follower starting while its writer restarts (`shardetcd cluster` started again: both at
+    once) read a round, found the writer restarted meanwhile and dropped it, as it must; catch_up
+    then took the empty round for "read up to the mark" and ended short, so the start found the
+    acknowledged revisions in no journal and refused to follow (chaos, a cluster on local journals,
+    round 28: kill-supervisor). Now it waits for the restarted writer's mark and reads on."""
+    async def go():
+        w = await LocalWriter(tmp_path / "w").open()
+        await w.write(range(1, 4))
+        log, tail = await follower(w.data)
+        read, restarted = tail._read, []
+
+        def read_as_the_writer_restarts(mark):
+            if not restarted:
+                restarted.append(True)
+                w.mark.recovering()
+                asyncio.get_running_loop().call_later(0.05, w.mark.publish_all, 2, 3, [w.journal.durable_tail])
+            return read(mark)
+
+        tail._read = read_as_the_writer_restarts
+        await asyncio.wait_for(tail.catch_up(), 5)
+        assert restarted and [r.rev for r in tail.records()] == [1, 2, 3]
+        await log.close()
+        await w.close()
+
+    asyncio.run(go())
+
+
 def test_segments_released_before_they_were_read_are_a_gap(tmp_path):
     """Small segments, the tail stopped behind while the writer releases through 150: the next
     segment it wants is gone. on_gap decides: not covered is JournalGap; covered (the checkpoint
