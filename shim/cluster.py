@@ -142,8 +142,9 @@ class Child:
         lines = [ln for ln in said.decode("utf-8", "replace").splitlines() if ln.strip()]
         return lines[-1] if lines else "(no output)"
 
-    def check_ready(self) -> bool:
-        if not self.ready and READY_LINE in self.new_log():
+    def check_ready(self, said: bytes | None = None) -> bool:
+        """Whether it serves; ``said``: its new_log() when the caller read it already."""
+        if not self.ready and READY_LINE in (self.new_log() if said is None else said):
             self.ready = True
         return self.ready
 
@@ -321,8 +322,7 @@ class Supervisor:
                     said = c.new_log()
                     if URL_HELD in said and not (c.held_up or c.follower):
                         self._kill_deposed(c)
-                    if READY_LINE in said:
-                        c.ready = True
+                    if c.check_ready(said):
                         logger.warning("serving again partition=%s url=%s pid=%d", c.label, c.url, c.proc.pid)
                 continue
             up_s = now - c.started_at

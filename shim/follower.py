@@ -264,13 +264,14 @@ class WriterLink:
         handed to the writer; the channel's writer is only looked up for a call."""
         if time.monotonic() - self._leader_read_at >= RECHECK_EVERY_S:
             self._leader_read_at = time.monotonic()
+            named = None  # unread (the journal is not answering): the last one read
             try:
                 async with asyncio.timeout(RECHECK_EVERY_S):  # not wait_for: it can drop a cancel (journal/tasks.py)
-                    record = await self.log.get_meta(self.key)
-            except Exception as exc:  # noqa: BLE001 - the journal is not answering: the last one read
-                logger.debug("writer record not read for Status error=%r", exc)
-            else:
-                self._leader = 0 if record is None else _writer_at(json.loads(record))[2]
+                    named = await self._named()
+            except TimeoutError:
+                pass
+            if named is not None:  # (a writer record, once written, is never removed)
+                self._leader = named[1]
         return self._leader
 
     async def forget_if_moved(self) -> tuple[str, int] | None:
@@ -292,10 +293,11 @@ class WriterLink:
         return named
 
     async def _named(self) -> tuple[str, int] | None:
+        """The writer the writer record names now: its address and member id (None: none, or not read)."""
         try:
             record = await self.log.get_meta(self.key)
-        except Exception as exc:  # noqa: BLE001 - the journal is not answering either: the call's error says enough
-            logger.debug("writer record not read after a call timed out error=%r", exc)
+        except Exception as exc:  # noqa: BLE001 - the journal is not answering either: the caller's answer says enough
+            logger.debug("writer record not read error=%r", exc)
             return None
         return None if record is None else _writer_at(json.loads(record))[1:]
 
