@@ -22,7 +22,7 @@ import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port, start_etcd
-from tests.shardetcd_fixture import ShardetcdProcess, ShardetcdStartError
+from tests.shardetcd_fixture import ShardetcdProcess, ShardetcdStartError, stop_by_pid
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,17 +139,6 @@ def start_shardetcd_default(tmp: Path, extra_args: tuple[str, ...] = (), describ
     return Server("shardetcd", proc.endpoint, proc.pid, f"shardetcd ({describe}, journal fsync=always)", stop, restart,
                   data_dir=proc.data_dir, state_dir=proc.default_state_dir(),
                   metrics_url=f"http://127.0.0.1:{proc.metrics_port}", process=proc)
-
-
-def stop_by_pid(proc: subprocess.Popen, grace: float = 30) -> None:
-    """SIGTERM, up to ``grace`` seconds for a clean stop, then SIGKILL; always reaped."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    proc.wait()
 
 
 def start_ceiling(tmp: Path, extra_args: tuple[str, ...] = (), source: Path | None = None) -> Server:

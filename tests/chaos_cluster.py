@@ -35,7 +35,7 @@ import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_ports
-from tests.shardetcd_fixture import REPO_ROOT
+from tests.shardetcd_fixture import REPO_ROOT, stop_by_pid
 
 CLUSTER_FAULTS = ("kill-writer", "pause-writer", "hang-writer", "kill-member", "pause-member", "kill-partition", "kill-supervisor",
                   "kill-nats", "pause-nats", "kill-nats-quorum")
@@ -153,13 +153,8 @@ class ClusterRun:
 
     def stop(self) -> None:
         """The supervisor by SIGTERM (it stops its processes), then every process it ever had, by PID."""
-        if self.running():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_by_pid(self.proc)
         for pid in self.seen:
             try:  # still one of this cluster's (not a PID used again since)
                 ours = str(self.dir).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()

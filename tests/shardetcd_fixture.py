@@ -38,6 +38,17 @@ class ShardetcdStartError(RuntimeError):
 _STARTED: list[ShardetcdProcess] = []  # every one this Python process started (kill_left_running)
 
 
+def stop_by_pid(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM, up to ``grace`` seconds for a clean stop, then SIGKILL; always reaped."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
+
+
 def kill_left_running() -> list[str]:
     """SIGKILL every shardetcd this Python process started that still runs, e.g. the ones a fixture
     had started before one of its later starts failed; what they were. tests/conftest.py calls

@@ -21,6 +21,7 @@ import pytest
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import free_port, free_ports
 from tests.integration.test_etcdctl import ctl, etcdctl_bin
+from tests.shardetcd_fixture import stop_by_pid
 from tests.shards.test_partition import kube_apiserver_overrides
 
 EVENTS_QUOTA_BYTES = 400_000
@@ -97,13 +98,7 @@ port = {self.ports["main"]}
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_by_pid(self.proc)
         for pid in self.child_pids.values():  # never leave a partition behind
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests.etcd_fixture import client_url_flags, free_port
+from tests.shardetcd_fixture import stop_by_pid
 from tests.tls_certs import make_pki
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,12 +42,7 @@ def tls_server(tmp_path):
         assert "serving" in proc.stdout.readline()
         yield f"127.0.0.1:{port}", pki, rogue
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_by_pid(proc, grace=10)
 
 
 def test_client_with_ca_signed_cert_is_served(tls_server):
