@@ -31,7 +31,10 @@ ops inside nested txns are checked (3.5.1 skips them); a put inside a txn
 is checked like a top-level put (3.5.1 skips prev_kv and the lease's keys);
 a watch from a key to the end of the keyspace needs READ on that whole range
 (3.5.1 checks only the first key); LeaseTimeToLive needs READ on the lease's
-keys (3.5.1 shows any lease's keys to anyone).
+keys (3.5.1 shows any lease's keys to anyone). A refused watch create answers as etcd >= 3.5.6:
+watch id -1 and the cause as its reason (an invalid token, an old auth revision, no user), where
+3.5.1 said "permission denied" with the requested id whatever the cause, so that a client could not
+tell that a new token would do (etcd issue 12385).
 """
 from __future__ import annotations
 
@@ -39,8 +42,10 @@ import hmac
 
 from proto import rpc_pb2 as pb
 from shards.auth import AuthStore
-from shards.errors import AuthError, NotTheWriterError, UserEmptyError
+from shards.errors import AuthError, AuthOldRevisionError, InvalidAuthTokenError, NotTheWriterError, UserEmptyError
 from shards.lease import LeaseTable
+
+from .errors import WATCH_AUTH_OLD_REVISION, WATCH_INVALID_AUTH_TOKEN, WATCH_PERMISSION_DENIED, WATCH_USER_EMPTY
 
 
 # sent with every call a follower hands on: a member that is not the writer refuses it, as it
@@ -173,10 +178,18 @@ class Access:
             raise UserEmptyError
         self.lease_keys(user, lease_id, write=False)
 
-    def may_watch(self, context, key: bytes, range_end: bytes) -> bool:
-        """Whether a watch on [key, range_end) may be created (etcd turns key "" into "\\0")."""
+    def watch_refused(self, context, key: bytes, range_end: bytes) -> str | None:
+        """Why a watch on [key, range_end) may not be created (etcd turns key "" into "\\0"), as the
+        cancel reason etcd >= 3.5.6 gives: a token's error as itself, so that a client knows a new
+        token will do; None: it may."""
         try:
             self.check(self.caller(context), key or b"\x00", range_end, False)
+        except InvalidAuthTokenError:
+            return WATCH_INVALID_AUTH_TOKEN
+        except AuthOldRevisionError:
+            return WATCH_AUTH_OLD_REVISION
+        except UserEmptyError:
+            return WATCH_USER_EMPTY
         except AuthError:
-            return False
-        return True
+            return WATCH_PERMISSION_DENIED
+        return None

@@ -62,8 +62,13 @@ INVALID_AUTH_MGMT = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: invalid auth
 AUTH_OLD_REVISION = (grpc.StatusCode.UNKNOWN, "auth: revision in header is old")
 # etcd has no gRPC status for this one: it reaches clients as UNKNOWN with the auth package's own text
 NO_PASSWORD_USER = (grpc.StatusCode.UNKNOWN, "auth: authentication failed, password was given for no password user")
-# what a watch create refused for lack of READ carries: etcd sends the status's Go error string
+# what a refused watch create carries as its cancel reason: etcd sends the status's Go error string,
+# for a token it does not take the token's error (etcd >= 3.5.6; 3.5.1 said "permission denied" for
+# all, and a client could not tell that a new token would do)
 WATCH_PERMISSION_DENIED = "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
+WATCH_INVALID_AUTH_TOKEN = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+WATCH_AUTH_OLD_REVISION = "rpc error: code = InvalidArgument desc = etcdserver: revision of auth store is old"
+WATCH_USER_EMPTY = "rpc error: code = InvalidArgument desc = etcdserver: user name is empty"
 
 
 def wrong_partition(key: bytes, owner: str, mine: str) -> tuple[grpc.StatusCode, str]:

@@ -12,7 +12,7 @@ from shards.watch import Message, WatchSpec, WatchStream
 
 from . import wire
 from .context import Member
-from .errors import NO_LEADER, WATCH_PERMISSION_DENIED
+from .errors import NO_LEADER
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ def watch_spec(r: pb.WatchCreateRequest) -> WatchSpec:
 
 
 ENCODE_STEP = 2048  # events of one message encoded between two looks at the clock
+REFUSED_WATCH_ID = -1  # the watch id of a refused create (etcd's clientv3.InvalidWatchID)
 
 
 class WatchService:
@@ -97,10 +98,11 @@ class WatchService:
 
     def create(self, stream: WatchStream, r: pb.WatchCreateRequest, context) -> None:
         """Create a watcher; while auth is enabled, one the caller may not read is refused as etcd
-        refuses it: a created and canceled response with the requested watch id."""
-        if self.m.auth.enabled and not self.m.access.may_watch(context, r.key, r.range_end):
-            stream.put(Message(r.watch_id, self.m.store.committed, created=True, canceled=True,
-                               cancel_reason=WATCH_PERMISSION_DENIED))
+        >= 3.5.6 refuses it: a created and canceled response with watch id -1 (3.5.1 sent the
+        requested id, 0 if none, which a client took for its watch 0) and why."""
+        if self.m.auth.enabled and (refused := self.m.access.watch_refused(context, r.key, r.range_end)):
+            stream.put(Message(REFUSED_WATCH_ID, self.m.store.committed, created=True, canceled=True,
+                               cancel_reason=refused))
             return
         stream.create(watch_spec(r))
 
