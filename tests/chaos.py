@@ -33,6 +33,10 @@ processes on one URL (one serves, one stands by) and a follower, supervised, wit
 own (``CLUSTER_FAULTS``: its processes killed, paused or hung, the supervisor killed;
 tests/chaos_cluster.py); with ``--journal local`` too, the cluster on local journals.
 
+With ``--auth``, auth on: every call made as a user that is not root, with a simple token taken
+again when a member refuses it, and each round an auth change every member must hold to at its end
+(tests/chaos_auth.py).
+
 With ``--journal local``, the default deployment instead: the writer on a local journal and
 two followers of its data dir (``--follow-data-dir``), with the faults that apply to it
 (``LOCAL_FAULTS``: a killed writer comes back on its journal, a paused one goes on).
@@ -72,7 +76,7 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
-from tests import chaos_cluster
+from tests import chaos_auth, chaos_cluster
 from tests.chaos_cluster import CLUSTER_FAULTS, CLUSTER_LOCAL_FAULTS, ClusterRun, endpoint_status
 from tests.chaos_lease import RoundLeases
 from tests.chaos_lock import Candidate, Locker, check_lockers
@@ -180,7 +184,7 @@ def converged(members: list[Member], keys: list[bytes], log, timeout: float = 60
         views = []
         for m in members:
             try:
-                with grpc.insecure_channel(m.endpoint, options=BIG_CHANNEL) as ch:
+                with chaos_auth.channel(m.endpoint, options=BIG_CHANNEL) as ch:
                     kv = pbg.KVStub(ch)
                     views.append({k: [(summary(x.value), x.mod_revision) for x in kv.Range(
                         pb.RangeRequest(key=k, serializable=True), timeout=5).kvs] for k in keys})
@@ -206,7 +210,7 @@ def big_writer(endpoint: str, stop: threading.Event, acked: list[int], unknown: 
     ``unknown`` each n whose call failed (it may take effect, even after later ones). After each
     it compacts to its revision (so that the members' stores do not grow by 9 MiB a write)."""
     n = 0
-    with grpc.insecure_channel(endpoint, options=BIG_CHANNEL) as channel:
+    with chaos_auth.channel(endpoint, options=BIG_CHANNEL) as channel:
         kv = pbg.KVStub(channel)
         while not stop.is_set():
             n += 1
@@ -258,7 +262,7 @@ def serving(members: list[Member], log, timeout: float = 60.0, prefix: bytes = b
         while True:
             revive_ended(members, log)
             try:
-                with grpc.insecure_channel(m.endpoint) as ch:
+                with chaos_auth.channel(m.endpoint) as ch:
                     kv = pbg.KVStub(ch)
                     key = prefix + m.name.encode()
                     rev = kv.Put(pb.PutRequest(key=key, value=b"%d" % len(errors)), timeout=5).header.revision
@@ -359,7 +363,7 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     log(f"round {r}: {fault}")
     keys = [k + b"/round%d" % r for k in KEYS]  # each round's register starts absent
     writer = the_writer(members).endpoint
-    with grpc.insecure_channel(writer) as ch:
+    with chaos_auth.channel(writer) as ch:
         start_rev = pbg.KVStub(ch).Range(pb.RangeRequest(key=keys[0]), timeout=10).header.revision + 1
     watches = [MemberWatch(m.name, m.endpoint, keys, start_rev) for m in members]
     leases, lockers = None, []
@@ -388,7 +392,8 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     clients = [(m.endpoint, weights, keys) for m in members for weights in (MIXED, MIXED, READS)]
     other_keys = [chaos_cluster.OTHER_KEY + b"/round%d" % r] if others else []
     clients += [(m.endpoint, MIXED, other_keys) for m in others]
-    threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10, ks, weights), daemon=True)
+    threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10, ks, weights, chaos_auth.channel),
+                                daemon=True)
                for c, (ep, weights, ks) in enumerate(clients)]
     big_keys = [b"/registry/pods/chaos/big-%d/round%d" % (i, r) for i in range(BIG_KEYS)] + [
         b"/registry/configmaps/chaos/big/round%d" % r]
@@ -398,6 +403,8 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
                                                              big_keys), daemon=True))
     for t in threads:
         t.start()
+    auth = chaos_auth.ACTIVE
+    change = auth.change(r, [m.endpoint for m in members], rng) if auth else None
     time.sleep(rng.uniform(1.0, 4.0))
     struck = inject(fault, members, nats, rng, log, run)
     time.sleep(3.0)  # traffic after the fault healed
@@ -405,6 +412,8 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     for t in threads:
         t.join(60)
     assert not any(t.is_alive() for t in threads), "a client is stuck"
+    if change is not None:
+        change.end()
     for lk in lockers:
         lk.stop()
     done = sum(1 for _, op in history if not math.isinf(op.ret))
@@ -424,8 +433,10 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     log(f"  linearizable; writer {writer.name}; members agree on {sum(len(v) for v in view.values())} keys; "
         f"the writer stored {writer.checkpoints_stored()} checkpoints since it started")
     log(f"  {check_big(view, big_keys, acked, unknown)}")
+    if change is not None:
+        log(f"  {auth.check(change, {m.name: m.endpoint for m in members})}")
     fences = {}
-    with grpc.insecure_channel(writer.endpoint) as ch:
+    with chaos_auth.channel(writer.endpoint) as ch:
         for k in keys:
             fences[k] = pbg.KVStub(ch).Put(pb.PutRequest(key=k, value=FENCE), timeout=10).header.revision
     for w in watches:
@@ -437,7 +448,7 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     for kind in (Locker, Candidate):
         log(f"  {check_lockers([lk for lk in lockers if type(lk) is kind], alive, struck)}")
     leases.revoke(writer.endpoint, alive_after)
-    with grpc.insecure_channel(writer.endpoint) as ch:  # gone, so that a long run's state does not grow 9 MiB a round
+    with chaos_auth.channel(writer.endpoint) as ch:  # gone, so that a long run's state does not grow 9 MiB a round
         pbg.KVStub(ch).Txn(pb.TxnRequest(success=[pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=k))
                                                   for k in big_keys]), timeout=30)
     if nats is not None:  # a local journal is verified offline only (its writer appends all along)
@@ -463,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", action="store_true", help="shardetcd cluster, two partitions, each with a follower: "
                     f"on JetStream with --standbys, with the faults {', '.join(CLUSTER_FAULTS)}; with --journal local, "
                     f"{', '.join(CLUSTER_LOCAL_FAULTS)} (tests/chaos_cluster.py)")
+    ap.add_argument("--auth", action="store_true", help="auth on: every call as a user that is not root, "
+                    "with a simple token; an auth change each round that every member must hold to (tests/chaos_auth.py)")
     args = ap.parse_args(argv)
     server_args = tuple(shlex.split(args.server_args))
     local = args.journal == "local"
@@ -478,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
-    log(f"chaos seed {seed}, {'a cluster on ' if args.cluster else ''}{args.journal} journal, data and logs under {out}")
+    log(f"chaos seed {seed}, {'a cluster on ' if args.cluster else ''}{args.journal} journal"
+        f"{', auth on' if args.auth else ''}, data and logs under {out}")
     nats = None if args.journal == "local" else \
         start_nats_cluster(out / "nats", size=3, extra=("--no_advertise",))  # members go through their proxies
     # stopped by PID: the finally below stops every server (the caller's handler back after)
@@ -495,6 +509,12 @@ def main(argv: list[str] | None = None) -> int:
             following = ("--follow", "--standby") if nats else ("--follow", "--follow-data-dir", str(members[0].data_dir))
             for i in (1, 2):  # one by one: the finally below stops those that started if one does not
                 members.append(Member(nats, out, f"m{i}", *following, server_args=server_args))
+        if args.auth:
+            auth = chaos_auth.Auth()
+            for endpoint in [run.urls[p] for p in run.ports] if run is not None else [the_writer(members).endpoint]:
+                auth.enable(endpoint)
+            chaos_auth.ACTIVE = auth
+            log("auth enabled: every call as the user chaos, with a simple token")
         ends = time.monotonic() + args.minutes * 60
         r = 0
         while (r < len(listed) if listed else r < args.rounds if args.rounds else time.monotonic() < ends):
@@ -514,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         raise
     finally:
+        chaos_auth.ACTIVE = None
         signal.signal(signal.SIGTERM, before)
         if run is not None:
             run.stop()

@@ -34,6 +34,7 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests import chaos_auth
 from tests.etcd_fixture import free_ports
 from tests.shardetcd_fixture import REPO_ROOT, stop_by_pid
 
@@ -47,7 +48,7 @@ START_TIMEOUT_S = 120.0
 def endpoint_status(endpoint: str) -> pb.StatusResponse | None:
     """Status through ``endpoint``, None when it does not answer (a chaos member's own)."""
     try:
-        with grpc.insecure_channel(endpoint) as ch:
+        with chaos_auth.channel(endpoint) as ch:
             return pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=2)
     except grpc.RpcError:
         return None
@@ -126,7 +127,7 @@ class ClusterRun:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                with grpc.insecure_channel(self.urls[partition]) as ch:
+                with chaos_auth.channel(self.urls[partition]) as ch:
                     leader = pbg.MaintenanceStub(ch).Status(pb.StatusRequest(), timeout=2).leader
                     members = pbg.ClusterStub(ch).MemberList(pb.MemberListRequest(), timeout=2).members
                 named = [m.name for m in members if m.ID == leader]
@@ -261,7 +262,7 @@ def served_again(endpoint: str, timeout: float) -> float:
     started = time.monotonic()
     while True:
         try:
-            with grpc.insecure_channel(endpoint) as ch:
+            with chaos_auth.channel(endpoint) as ch:
                 pbg.KVStub(ch).Put(pb.PutRequest(key=b"/registry/pods/chaos/hang", value=b"x"), timeout=2)
             return time.monotonic() - started
         except grpc.RpcError as exc:

@@ -23,6 +23,7 @@ import time
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests import chaos_auth
 
 KEEPER_TTL_S = 10
 DROPPED_TTL_S = 3
@@ -48,7 +49,7 @@ class Keeper:
 
     def __init__(self, endpoint: str, keys: list[bytes]) -> None:
         self.endpoint, self.keys = endpoint, keys
-        with grpc.insecure_channel(endpoint) as ch:
+        with chaos_auth.channel(endpoint) as ch:
             sent = time.monotonic()
             self.id = grant_with_keys(pbg.KVStub(ch), pbg.LeaseStub(ch), KEEPER_TTL_S, keys)
         self.answers: list[tuple[float, float, int]] = [(sent, time.monotonic(), KEEPER_TTL_S)]  # (sent, answered, TTL)
@@ -75,7 +76,7 @@ class Keeper:
             raise
 
     def _stream(self) -> None:
-        with grpc.insecure_channel(self.endpoint) as channel:
+        with chaos_auth.channel(self.endpoint) as channel:
             requests: queue.Queue = queue.Queue()
             sent: collections.deque[float] = collections.deque()  # a stream answers in order
 
@@ -151,7 +152,7 @@ class RoundLeases:
     def __init__(self, endpoints: dict[str, str], writer: str, r: int) -> None:
         self.keepers = {name: Keeper(endpoint, lease_keys(name, r)) for name, endpoint in endpoints.items()}
         dropped_keys = lease_keys("dropped", r)
-        with grpc.insecure_channel(writer) as ch:
+        with chaos_auth.channel(writer) as ch:
             self.dropped = grant_with_keys(pbg.KVStub(ch), pbg.LeaseStub(ch), DROPPED_TTL_S, dropped_keys)
         self.keys = {k.id: k.keys for k in self.keepers.values()} | {self.dropped: dropped_keys}
 
@@ -173,7 +174,7 @@ class RoundLeases:
     def alive(self, writer: str, timeout: float = 60.0) -> dict[int, bool]:
         """Which leases the writer holds, once the dropped one is gone (within ``timeout``)."""
         deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(writer) as ch:
+        with chaos_auth.channel(writer) as ch:
             def time_to_live(lease_id: int) -> int:  # -1: gone
                 return pbg.LeaseStub(ch).LeaseTimeToLive(pb.LeaseTimeToLiveRequest(ID=lease_id), timeout=10).TTL
 
@@ -200,7 +201,7 @@ class RoundLeases:
 
     def revoke(self, writer: str, alive: dict[int, bool]) -> None:
         """The leases still alive revoked, so that a long run's state does not grow."""
-        with grpc.insecure_channel(writer) as ch:
+        with chaos_auth.channel(writer) as ch:
             for lease_id in (i for i, a in alive.items() if a):
                 try:
                     pbg.LeaseStub(ch).LeaseRevoke(pb.LeaseRevokeRequest(ID=lease_id), timeout=10)

@@ -34,6 +34,7 @@ import grpc
 
 from proto import (rpc_pb2 as pb, rpc_pb2_grpc as pbg, v3election_pb2 as epb, v3election_pb2_grpc as epbg,
                    v3lock_pb2 as lpb, v3lock_pb2_grpc as lpbg)
+from tests import chaos_auth
 
 RETRY_S = 0.3
 
@@ -75,7 +76,7 @@ class Taker:
     def _run(self) -> None:
         try:
             failed_before = False
-            with grpc.insecure_channel(self.endpoint) as channel:
+            with chaos_auth.channel(self.endpoint) as channel:
                 while not self._stop.is_set():
                     self.doing = (self.kind, time.monotonic())
                     held = self._taken(channel)

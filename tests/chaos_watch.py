@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from proto import kv_pb2, rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests import chaos_auth
 
 FENCE = b"fence"
 PROGRESS_EVERY_S = 0.5
@@ -78,7 +79,7 @@ class MemberWatch:
             raise
 
     def _stream(self) -> None:
-        with grpc.insecure_channel(self.endpoint) as channel:
+        with chaos_auth.channel(self.endpoint) as channel:
             requests: queue.Queue = queue.Queue()
             call = self._call = pbg.WatchStub(channel).Watch(iter(requests.get, None))
             if self._stop.is_set():
@@ -108,6 +109,11 @@ class MemberWatch:
                         floor.update(dict.fromkeys(ids.values(), r.header.revision))
                         self.progress += 1
                         continue
+                    if r.created and r.canceled and r.cancel_reason == chaos_auth.WATCH_INVALID_TOKEN:
+                        # a member that lost the stream's token (a restart): a new stream, with a new
+                        # token, as a client library does (etcd >= 3.5.6 says why)
+                        chaos_auth.stream_token_refused(self.endpoint)
+                        return
                     if r.created:
                         ids[r.watch_id] = creating.pop(0)
                         floor[ids[r.watch_id]] = 0

@@ -35,6 +35,18 @@ def test_one_round_of_each_fault_on_a_local_journal_and_its_followers(tmp_path, 
     assert_every_round_checked(capsys.readouterr().out.splitlines(), chaos.LOCAL_FAULTS)
 
 
+def test_rounds_with_auth_on(tmp_path, capsys):
+    """Auth on (tests/chaos_auth.py): every call as a user that is not root, with a simple token
+    taken again when a restarted member lost it; each round's auth change held on every member."""
+    faults = ("kill-writer", "kill-member")
+    assert chaos.main(["--journal", "local", "--auth", "--faults", ",".join(faults), "--seed", "0",
+                       "--dir", str(tmp_path), "--server-args", "--checkpoint-journal-bytes 20000"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert_every_round_checked(out, faults)
+    held = [line for line in out if "and its new password held on every member" in line]
+    assert [" granted " in line for line in held] == [True, False], out
+
+
 def assert_every_round_checked(out: list[str], faults) -> None:
     """Every round reported each of its checks (and stored checkpoints, moved large transactions,
     kept leases and saw watch events)."""

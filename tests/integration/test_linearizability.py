@@ -33,10 +33,11 @@ def now() -> float:
 
 
 def client(endpoint: str, cid: int, stop: threading.Event, history: list, timeout: float = 2,
-           keys: list[bytes] = KEYS, weights: tuple[int, int, int, int] = MIXED) -> None:
-    """Random get / put / delete / compare-and-swap, in proportion to ``weights``, until ``stop``."""
+           keys: list[bytes] = KEYS, weights: tuple[int, int, int, int] = MIXED, connect=grpc.insecure_channel) -> None:
+    """Random get / put / delete / compare-and-swap, in proportion to ``weights``, until ``stop``;
+    through the channel ``connect`` opens."""
     rng = random.Random(cid)
-    channel = grpc.insecure_channel(endpoint)
+    channel = connect(endpoint)
     kv = pbg.KVStub(channel)
     n = 0
     while not stop.is_set():
