@@ -764,9 +764,13 @@ class KeepAlives:
                 if not self.link.leads_to(channel):
                     return
                 batch, self.pending = self.pending, set()
-                for lease_id in batch:
-                    self.sent[lease_id] = now
-                    await call.write(pb.LeaseKeepAliveRequest(ID=lease_id).SerializeToString())
+                try:
+                    for lease_id in batch:
+                        self.sent[lease_id] = now
+                        await call.write(pb.LeaseKeepAliveRequest(ID=lease_id).SerializeToString())
+                except asyncio.InvalidStateError:  # the call ended (the writer went away): why, its reader says
+                    await asyncio.wait([reader])
+                    break
             reader.result()
         finally:
             reader.cancel()

@@ -34,3 +34,39 @@ async def answered_at_once(ttl: int, renewed_s_ago: float) -> bool:
 ])
 def test_a_keep_alive_is_answered_by_the_follower_only_just_after_a_renewal(ttl, renewed_s_ago, at_once):
     assert asyncio.run(answered_at_once(ttl, renewed_s_ago)) is at_once
+
+
+class EndedCall:
+    """A keep-alive stream the writer ended (it died): writes refused as grpc.aio refuses them,
+    the answers ending with the call's error."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def write(self, _):
+        raise asyncio.InvalidStateError("RPC already finished.")
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        await asyncio.sleep(0.05)
+        raise self.error
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_a_stream_the_writer_ended_says_why_not_that_a_write_came_too_late():
+    """The stream ends with the call's own error (what the log line names), not with the
+    InvalidStateError a renewal written to the finished call meets."""
+    async def main():
+        gone = ConnectionResetError("writer gone")
+        link = SimpleNamespace(timeout_s=5.0, leads_to=lambda channel: True)
+        keepalives = KeepAlives(link, interval_s=0.01)
+        keepalives.pending.add(7)
+        channel = SimpleNamespace(stream_stream=lambda *a, **kw: lambda metadata: EndedCall(gone))
+        with pytest.raises(ConnectionResetError):
+            await asyncio.wait_for(keepalives._stream_on(channel), 5)
+
+    asyncio.run(main())
