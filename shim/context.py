@@ -128,7 +128,11 @@ class Member:
             raise RequestTimeoutError() from None
 
     async def leader_id(self) -> int:
-        """etcd's leader: this member, or the writer a follower follows (0: none has served yet)."""
+        """etcd's leader: this member, or the writer a follower follows; 0, etcd's "no leader", while
+        none has served yet, or while this member has gone without one (its writer's lease held by
+        nobody, or not surely by itself: as an etcd member during an election, or cut off)."""
+        if Leader.missing:
+            return 0
         link = getattr(self, "link", None)
         return self.member_id if link is None else await link.leader()
 

@@ -799,7 +799,8 @@ def test_a_follower_names_the_writer_as_leader_without_handing_it_a_call(nats, t
     names its leader, whether or not the follower has handed the writer a call (it named
     itself until its first forwarded call; `shardetcd cluster` starts followers beside their
     writer, so etcdctl endpoint status called them leaders): none while no writer has served,
-    the writer once one serves, and a standby once it took over."""
+    the writer once one serves, none once its writer's lease lapsed with nobody taking over (it
+    named the dead writer), and a standby once it took over."""
     follower = server_on(nats, tmp_path / "f", "--follow").start(wait=False)  # its readiness check reads
     writer = standby = None                                                     # through a writer
     wait_until("the follower serves", lambda: "serving the etcd v3 API" in follower.log_tail(50), 30)
@@ -813,13 +814,15 @@ def test_a_follower_names_the_writer_as_leader_without_handing_it_a_call(nats, t
             own = maintenance.Status(pb.StatusRequest(), timeout=10).header.member_id
             assert leader() == 0  # no writer yet: etcd's "no leader"
             writer = server_on(nats, tmp_path / "w").start()
-            standby = server_on(nats, tmp_path / "s", "--follow", "--standby").start()
             ids = {}
-            for name, server in (("writer", writer), ("standby", standby)):
-                with grpc.insecure_channel(server.endpoint) as sch:
-                    ids[name] = pbg.MaintenanceStub(sch).Status(pb.StatusRequest(), timeout=10).header.member_id
+            with grpc.insecure_channel(writer.endpoint) as sch:
+                ids["writer"] = pbg.MaintenanceStub(sch).Status(pb.StatusRequest(), timeout=10).header.member_id
             wait_until("the follower names the writer", lambda: leader() == ids["writer"], 10)
             writer.kill()
+            wait_until("the follower names no leader once the dead writer's lease lapsed", lambda: leader() == 0, 30)
+            standby = server_on(nats, tmp_path / "s", "--follow", "--standby").start()
+            with grpc.insecure_channel(standby.endpoint) as sch:
+                ids["standby"] = pbg.MaintenanceStub(sch).Status(pb.StatusRequest(), timeout=10).header.member_id
             wait_until("the follower names the standby that took over", lambda: leader() == ids["standby"], 30)
             assert own not in ids.values()
     finally:
