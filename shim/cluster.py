@@ -26,6 +26,12 @@ over and says it finds the URL held (``supervised.URL_HELD``): the supervisor
 kills the hung, deposed process, and the standby binds the URL.  The second one keeps its data in ``DIR/<name>.2`` and logs to
 ``DIR/<name>.2.log``.
 
+Every process, once it serves, writes a byte down a pipe to the supervisor each second from its
+event loop (shim/supervised.py). One that falls silent for ``--liveness-timeout`` (60 s) while it
+runs, hung or stopped, is killed and restarted as one that died: on a local journal nothing else
+can end it (it holds the data dir), and until it ends its partition serves nobody. Beats wait in
+the pipe while the supervisor reads nothing (stopped itself): they are heard when it goes on.
+
 With ``--followers N``, each partition also gets N followers (``--follow``),
 each on a client URL of its own, listed after the writer in
 ``--etcd-servers``: they follow the JetStream journals, or with the local
@@ -60,6 +66,7 @@ READY_LINE = b"shardetcd serving the etcd v3 API"
 START_TIMEOUT_S = 60.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 10.0
 HEALTHY_AFTER_S = 30.0  # a process up this long has its restart backoff reset
+LIVENESS_TIMEOUT_S = 60.0  # a serving process whose event loop is silent this long is killed and restarted
 STOP_GRACE_S = 15.0
 POLL_S = 0.1
 FOLLOWER_PORT_MOVES = 5  # a follower whose port another process took while it started moves on this often
@@ -91,6 +98,8 @@ class Child:
     restart_at: float | None = None
     replica: int = 1  # 2: a partition's second process (--standbys)
     follower: int = 0  # n > 0: the partition's n-th follower (--followers), on a client URL of its own
+    beats: int | None = None  # the read end of the pipe its event loop beats down (shim/supervised.py)
+    heard_at: float = 0.0  # when it last beat, or became ready
 
     @property
     def name(self) -> str:
@@ -110,13 +119,36 @@ class Child:
 
     def spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.out_path.open("ab") as out:
-            self.log_offset = out.tell()
-            # own session: a Ctrl-C reaches the supervisor, which stops the partitions in order; no
-            # preexec_fn: the process sets up its niceness and parent-death signal itself (shim/supervised.py)
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                         start_new_session=True, env=supervised.environment(self.partition.nice))
+        self.close_beats()
+        self.beats, beat = os.pipe()
+        os.set_blocking(self.beats, False)
+        try:
+            with self.out_path.open("ab") as out:
+                self.log_offset = out.tell()
+                # own session: a Ctrl-C reaches the supervisor, which stops the partitions in order; no
+                # preexec_fn: the process sets up its niceness and parent-death signal itself (shim/supervised.py)
+                self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                             start_new_session=True, pass_fds=(beat,),
+                                             env=supervised.environment(self.partition.nice, beat))
+        finally:
+            os.close(beat)
         self.started_at, self.ready, self.restart_at, self.held_up = time.monotonic(), False, None, False
+
+    def close_beats(self) -> None:
+        if self.beats is not None:
+            os.close(self.beats)
+            self.beats = None
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since it last beat (or became ready); 0 until it serves."""
+        if not self.ready:
+            return 0.0
+        try:
+            if os.read(self.beats, 4096):
+                self.heard_at = now
+        except BlockingIOError:
+            pass
+        return now - self.heard_at
 
     def move_to(self, listen: str, url: str) -> None:
         """Listen on ``listen`` and advertise ``url`` from the next spawn on."""
@@ -145,7 +177,7 @@ class Child:
     def check_ready(self, said: bytes | None = None) -> bool:
         """Whether it serves; ``said``: its new_log() when the caller read it already."""
         if not self.ready and READY_LINE in (self.new_log() if said is None else said):
-            self.ready = True
+            self.ready, self.heard_at = True, time.monotonic()
         return self.ready
 
 
@@ -193,8 +225,10 @@ class Supervisor:
     def __init__(self, layout: ClusterLayout, layout_path: Path, data_dir: Path, host: str, base_port: int,
                  server_args: list[str], state_dir: Path | None = None, quota_backend_bytes: int | None = None,
                  standbys: bool = False, followers: int = 0, local_journal: bool = True,
-                 wal_dir: Path | None = None, advertise_host: str | None = None) -> None:
+                 wal_dir: Path | None = None, advertise_host: str | None = None,
+                 liveness_timeout_s: float = LIVENESS_TIMEOUT_S) -> None:
         rotated = _given("--enable-log-rotation", server_args)
+        self.liveness_timeout_s = liveness_timeout_s
         # with a certificate among the flags passed on, every process serves TLS on its client URL
         self.scheme = "https" if _given("--cert-file", server_args) else "http"
         self.host, self.advertise_host = host, advertise_host or host
@@ -307,7 +341,8 @@ class Supervisor:
         return None
 
     def tend(self) -> None:
-        """One supervision step: notice deaths, restart when their backoff is over."""
+        """One supervision step: notice deaths, restart when their backoff is over, kill a process
+        that serves but whose event loop fell silent for --liveness-timeout (hung, or stopped)."""
         now = time.monotonic()
         for c in self.children:
             if c.restart_at is not None:
@@ -324,6 +359,10 @@ class Supervisor:
                         self._kill_deposed(c)
                     if c.check_ready(said):
                         logger.warning("serving again partition=%s url=%s pid=%d", c.label, c.url, c.proc.pid)
+                elif self.liveness_timeout_s and (silent := c.silent_for(now)) > self.liveness_timeout_s:
+                    logger.warning("partition not answering, killing it partition=%s pid=%d silent_s=%.1f "
+                                   "last_log=%r", c.label, c.proc.pid, silent, c.last_log_line())
+                    c.proc.kill()
                 continue
             up_s = now - c.started_at
             if up_s >= HEALTHY_AFTER_S:
@@ -346,6 +385,8 @@ class Supervisor:
                 other.proc.kill()
 
     def stop_all(self) -> None:
+        for c in self.children:
+            c.close_beats()
         live = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
         for p in live:
             p.send_signal(signal.SIGTERM)
@@ -385,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="N followers per partition, each on a client URL of its own (the free ports after "
                         "the partitions'), serving reads and watches; all are in the kube-apiserver flags. They follow "
                         "the JetStream journals of --journal-url, or else the writer's local journal in DIR/<name>")
+    p.add_argument("--liveness-timeout", type=float, default=LIVENESS_TIMEOUT_S, metavar="SECONDS",
+                   help="kill and restart a process that serves but whose event loop has been silent this long: "
+                        "hung, or stopped (each beats down a pipe every second; default: %(default)s; 0: never)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
     return p
 
@@ -417,7 +461,8 @@ def cluster_main(argv: list[str]) -> int:
             _no_jetstream_partition_left_out(layout, server_args)
         sup = Supervisor(layout, args.layout, args.data_dir, args.host, args.base_port, server_args, args.state_dir,
                          args.quota_backend_bytes, args.standbys, args.followers, local_journal=not jetstream,
-                         wal_dir=args.wal_dir, advertise_host=args.advertise_host)
+                         wal_dir=args.wal_dir, advertise_host=args.advertise_host,
+                         liveness_timeout_s=args.liveness_timeout)
     except LayoutError as exc:
         print(f"shardetcd cluster: {exc}", file=sys.stderr)
         return 2

@@ -83,6 +83,7 @@ class Running:
     registry: Registry | None = None  # with a replicated journal: who serves it
     promotion: asyncio.Task | None = None  # --follow --standby: takes over when the writer lease is free
     leaderless: asyncio.Task | None = None  # ends streams that require a leader when the lease is not sure
+    heartbeat: asyncio.Task | None = None  # under `shardetcd cluster`: tells the supervisor the loop runs
 
 
 def parse_listen_url(url: str) -> tuple[str, bool]:
@@ -691,6 +692,7 @@ async def start(config: ServerConfig) -> Running:
     progress = loop.create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
     running = Running(server, store, ports, failed, progress, lease=lease, link=link, following=following,
                       registry=registry, http=http)
+    running.heartbeat = loop.create_task(supervised.heartbeat())
     if member.leader_probe is not None:  # a replicated journal's writer or follower can lose its leader
         running.leaderless = loop.create_task(member.end_streams_without_a_leader(config.journal_lease_ttl_s / 3))
     if link is None:  # a follower's journals are written by the writer, compactions included
@@ -751,7 +753,7 @@ async def _progress_ticks(store: Store, interval_s: float) -> None:
 async def stop(running: Running, grace_s: float = 1.0) -> None:
     for http in running.http:
         http.close()
-    for task in (running.progress, running.autocompact, running.leaderless):
+    for task in (running.progress, running.autocompact, running.leaderless, running.heartbeat):
         if task is not None:
             task.cancel()
     await cancel_and_wait(running.promotion)

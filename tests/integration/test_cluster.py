@@ -250,6 +250,39 @@ def test_sigkill_of_one_partition_restarts_it_losing_nothing_while_the_others_ke
     assert not any(alive(p) for p in pids)
 
 
+def test_a_partition_process_that_hangs_is_killed_and_restarted_but_not_for_the_supervisors_own_pause(tmp_path):
+    """On local journals nothing else can end a hung partition process (it holds the data dir):
+    one whose event loop falls silent for --liveness-timeout is killed and restarted, and its
+    partition serves again; while the supervisor itself was stopped, the beats wait in their pipes
+    for it."""
+    c = Cluster(tmp_path)
+    c.argv += ["--liveness-timeout", "3"]
+    c.start()
+    try:
+        put = lambda: kv(c.endpoint("events")).Put(pb.PutRequest(key=b"/registry/events/ns/e", value=b"x"), timeout=10)  # noqa: E731
+        put()
+        os.kill(c.proc.pid, signal.SIGSTOP)  # the supervisor stopped longer than the timeout: no kill
+        time.sleep(5)
+        os.kill(c.proc.pid, signal.SIGCONT)
+        time.sleep(1.5)
+        assert "not answering" not in c.output() and all(alive(p) for p in c.child_pids.values())
+        hung = c.child_pids["events"]
+        os.kill(hung, signal.SIGSTOP)  # hung: its loop beats no more
+        deadline = time.monotonic() + 30
+        while "serving again partition=events" not in c.output():
+            assert time.monotonic() < deadline, c.output()
+            time.sleep(0.1)
+        out = c.output()
+        assert re.search(rf"partition not answering, killing it partition=events pid={hung} silent_s=3\.\d", out), out
+        assert "partition died partition=events" in out and "killed by SIGKILL" in out
+        c.child_pids["events_restarted"] = int(re.search(r"restarted partition=events pid=(\d+)", out)[1])
+        assert not alive(hung)
+        put()
+        assert "not answering, killing it partition=leases" not in out and alive(c.child_pids["leases"])
+    finally:
+        c.stop()
+
+
 def test_a_full_events_partition_does_not_stop_lease_writes(cluster):
     events, leases, main = kv(cluster.endpoint("events")), kv(cluster.endpoint("leases")), kv(cluster.endpoint("main"))
     value = b"e" * 8000

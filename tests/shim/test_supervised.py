@@ -3,6 +3,7 @@
 itself, first thing."""
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -64,3 +65,44 @@ def test_a_supervised_process_takes_its_niceness_and_ends_with_its_supervisor():
             supervisor.kill()
             supervisor.wait()
 
+
+
+def test_a_serving_process_beats_down_its_pipe_and_a_full_pipe_does_not_stop_its_loop(tmp_path, monkeypatch):
+    partition = type("P", (), {"nice": 0, "name": "main"})()
+    code = textwrap.dedent("""
+        import asyncio
+        from shim import supervised
+        supervised.as_supervised()
+
+        async def main():
+            beating = asyncio.ensure_future(supervised.heartbeat())
+            await asyncio.sleep(2.5)
+            beating.cancel()
+
+        asyncio.run(main())
+    """)
+    child = Child(partition, "http://127.0.0.1:1", tmp_path / "d", tmp_path / "main.log", [sys.executable, "-c", code])
+    child.spawn()
+    child.ready, child.heard_at = True, time.monotonic() - 100  # as if it served long silent
+    assert child.proc.wait(30) == 0, child.new_log()
+    assert child.silent_for(time.monotonic()) < 1  # it beat
+    child.close_beats()
+    # a supervisor that reads nothing: the pipe fills, the beats are dropped, the loop goes on
+    from shim import supervised
+
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        while True:
+            os.write(w, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    monkeypatch.setattr(supervised, "heartbeat_fd", w)
+    try:
+        asyncio.run(asyncio.wait_for(supervised.heartbeat(), 1.5))
+        raise AssertionError("the heartbeat ended")
+    except TimeoutError:
+        pass  # still beating (into a full pipe) when its time was up
+    finally:
+        os.close(r)
+        os.close(w)
