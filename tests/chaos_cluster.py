@@ -10,9 +10,10 @@ partition's. The supervisor restarts what dies; the faults strike its processes,
 (``CLUSTER_FAULTS``; on local journals ``CLUSTER_LOCAL_FAULTS``, without the standby's and NATS's):
 
 * ``kill-writer`` / ``pause-writer``: main's serving process (its standby takes over the URL);
-* ``hang-writer``: main's serving process stopped until a write through main's URL is answered:
-  the standby must take over and serve the URL the stopped process still holds (the supervisor
-  kills it) within 30 s;
+* ``hang-writer``: main's serving process stopped until a write through main's URL is answered,
+  which must be within 30 s: on JetStream the standby takes over and serves the URL the stopped
+  process still holds (the supervisor kills it); on local journals the supervisor finds its event
+  loop silent past ``--liveness-timeout`` (LIVENESS_S here) and kills and restarts it;
 * ``kill-member`` / ``pause-member``: main's standby process or its follower (local: its follower);
 * ``kill-partition``: the nodes partition's serving process (main must not notice);
 * ``kill-supervisor``: SIGKILL the supervisor: every process it started stops (their parent-death
@@ -40,7 +41,9 @@ from tests.shardetcd_fixture import REPO_ROOT, stop_by_pid
 
 CLUSTER_FAULTS = ("kill-writer", "pause-writer", "hang-writer", "kill-member", "pause-member", "kill-partition", "kill-supervisor",
                   "kill-nats", "pause-nats", "kill-nats-quorum")
-CLUSTER_LOCAL_FAULTS = ("kill-writer", "pause-writer", "kill-member", "pause-member", "kill-partition", "kill-supervisor")
+CLUSTER_LOCAL_FAULTS = ("kill-writer", "pause-writer", "hang-writer", "kill-member", "pause-member", "kill-partition",
+                        "kill-supervisor")
+LIVENESS_S = 10.0  # the supervisor's --liveness-timeout: past the longest pause (2.5 lease TTLs)
 OTHER_KEY = b"/registry/minions/chaos/lin"  # on the nodes partition
 START_TIMEOUT_S = 120.0
 
@@ -75,7 +78,7 @@ class ClusterRun:
         layout.write_text(f'[[partition]]\nname = "nodes"\nresources = ["nodes"]\nport = {self.ports["nodes"]}\n\n'
                           f'[[partition]]\nname = "main"\ndefault = true\nport = {self.ports["main"]}\n')
         self.argv = [sys.executable, "-m", "shim", "cluster", "--layout", str(layout), "--data-dir", str(self.dir / "data"),
-                     "--state-dir", str(self.dir / "state"), "--followers", "1",
+                     "--state-dir", str(self.dir / "state"), "--followers", "1", "--liveness-timeout", str(LIVENESS_S),
                      *(("--journal-url", nats.urls, "--standbys") if nats else ()), *server_args]
         self.out_path = self.dir / "supervisor.out"
         self.proc: subprocess.Popen | None = None

@@ -1,7 +1,7 @@
 """One round of each fault of tests/chaos_cluster.py against ``shardetcd cluster``: on three NATS
 servers, two partitions, each two processes on one URL (one serving, one standing by) and a
 follower; and on local journals, each partition one process and a follower of its data dir. The
-faults kill, pause or hang a partition's processes, or kill the supervisor (its processes must
+faults kill, pause or hang a partition's processes (a hung one must be replaced within 30 s), or kill the supervisor (its processes must
 stop with it; started again, it serves the same URLs). After each round every check of
 tests/chaos.py holds on the chaos partition, and the other partition's client history is
 linearizable and its members agree (``python -m tests.chaos --cluster [--journal local] --minutes N``
@@ -14,7 +14,7 @@ from tests.integration.test_chaos import assert_every_round_checked
 
 # the NATS faults but losing the quorum run in tests/integration/test_chaos.py
 JETSTREAM = tuple(f for f in CLUSTER_FAULTS if f not in ("kill-nats", "pause-nats"))
-LOCAL = ("kill-writer", "pause-writer", "kill-member", "kill-supervisor")
+LOCAL = ("kill-writer", "pause-writer", "hang-writer", "kill-member", "kill-supervisor")
 
 
 def run_rounds(tmp_path, capsys, faults, *flags: str) -> list[str]:
@@ -40,4 +40,6 @@ def test_one_round_of_each_fault_on_a_cluster_on_jetstream(tmp_path, capsys):
 
 def test_one_round_of_faults_on_a_cluster_on_local_journals(tmp_path, capsys):
     assert set(LOCAL) <= set(CLUSTER_LOCAL_FAULTS)
-    run_rounds(tmp_path, capsys, LOCAL, "--journal", "local")
+    out = run_rounds(tmp_path, capsys, LOCAL, "--journal", "local")
+    replaced = [line for line in out if "main served a write " in line and line.endswith("was killed")]
+    assert len(replaced) == 1, out  # hang-writer: the supervisor found it silent and killed it
