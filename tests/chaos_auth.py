@@ -9,7 +9,7 @@ checks) and ``probe`` (a role of its own), then AuthEnable. Every channel the ha
 authenticates through the endpoint the call goes to when it has no token (a follower hands
 Authenticate to the writer, which journals the token so that every member knows it) and drops
 a token a member answers "invalid auth token" for, as etcd's client does, so that the next call
-authenticates again. A member may refuse a token it lost in a restart (simple tokens live in
+authenticates again; as etcd's client, a unary call so refused is made once more at once. A member may refuse a token it lost in a restart (simple tokens live in
 memory, as etcd's); the refusals are counted per endpoint and reported each round.
 
 Findings:
@@ -41,6 +41,7 @@ PROBE_KEY = b"/registry/pods/chaos/probe"
 NO_TOKEN = "none.0"  # sent when no token could be had: the member answers "invalid auth token"
 INVALID_TOKEN = "etcdserver: invalid auth token"
 WATCH_INVALID_TOKEN = "rpc error: code = Unauthenticated desc = " + INVALID_TOKEN  # a refused watch create's reason
+WAITING_CALLS = ("/v3lockpb.Lock/Lock", "/v3electionpb.Election/Campaign")
 EVERYTHING = auth_pb2.Permission(permType=auth_pb2.Permission.READWRITE, key=b"\0", range_end=b"\0")
 
 ACTIVE: Auth | None = None  # set by tests/chaos.py --auth: every channel() then sends a token
@@ -114,8 +115,8 @@ class _Details(collections.namedtuple("_Details", ("method", "timeout", "metadat
 
 class _Interceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
                    grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Sends the session's token with every call; drops a refused one; tells ``auth`` of every
-    call answered PERMISSION_DENIED."""
+    """Sends the session's token with every call; drops a refused one (a unary call is made again
+    with a new one); tells ``auth`` of every call answered PERMISSION_DENIED."""
 
     def __init__(self, auth: Auth, session: Session, endpoint: str) -> None:
         self.auth, self.session, self.endpoint = auth, session, endpoint
@@ -138,8 +139,17 @@ class _Interceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
         elif code == grpc.StatusCode.PERMISSION_DENIED:
             self.auth.denied(f"{self.session.user} {method} through {self.endpoint}: {call.details()}")
 
-    intercept_unary_unary = intercept_unary_stream = _call
-    intercept_stream_unary = intercept_stream_stream = _call
+    def intercept_unary_unary(self, continuation, details, request):
+        """As etcd's client: a call refused for its token is made once more, with a new one (the
+        server did nothing with it). Not a Lock or Campaign, which wait, and whose callers cancel
+        them: their takers try again anyway."""
+        call = self._call(continuation, details, request)
+        if details.method in WAITING_CALLS or call.code() != grpc.StatusCode.UNAUTHENTICATED or \
+                call.details() != INVALID_TOKEN:
+            return call
+        return self._call(continuation, details, request)
+
+    intercept_unary_stream = intercept_stream_unary = intercept_stream_stream = _call
 
 
 class Auth:
