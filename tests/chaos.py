@@ -79,7 +79,7 @@ from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests import chaos_auth, chaos_cluster
 from tests.chaos_cluster import CLUSTER_FAULTS, CLUSTER_LOCAL_FAULTS, ClusterRun, endpoint_status
 from tests.chaos_lease import RoundLeases
-from tests.chaos_lock import Candidate, Locker, check_lockers
+from tests.chaos_lock import Candidate, Locker, Observer, check_lockers, check_observers
 from tests.chaos_watch import FENCE, MemberWatch, watch_report
 from tests.etcd_fixture import free_port
 from tests.integration.test_linearizability import KEYS, MIXED, check_linearizable, client
@@ -366,16 +366,18 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
     with chaos_auth.channel(writer) as ch:
         start_rev = pbg.KVStub(ch).Range(pb.RangeRequest(key=keys[0]), timeout=10).header.revision + 1
     watches = [MemberWatch(m.name, m.endpoint, keys, start_rev) for m in members]
-    leases, lockers = None, []
+    leases, lockers, observers = None, [], []
     try:
         leases = RoundLeases({m.name: m.endpoint for m in members}, writer, r)
         lockers = [kind(m.name, m.endpoint, b"/chaos/%s/round%d" % (kind.noun.encode(), r), leases.keepers[m.name].id)
                    for kind in (Locker, Candidate) for m in members]
-        _round(r, fault, members, nats, rng, out, log, keys, watches, start_rev, leases, lockers, run, list(others))
+        observers = [Observer(m.name, m.endpoint, b"/chaos/%s/round%d" % (Candidate.noun.encode(), r)) for m in members]
+        _round(r, fault, members, nats, rng, out, log, keys, watches, start_rev, leases, lockers + observers, run,
+               list(others))
     finally:
         for w in watches:
             w.close()
-        for lk in lockers:
+        for lk in lockers + observers:
             lk.stop()
         if leases is not None:
             leases.stop()
@@ -447,6 +449,7 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     log(f"  {leases.report(alive, alive_after, view, struck)}")
     for kind in (Locker, Candidate):
         log(f"  {check_lockers([lk for lk in lockers if type(lk) is kind], alive, struck)}")
+    log(f"  {check_observers([o for o in lockers if type(o) is Observer], struck)}")
     leases.revoke(writer.endpoint, alive_after)
     with chaos_auth.channel(writer.endpoint) as ch:  # gone, so that a long run's state does not grow 9 MiB a round
         pbg.KVStub(ch).Txn(pb.TxnRequest(success=[pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=k))
@@ -513,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
             auth = chaos_auth.Auth()
             for endpoint in [run.urls[p] for p in run.ports] if run is not None else [the_writer(members).endpoint]:
                 auth.enable(endpoint)
+            auth.separate([m.endpoint for m in others])  # the cluster's other partition
             chaos_auth.ACTIVE = auth
             log("auth enabled: every call as the user chaos, with a simple token")
         ends = time.monotonic() + args.minutes * 60

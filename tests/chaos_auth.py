@@ -52,13 +52,13 @@ def channel(endpoint: str, options=None, as_root: bool = False) -> grpc.Channel:
     plain = grpc.insecure_channel(endpoint, options=options)
     if ACTIVE is None:
         return plain
-    return grpc.intercept_channel(plain, _Interceptor(ACTIVE, ACTIVE.root if as_root else ACTIVE.user, endpoint))
+    return grpc.intercept_channel(plain, _Interceptor(ACTIVE, ACTIVE.session(endpoint, as_root), endpoint))
 
 
 def stream_token_refused(endpoint: str) -> None:
     """A watch stream through ``endpoint`` had its creates refused for the chaos user's token."""
     if ACTIVE is not None:
-        ACTIVE.user.drop()
+        ACTIVE.session(endpoint).drop()
         ACTIVE.refused(endpoint)
 
 
@@ -157,12 +157,24 @@ class Auth:
 
     def __init__(self) -> None:
         self.root, self.user = Session(ROOT, PASSWORDS[ROOT]), Session(CHAOS, PASSWORDS[CHAOS])
+        # a cluster's other partitions are etcds of their own, with tokens of their own: their
+        # endpoints (``separate``) have sessions of their own
+        self._separate: dict[str, tuple[Session, Session]] = {}
         self.probe_password = "probe-0"
         self.probe_token: str | None = None  # the last round's, from the password before
         self.probe_granted = False
         self._lock = threading.Lock()
         self._refused: collections.Counter = collections.Counter()  # endpoint -> tokens refused this round
         self._denied: list[str] = []
+
+    def separate(self, endpoints: list[str]) -> None:
+        """``endpoints`` serve an etcd of their own (another partition of a cluster): tokens of its own."""
+        sessions = Session(ROOT, PASSWORDS[ROOT]), Session(CHAOS, PASSWORDS[CHAOS])
+        self._separate.update(dict.fromkeys(endpoints, sessions))
+
+    def session(self, endpoint: str, as_root: bool = False) -> Session:
+        root, user = self._separate.get(endpoint, (self.root, self.user))
+        return root if as_root else user
 
     def refused(self, endpoint: str) -> None:
         with self._lock:
