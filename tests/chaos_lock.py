@@ -219,3 +219,103 @@ def check_lockers(lockers: list[Taker], alive: dict[int, bool], struck: str | No
     taken = ", ".join(f"{lk.member} {len(lk.held)}" for lk in lockers)
     fenced = sum(1 for lk in lockers for h in lk.held if h.fenced)
     return f"{lockers[0].noun}: taken {taken}; {fenced} fenced writes; {unread} not read back"
+
+
+@dataclass
+class Observed:
+    """One answer of an Observe stream, and what was read back at its revision."""
+    revision: int  # the answer's header revision
+    kv: tuple[bytes, int, int, bytes]  # the leader's key, create revision, mod revision, value
+    stream: int  # which of the observer's streams it came on
+    oldest: tuple[bytes, int, bytes] | None = None  # the oldest key under the name at ``revision``: key, mod revision, value
+    read_error: str = ""
+
+
+class Observer:
+    """Observe on an election through one member, as a client keeps it: opened again whenever it
+    ends (broken by a fault, or ended by the server), each answer read back right after."""
+
+    def __init__(self, member: str, endpoint: str, name: bytes) -> None:
+        self.member, self.endpoint, self.name = member, endpoint, name
+        self.seen: list[Observed] = []
+        self.errors: list[str] = []
+        self.failure: BaseException | None = None
+        self.streams = 0
+        self._stop = threading.Event()
+        self._call = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with chaos_auth.channel(self.endpoint) as channel:
+                while not self._stop.is_set():
+                    self.streams += 1
+                    self._call = epbg.ElectionStub(channel).Observe(epb.LeaderRequest(name=self.name))
+                    try:
+                        for r in self._call:
+                            kv = r.kv
+                            seen = Observed(r.header.revision, (kv.key, kv.create_revision, kv.mod_revision, kv.value),
+                                            self.streams)
+                            self._read_back(channel, seen)
+                            self.seen.append(seen)
+                    except grpc.RpcError as exc:
+                        if exc.code() != grpc.StatusCode.CANCELLED:
+                            self.errors.append(f"Observe: {exc.code().name}: {exc.details()}")
+                    self._stop.wait(RETRY_S)
+        except BaseException as exc:
+            self.failure = exc
+            raise
+
+    def _read_back(self, channel: grpc.Channel, seen: Observed) -> None:
+        pfx = self.name + b"/"
+        try:
+            oldest = pbg.KVStub(channel).Range(pb.RangeRequest(
+                key=pfx, range_end=prefix_end(pfx), revision=seen.revision, limit=1,
+                sort_order=pb.RangeRequest.ASCEND, sort_target=pb.RangeRequest.CREATE), timeout=10).kvs
+        except grpc.RpcError as exc:
+            seen.read_error = f"{exc.code().name}: {exc.details()}"
+            return
+        seen.oldest = (oldest[0].key, oldest[0].mod_revision, oldest[0].value) if oldest else None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            if (call := self._call) is not None:
+                call.cancel()
+            self._thread.join(0.2)
+        assert not self._thread.is_alive(), f"the observer through {self.member} is stuck; last errors: {self.errors[-3:]}"
+        if self.failure is not None:
+            raise AssertionError(f"the observer through {self.member} failed") from self.failure
+
+
+def check_observers(observers: list[Observer], struck: str | None) -> str:
+    """Each Observe answer names the leader at its revision: the oldest key under the election's
+    name, with the value and mod revision it had there (read back; one that could not be read is
+    counted, one answered "future revision" is a finding); within a stream, revisions never go
+    back and a new leader is a later-created key than the one before; every observer through a
+    member the fault did not strike saw a leader."""
+    unread = 0
+    for o in observers:
+        before: Observed | None = None
+        for s in o.seen:
+            key, created, modified, value = s.kv
+            assert modified <= s.revision, f"{o.member}'s observer: leader {key!r} modified at {modified}, " \
+                f"after the answer's revision {s.revision}"
+            if before is not None and before.stream == s.stream:
+                assert s.revision >= before.revision, f"{o.member}'s observer went back from revision " \
+                    f"{before.revision} to {s.revision}"
+                assert created >= before.kv[1], f"{o.member}'s observer: leader {key!r} (created {created}) after " \
+                    f"{before.kv[0]!r} (created {before.kv[1]}), an older key"
+            before = s
+            assert "future revision" not in s.read_error, \
+                f"{o.member}'s observer was answered at revision {s.revision}, which it does not have: {s.read_error}"
+            if s.read_error:
+                unread += 1
+                continue
+            assert s.oldest == (key, modified, value), f"{o.member}'s observer named {(key, modified, value)} " \
+                f"the leader at revision {s.revision}, where the oldest key under {o.name!r} is {s.oldest}"
+        assert o.seen or o.member == struck, f"the observer through {o.member} saw no leader: {o.errors[-3:]}"
+    seen = ", ".join(f"{o.member} {len(o.seen)} ({o.streams} streams)" for o in observers)
+    return f"observers: answers {seen}; {unread} not read back"
