@@ -258,6 +258,8 @@ class ElectionService:
             self.r.check(context, reads=((pfx, prefix_end(pfx)),))
         except AuthError:
             return
+        if (link := self.m.link) is not None and link.active:  # a follower: from where a linearizable read
+            await link.synced(context)                         # starts, as etcd's observer's first Get
         try:
             while True:
                 r = self.r.store.range(_first_created(pfx))

@@ -9,10 +9,14 @@ follows the writer's journals, and hands everything else to the writer.
   sent), wait until R is applied here, read at R: the read sees every write
   acknowledged before it began, and no later read on the writer can see less.
 * Everything that writes (Put, DeleteRange, Txn, Compact, leases, auth,
-  membership, alarms, locks, elections) goes to the writer as the client sent
+  membership, alarms, locks, elections but Observe) goes to the writer as the client sent
   it, token included; the writer's answer is returned as it is, once the
   revision in its header is applied here, so a client reads its own writes
   on the member it wrote through, as on an etcd member.
+
+* An election's Observe is served here, as on an etcd member: from the
+  writer's committed revision (as a linearizable read starts), then from this
+  process's watches, so that it lasts through the writer's death and a takeover.
 
 * Simple auth tokens: Authenticate goes to the writer, which journals the
   token it assigns before answering; this process learns it when it applies
@@ -24,7 +28,7 @@ follows the writer's journals, and hands everything else to the writer.
 The writer publishes where it serves clients in the journal's meta bucket
 (key ``writer-urls.<role>``) when it starts serving, after every takeover
 too; the follower reads it again whenever the writer cannot be reached, and
-when a call to it times out or a stream to it (lease renewals, an Observe) goes
+when a call to it times out or a stream to it (lease renewals) goes
 quiet: a writer that hangs with its connection open refuses nothing, and a
 record naming another writer is how a takeover shows then.  An https://
 address is called over TLS as etcd's own client side calls its members
@@ -47,7 +51,7 @@ from shards.errors import LeaderChangedError, RequestTimeoutError
 from shards.tokens import SimpleTokens, looks_simple
 
 from . import wire
-from .context import READ_INDEX_METADATA, abort_with
+from .context import READ_INDEX_METADATA
 from .errors import NOT_THE_WRITER, TIMED_OUT
 from .grpcserver import CallDetails
 from .handlers import counted
@@ -68,9 +72,8 @@ FORWARDED: dict[str, dict[str, str]] = {
                              "MemberPromote": "unary"},
     "etcdserverpb.Maintenance": {"Alarm": "unary", "MoveLeader": "unary", "Downgrade": "unary"},
     "v3lockpb.Lock": {"Lock": "unary", "Unlock": "unary"},
-    "v3electionpb.Election": {"Campaign": "unary", "Proclaim": "unary", "Leader": "unary", "Resign": "unary",
-                              "Observe": "unary_stream"},
-}
+    "v3electionpb.Election": {"Campaign": "unary", "Proclaim": "unary", "Leader": "unary", "Resign": "unary"},
+}  # Observe: served here (shim/concurrency.py), as on an etcd member: it lasts through the writer's death
 # forwarded calls answered once this process has read the journals as far as they are stored
 # (read_as_stored): their effect is a record with no revision of its own, which the next call
 # here must see (a compacted revision refused, a permission granted or taken away, a revoked
@@ -89,7 +92,7 @@ FORWARDED_METADATA = ("token", "authorization")
 # default, 4 MiB, refused them with RESOURCE_EXHAUSTED)
 WRITER_CHANNEL_OPTIONS = (("grpc.max_receive_message_length", -1),)
 READ_INDEX_SLOW_S = 0.5  # a read index answered this late counts as slow (etcd's ReadIndexRetryTime)
-STREAM_CHECK_S = 5.0  # a forwarded stream (an Observe) quiet this long: did the writer move?
+STREAM_CHECK_S = 5.0  # a forwarded call unanswered this long: did the writer move?
 RECHECK_EVERY_S = 1.0  # the writer record is read at most this often for such checks (a move found: at once)
 KEEPALIVE_STALL_S = 2.0  # a lease renewal sent to the writer and not answered this long: did the writer move?
 _identity = None  # raw bytes in and out
@@ -322,6 +325,19 @@ class WriterLink:
 
     # -- ReadIndex ------------------------------------------------------
 
+    async def synced(self, context: grpc.aio.ServicerContext) -> int:
+        """The writer's committed revision, asked after this call began, once applied here: where a
+        linearizable read starts. When it cannot be had, the call is answered with the writer's
+        error, or with etcd's timeout."""
+        try:
+            index = await self.read_index()
+            await self.store.wait_committed(index)
+        except grpc.aio.AioRpcError as exc:
+            await _relay_error(context, exc)
+        except RequestTimeoutError:
+            await context.abort(*TIMED_OUT)
+        return index
+
     async def read_index(self) -> int:
         """The writer's committed revision, asked after this call began.  Callers
         share requests: one in flight serves those that came before it was sent;
@@ -412,7 +428,7 @@ class WriterLink:
 
     async def _answered(self, call, sent_to: tuple[str, int], answer=None):
         """What ``call`` to the writer ``sent_to`` answers (``answer``: the awaitable
-        that gives it, a stream's next; by default the unary call itself). A writer that hangs with
+        that gives it; by default the call itself). A writer that hangs with
         its connection open never answers nor fails: while the answer is slow to come, whether the
         writer moved is looked at every STREAM_CHECK_S, and once it has, the call is cancelled and
         LeaderChangedError raised."""
@@ -435,41 +451,6 @@ class WriterLink:
         waiting on it is let be."""
         named = await self.forget_if_moved()
         return (self.writer if named is None else named) != sent_to
-
-    async def stream(self, service: str, method: str, request: bytes, metadata):
-        """A server-streaming call to the writer (an election's Observe): started again as
-        ``unary`` is while no writer takes it; once answers flow, an error ends it and the
-        client decides, as it would on the member it called; so does a writer that moved while
-        the stream was quiet (LeaderChangedError: the client observes again, at the new writer)."""
-        deadline = time.monotonic() + self.timeout_s
-        answered = False
-        while True:
-            try:
-                async with self.calling() as channel:
-                    call = channel.unary_stream(f"/{service}/{method}", request_serializer=_identity,
-                                                response_deserializer=_identity)(request,
-                                                                                 metadata=self.signed(metadata))
-                    answers, sent_to = aiter(call), self.writer
-                    try:
-                        while True:
-                            try:
-                                raw = await self._answered(call, sent_to, anext(answers))
-                            except StopAsyncIteration:
-                                return
-                            answered = True
-                            yield raw
-                    finally:
-                        call.cancel()  # the client went away: so does the call to the writer (no-op once ended)
-            except grpc.aio.AioRpcError as exc:
-                if answered:
-                    if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                        await self.forget()
-                    raise
-                await self._unapplied(exc, deadline)
-            except RequestTimeoutError:
-                if time.monotonic() > deadline:
-                    raise
-            await asyncio.sleep(0.1)
 
     async def _unapplied(self, exc: grpc.aio.AioRpcError, deadline: float) -> None:
         """Return if the call ``exc`` ended surely never reached a writer and there is time to
@@ -575,20 +556,6 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
 
         return handle
 
-    def unary_stream(service: str, method: str):
-        async def handle(request: bytes, context):
-            await refuse_if_forwarded(context)
-            try:
-                async with contextlib.aclosing(link.stream(service, method, request, _metadata(context))) as answers:
-                    async for raw in answers:
-                        yield as_this_member(raw, headers)[0]
-            except grpc.aio.AioRpcError as exc:
-                await _relay_error(context, exc)
-            except (RequestTimeoutError, LeaderChangedError) as exc:
-                await abort_with(context, exc)
-
-        return handle
-
     def stream_stream(service: str, method: str):
         async def handle(requests, context):
             await refuse_if_forwarded(context)
@@ -614,9 +581,8 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
 
         return handle
 
-    kinds = {"unary": unary, "unary_stream": unary_stream, "stream_stream": stream_stream}
-    wrap = {"unary": grpc.unary_unary_rpc_method_handler, "unary_stream": grpc.unary_stream_rpc_method_handler,
-            "stream_stream": grpc.stream_stream_rpc_method_handler}
+    kinds = {"unary": unary, "stream_stream": stream_stream}
+    wrap = {"unary": grpc.unary_unary_rpc_method_handler, "stream_stream": grpc.stream_stream_rpc_method_handler}
 
     def handler(service: str, method: str, kind: str):
         fn = kinds[kind](service, method)
@@ -825,13 +791,6 @@ def follower_kv(member, link: WriterLink):
         async def Range(self, request: pb.RangeRequest, context: grpc.aio.ServicerContext) -> bytes:
             if request.serializable or not link.active:  # not active: this process took over as the writer
                 return await super().Range(request, context)
-            try:
-                index = await link.read_index()
-                await self.store.wait_committed(index)
-            except grpc.aio.AioRpcError as exc:
-                await _relay_error(context, exc)
-            except RequestTimeoutError:
-                await context.abort(*TIMED_OUT)
-            return await self.range_at(request, context, index)
+            return await self.range_at(request, context, await link.synced(context))
 
     return FollowerKV(member)

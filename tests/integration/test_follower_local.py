@@ -311,9 +311,9 @@ def observe_ended_on(server: ShardetcdProcess, code: str) -> float:
 
 
 def test_an_observe_through_a_follower_waits_for_a_writer_that_is_starting_again(tmp_path):
-    """Observe is handed to the writer like a write: while no writer takes it (killed with -9, not
-    started yet) the follower asks again, as it does a Put, and the client gets the leader once the
-    writer is back, not UNAVAILABLE."""
+    """Observe through a follower starts where a linearizable read does, at the writer's committed
+    revision: while no writer answers (killed with -9, not started yet) the follower asks again, as
+    for a linearizable read, and the client gets the leader once the writer is back, not UNAVAILABLE."""
     from proto import v3election_pb2 as epb, v3election_pb2_grpc as epbg
 
     writer = writer_at(tmp_path / "w").start()
@@ -342,11 +342,12 @@ def test_an_observe_through_a_follower_waits_for_a_writer_that_is_starting_again
         writer.start()
         t.join(40)
         assert observed == [b"leader-1"], (observed, follower.log_tail())
-        # the client's cancel ends the writer's side too (no stream left open there)
+        # served by the follower (the client's cancel ends it there), never handed to the writer
         deadline = time.monotonic() + 20
-        while observe_ended_on(writer, "Canceled") != 1:
-            assert time.monotonic() < deadline, observe_ended_on(writer, "Canceled")
+        while observe_ended_on(follower, "Canceled") != 1:
+            assert time.monotonic() < deadline, observe_ended_on(follower, "Canceled")
             time.sleep(0.1)
+        assert observe_ended_on(writer, "Canceled") == observe_ended_on(writer, "OK") == 0
     finally:
         follower.stop()
         writer.stop()

@@ -187,7 +187,7 @@ def test_calls_in_flight_to_the_writer_end_on_their_own_when_its_address_is_forg
     """Another call's failure makes the link forget the writer's address (look it up again next
     time). Calls still on the old channel are not cancelled by that: a Put completes with the
     writer's answer (cancelled, it would end as if this server were stopping, though the writer
-    may apply it) and a stream (an Observe, the lease keep-alives) goes on; the next call looks
+    may apply it) and a stream on it (the lease keep-alives') goes on; the next call looks
     the writer up again."""
     import json
 
@@ -201,7 +201,7 @@ def test_calls_in_flight_to_the_writer_end_on_their_own_when_its_address_is_forg
             await release.wait()
             return ANSWER
 
-        async def observe(request: bytes, context):
+        async def keepalive(requests, context):
             yield b"first"
             await release.wait()
             yield b"second"
@@ -209,8 +209,8 @@ def test_calls_in_flight_to_the_writer_end_on_their_own_when_its_address_is_forg
         server = grpc.aio.server()
         server.add_generic_rpc_handlers([
             grpc.method_handlers_generic_handler("etcdserverpb.KV", {"Put": grpc.unary_unary_rpc_method_handler(put)}),
-            grpc.method_handlers_generic_handler("v3electionpb.Election",
-                                                 {"Observe": grpc.unary_stream_rpc_method_handler(observe)})])
+            grpc.method_handlers_generic_handler("etcdserverpb.Lease",
+                                                 {"LeaseKeepAlive": grpc.stream_stream_rpc_method_handler(keepalive)})])
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
 
@@ -222,13 +222,16 @@ def test_calls_in_flight_to_the_writer_end_on_their_own_when_its_address_is_forg
         link = WriterLink(Log(), "writer", Store([]), timeout_s=TIMEOUT_S)
         try:
             call = asyncio.ensure_future(link.unary("etcdserverpb.KV", "Put", b"", ()))
-            stream = link.stream("v3electionpb.Election", "Observe", b"", ())
-            assert await anext(stream) == b"first"
-            await asyncio.sleep(0.2)  # the Put has reached the server and waits there
-            await link.forget()
-            release.set()
-            assert await call == ANSWER
-            assert [raw async for raw in stream] == [b"second"]
+            async with link.calling() as channel:  # a stream on the channel, as KeepAlives opens one
+                stream = channel.stream_stream("/etcdserverpb.Lease/LeaseKeepAlive")()
+                answers = aiter(stream)
+                assert await anext(answers) == b"first"
+                await asyncio.sleep(0.2)  # the Put has reached the server and waits there
+                await link.forget()
+                release.set()
+                assert await call == ANSWER
+                assert await anext(answers) == b"second"
+                stream.cancel()
             assert len(lookups) == 1
             release.clear()
             call = asyncio.ensure_future(link.unary("etcdserverpb.KV", "Put", b"", ()))
