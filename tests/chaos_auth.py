@@ -1,4 +1,4 @@
-"""Auth on, for tests/chaos.py ``--auth``: every chaos call made as a user that is not root,
+"""Every channel tests/chaos.py opens (``channel``); and auth on, for its ``--auth``: every chaos call made as a user that is not root,
 with a simple token, as a client library makes it; and each round an auth change that every
 member must hold to at its end.
 
@@ -47,9 +47,14 @@ EVERYTHING = auth_pb2.Permission(permType=auth_pb2.Permission.READWRITE, key=b"\
 ACTIVE: Auth | None = None  # set by tests/chaos.py --auth: every channel() then sends a token
 
 
+# a member back from a fault is reconnected to within a second (gRPC's default backoff grows to
+# minutes: a client kept through a restart late in a round might not call it again before the end)
+RECONNECT = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
 def channel(endpoint: str, options=None, as_root: bool = False) -> grpc.Channel:
     """A channel to ``endpoint``; with auth on, its calls made as the chaos user (or root)."""
-    plain = grpc.insecure_channel(endpoint, options=options)
+    plain = grpc.insecure_channel(endpoint, options=[*RECONNECT, *(options or ())])
     if ACTIVE is None:
         return plain
     return grpc.intercept_channel(plain, _Interceptor(ACTIVE, ACTIVE.session(endpoint, as_root), endpoint))
