@@ -1,6 +1,6 @@
-"""Every channel tests/chaos.py opens (``channel``); and auth on, for its ``--auth``: every chaos call made as a user that is not root,
-with a simple token, as a client library makes it; and each round an auth change that every
-member must hold to at its end.
+"""Every channel tests/chaos.py opens (``channel``); and auth on, for its ``--auth``: every chaos
+call made as a user that is not root, with a simple token, as a client library makes it; and
+each round an auth change that every member must hold to at its end.
 
 Before the first round, through the writer: users ``root`` (the root role), ``chaos`` (a role
 with READWRITE on the whole keyspace, so that every call it makes goes through the permission
