@@ -43,6 +43,16 @@ def prefix_end(prefix: bytes) -> bytes:
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
+def oldest_at(channel: grpc.Channel, name: bytes, revision: int) -> pb.KeyValue | None:
+    """The oldest key (lowest create revision) under ``name/`` at ``revision``: who holds the lock,
+    or leads; None if there is none."""
+    pfx = name + b"/"
+    kvs = pbg.KVStub(channel).Range(pb.RangeRequest(
+        key=pfx, range_end=prefix_end(pfx), revision=revision, limit=1,
+        sort_order=pb.RangeRequest.ASCEND, sort_target=pb.RangeRequest.CREATE), timeout=10).kvs
+    return kvs[0] if kvs else None
+
+
 @dataclass
 class Held:
     """One acquisition: the key and revision the Lock answer named, and what was found after."""
@@ -109,16 +119,13 @@ class Taker:
 
     def _oldest(self, channel: grpc.Channel, held: Held) -> pb.KeyValue | None:
         """The oldest key under the name at ``held.revision`` (``held.oldest``), None if not read."""
-        pfx = self.name + b"/"
         try:
-            oldest = pbg.KVStub(channel).Range(pb.RangeRequest(
-                key=pfx, range_end=prefix_end(pfx), revision=held.revision, limit=1,
-                sort_order=pb.RangeRequest.ASCEND, sort_target=pb.RangeRequest.CREATE), timeout=10).kvs
+            oldest = oldest_at(channel, self.name, held.revision)
         except grpc.RpcError as exc:
             held.read_error = f"{exc.code().name}: {exc.details()}"
             return None
-        held.oldest = oldest[0].key if oldest else None
-        return oldest[0] if oldest else None
+        held.oldest = oldest.key if oldest else None
+        return oldest
 
     def stop(self, timeout: float = 45.0) -> None:
         """Until the thread ends: its call cancelled, again should it have begun one as the stop came
@@ -268,15 +275,12 @@ class Observer:
             raise
 
     def _read_back(self, channel: grpc.Channel, seen: Observed) -> None:
-        pfx = self.name + b"/"
         try:
-            oldest = pbg.KVStub(channel).Range(pb.RangeRequest(
-                key=pfx, range_end=prefix_end(pfx), revision=seen.revision, limit=1,
-                sort_order=pb.RangeRequest.ASCEND, sort_target=pb.RangeRequest.CREATE), timeout=10).kvs
+            oldest = oldest_at(channel, self.name, seen.revision)
         except grpc.RpcError as exc:
             seen.read_error = f"{exc.code().name}: {exc.details()}"
             return
-        seen.oldest = (oldest[0].key, oldest[0].mod_revision, oldest[0].value) if oldest else None
+        seen.oldest = (oldest.key, oldest.mod_revision, oldest.value) if oldest else None
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()

@@ -1,13 +1,14 @@
 """tests/chaos_lock.py's checks: a lock answered at a revision where another key is the oldest, a
 key not the session's, a revision the member does not have, a fenced write failing while the
-session lives, and a locker that never got the lock are caught; what faults allow is not."""
+session lives, a locker that never got the lock, and an observer naming another than the leader
+(or going back, or seeing none) are caught; what faults allow is not."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 
-from tests.chaos_lock import Held, check_lockers
+from tests.chaos_lock import Held, Observed, check_lockers, check_observers
 
 NAME = b"/chaos/lock/round1"
 
@@ -65,3 +66,42 @@ def test_a_locker_that_never_got_the_lock_is_a_finding_unless_its_member_was_str
     with pytest.raises(AssertionError, match="Lock through m1 never got what it asked"):
         check_lockers(lockers, {0xA: True, 0xB: True}, None)
     assert check_lockers(lockers, {0xA: True, 0xB: True}, "m1").startswith("locks: taken m0 1, m1 0")
+
+
+def observer(member: str, *seen: Observed) -> SimpleNamespace:
+    return SimpleNamespace(member=member, name=NAME, seen=list(seen), streams=1, errors=["Observe: UNAVAILABLE: x"])
+
+
+def said(revision: int, key: bytes, created: int, modified: int, value: bytes = b"v", stream: int = 1, **kw) -> Observed:
+    """An answer read back as it names it, unless ``kw`` says otherwise."""
+    return Observed(revision, (key, created, modified, value), stream, **({"oldest": (key, modified, value)} | kw))
+
+
+A, B = NAME + b"/a", NAME + b"/b"
+
+
+def test_observers_that_name_the_leader_at_each_revision_pass():
+    o = observer("m0", said(10, A, 8, 10), said(12, A, 8, 12, b"w"), said(15, B, 11, 11),
+                 said(16, A, 16, 16, stream=2))  # a new stream starts afresh
+    assert check_observers([o], None) == "observers: answers m0 4 (1 streams); 0 not read back"
+
+
+@pytest.mark.parametrize("seen, says", [
+    ([said(10, A, 8, 10, oldest=(B, 9, b"v"))], "where the oldest key"),  # another key led at that revision
+    ([said(10, A, 8, 10, oldest=(A, 9, b"v"))], "where the oldest key"),  # not the value it had there
+    ([said(10, A, 8, 11)], "after the answer's revision"),
+    ([said(12, A, 8, 12), said(11, A, 8, 11)], "went back"),
+    ([said(12, B, 9, 12), said(14, A, 8, 14)], "an older key"),
+    ([said(99, A, 8, 10, oldest=None, read_error="OUT_OF_RANGE: etcdserver: mvcc: required revision is a future "
+                                                 "revision")], "which it does not have"),
+])
+def test_an_observer_naming_another_than_the_leader_is_a_finding(seen, says):
+    with pytest.raises(AssertionError, match=says):
+        check_observers([observer("m0", *seen)], None)
+
+
+def test_an_observer_that_saw_no_leader_is_a_finding_unless_its_member_was_struck():
+    unread = said(10, A, 8, 10, oldest=None, read_error="UNAVAILABLE: connection refused")
+    assert check_observers([observer("m0", unread), observer("m1")], "m1").endswith("1 not read back")
+    with pytest.raises(AssertionError, match="saw no leader"):
+        check_observers([observer("m0", unread), observer("m1")], None)
