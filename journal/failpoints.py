@@ -34,6 +34,7 @@ POINTS = (
     "journal.after_write_before_fsync",
     "journal.after_fsync_before_ack",
     "segment.after_create_before_dirsync",
+    "jetstream.after_store_before_ack",
     "checkpoint.before_rename",
     "checkpoint.after_rename_before_dirsync",
     "store.between_txn_parts",

@@ -1883,6 +1883,7 @@ class JetStreamJournal(Appender):
                 seq, body, top = self._take_batch()
                 started = time.monotonic()
                 await self._publish(body, {}, top)
+                await failpoints.pause("jetstream.after_store_before_ack")  # stored: followers may apply it
                 if self.on_batch is not None:
                     self.on_batch(len(body), time.monotonic() - started)
                 self._durable_through(seq)

@@ -791,6 +791,10 @@ def follower_kv(member, link: WriterLink):
         async def Range(self, request: pb.RangeRequest, context: grpc.aio.ServicerContext) -> bytes:
             if request.serializable or not link.active:  # not active: this process took over as the writer
                 return await super().Range(request, context)
-            return await self.range_at(request, context, await link.synced(context))
+            index = await link.synced(context)
+            # a revision asked for that this process has, past the read index: it is in the journals (this
+            # process applied it, and may have shown it in a watch) before the writer has taken their
+            # answer, and it never changes: read there, not refused as a future revision
+            return await self.range_at(request, context, max(index, min(request.revision, self.store.committed)))
 
     return FollowerKV(member)

@@ -827,3 +827,38 @@ def test_a_follower_names_the_writer_as_leader_without_handing_it_a_call(nats, t
         for s in (follower, standby, writer):
             if s is not None:
                 s.kill()
+
+
+def test_a_follower_reads_at_a_revision_it_showed_before_the_writer_took_the_journals_answer(nats, tmp_path,
+                                                                                           monkeypatch):
+    """A follower applies a write once it is stored in the journals, which can be before the writer
+    has NATS's answer (a publish answered late, retried: seconds under a NATS fault) and so before
+    the writer's committed revision, the read index, reaches it: the follower's watches and
+    serializable reads show it. A linearizable read at that revision through the follower (a
+    client's next read at a revision a watch showed it, as kube-apiserver makes) is answered from
+    what the follower has, not refused as a future revision. The writer's first journal batch is
+    held 4 s after NATS stored it (failpoint)."""
+    monkeypatch.setenv("SHARDETCD_FAILPOINTS", "jetstream.after_store_before_ack=pause:4")
+    writer = server_on(nats, tmp_path / "w").start()
+    monkeypatch.delenv("SHARDETCD_FAILPOINTS")
+    follower = server_on(nats, tmp_path / "f", "--follow").start()
+    try:
+        with grpc.insecure_channel(writer.endpoint) as wch, grpc.insecure_channel(follower.endpoint) as fch:
+            acked = []
+            put = threading.Thread(target=lambda: acked.append(pbg.KVStub(wch).Put(
+                pb.PutRequest(key=b"/registry/pods/k", value=b"1"), timeout=30).header.revision))
+            put.start()
+            kv = pbg.KVStub(fch)
+            shown = []
+            wait_until("the follower shows the write", lambda: shown.extend(
+                kv.Range(pb.RangeRequest(key=b"/registry/pods/k", serializable=True), timeout=5).kvs) or shown, 10)
+            rev = shown[0].mod_revision
+            assert not acked  # the writer has not answered it yet
+            got = kv.Range(pb.RangeRequest(key=b"/registry/pods/k", revision=rev), timeout=10)
+            assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"1", rev)] and got.header.revision == rev
+            assert not acked, "the failpoint did not hold the writer's answer long enough for the test"
+            put.join(30)
+            assert acked == [rev]
+    finally:
+        follower.kill()
+        writer.kill()
