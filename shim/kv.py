@@ -33,6 +33,10 @@ class KVService:
                 self.access.range(self.access.caller(context), request)
             if not request.serializable and (unsure := self.m.unsure_writer()) is not None:
                 await unsure
+            if self.store.committed < request.revision <= self.store.rev and not request.serializable:
+                # a write of this writer's in flight: its followers may show it before the journals' answer
+                # is here (a watch there gave this revision): answered once it is committed, not refused
+                await self.store.wait_committed(request.revision)
             r = await self.store.range_async(convert.range_req(request), current)
         except Exception as exc:
             await abort_with(context, exc)

@@ -836,8 +836,8 @@ def test_a_follower_reads_at_a_revision_it_showed_before_the_writer_took_the_jou
     the writer's committed revision, the read index, reaches it: the follower's watches and
     serializable reads show it. A linearizable read at that revision through the follower (a
     client's next read at a revision a watch showed it, as kube-apiserver makes) is answered from
-    what the follower has, not refused as a future revision. The writer's first journal batch is
-    held 4 s after NATS stored it (failpoint)."""
+    what the follower has, not refused as a future revision; at the writer, once the write is
+    committed there. The writer's first journal batch is held 4 s after NATS stored it (failpoint)."""
     monkeypatch.setenv("SHARDETCD_FAILPOINTS", "jetstream.after_store_before_ack=pause:4")
     writer = server_on(nats, tmp_path / "w").start()
     monkeypatch.delenv("SHARDETCD_FAILPOINTS")
@@ -857,6 +857,9 @@ def test_a_follower_reads_at_a_revision_it_showed_before_the_writer_took_the_jou
             got = kv.Range(pb.RangeRequest(key=b"/registry/pods/k", revision=rev), timeout=10)
             assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"1", rev)] and got.header.revision == rev
             assert not acked, "the failpoint did not hold the writer's answer long enough for the test"
+            # the same read at the writer waits until the write is committed there (it was refused too)
+            got = pbg.KVStub(wch).Range(pb.RangeRequest(key=b"/registry/pods/k", revision=rev), timeout=10)
+            assert [(x.value, x.mod_revision) for x in got.kvs] == [(b"1", rev)]
             put.join(30)
             assert acked == [rev]
     finally:
