@@ -230,12 +230,20 @@ def check_lockers(lockers: list[Taker], alive: dict[int, bool], struck: str | No
 
 @dataclass
 class Observed:
-    """One answer of an Observe stream, and what was read back at its revision."""
+    """One answer of an Observe stream, and what was read back at the revision it speaks for."""
     revision: int  # the answer's header revision
     kv: tuple[bytes, int, int, bytes]  # the leader's key, create revision, mod revision, value
     stream: int  # which of the observer's streams it came on
-    oldest: tuple[bytes, int, bytes] | None = None  # the oldest key under the name at ``revision``: key, mod revision, value
+    oldest: tuple[bytes, int, bytes] | None = None  # the oldest key under the name at ``at``: key, mod revision, value
     read_error: str = ""
+    proclaimed: bool = False  # a put to the leader's key the stream told before (its revision: the put's)
+
+    @property
+    def at(self) -> int:
+        """The revision the answer names the leader at: a new leader's (read, as etcd's observer reads
+        it, at the answer's revision); a proclamation's own, as a watch event's (the answer's header,
+        as etcd's, is the watch response's: it may be later, when the leader may have gone)."""
+        return self.kv[2] if self.proclaimed else self.revision
 
 
 class Observer:
@@ -260,12 +268,14 @@ class Observer:
                     self.streams += 1
                     self._call = epbg.ElectionStub(channel).Observe(epb.LeaderRequest(name=self.name))
                     try:
+                        before = None
                         for r in self._call:
                             kv = r.kv
                             seen = Observed(r.header.revision, (kv.key, kv.create_revision, kv.mod_revision, kv.value),
-                                            self.streams)
+                                            self.streams, proclaimed=before is not None and before.kv[0] == kv.key)
                             self._read_back(channel, seen)
                             self.seen.append(seen)
+                            before = seen
                     except grpc.RpcError as exc:
                         if exc.code() != grpc.StatusCode.CANCELLED:
                             self.errors.append(f"Observe: {exc.code().name}: {exc.details()}")
@@ -276,7 +286,7 @@ class Observer:
 
     def _read_back(self, channel: grpc.Channel, seen: Observed) -> None:
         try:
-            oldest = oldest_at(channel, self.name, seen.revision)
+            oldest = oldest_at(channel, self.name, seen.at)
         except grpc.RpcError as exc:
             seen.read_error = f"{exc.code().name}: {exc.details()}"
             return
@@ -295,11 +305,11 @@ class Observer:
 
 
 def check_observers(observers: list[Observer], struck: str | None) -> str:
-    """Each Observe answer names the leader at its revision: the oldest key under the election's
-    name, with the value and mod revision it had there (read back; one that could not be read is
-    counted, one answered "future revision" is a finding); within a stream, revisions never go
-    back and a new leader is a later-created key than the one before; every observer through a
-    member the fault did not strike saw a leader."""
+    """Each Observe answer names the leader at the revision it speaks for (``Observed.at``): the
+    oldest key under the election's name, with the value and mod revision it had there (read back;
+    one that could not be read is counted, one answered "future revision" is a finding); within a
+    stream, revisions never go back and a new leader is a later-created key than the one before;
+    every observer through a member the fault did not strike saw a leader."""
     unread = 0
     for o in observers:
         before: Observed | None = None
@@ -314,12 +324,12 @@ def check_observers(observers: list[Observer], struck: str | None) -> str:
                     f"{before.kv[0]!r} (created {before.kv[1]}), an older key"
             before = s
             assert "future revision" not in s.read_error, \
-                f"{o.member}'s observer was answered at revision {s.revision}, which it does not have: {s.read_error}"
+                f"{o.member}'s observer was answered at revision {s.at}, which it does not have: {s.read_error}"
             if s.read_error:
                 unread += 1
                 continue
             assert s.oldest == (key, modified, value), f"{o.member}'s observer named {(key, modified, value)} " \
-                f"the leader at revision {s.revision}, where the oldest key under {o.name!r} is {s.oldest}"
+                f"the leader at revision {s.at}, where the oldest key under {o.name!r} is {s.oldest}"
         assert o.seen or o.member == struck, f"the observer through {o.member} saw no leader: {o.errors[-3:]}"
     seen = ", ".join(f"{o.member} {len(o.seen)} ({o.streams} streams)" for o in observers)
     return f"observers: answers {seen}; {unread} not read back"

@@ -105,3 +105,10 @@ def test_an_observer_that_saw_no_leader_is_a_finding_unless_its_member_was_struc
     assert check_observers([observer("m0", unread), observer("m1")], "m1").endswith("1 not read back")
     with pytest.raises(AssertionError, match="saw no leader"):
         check_observers([observer("m0", unread), observer("m1")], None)
+
+
+def test_a_proclamation_speaks_for_its_own_revision_a_new_leader_for_the_answers():
+    """etcd's Observe answers a put to the leader's key with the watch response's header, which may
+    be later than the put, when the leader may have gone: the put's revision is the one to check."""
+    assert said(14, A, 8, 12, proclaimed=True).at == 12
+    assert said(14, A, 8, 12).at == 14
