@@ -12,7 +12,9 @@ the largest record NATS takes, so that each is journaled as a split write (parts
 across two shards; it compacts behind itself to keep the members' stores small. Every member
 also serves a watch stream on the round's keys, kept open through faults as a client library
 keeps it (tests/chaos_watch.py), and a lease with keys on two shards kept alive through it; one
-more lease is left to expire (tests/chaos_lease.py).
+more lease is left to expire (tests/chaos_lease.py). Through every member a lock is taken and an
+election won again and again, with that lease as session, and the election observed
+(tests/chaos_lock.py).
 
 Each round, one fault, at a random time, from:
 
@@ -49,7 +51,8 @@ and the watchers must tell one history of each key, no event missed outside what
 took, progress notifications true, ending where the members' values are; keep-alives must be
 answered again, no kept lease found gone sooner than its TTL less 1 s after a renewal, every
 lease kept alive through a member the fault did not strike still there, the dropped lease gone,
-and every lease's keys on every member exactly while it is alive;
+and every lease's keys on every member exactly while it is alive; the lock and the leadership held
+by one at a time, and every Observe answer naming the leader at its revision;
 and (JetStream) ``journal verify``, run as an operator would while the writer runs, must
 find every stream and checkpoint sound and no acknowledged revision gone.
 A failing history is saved beside the log for ``python -m tests.lincheck``.
@@ -385,7 +388,7 @@ def one_round(r: int, fault: str, members: list[Member], nats, rng: random.Rando
 
 def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, out: Path, log,
            keys: list[bytes], watches: list[MemberWatch], start_rev: int, leases: RoundLeases,
-           lockers: list[Locker], run: ClusterRun | None, others: list) -> None:
+           lockers: list, run: ClusterRun | None, others: list) -> None:
     history: list = []
     stop = threading.Event()
     # per member: two clients doing everything, one only reading (a write to a member cut off

@@ -23,6 +23,9 @@ Checks (``check_lockers``, for each kind):
   previous call failed or was cancelled (etcd then deletes the key that call put, which may be
   the key a later call got: the same lease gives the same key);
 * every client through a member the fault did not strike got the lock, or led, at least once.
+
+Through each member also an *observer* keeps an Observe on the election (``Observer``), opened
+again whenever it ends, each answer read back (``check_observers``).
 """
 from __future__ import annotations
 
