@@ -239,7 +239,9 @@ class Observed:
     stream: int  # which of the observer's streams it came on
     oldest: tuple[bytes, int, bytes] | None = None  # the oldest key under the name at ``at``: key, mod revision, value
     read_error: str = ""
-    proclaimed: bool = False  # a put to the leader's key the stream told before (its revision: the put's)
+    # a put to the leader's key the stream told before, the same key since its creation (its revision: the
+    # put's); a key of the same name created again (the same lease campaigning again) is a new leader
+    proclaimed: bool = False
 
     @property
     def at(self) -> int:
@@ -247,6 +249,13 @@ class Observed:
         it, at the answer's revision); a proclamation's own, as a watch event's (the answer's header,
         as etcd's, is the watch response's: it may be later, when the leader may have gone)."""
         return self.kv[2] if self.proclaimed else self.revision
+
+
+def proclaims(before: Observed | None, kv: tuple[bytes, int, int, bytes]) -> bool:
+    """Whether an answer telling ``kv`` after ``before`` on one stream is a put to the leader's key
+    ``before`` told: the same key since its creation. A key of the same name created again (the same
+    lease campaigning again) is a new leader."""
+    return before is not None and before.kv[:2] == kv[:2]
 
 
 class Observer:
@@ -274,8 +283,8 @@ class Observer:
                         before = None
                         for r in self._call:
                             kv = r.kv
-                            seen = Observed(r.header.revision, (kv.key, kv.create_revision, kv.mod_revision, kv.value),
-                                            self.streams, proclaimed=before is not None and before.kv[0] == kv.key)
+                            told = (kv.key, kv.create_revision, kv.mod_revision, kv.value)
+                            seen = Observed(r.header.revision, told, self.streams, proclaimed=proclaims(before, told))
                             self._read_back(channel, seen)
                             self.seen.append(seen)
                             before = seen
@@ -331,8 +340,10 @@ def check_observers(observers: list[Observer], struck: str | None) -> str:
             if s.read_error:
                 unread += 1
                 continue
-            assert s.oldest == (key, modified, value), f"{o.member}'s observer named {(key, modified, value)} " \
-                f"the leader at revision {s.at}, where the oldest key under {o.name!r} is {s.oldest}"
+            assert s.oldest == (key, modified, value), f"{o.member}'s observer named {s.kv} (key, created, " \
+                f"modified, value) the leader at revision {s.at} (answer at {s.revision}, stream {s.stream}, " \
+                f"after {o.seen[max(0, o.seen.index(s) - 3):o.seen.index(s)]}), where the oldest key under " \
+                f"{o.name!r} is {s.oldest}"
         assert o.seen or o.member == struck, f"the observer through {o.member} saw no leader: {o.errors[-3:]}"
     seen = ", ".join(f"{o.member} {len(o.seen)} ({o.streams} streams)" for o in observers)
     return f"observers: answers {seen}; {unread} not read back"

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.chaos_lock import Held, Observed, check_lockers, check_observers
+from tests.chaos_lock import Held, Observed, check_lockers, check_observers, proclaims
 
 NAME = b"/chaos/lock/round1"
 
@@ -112,3 +112,11 @@ def test_a_proclamation_speaks_for_its_own_revision_a_new_leader_for_the_answers
     be later than the put, when the leader may have gone: the put's revision is the one to check."""
     assert said(14, A, 8, 12, proclaimed=True).at == 12
     assert said(14, A, 8, 12).at == 14
+
+
+def test_a_key_created_again_under_the_same_name_is_a_new_leader_not_a_proclamation():
+    """The same lease campaigning again gets a key of the same name: told as the new leader (checked
+    at the answer's revision, where the leader between may have gone too), not as a put to the old key."""
+    told = said(129, A, 99, 126)
+    assert proclaims(told, (A, 99, 130, b"w")) and not proclaims(None, (A, 99, 130, b"w"))
+    assert not proclaims(told, (A, 139, 139, b"v")) and not proclaims(told, (B, 99, 130, b"w"))
