@@ -46,6 +46,16 @@ def prefix_end(prefix: bytes) -> bytes:
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
+def cancel_until_ended(thread: threading.Thread, call, timeout: float) -> None:
+    """Until ``thread`` ends (at most ``timeout``): the call it makes now (``call()``) cancelled,
+    again should it begin another meanwhile."""
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and time.monotonic() < deadline:
+        if (now := call()) is not None:
+            now.cancel()
+        thread.join(0.2)
+
+
 def oldest_at(channel: grpc.Channel, name: bytes, revision: int) -> pb.KeyValue | None:
     """The oldest key (lowest create revision) under ``name/`` at ``revision``: who holds the lock,
     or leads; None if there is none."""
@@ -135,11 +145,7 @@ class Taker:
         (a Lock or Campaign begun then waits for what nobody gives back any more); a read, a fenced
         write or a give-back under way ends within its 10 s deadline."""
         self._stop.set()
-        deadline = time.monotonic() + timeout
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            if (call := self._call) is not None:
-                call.cancel()
-            self._thread.join(0.2)
+        cancel_until_ended(self._thread, lambda: self._call, timeout)
         what, since = self.doing
         assert not self._thread.is_alive(), f"the {self.kind} client through {self.member} is stuck in {what} " \
             f"for {time.monotonic() - since:.1f} s; last errors: {self.errors[-3:]}"
@@ -306,11 +312,7 @@ class Observer:
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
-        deadline = time.monotonic() + timeout
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            if (call := self._call) is not None:
-                call.cancel()
-            self._thread.join(0.2)
+        cancel_until_ended(self._thread, lambda: self._call, timeout)
         assert not self._thread.is_alive(), f"the observer through {self.member} is stuck; last errors: {self.errors[-3:]}"
         if self.failure is not None:
             raise AssertionError(f"the observer through {self.member} failed") from self.failure
