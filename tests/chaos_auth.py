@@ -113,6 +113,11 @@ def caught_up(endpoint: str, timeout: float = 30.0) -> None:
                 time.sleep(0.3)
 
 
+def token_refused(call) -> bool:
+    """Whether a finished call was answered "invalid auth token"."""
+    return call.code() == grpc.StatusCode.UNAUTHENTICATED and call.details() == INVALID_TOKEN
+
+
 class _Details(collections.namedtuple("_Details", ("method", "timeout", "metadata", "credentials",
                                                    "wait_for_ready", "compression")), grpc.ClientCallDetails):
     pass
@@ -136,12 +141,11 @@ class _Interceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
         return call
 
     def _done(self, call, token: str, method) -> None:
-        code = call.code()
-        if code == grpc.StatusCode.UNAUTHENTICATED and call.details() == INVALID_TOKEN:
+        if token_refused(call):
             self.session.drop(token)
             if token != NO_TOKEN:
                 self.auth.refused(self.endpoint)
-        elif code == grpc.StatusCode.PERMISSION_DENIED:
+        elif call.code() == grpc.StatusCode.PERMISSION_DENIED:
             self.auth.denied(f"{self.session.user} {method} through {self.endpoint}: {call.details()}")
 
     def intercept_unary_unary(self, continuation, details, request):
@@ -149,8 +153,7 @@ class _Interceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
         server did nothing with it). Not a Lock or Campaign, which wait, and whose callers cancel
         them: their takers try again anyway."""
         call = self._call(continuation, details, request)
-        if details.method in WAITING_CALLS or call.code() != grpc.StatusCode.UNAUTHENTICATED or \
-                call.details() != INVALID_TOKEN:
+        if details.method in WAITING_CALLS or not token_refused(call):
             return call
         return self._call(continuation, details, request)
 
@@ -167,7 +170,6 @@ class Auth:
         self._separate: dict[str, tuple[Session, Session]] = {}
         self.probe_password = "probe-0"
         self.probe_token: str | None = None  # the last round's, from the password before
-        self.probe_granted = False
         self._lock = threading.Lock()
         self._refused: collections.Counter = collections.Counter()  # endpoint -> tokens refused this round
         self._denied: list[str] = []
@@ -241,7 +243,7 @@ class Auth:
             with channel(endpoint, as_root=True) as ch:  # AuthStatus: the root role's
                 revisions[name] = pbg.AuthStub(ch).AuthStatus(pb.AuthStatusRequest(), timeout=10).authRevision
         assert len(set(revisions.values())) == 1, f"members' auth revisions differ: {revisions}"
-        self.probe_token, self.probe_password, self.probe_granted = token, password, grant
+        self.probe_token, self.probe_password = token, password
         counts = ", ".join(f"{ep} {n}" for ep, n in sorted(refused.items())) or "none"
         return (f"auth: probe {'granted' if grant else 'revoked'} and its new password held on every member "
                 f"(auth revision {revisions[name]}); tokens refused: {counts}")
