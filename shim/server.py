@@ -692,7 +692,8 @@ async def start(config: ServerConfig) -> Running:
     progress = loop.create_task(_progress_ticks(store, config.watch_progress_notify_interval_s))
     running = Running(server, store, ports, failed, progress, lease=lease, link=link, following=following,
                       registry=registry, http=http)
-    running.heartbeat = loop.create_task(supervised.heartbeat())
+    if supervised.heartbeat_fd is not None:  # under `shardetcd cluster`
+        running.heartbeat = loop.create_task(supervised.heartbeat())
     if member.leader_probe is not None:  # a replicated journal's writer or follower can lose its leader
         running.leaderless = loop.create_task(member.end_streams_without_a_leader(config.journal_lease_ttl_s / 3))
     if link is None:  # a follower's journals are written by the writer, compactions included

@@ -33,8 +33,6 @@ async def heartbeat() -> None:
     event loop: a process whose loop is stuck (or that is stopped) falls silent, and the supervisor
     kills and restarts it (shim/cluster.py). Never blocks: a full pipe (a supervisor that reads
     nothing, stopped itself) drops the beat."""
-    if heartbeat_fd is None:
-        return
     while True:
         try:
             os.write(heartbeat_fd, b".")
