@@ -7,13 +7,19 @@ segment files, on the writer's own machine).  Both give:
 
     await j.load_checkpoint()        the newest checkpoint (Checkpoint | None)
     await j.catch_up()               read what is stored now: records(), released_before, first_top, cuts_seen
-    j.records(after_rev)             what catch_up read, tag > after_rev
+    j.records(after_rev)             what catch_up read, tag > after_rev, whose writer had it acknowledged
+    j.held_records()                 what catch_up read beside: stored, not known to be acknowledged yet
     await j.newest_checkpoint_rev()  the newest checkpoint's revision (0: none)
     await j.follow(on_message, on_gap)
                                      every later Message, in order, until cancelled; messages released
                                      before they were read: ``await on_gap(expected, got)`` says whether
                                      the checkpoint loaded covers them, else JournalGap
     await j.close()
+
+Both hand on (records(), follow()) only what the writer had acknowledged when it
+was read (DESIGN.md invariant 11): the tail reads up to the durable position and
+committed revision its writer publishes; a stream's last message waits for its
+writer to tell it was acknowledged (journal/jetstream.py).
 
 ``shards.follow.Follower`` applies what they give, whole revisions only.
 """

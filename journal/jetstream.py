@@ -30,6 +30,16 @@ messages whose records all have tags <= R.  Checkpoints are objects in the
 JetStream object store bucket ``<stream>-checkpoints`` (the same framed
 files as local checkpoints), so a process on another machine can load them.
 
+A follower hands on a message only once its writer has had JetStream's
+acknowledgement of it (DESIGN.md invariant 11: a follower never shows a write
+above the writer's committed revision, which a linearizable read elsewhere
+would not): a writer publishes one message on a stream at a time, so a later
+message on the stream says the one before it was acknowledged (or was read by
+the next writer before it fenced); for the last one, each writer tells on the
+core NATS subject ``journal.acked.<prefix>`` the last sequence acknowledged to
+it, ``"<stream> <seq>"`` per line, after each acknowledgement and every
+``ACKED_REPEAT_S`` (such a message is not stored, so one lost is told again).
+
 The stream's own storage decides what "stored" means (file storage, flushed
 to disk on the servers' sync interval): durability comes from the quorum of
 replicas, as for etcd's Raft log.
@@ -83,6 +93,8 @@ MIN_MAX_PAYLOAD = 4 * 1024 * 1024
 # in the sequence that the stream still holds, or a fetch that times out while the stream
 # holds more, is such a loss: the follower reads on from its last message with a new consumer.
 FOLLOW_FETCH_S = 2.0
+ACKED_REPEAT_S = 0.5  # how often a writer tells again the last sequence acknowledged on each stream it writes
+HELD_WARN_S = 10.0  # a follower holding a message unacknowledged this long (the writer stored nothing since) says so
 STREAM_CHECK_S = 5.0  # how often a writer checks that no one edited its streams to drop messages
 GONE_CONFIRM_S = 1.0  # a stream not found while written or followed: asked again after this before stopping
 REPLICAS_AGAIN_S = 60.0  # a stream edited to fewer replicas: how soon the writer tries again after a refusal
@@ -577,6 +589,10 @@ class JetStreamLog:
         self.denied_at = 0.0
         self._connecting = None  # the connection being made, before it is
         self._renewal: ClientCertificateRenewal | None = None  # the client certificate, loaded again when renewed
+        self._acked_out: dict[str, int] = {}  # stream -> its last sequence acknowledged to this writer (told to followers)
+        self._acked_repeat: asyncio.Task | None = None  # _repeat_acked, once this process writes
+        self._acked_in: dict[str, JetStreamJournal] = {}  # stream -> the journal following it here
+        self._acked_sub = None  # the subscription to acked_subject, once a journal is followed here
 
     async def connect(self) -> JetStreamLog:
         import nats
@@ -820,6 +836,73 @@ class JetStreamLog:
     def stream_name(self, name: str) -> str:
         return f"{self.config.prefix}_{name}".replace(".", "_")
 
+    # -- acknowledgements told to followers -----------------------------------
+
+    @property
+    def acked_subject(self) -> str:
+        return f"journal.acked.{self.config.prefix}".replace("*", "_").replace(">", "_")
+
+    async def tell_acked(self, stream: str, seq: int) -> None:
+        """A writer's journal had JetStream's acknowledgement of everything up to ``seq``: tell the
+        followers now, and again every ACKED_REPEAT_S (``_repeat_acked``)."""
+        self._acked_out[stream] = seq
+        if self._acked_repeat is None:
+            self._acked_repeat = asyncio.ensure_future(self._repeat_acked())
+        await self._publish_acked(f"{stream} {seq}")
+
+    async def _publish_acked(self, lines: str) -> None:
+        try:
+            await self.nc.publish(self.acked_subject, lines.encode())
+        except Exception as exc:  # noqa: BLE001 - told again soon; a follower holds the message until then
+            logger.debug("acknowledgement not told to followers error=%r", exc)
+
+    async def _repeat_acked(self) -> None:
+        while not self.closing:
+            await asyncio.sleep(ACKED_REPEAT_S)
+            if self._acked_out:
+                await self._publish_acked("\n".join(f"{stream} {seq}" for stream, seq in self._acked_out.items()))
+
+    async def hear_acked(self, journal: JetStreamJournal) -> None:
+        """From now on ``journal`` (opened to follow) is told what its writer had acknowledged. The
+        first subscribes, and hears a message of its own on the subject: NATS refuses a subscription
+        it does not permit in an error that comes when it comes, so only hearing tells it was taken."""
+        self._acked_in[journal.stream] = journal
+        if self._acked_sub is not None:
+            return
+        probe = f"probe {secrets.token_hex(8)}".encode()
+        heard = asyncio.Event()
+
+        async def on_acked(msg) -> None:
+            if msg.data == probe:
+                heard.set()
+            else:
+                await self._on_acked(msg)
+
+        asked = time.monotonic()
+        self._acked_sub = await self.nc.subscribe(self.acked_subject, cb=on_acked)
+        for _ in range(round(self.config.connect_timeout_s / 0.5)):
+            await self._publish_acked(probe.decode())
+            try:
+                async with asyncio.timeout(0.5):
+                    await heard.wait()
+                return
+            except TimeoutError:
+                if self.denied is not None and self.denied_at >= asked and \
+                        self.acked_subject.lower() in str(self.denied).lower():
+                    raise JournalUnreachable(
+                        f"NATS does not permit this user to subscribe to {self.acked_subject} (where writers tell "
+                        f"what JetStream acknowledged to them, which a follower waits for): {self.denied} (see the "
+                        "permissions a journal's user needs in the README)") from None
+        logger.warning("subscription to writers' acknowledgements not confirmed, going on subject=%s",
+                       self.acked_subject)  # NATS away now: nats-py subscribes again when it is back
+
+    async def _on_acked(self, msg) -> None:
+        for line in msg.data.decode(errors="replace").splitlines():
+            stream, _, seq = line.partition(" ")
+            journal = self._acked_in.get(stream)
+            if journal is not None and seq.isdigit():
+                journal.acknowledged(int(seq))
+
     async def open_journal(self, name: str, scratch: Path, config: JournalConfig = JournalConfig(),
                            follow: bool = False) -> JetStreamJournal:
         """The journal ``name`` (a stream, created if missing), read to its end and
@@ -832,7 +915,7 @@ class JetStreamLog:
 
     async def close(self) -> None:
         self.closing = True
-        await cancel_and_wait(self._leading, *self._replicas_tasks)
+        await cancel_and_wait(self._leading, self._acked_repeat, *self._replicas_tasks)
         if self.nc is not None:
             await self.nc.close()
 
@@ -1395,6 +1478,13 @@ class JetStreamJournal(Appender):
         self.following = False  # opened to follow another writer: not fenced, not writable
         self.cuts_seen: list[tuple[int, int]] = []  # (epoch, revision) of the cut markers read
         self.first_top = 0  # the highest tag in the first message with records that was read (after a purge met)
+        # following: what the writer had acknowledged, and the last message read if it is not known to be (below)
+        self.hold_unacknowledged = True  # False: hand on whatever is stored (a reader of a journal no one writes)
+        self._acked = 0  # the highest sequence a writer of the stream told it had JetStream's acknowledgement of
+        self._held: Message | None = None  # the last message read: records not known to be acknowledged yet
+        self._held_since = 0.0
+        self._hand: Callable[[Message], None] | None = None  # follow()'s on_message, while it runs
+        self._last_read: Message | None = None  # the last message _take decoded
 
     # -- open / replay ----------------------------------------------------
 
@@ -1451,6 +1541,7 @@ class JetStreamJournal(Appender):
         """Every record in the stream, cuts applied (the stream is bounded by checkpoints)."""
         self._found, self._msgs, self._stored_bytes, self._last_rev = [], deque(), 0, 0  # a retry starts over
         self.cuts_seen, self.first_top = [], 0
+        self._held = self._last_read = None
         started = time.monotonic()
         count = await self._read_range(first, last, self._take, self._purged_while_read)
         logger.info("journal stream read stream=%s messages=%d records=%d seconds=%.3f",
@@ -1539,7 +1630,7 @@ class JetStreamJournal(Appender):
         return Message(seq, epoch, tuple(records), top=top, stored=stored)
 
     def _take(self, seq: int, data: bytes, headers: dict) -> None:
-        msg = self._decode(seq, data, headers)
+        msg = self._last_read = self._decode(seq, data, headers)
         self._msgs.append((seq, msg.top))
         self._tail = max(self._tail, seq)
         if msg.cut is not None:
@@ -1561,6 +1652,8 @@ class JetStreamJournal(Appender):
         ``cuts_seen``), without fencing."""
         if not self.following:
             return
+        if self.hold_unacknowledged:
+            await self.log.hear_acked(self)  # before the read: an acknowledgement told during it is heard
         info = await self._info()
         await self._check_head(info.state.first_seq)  # (a follower's rebuild reads the stream again here)
         self.released_before = info.state.first_seq > 1
@@ -1569,6 +1662,52 @@ class JetStreamJournal(Appender):
         await self.log.retrying("read stream", lambda: self._read(info.state.first_seq, info.state.last_seq))
         self._tail = max(self._tail, info.state.last_seq)
         self._msgs = deque()  # purges after a takeover go by the messages this process sees from then on
+        last = self._last_read
+        if last is not None and last.records and last.seq == self._tail and self._unacknowledged(last):
+            del self._found[len(self._found) - len(last.records):]  # the last message's: handed on by follow()
+            self._hold(last)
+
+    # -- what a follower hands on: acknowledged messages only --
+
+    def held_records(self) -> tuple[Record, ...]:
+        """The records read (stored) that follow() hands on once their writer tells it had them acknowledged."""
+        return () if self._held is None else self._held.records
+
+    def _unacknowledged(self, msg: Message) -> bool:
+        return self.hold_unacknowledged and msg.seq > self._acked
+
+    def _hold(self, msg: Message) -> None:
+        self._held, self._held_since = msg, time.monotonic()
+
+    def acknowledged(self, seq: int) -> None:
+        """A writer of the stream told it had JetStream's acknowledgement of messages up to ``seq``."""
+        if seq > self._acked:
+            self._acked = seq
+            if self._held is not None and self._held.seq <= seq and self._hand is not None:
+                self._hand_held(self._hand)
+
+    def _hand_held(self, on_message: Callable[[Message], None]) -> None:
+        msg, self._held = self._held, None
+        on_message(msg)
+
+    def _arrived(self, msg: Message, on_message: Callable[[Message], None]) -> None:
+        """A message read by follow(): the one held before it is acknowledged now (its writer
+        publishes one at a time, and a next writer fences only after reading it); this one is
+        handed on, or held if it has records not known to be acknowledged."""
+        if self._held is not None:
+            self._hand_held(on_message)
+        if msg.records and self._unacknowledged(msg):
+            self._hold(msg)
+        else:
+            on_message(msg)
+
+    def _held_too_long(self) -> None:
+        if self._held is not None and time.monotonic() - self._held_since >= HELD_WARN_S:
+            self._held_since = time.monotonic()  # said again every HELD_WARN_S
+            logger.warning("journal follower holds a message its writer has not told acknowledged stream=%s seq=%d "
+                           "last_told=%d subject=%s (a writer gone without a successor, or this user may not "
+                           "subscribe to the subject)", self.stream, self._held.seq, self._acked,
+                           self.log.acked_subject)
 
     async def follow(self, on_message: Callable[[Message], None],
                      on_gap: Callable[[int, int], Awaitable[bool]]) -> None:
@@ -1576,12 +1715,24 @@ class JetStreamJournal(Appender):
         they are stored, until cancelled.  When messages were purged before they
         could be read, ``on_gap(expected, got)`` says whether to go on (the
         checkpoint already loaded covers them) or raise JournalGap.  Messages sent
-        but lost on the way (see FOLLOW_FETCH_S) are read again, never skipped."""
+        but lost on the way (see FOLLOW_FETCH_S) are read again, never skipped. A message
+        whose records its writer has not told acknowledged is held until it does (or a later
+        message is read): see the module's docstring."""
+        self._found = []  # what catch_up read has been handed over by now
+        self._hand = on_message
+        try:
+            if self._held is not None and not self._unacknowledged(self._held):
+                self._hand_held(on_message)
+            await self._follow(on_message, on_gap)
+        finally:
+            self._hand = None
+
+    async def _follow(self, on_message: Callable[[Message], None],
+                      on_gap: Callable[[int, int], Awaitable[bool]]) -> None:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
         from nats.js.errors import NotFoundError
         from nats.errors import TimeoutError as NatsTimeout
 
-        self._found = []  # what catch_up read has been handed over by now
         attempt = 0
         while True:
             sub = None
@@ -1596,6 +1747,7 @@ class JetStreamJournal(Appender):
                     except (NatsTimeout, asyncio.TimeoutError):
                         if await self.stored_tail() > self._tail:  # stored, yet not delivered: the last were lost
                             raise DeliveryLost(f"nothing delivered after {self._tail} while the stream holds more")
+                        self._held_too_long()
                         continue
                     attempt = 0
                     for m in msgs:
@@ -1608,7 +1760,8 @@ class JetStreamJournal(Appender):
                                 raise JournalGap(self.stream, self._tail + 1, seq)
                         self._tail = seq
                         self._stored_bytes += len(m.data)
-                        on_message(self._decode(seq, m.data, m.headers or {}, m.metadata.timestamp.timestamp()))
+                        self._arrived(self._decode(seq, m.data, m.headers or {}, m.metadata.timestamp.timestamp()),
+                                      on_message)
             except (asyncio.CancelledError, JournalGap, JournalCorrupt):
                 raise
             except Exception as exc:  # noqa: BLE001 - a lost connection or consumer: make a new one
@@ -1628,8 +1781,8 @@ class JetStreamJournal(Appender):
 
     @property
     def read_tail(self) -> int:
-        """The stream sequence of the last message read (and handed on) so far."""
-        return self._tail
+        """The stream sequence of the last message read and handed on so far (one held is the last read)."""
+        return self._tail if self._held is None else self._held.seq - 1
 
     async def stored_tail(self) -> int:
         """The stream's last sequence now: what a reader must reach to have read
@@ -1699,6 +1852,8 @@ class JetStreamJournal(Appender):
         a takeover from a state with holes would cut acknowledged writes. Released
         before that read or while it goes on alike: the writer being replaced, still
         running, may release its journal up to a checkpoint it just wrote."""
+        if self._held is not None:  # read before this process fences: its records are this writer's to keep
+            self._hand_held(on_message)
         for _ in range(50):
             try:
                 await self._fence()
@@ -1883,10 +2038,11 @@ class JetStreamJournal(Appender):
                 seq, body, top = self._take_batch()
                 started = time.monotonic()
                 await self._publish(body, {}, top)
-                await failpoints.pause("jetstream.after_store_before_ack")  # stored: followers may apply it
+                await failpoints.pause("jetstream.after_store_before_ack")  # stored: followers hold it
                 if self.on_batch is not None:
                     self.on_batch(len(body), time.monotonic() - started)
                 self._durable_through(seq)
+                await self.log.tell_acked(self.stream, self._tail)
         except asyncio.CancelledError:
             self._fail(JournalFailed("journal writer task cancelled"))
             raise

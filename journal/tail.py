@@ -365,6 +365,9 @@ class SegmentTail:
     def records(self, after_rev: int = 0) -> Iterator[Record]:
         return (r for r in self._found if r.rev > after_rev)
 
+    def held_records(self) -> tuple[Record, ...]:
+        return ()  # what is read is acknowledged already: the writer's published position says so
+
     @property
     def read_tail(self) -> tuple[int, int]:
         """(segment seq, offset) of the next frame to read: everything before it was handed on."""

@@ -104,17 +104,21 @@ def _check_complete(store: Store, found: list[Recovered]) -> None:
         )
 
 
-def check_kept(store: Store, found: list[Recovered], following: bool = False) -> None:
+def check_kept(store: Store, found: list[Recovered], following: bool = False,
+               unacknowledged: list[list[int]] | None = None) -> None:
     """Every revision the last writer acknowledged is in some journal or under a checkpoint that can
     hold it (``journal.verify.lost_revisions``, which `journal verify` asks too). A journal released
     past its checkpoint (its oldest segments deleted by hand, messages purged or dropped by NATS)
     loses the records between; the walk of ``recovered_revision`` begins at the highest checkpoint
     of any shard, so a hole below that is not seen there, and a following start loads every record
     up to it as it comes. Nothing is cut. ``following``: the start of a follower or standby, which
-    read ``store.acknowledged`` before any journal; the writer may hold those writes in its state."""
+    read ``store.acknowledged`` before any journal; the writer may hold those writes in its state.
+    ``unacknowledged``: per shard, the revisions of the writes its journal holds but hands on only once
+    its writer tells it had them acknowledged (journal.follow: ``held_records``): stored all the same."""
     if not store.acknowledged:
         return
-    held = [(f.below + [w[0] for w in f.writes], f.checkpoint_rev) for f in found]  # what collect() read
+    held = [(f.below + [w[0] for w in f.writes] + (unacknowledged[sid] if unacknowledged else []), f.checkpoint_rev)
+            for sid, f in enumerate(found)]  # what collect() read
     lost = lost_revisions(held, store.acknowledged)
     if not lost:
         return
@@ -212,7 +216,8 @@ async def _recover_to_follow(store: Store, started: float) -> Follower:
     loaded = [await shard.load_checkpoint(ckpt) for shard, ckpt in zip(store.shards, ckpts)]
     found = [await shard.collect(*ckpt) for shard, ckpt in zip(store.shards, loaded)]
     _check_complete(store, found)
-    check_kept(store, found, following=True)
+    check_kept(store, found, following=True, unacknowledged=[
+        [r.rev for r in shard.journal.held_records() if r.rtype in (WRITE, WRITE_LAST)] for shard in store.shards])
     base = max([1, *(f.checkpoint_rev for f in found)])
     await _rebuild(store, found, base, keep_hooks=True)
     follower = Follower(store, base, [f.checkpoint_rev for f in found])

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 PODS = (b"/registry/pods/", b"/registry/pods0")
 # what README's "NATS users" says a journal's user needs
 JOURNAL_PERMISSIONS = {"pub": {"allow": ["$JS.API.>", "$JS.FC.>", "$KV.>", "$O.>", "journal.>"]},
-                       "sub": {"allow": ["_INBOX.>"]}}
+                       "sub": {"allow": ["_INBOX.>", "journal.acked.>"]}}
 
 
 def as_user(url: str) -> SimpleNamespace:
@@ -36,8 +36,11 @@ def as_user(url: str) -> SimpleNamespace:
 
 def refused_start(nats, base: Path, *flags: str) -> str:
     """The one stderr line of a server start NATS turns away (exit 2, no traceback)."""
-    r = subprocess.run(shardetcd_on(nats, base, "--journal-replicas", "1", *flags).args(), cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    try:
+        r = subprocess.run(shardetcd_on(nats, base, "--journal-replicas", "1", *flags).args(), cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as exc:  # it went on instead: what it logged says why
+        raise AssertionError(f"not refused: {str(exc.stderr)[-5000:]}") from None
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr and lines[-1].startswith("shardetcd: "), r.stderr[-3000:]
     return lines[-1]
@@ -122,6 +125,7 @@ def test_nkey_users_passwords_and_the_refusals_of_a_nats_that_requires_a_user(tm
 def test_operator_mode_creds_files_for_writer_follower_standby_verify_and_restore(tmp_path):
     op = OperatorMode(tmp_path / "op")
     creds = op.account("etcd").user("shardetcd", JOURNAL_PERMISSIONS)
+    deaf = op.account("etcd").user("deaf", {**JOURNAL_PERMISSIONS, "sub": {"allow": ["_INBOX.>"]}})
     no_jetstream = op.account("apps", jetstream=False).user("app")
     nats = start_nats_cluster(tmp_path / "nats", size=1, config=op.config())
     auth = ("--journal-replicas", "1", "--journal-creds-file", str(creds))
@@ -134,6 +138,10 @@ def test_operator_mode_creds_files_for_writer_follower_standby_verify_and_restor
         try:
             put_pods(writer.endpoint, 200)  # ~50 KB of records: checkpoints are written to the object store too
             follower = shardetcd_on(nats, tmp_path / "f", *auth, "--follow").start()
+            line = refused_start(nats, tmp_path / "x", "--journal-creds-file", str(deaf), "--follow")
+            assert line.startswith("shardetcd: NATS does not permit this user to subscribe to journal.acked.shardetcd "
+                                   "(where writers tell what JetStream acknowledged to them") and \
+                "permissions violation" in line.lower(), line
             standby = shardetcd_on(nats, tmp_path / "s", *auth, "--standby")
             standby.start(wait=False)
             wait_standing_by(standby)
