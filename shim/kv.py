@@ -34,8 +34,8 @@ class KVService:
             if not request.serializable and (unsure := self.m.unsure_writer()) is not None:
                 await unsure
             if self.store.committed < request.revision <= self.store.rev and not request.serializable:
-                # a write of this writer's in flight: its followers may show it before the journals' answer
-                # is here (a watch there gave this revision): answered once it is committed, not refused
+                # a write of this writer's in flight (no member shows it before it is committed, but a
+                # client may ask the next revision): answered once it is committed, not refused
                 await self.store.wait_committed(request.revision)
             r = await self.store.range_async(convert.range_req(request), current)
         except Exception as exc:

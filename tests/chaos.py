@@ -83,6 +83,7 @@ from tests import chaos_auth, chaos_cluster
 from tests.chaos_cluster import CLUSTER_FAULTS, CLUSTER_LOCAL_FAULTS, ClusterRun, endpoint_status
 from tests.chaos_lease import RoundLeases
 from tests.chaos_lock import Candidate, Locker, Observer, check_lockers, check_observers
+from tests.chaos_reads import check_reads, serial_reads
 from tests.chaos_watch import FENCE, MemberWatch, watch_report
 from tests.etcd_fixture import free_port
 from tests.integration.test_linearizability import KEYS, MIXED, check_linearizable, client
@@ -397,9 +398,13 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     clients = [(m.endpoint, weights, keys) for m in members for weights in (MIXED, MIXED, READS)]
     other_keys = [chaos_cluster.OTHER_KEY + b"/round%d" % r] if others else []
     clients += [(m.endpoint, MIXED, other_keys) for m in others]
-    threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10, ks, weights, chaos_auth.channel),
-                                daemon=True)
+    linear: list = []  # the gets' answers, and serializable reads' (tests/chaos_reads.py)
+    serial: list = []
+    threads = [threading.Thread(target=client, args=(ep, c, stop, history, 10, ks, weights, chaos_auth.channel,
+                                                     linear if ks is keys else None), daemon=True)
                for c, (ep, weights, ks) in enumerate(clients)]
+    threads += [threading.Thread(target=serial_reads, args=(m.endpoint, stop, keys, serial, r * 100 + i), daemon=True)
+                for i, m in enumerate(members)]
     big_keys = [b"/registry/pods/chaos/big-%d/round%d" % (i, r) for i in range(BIG_KEYS)] + [
         b"/registry/configmaps/chaos/big/round%d" % r]
     acked: list[int] = []
@@ -425,6 +430,7 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
     unknown = len(history) - done
     log(f"  {done} operations answered, {unknown} of unknown outcome")
     check_linearizable(history, out, f"round{r}-{fault}", keys + other_keys)
+    log(f"  {check_reads(serial, linear)}")
     serving(members, log)
     if others:
         serving(others, log, prefix=chaos_cluster.OTHER_KEY + b"/serving-", who="the other partition's members each")

@@ -33,9 +33,11 @@ def now() -> float:
 
 
 def client(endpoint: str, cid: int, stop: threading.Event, history: list, timeout: float = 2,
-           keys: list[bytes] = KEYS, weights: tuple[int, int, int, int] = MIXED, connect=grpc.insecure_channel) -> None:
+           keys: list[bytes] = KEYS, weights: tuple[int, int, int, int] = MIXED, connect=grpc.insecure_channel,
+           revisions: list | None = None) -> None:
     """Random get / put / delete / compare-and-swap, in proportion to ``weights``, until ``stop``;
-    through the channel ``connect`` opens."""
+    through the channel ``connect`` opens. ``revisions``: each get answered, as a
+    ``tests.chaos_reads.Read`` (its header's revision)."""
     rng = random.Random(cid)
     channel = connect(endpoint)
     kv = pbg.KVStub(channel)
@@ -48,8 +50,12 @@ def client(endpoint: str, cid: int, stop: threading.Event, history: list, timeou
         start = now()
         try:
             if kind == "get":
-                kvs = kv.Range(pb.RangeRequest(key=key), timeout=timeout).kvs
-                arg, out = None, (kvs[0].value.decode() if kvs else None)
+                got = kv.Range(pb.RangeRequest(key=key), timeout=timeout)
+                arg, out = None, (got.kvs[0].value.decode() if got.kvs else None)
+                if revisions is not None:
+                    from tests.chaos_reads import Read
+
+                    revisions.append(Read(start, now(), got.header.revision, endpoint))
             elif kind == "put":
                 kv.Put(pb.PutRequest(key=key, value=value), timeout=timeout)
                 arg, out = value.decode(), True
