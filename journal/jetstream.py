@@ -1703,7 +1703,7 @@ class JetStreamJournal(Appender):
 
     def _held_too_long(self) -> None:
         if self._held is not None and time.monotonic() - self._held_since >= HELD_WARN_S:
-            self._held_since = time.monotonic()  # said again every HELD_WARN_S
+            self._held_since = float("inf")  # once per message
             logger.warning("journal follower holds a message its writer has not told acknowledged stream=%s seq=%d "
                            "last_told=%d subject=%s (a writer gone without a successor, or this user may not "
                            "subscribe to the subject)", self.stream, self._held.seq, self._acked,
