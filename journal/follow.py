@@ -9,6 +9,7 @@ segment files, on the writer's own machine).  Both give:
     await j.catch_up()               read what is stored now: records(), released_before, first_top, cuts_seen
     j.records(after_rev)             what catch_up read, tag > after_rev, whose writer had it acknowledged
     j.held_records()                 what catch_up read beside: stored, not known to be acknowledged yet
+    j.acknowledged_if(known)         ... known to be after all (``known(records)``): records() gives it too
     await j.newest_checkpoint_rev()  the newest checkpoint's revision (0: none)
     await j.follow(on_message, on_gap)
                                      every later Message, in order, until cancelled; messages released

@@ -1673,6 +1673,14 @@ class JetStreamJournal(Appender):
         """The records read (stored) that follow() hands on once their writer tells it had them acknowledged."""
         return () if self._held is None else self._held.records
 
+    def acknowledged_if(self, known: Callable[[tuple[Record, ...]], bool]) -> None:
+        """Between catch_up() and records(): the message held is acknowledged after all if ``known``
+        says so of its records (a write at or below a revision the writer had committed: a
+        checkpoint's, say); its records then come from records() with the others."""
+        if self._held is not None and known(self._held.records):
+            msg, self._held = self._held, None
+            self._found.extend(msg.records)
+
     def _unacknowledged(self, msg: Message) -> bool:
         return self.hold_unacknowledged and msg.seq > self._acked
 

@@ -368,6 +368,9 @@ class SegmentTail:
     def held_records(self) -> tuple[Record, ...]:
         return ()  # what is read is acknowledged already: the writer's published position says so
 
+    def acknowledged_if(self, known) -> None:
+        pass  # nothing is held
+
     @property
     def read_tail(self) -> tuple[int, int]:
         """(segment seq, offset) of the next frame to read: everything before it was handed on."""

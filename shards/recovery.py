@@ -214,6 +214,14 @@ async def _recover_to_follow(store: Store, started: float) -> Follower:
     _track_lease_keys(store)
     await failpoints.pause("recovery.follow_loading_checkpoints")
     loaded = [await shard.load_checkpoint(ckpt) for shard, ckpt in zip(store.shards, ckpts)]
+    # a journal's last message, held until its writer tells it was acknowledged, was if it holds a write
+    # at or below a revision the writer had committed: one it said it acknowledged, a checkpoint's (of
+    # any shard: a revision is committed on all at once); rebuilt below with the rest, as the follower
+    # takes no write at or below what it has applied
+    committed = max([store.acknowledged, *(ckpt[0] for ckpt in loaded)])
+    for shard in store.shards:
+        shard.journal.acknowledged_if(lambda records: any(
+            r.rtype in (WRITE, WRITE_LAST, WRITE_PART) and r.rev <= committed for r in records))
     found = [await shard.collect(*ckpt) for shard, ckpt in zip(store.shards, loaded)]
     _check_complete(store, found)
     check_kept(store, found, following=True, unacknowledged=[
