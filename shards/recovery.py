@@ -130,11 +130,13 @@ def check_kept(store: Store, found: list[Recovered], following: bool = False,
     else:
         way_out = (f"Refusing to start, and nothing was cut. Put the missing records back; or, to serve what is left "
                    f"and lose them, {drop} and start again")
+    shards = ", ".join(f"{shard.name} checkpoint {ckpt or 'none'}, writes " + (
+        f"{min(revs)}..{max(revs)} ({len(revs)})" if revs else "none") for shard, (revs, ckpt) in zip(store.shards, held))
     raise DataDirError(
         f"writes were acknowledged up to revision {store.acknowledged} ({where}), but revisions {runs_text(lost)} "
         "are in no journal, and no checkpoint of a journal whose records start past them reaches them: acknowledged "
         "journal records are gone (a journal released past its checkpoint: segments deleted, messages purged?). "
-        f"{way_out}")
+        f"{way_out}. Per shard: {shards}")
 
 
 def check_acknowledged(store: Store, rev: int, found: list[Recovered] | None = None) -> None:
