@@ -94,6 +94,7 @@ MIN_MAX_PAYLOAD = 4 * 1024 * 1024
 # holds more, is such a loss: the follower reads on from its last message with a new consumer.
 FOLLOW_FETCH_S = 2.0
 ACKED_REPEAT_S = 0.5  # how often a writer tells again the last sequence acknowledged on each stream it writes
+ASK_WAIT_S = 0.6  # a starting follower waits this long at most for a writer's word on the last message it read
 HELD_WARN_S = 10.0  # a follower holding a message unacknowledged this long (the writer stored nothing since) says so
 STREAM_CHECK_S = 5.0  # how often a writer checks that no one edited its streams to drop messages
 GONE_CONFIRM_S = 1.0  # a stream not found while written or followed: asked again after this before stopping
@@ -593,6 +594,7 @@ class JetStreamLog:
         self._acked_repeat: asyncio.Task | None = None  # _repeat_acked, once this process writes
         self._acked_in: dict[str, JetStreamJournal] = {}  # stream -> the journal following it here
         self._acked_sub = None  # the subscription to acked_subject, once a journal is followed here
+        self._asks_sub = None  # a writer's subscription to the followers' asks (ask_subject)
 
     async def connect(self) -> JetStreamLog:
         import nats
@@ -842,13 +844,32 @@ class JetStreamLog:
     def acked_subject(self) -> str:
         return f"journal.acked.{self.config.prefix}".replace("*", "_").replace(">", "_")
 
+    @property
+    def ask_subject(self) -> str:
+        return f"{self.acked_subject}.ask"
+
     async def tell_acked(self, stream: str, seq: int) -> None:
         """A writer's journal had JetStream's acknowledgement of everything up to ``seq``: tell the
-        followers now, and again every ACKED_REPEAT_S (``_repeat_acked``)."""
+        followers now, again every ACKED_REPEAT_S (``_repeat_acked``), and whenever a starting
+        follower asks (``ask_acked``)."""
         self._acked_out[stream] = seq
         if self._acked_repeat is None:
             self._acked_repeat = asyncio.ensure_future(self._repeat_acked())
+            try:
+                self._asks_sub = await self.nc.subscribe(self.ask_subject, cb=self._on_ask)
+            except Exception as exc:  # noqa: BLE001 - followers then wait for the next repeat
+                logger.debug("followers' asks not heard error=%r", exc)
         await self._publish_acked(f"{stream} {seq}")
+
+    async def _on_ask(self, msg) -> None:
+        await self._publish_acked("\n".join(f"{stream} {seq}" for stream, seq in self._acked_out.items()))
+
+    async def ask_acked(self) -> None:
+        """A follower: ask the writer to tell again now what it had acknowledged."""
+        try:
+            await self.nc.publish(self.ask_subject, b"")
+        except Exception as exc:  # noqa: BLE001 - the writer tells again soon anyway
+            logger.debug("writer not asked error=%r", exc)
 
     async def _publish_acked(self, lines: str) -> None:
         try:
@@ -1485,6 +1506,7 @@ class JetStreamJournal(Appender):
         self._held_since = 0.0
         self._hand: Callable[[Message], None] | None = None  # follow()'s on_message, while it runs
         self._last_read: Message | None = None  # the last message _take decoded
+        self._told: asyncio.Event | None = None  # set when a writer tells, while catch_up waits for its word
 
     # -- open / replay ----------------------------------------------------
 
@@ -1664,8 +1686,25 @@ class JetStreamJournal(Appender):
         self._msgs = deque()  # purges after a takeover go by the messages this process sees from then on
         last = self._last_read
         if last is not None and last.records and last.seq == self._tail and self._unacknowledged(last):
+            await self._ask_for(last.seq)
+        if last is not None and last.records and last.seq == self._tail and self._unacknowledged(last):
             del self._found[len(self._found) - len(last.records):]  # the last message's: handed on by follow()
             self._hold(last)
+
+    async def _ask_for(self, seq: int) -> None:
+        """Ask the writer what it had acknowledged, and wait up to ASK_WAIT_S (a repeat's time) for
+        its word on message ``seq``: none comes with no writer, or a lapse of NATS's."""
+        told = self._told = asyncio.Event()
+        await self.log.ask_acked()
+        try:
+            async with asyncio.timeout(ASK_WAIT_S):
+                while self._acked < seq:
+                    told.clear()
+                    await told.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self._told = None
 
     # -- what a follower hands on: acknowledged messages only --
 
@@ -1691,6 +1730,8 @@ class JetStreamJournal(Appender):
         """A writer of the stream told it had JetStream's acknowledgement of messages up to ``seq``."""
         if seq > self._acked:
             self._acked = seq
+            if self._told is not None:
+                self._told.set()
             if self._held is not None and self._held.seq <= seq and self._hand is not None:
                 self._hand_held(self._hand)
 

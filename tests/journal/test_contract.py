@@ -449,6 +449,26 @@ def test_a_follower_hands_on_a_record_only_once_its_writer_had_it_acknowledged(b
     asyncio.run(go())
 
 
+def test_a_starting_jetstream_follower_asks_the_writer_about_the_last_message(nats_cluster, tmp_path, monkeypatch):
+    """The writer's word on its last message was told before the follower listened, and its next
+    repeat is far off: catch_up() asks, the writer tells again at once, and records() has it all
+    (else the last message waits for a repeat, or for a next writer)."""
+    from journal import jetstream
+
+    monkeypatch.setattr(jetstream, "ACKED_REPEAT_S", 3600.0)
+
+    async def go():
+        backend = Backend("jetstream", tmp_path, nats_cluster.urls)
+        log, journal, flog, followed = await open_followed(backend)
+        await one_message_each(journal, items(3))
+        await followed.catch_up()
+        assert [(r.rtype, r.rev, r.payload) for r in followed.records()] == items(3)
+        assert followed.held_records() == ()
+        await close_all(followed, flog, journal, log)
+
+    asyncio.run(go())
+
+
 async def never(expected: int, got: int) -> bool:
     return False
 
