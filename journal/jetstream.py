@@ -37,8 +37,11 @@ would not): a writer publishes one message on a stream at a time, so a later
 message on the stream says the one before it was acknowledged (or was read by
 the next writer before it fenced); for the last one, each writer tells on the
 core NATS subject ``journal.acked.<prefix>`` the last sequence acknowledged to
-it, ``"<stream> <seq>"`` per line, after each acknowledgement and every
-``ACKED_REPEAT_S`` (such a message is not stored, so one lost is told again).
+it, ``"<stream> <seq>"`` per line, after each acknowledgement, every
+``ACKED_REPEAT_S`` (such a message is not stored, so one lost is told again),
+and when a starting follower asks on ``journal.acked.<prefix>.ask``. A
+follower's start takes the last message as well when a write in it is at or
+below a revision the writer had committed (shards/recovery.py).
 
 The stream's own storage decides what "stored" means (file storage, flushed
 to disk on the servers' sync interval): durability comes from the quorum of
