@@ -597,7 +597,6 @@ class JetStreamLog:
         self._acked_repeat: asyncio.Task | None = None  # _repeat_acked, once this process writes
         self._acked_in: dict[str, JetStreamJournal] = {}  # stream -> the journal following it here
         self._acked_sub = None  # the subscription to acked_subject, once a journal is followed here
-        self._asks_sub = None  # a writer's subscription to the followers' asks (ask_subject)
 
     async def connect(self) -> JetStreamLog:
         import nats
@@ -859,32 +858,34 @@ class JetStreamLog:
         if self._acked_repeat is None:
             self._acked_repeat = asyncio.ensure_future(self._repeat_acked())
             try:
-                self._asks_sub = await self.nc.subscribe(self.ask_subject, cb=self._on_ask)
+                await self.nc.subscribe(self.ask_subject, cb=self._tell_all)
             except Exception as exc:  # noqa: BLE001 - followers then wait for the next repeat
                 logger.debug("followers' asks not heard error=%r", exc)
         await self._publish_acked(f"{stream} {seq}")
 
-    async def _on_ask(self, msg) -> None:
+    async def _tell_all(self, asked=None) -> None:
+        """Tell again what every stream this process writes had acknowledged (``asked``: a follower's ask)."""
         await self._publish_acked("\n".join(f"{stream} {seq}" for stream, seq in self._acked_out.items()))
 
     async def ask_acked(self) -> None:
         """A follower: ask the writer to tell again now what it had acknowledged."""
-        try:
-            await self.nc.publish(self.ask_subject, b"")
-        except Exception as exc:  # noqa: BLE001 - the writer tells again soon anyway
-            logger.debug("writer not asked error=%r", exc)
+        await self._quietly(self.ask_subject, b"")
 
     async def _publish_acked(self, lines: str) -> None:
+        await self._quietly(self.acked_subject, lines.encode())
+
+    async def _quietly(self, subject: str, data: bytes) -> None:
+        """Publish on core NATS; a failure is not an error: the writer tells again soon anyway, and a
+        follower holds the message until then."""
         try:
-            await self.nc.publish(self.acked_subject, lines.encode())
-        except Exception as exc:  # noqa: BLE001 - told again soon; a follower holds the message until then
-            logger.debug("acknowledgement not told to followers error=%r", exc)
+            await self.nc.publish(subject, data)
+        except Exception as exc:  # noqa: BLE001 - see above
+            logger.debug("not published subject=%s error=%r", subject, exc)
 
     async def _repeat_acked(self) -> None:
         while not self.closing:
             await asyncio.sleep(ACKED_REPEAT_S)
-            if self._acked_out:
-                await self._publish_acked("\n".join(f"{stream} {seq}" for stream, seq in self._acked_out.items()))
+            await self._tell_all()
 
     async def hear_acked(self, journal: JetStreamJournal) -> None:
         """From now on ``journal`` (opened to follow) is told what its writer had acknowledged. The
@@ -1688,9 +1689,10 @@ class JetStreamJournal(Appender):
         self._tail = max(self._tail, info.state.last_seq)
         self._msgs = deque()  # purges after a takeover go by the messages this process sees from then on
         last = self._last_read
-        if last is not None and last.records and last.seq == self._tail and self._unacknowledged(last):
-            await self._ask_for(last.seq)
-        if last is not None and last.records and last.seq == self._tail and self._unacknowledged(last):
+        if last is None or not last.records or last.seq != self._tail or not self._unacknowledged(last):
+            return
+        await self._ask_for(last.seq)
+        if self._unacknowledged(last):
             del self._found[len(self._found) - len(last.records):]  # the last message's: handed on by follow()
             self._hold(last)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
+from tests.chaos_reads import Read
 from tests.lincheck import Op, linearizable, save
 
 KEYS = [b"/registry/pods/lin", b"/registry/leases/lin", b"lin-plain"]
@@ -53,8 +54,6 @@ def client(endpoint: str, cid: int, stop: threading.Event, history: list, timeou
                 got = kv.Range(pb.RangeRequest(key=key), timeout=timeout)
                 arg, out = None, (got.kvs[0].value.decode() if got.kvs else None)
                 if revisions is not None:
-                    from tests.chaos_reads import Read
-
                     revisions.append(Read(start, now(), got.header.revision, endpoint))
             elif kind == "put":
                 kv.Put(pb.PutRequest(key=key, value=value), timeout=timeout)
