@@ -281,12 +281,14 @@ async def _fetch_and_read(shards: list) -> list:
 
 async def _overtaken(journal, ckpt) -> JournalGap | None:
     """A journal read that starts past the checkpoint fetched (or whose messages were purged as it
-    read them), released up to a newer one meanwhile."""
+    read them), released up to a newer one meanwhile. One that read no record at all counts too: a
+    release keeps the newest message, which may hold none (a fence, a cut marker), and the records
+    it purged before it may be above the checkpoint fetched."""
     ckpt_rev = checkpoint_revision(ckpt)
-    if journal.released_before and journal.first_top > ckpt_rev and await journal.newest_checkpoint_rev() > ckpt_rev:
-        first = journal.first_top
-        read = f"its first record read is rev {first}" if first != NO_RECORD_AFTER_PURGE else \
-            "no record read after messages purged as they were read"
+    first = journal.first_top
+    if journal.released_before and (first > ckpt_rev or not first) and await journal.newest_checkpoint_rev() > ckpt_rev:
+        read = f"its first record read is rev {first}" if first not in (0, NO_RECORD_AFTER_PURGE) else \
+            "no record read" + (" after messages purged as they were read" if first else "")
         return JournalGap(journal.name, ckpt_rev + 1, first,
                           f"released past the checkpoint fetched (rev {ckpt_rev}) to a newer one meanwhile; {read}")
     return None
