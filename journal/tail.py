@@ -359,8 +359,7 @@ class SegmentTail:
             except _Vanished:  # released while being read: start over from the oldest left
                 continue
         self._found = records
-        if records:
-            self.first_top = records[0].rev
+        self.first_top = records[0].rev if records else 0  # of this read (a start may read again)
 
     def records(self, after_rev: int = 0) -> Iterator[Record]:
         return (r for r in self._found if r.rev > after_rev)

@@ -295,6 +295,26 @@ def test_segments_released_before_they_were_read_are_a_gap(tmp_path):
     asyncio.run(go())
 
 
+def test_first_top_is_the_last_reads(tmp_path):
+    """A start reads a journal again after fetching a newer checkpoint, and judges each read by its
+    first record (shards.recovery._overtaken): a read that found none says so (0), not the first
+    record of the read before it. Here every segment goes by hand between the two reads."""
+    async def go():
+        w = await LocalWriter(tmp_path / "w").open()
+        await w.write(range(5, 21))
+        log, tail = await follower(w.data)
+        await tail.catch_up()
+        assert tail.first_top == 5
+        await w.close()
+        for segment in (w.data / "shards" / "j" / "journal").glob("*.wal"):
+            segment.unlink()
+        await tail.catch_up()
+        assert list(tail.records()) == [] and tail.first_top == 0
+        await log.close()
+
+    asyncio.run(go())
+
+
 def test_a_tail_never_writes_into_the_writers_dir(tmp_path):
     """Checkpoints are read in place and held open (the writer deletes older ones once it writes
     a newer one); a checkpoint the writer is still writing (.tmp) is left alone; nothing under
