@@ -348,11 +348,12 @@ class SegmentTail:
             records: list[Record] = []
             try:
                 while True:
-                    if batch := self._read(mark):
+                    batch = self._read(mark)
+                    if batch is None:  # the round was dropped (the writer restarted, or its watermark could
+                        mark = await self.log.mark()  # not be read): those before are final; read on from a new mark
+                    elif batch:
                         records += batch
                         await asyncio.sleep(0)
-                    elif self._restarted(mark):  # the round read as the writer restarted was dropped: the
-                        mark = await self.log.mark()  # rounds before are final; read on from its new mark
                     else:  # read up to the mark
                         break
                 break
@@ -412,9 +413,15 @@ class SegmentTail:
                 on_message(Message(self._messages, 0, tuple(records), top=records[-1].rev))
                 await asyncio.sleep(0)
 
-    def _read(self, mark: Mark) -> list[Record]:
-        """The next records that are durable and committed per ``mark`` (at most a round's worth);
-        none if the writer restarted while they were read (read again, from the new mark)."""
+    def _read(self, mark: Mark) -> list[Record] | None:
+        """The next records that are durable and committed per ``mark`` (at most a round's worth;
+        [] once it is reached). None if the round was dropped: the writer restarted while it was
+        read, or its watermark could not be read to tell (an update half-written through every try
+        of ``WatermarkReader.read``: its writer was preempted in the middle of one, or died there).
+        Read again, from a new mark. A dropped round once returned [] too, which a start's
+        catch_up took for the mark reached when a second look at the watermark found the update
+        done: it ended short, here with no record of a shard's 66 MB journal, and the start refused
+        to follow, finding acknowledged revisions in no journal (CI, chaos with auth on)."""
         if mark.member_id != self._member_id:
             if self._member_id:
                 raise JournalCorrupt(self.directory, 0, f"the data dir followed now belongs to another member "
@@ -460,12 +467,14 @@ class SegmentTail:
             self._seq, self._offset = self._seq + 1, 0  # the writer went on to the next segment: this one is whole
             self._close_file()
         if self._restarted(mark):
-            (self._seq, self._offset), records = start, []
+            self._seq, self._offset = start
             self._close_file()
-        self.bytes_total += nbytes if records else 0
+            return None
+        self.bytes_total += nbytes
         return records
 
     def _restarted(self, mark: Mark) -> bool:
+        """The writer restarted since ``mark`` was read, or its watermark cannot be read to tell."""
         now = self.log.reader.read()
         return now is None or now.generation != mark.generation
 
