@@ -418,10 +418,8 @@ class SegmentTail:
         [] once it is reached). None if the round was dropped: the writer restarted while it was
         read, or its watermark could not be read to tell (an update half-written through every try
         of ``WatermarkReader.read``: its writer was preempted in the middle of one, or died there).
-        Read again, from a new mark. A dropped round once returned [] too, which a start's
-        catch_up took for the mark reached when a second look at the watermark found the update
-        done: it ended short, here with no record of a shard's 66 MB journal, and the start refused
-        to follow, finding acknowledged revisions in no journal (CI, chaos with auth on)."""
+        Read again, from a new mark: a dropped round is not the mark reached, which a second look
+        at the watermark cannot tell apart."""
         if mark.member_id != self._member_id:
             if self._member_id:
                 raise JournalCorrupt(self.directory, 0, f"the data dir followed now belongs to another member "

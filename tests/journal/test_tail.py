@@ -230,32 +230,39 @@ def test_a_round_read_while_the_writer_restarts_is_dropped(tmp_path):
     asyncio.run(go())
 
 
+async def caught_up_with_a_first_round(tmp_path: Path, first_round) -> list[int]:
+    """Revisions 1..3 written, a tail's catch_up with its first round read by ``first_round(writer,
+    read, mark)`` (which calls ``read(mark)`` amid something of its own): the revisions it ends with."""
+    w = await LocalWriter(tmp_path / "w").open()
+    await w.write(range(1, 4))
+    log, tail = await follower(w.data)
+    read, rounds = tail._read, []
+
+    def reading(mark):
+        rounds.append(mark)
+        return first_round(w, read, mark) if len(rounds) == 1 else read(mark)
+
+    tail._read = reading
+    await asyncio.wait_for(tail.catch_up(), 5)
+    assert rounds  # the first round went through first_round
+    revs = [r.rev for r in tail.records()]
+    await log.close()
+    await w.close()
+    return revs
+
+
 def test_a_catch_up_that_meets_a_writer_restart_reads_on_from_its_new_mark(tmp_path):
     """A follower starting while its writer restarts (`shardetcd cluster` started again: both at
     once) read a round, found the writer restarted meanwhile and dropped it, as it must; catch_up
     then took the empty round for "read up to the mark" and ended short, so the start found the
     acknowledged revisions in no journal and refused to follow (chaos, a cluster on local journals,
     round 28: kill-supervisor). Now it waits for the restarted writer's mark and reads on."""
-    async def go():
-        w = await LocalWriter(tmp_path / "w").open()
-        await w.write(range(1, 4))
-        log, tail = await follower(w.data)
-        read, restarted = tail._read, []
+    def read_as_the_writer_restarts(w, read, mark):
+        w.mark.recovering()
+        asyncio.get_running_loop().call_later(0.05, w.mark.publish_all, 2, 3, [w.journal.durable_tail])
+        return read(mark)
 
-        def read_as_the_writer_restarts(mark):
-            if not restarted:
-                restarted.append(True)
-                w.mark.recovering()
-                asyncio.get_running_loop().call_later(0.05, w.mark.publish_all, 2, 3, [w.journal.durable_tail])
-            return read(mark)
-
-        tail._read = read_as_the_writer_restarts
-        await asyncio.wait_for(tail.catch_up(), 5)
-        assert restarted and [r.rev for r in tail.records()] == [1, 2, 3]
-        await log.close()
-        await w.close()
-
-    asyncio.run(go())
+    assert asyncio.run(caught_up_with_a_first_round(tmp_path, read_as_the_writer_restarts)) == [1, 2, 3]
 
 
 def test_segments_released_before_they_were_read_are_a_gap(tmp_path):
@@ -304,30 +311,15 @@ def test_a_catch_up_that_cannot_read_the_watermark_for_a_moment_reads_on(tmp_pat
     refused to follow (CI: chaos with auth on, "pods checkpoint 6136, writes none"). It reads on."""
     from journal.watermark import COUNTER_AT, _U64
 
-    async def go():
-        w = await LocalWriter(tmp_path / "w").open()
-        await w.write(range(1, 4))
-        log, tail = await follower(w.data)
-        read, halfway = tail._read, []
+    def read_while_an_update_is_half_written(w, read, mark):
+        counter = w.mark._counter
+        _U64.pack_into(w.mark._mm, COUNTER_AT, counter + 1)  # odd: an update begun
+        try:
+            return read(mark)
+        finally:
+            _U64.pack_into(w.mark._mm, COUNTER_AT, counter)  # and done, nothing changed
 
-        def read_while_an_update_is_half_written(mark):
-            if halfway:
-                return read(mark)
-            halfway.append(True)
-            counter = w.mark._counter
-            _U64.pack_into(w.mark._mm, COUNTER_AT, counter + 1)  # odd: an update begun
-            try:
-                return read(mark)
-            finally:
-                _U64.pack_into(w.mark._mm, COUNTER_AT, counter)  # and done, nothing changed
-
-        tail._read = read_while_an_update_is_half_written
-        await asyncio.wait_for(tail.catch_up(), 5)
-        assert halfway and [r.rev for r in tail.records()] == [1, 2, 3]
-        await log.close()
-        await w.close()
-
-    asyncio.run(go())
+    assert asyncio.run(caught_up_with_a_first_round(tmp_path, read_while_an_update_is_half_written)) == [1, 2, 3]
 
 
 def test_first_top_is_the_last_reads(tmp_path):
