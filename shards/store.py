@@ -368,18 +368,15 @@ class Store:
         self.hub.close()
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
-        for task in (self._expiry_task, self._acknowledging):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        # (both await the journal, and a cancel can be lost in NATS's waits: journal/tasks.py)
+        await cancel_and_wait(self._expiry_task, self._acknowledging)
         if self._acknowledging is not None and self.failure is None:  # a clean stop: the last second's too
             try:
-                await asyncio.wait_for(self._publish_committed(), ACKNOWLEDGED_EVERY_S)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(ACKNOWLEDGED_EVERY_S):
+                    await self._publish_committed()
+            except TimeoutError:
                 pass
-        if self._compaction is not None:
-            self._compaction.cancel()
-            await asyncio.gather(self._compaction, return_exceptions=True)
+        await cancel_and_wait(self._compaction)
         for shard in self.shards:
             await shard.close()
         if self._owns_log:
