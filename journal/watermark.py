@@ -29,6 +29,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ _HEAD = struct.Struct("<8sQQQQQ")
 _U64 = struct.Struct("<Q")
 _POS = struct.Struct("<QQ")
 COUNTER_AT, GENERATION_AT, COMMITTED_AT, POSITIONS_AT = 8, 16, 32, _HEAD.size
+UPDATE_WAITS, UPDATE_WAIT_S = 100, 0.002  # how long a start waits for an update to end: 0.2 s
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +64,13 @@ def _size(shards: int) -> int:
     return _crc_at(shards) + _U64.size
 
 
-def _mark(raw: bytes) -> Mark | None:
-    """The watermark in ``raw`` if it is whole (magic, an even counter, its CRC), else None."""
+def _mark(raw: bytes, mid_update: bool = False) -> Mark | None:
+    """The watermark in ``raw`` if it is whole (magic, an even counter, its CRC), else None;
+    ``mid_update``: an odd counter too, when the CRC holds."""
     if len(raw) < _HEAD.size or raw[:8] != MAGIC:
         return None
     _, counter, generation, member_id, committed, shards = _HEAD.unpack_from(raw, 0)
-    if counter & 1 or _size(shards) > len(raw):
+    if (counter & 1 and not mid_update) or _size(shards) > len(raw):
         return None
     crc_at = _crc_at(shards)
     if zlib.crc32(raw[GENERATION_AT:crc_at]) != _U64.unpack_from(raw, crc_at)[0]:
@@ -142,13 +145,21 @@ class WatermarkWriter:
 def acknowledged_revision(path: Path, member_id: int) -> int:
     """The committed revision a writer of this data dir (``member_id``) last published, read before
     a new writer resets the file: every revision up to it was acknowledged, so durable. 0 when
-    unknown (no file, another data dir's, torn)."""
+    unknown (no file, another data dir's, torn). An update left half-done by a writer that died in
+    it still counts when its CRC holds: the fields are then all from before the update or all from
+    after it, and an update publishes only what is durable already."""
     try:
         reader = WatermarkReader(path)
     except (OSError, ValueError):
         return 0
     try:
-        mark = reader.read()
+        for _ in range(UPDATE_WAITS):  # a live writer preempted in an update: it ends it
+            mark = reader.read()
+            if mark is not None:
+                break
+            time.sleep(UPDATE_WAIT_S)
+        else:  # a writer that died in an update: what it wrote is whole if its CRC holds
+            mark = _mark(reader._mm[:], mid_update=True)
     finally:
         reader.close()
     if mark is None or mark.member_id != member_id:
