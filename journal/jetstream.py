@@ -327,8 +327,9 @@ async def store_object(nc, js, bucket, bucket_name: str, name: str, data, ack_ti
 
     async def acked(ack: asyncio.Future) -> None:
         try:
-            await asyncio.wait_for(ack, ack_timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(ack_timeout_s):
+                await ack
+        except TimeoutError:
             raise NatsTimeout from None
 
     try:
@@ -2032,7 +2033,8 @@ class JetStreamJournal(Appender):
             while time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
                 try:  # with no leader the request goes unanswered: asked again soon, not after js's timeout
-                    cluster = (await asyncio.wait_for(self.log.js.stream_info(self.stream), 0.25)).cluster
+                    async with asyncio.timeout(0.25):
+                        cluster = (await self.log.js.stream_info(self.stream)).cluster
                 except NotFoundError:
                     raise
                 except Exception:  # noqa: BLE001 - no leader to answer yet

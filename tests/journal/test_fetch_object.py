@@ -185,6 +185,33 @@ def test_a_store_jetstream_refuses_leaves_no_chunk_and_no_object(nats_cluster):
     assert (code, left) == (10077, 0)  # JetStream's "maximum bytes exceeded" (a storage error: publish_error_kind)
 
 
+def test_a_chunk_whose_answer_never_comes_is_a_nats_timeout_and_leaves_nothing(nats_cluster, monkeypatch):
+    """The third chunk's answer is lost (stored, but its acknowledgement never arrives): after
+    ``ack_timeout_s`` the store raises nats-py's timeout, what ``retrying`` waits out, and purges
+    the chunks it stored."""
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import ObjectNotFoundError
+
+    from journal.jetstream import _Acks
+
+    real_publish = _Acks.publish
+
+    async def third_answer_lost(self, subject, payload):
+        answer = await real_publish(self, subject, payload)
+        return asyncio.get_running_loop().create_future() if self.sent == 3 else answer
+
+    monkeypatch.setattr(_Acks, "publish", third_answer_lost)
+
+    async def body(nc, js, bucket, name):
+        with pytest.raises(NatsTimeout):
+            await store_object(nc, js, bucket, name, "checkpoint-1", io.BytesIO(os.urandom(5 * CHUNK)), 0.5)
+        with pytest.raises(ObjectNotFoundError):
+            await bucket.get_info("checkpoint-1")
+        return await messages_on(js, name, "C")
+
+    assert with_bucket(nats_cluster, body) == 0
+
+
 def test_a_store_into_a_deleted_bucket_is_not_found(nats_cluster):
     """What tells the journal to make its checkpoint bucket again (JetStreamJournal.store_checkpoint)."""
     from nats.js.errors import NotFoundError
