@@ -39,6 +39,9 @@ With ``--auth``, auth on: every call made as a user that is not root, with a sim
 again when a member refuses it, and each round an auth change every member must hold to at its end
 (tests/chaos_auth.py).
 
+With ``--tls``, clients are served over TLS and must present a certificate of the run's CA
+(``--client-cert-auth``); followers call their writer over TLS with a client certificate too.
+
 With ``--journal local``, the default deployment instead: the writer on a local journal and
 two followers of its data dir (``--follow-data-dir``), with the faults that apply to it
 (``LOCAL_FAULTS``: a killed writer comes back on its journal, a paused one goes on).
@@ -91,6 +94,7 @@ from tests.integration.test_metrics import scrape
 from tests.nats_fixture import start_nats_cluster
 from tests.shardetcd_fixture import ShardetcdProcess
 from tests.tcp_proxy import TcpProxy
+from tests.tls_certs import make_pki
 
 FAULTS = ("kill-writer", "pause-writer", "cut-writer", "kill-member", "pause-member", "cut-member",
           "kill-nats", "pause-nats", "kill-nats-quorum")
@@ -105,17 +109,32 @@ BIG_REQUEST_BYTES = 12 << 20  # every member's --max-request-bytes, room for it
 BIG_CHANNEL = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
+def tls_flags(pki: dict[str, Path], tls_port: int, port: int) -> tuple[str, ...]:
+    """Clients served on https:// with certificates of the PKI's CA required; followers call the
+    writer's https:// URL (advertised first) with a client certificate. The http:// port is only
+    where the harness sees a start serve (ShardetcdProcess)."""
+    urls = f"https://127.0.0.1:{tls_port},http://127.0.0.1:{port}"
+    return ("--listen-client-urls", urls, "--advertise-client-urls", urls, "--cert-file", str(pki["server"]),
+            "--key-file", str(pki["server-key"]), "--trusted-ca-file", str(pki["ca"]), "--client-cert-auth",
+            "--client-cert-file", str(pki["client"]), "--client-key-file", str(pki["client-key"]))
+
+
 class Member:
     """One shardetcd process slot: its data dir and port outlive each process in it."""
 
-    def __init__(self, nats, base: Path, name: str, *flags: str, server_args: tuple[str, ...] = ()) -> None:
-        """With ``nats`` None, on a local journal: the writer, or a follower of its data dir."""
+    def __init__(self, nats, base: Path, name: str, *flags: str, server_args: tuple[str, ...] = (),
+                 pki: dict[str, Path] | None = None) -> None:
+        """With ``nats`` None, on a local journal: the writer, or a follower of its data dir. With
+        ``pki`` (tests/tls_certs.py), clients are served over TLS with client certificates required
+        (``tls_flags``), and a follower calls its writer so."""
         self.base, self.name, self.server_args = base / name, name, server_args
+        self.tls_port = free_port() if pki else None
         self.proxies = [TcpProxy(server.client_port).start() for server in nats.servers] if nats else []
         self.journal = ("--journal-url", ",".join(f"nats://127.0.0.1:{p.port}" for p in self.proxies)) if nats else ()
         # what it comes back as after it ended: a standby on JetStream, what it was on a local journal
         self.revived_as = ("--follow", "--standby") if nats else flags
         self.port, self.metrics_port = free_port(), free_port()
+        self.tls = tls_flags(pki, self.tls_port, self.port) if pki else ()
         self.proc = self._process(*flags).start(wait="--follow" in flags)
 
     @property
@@ -129,11 +148,12 @@ class Member:
                                             "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}",
                                             "--enable-pprof",  # /debug/tasks, for a look at one --hold kept
                                             "--max-request-bytes", str(BIG_REQUEST_BYTES),
-                                            *self.server_args, *flags))
+                                            *self.tls, *self.server_args, *flags))
 
     @property
     def endpoint(self) -> str:
-        return self.proc.endpoint
+        """Where clients call it: its TLS port with --tls."""
+        return f"127.0.0.1:{self.tls_port}" if self.tls_port else self.proc.endpoint
 
     def revive(self) -> None:
         """Back, if its process ended: as a following standby on JetStream; on a local journal,
@@ -488,7 +508,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{', '.join(CLUSTER_LOCAL_FAULTS)} (tests/chaos_cluster.py)")
     ap.add_argument("--auth", action="store_true", help="auth on: every call as a user that is not root, "
                     "with a simple token; an auth change each round that every member must hold to (tests/chaos_auth.py)")
+    ap.add_argument("--tls", action="store_true", help="clients served over TLS with client certificates required "
+                    "(--client-cert-auth), followers calling their writer so (not with --cluster)")
     args = ap.parse_args(argv)
+    if args.tls and args.cluster:
+        ap.error("--tls is not with --cluster")
     server_args = tuple(shlex.split(args.server_args))
     local = args.journal == "local"
     faults = (CLUSTER_LOCAL_FAULTS if local else CLUSTER_FAULTS) if args.cluster else LOCAL_FAULTS if local else FAULTS
@@ -504,7 +528,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
     log(f"chaos seed {seed}, {'a cluster on ' if args.cluster else ''}{args.journal} journal"
-        f"{', auth on' if args.auth else ''}, data and logs under {out}")
+        f"{', auth on' if args.auth else ''}{', TLS' if args.tls else ''}, data and logs under {out}")
+    pki = make_pki(out / "pki") if args.tls else None
+    if pki:
+        chaos_auth.CREDENTIALS = grpc.ssl_channel_credentials(pki["ca"].read_bytes(), pki["client-key"].read_bytes(),
+                                                              pki["client"].read_bytes())
     nats = None if args.journal == "local" else \
         start_nats_cluster(out / "nats", size=3, extra=("--no_advertise",))  # members go through their proxies
     # stopped by PID: the finally below stops every server (the caller's handler back after)
@@ -517,10 +545,10 @@ def main(argv: list[str] | None = None) -> int:
             run.start()
             members, others = chaos_cluster.members(run, "main"), chaos_cluster.members(run, "nodes")
         else:
-            members.append(Member(nats, out, "m0", server_args=server_args))
+            members.append(Member(nats, out, "m0", server_args=server_args, pki=pki))
             following = ("--follow", "--standby") if nats else ("--follow", "--follow-data-dir", str(members[0].data_dir))
             for i in (1, 2):  # one by one: the finally below stops those that started if one does not
-                members.append(Member(nats, out, f"m{i}", *following, server_args=server_args))
+                members.append(Member(nats, out, f"m{i}", *following, server_args=server_args, pki=pki))
         if args.auth:
             auth = chaos_auth.Auth()
             for endpoint in [run.urls[p] for p in run.ports] if run is not None else [the_writer(members).endpoint]:
@@ -547,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         raise
     finally:
-        chaos_auth.ACTIVE = None
+        chaos_auth.ACTIVE = chaos_auth.CREDENTIALS = None
         signal.signal(signal.SIGTERM, before)
         if run is not None:
             run.stop()

@@ -45,6 +45,7 @@ WAITING_CALLS = ("/v3lockpb.Lock/Lock", "/v3electionpb.Election/Campaign")
 EVERYTHING = auth_pb2.Permission(permType=auth_pb2.Permission.READWRITE, key=b"\0", range_end=b"\0")
 
 ACTIVE: Auth | None = None  # set by tests/chaos.py --auth: every channel() then sends a token
+CREDENTIALS: grpc.ChannelCredentials | None = None  # set by tests/chaos.py --tls: every channel over TLS
 
 
 # a member back from a fault is reconnected to within a second (gRPC's default backoff grows to
@@ -52,9 +53,17 @@ ACTIVE: Auth | None = None  # set by tests/chaos.py --auth: every channel() then
 RECONNECT = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
+def bare_channel(endpoint: str, options=()) -> grpc.Channel:
+    """A channel to ``endpoint`` that sends no token: with --tls, over TLS with a client certificate."""
+    options = [*RECONNECT, *options]
+    if CREDENTIALS is None:
+        return grpc.insecure_channel(endpoint, options=options)
+    return grpc.secure_channel(endpoint, CREDENTIALS, options=options)
+
+
 def channel(endpoint: str, options=None, as_root: bool = False) -> grpc.Channel:
     """A channel to ``endpoint``; with auth on, its calls made as the chaos user (or root)."""
-    plain = grpc.insecure_channel(endpoint, options=[*RECONNECT, *(options or ())])
+    plain = bare_channel(endpoint, options or ())
     if ACTIVE is None:
         return plain
     return grpc.intercept_channel(plain, _Interceptor(ACTIVE, ACTIVE.session(endpoint, as_root), endpoint))
@@ -94,7 +103,7 @@ class Session:
 
 
 def authenticate(endpoint: str, user: str, password: str) -> str:
-    with grpc.insecure_channel(endpoint) as ch:
+    with bare_channel(endpoint) as ch:
         return pbg.AuthStub(ch).Authenticate(pb.AuthenticateRequest(name=user, password=password), timeout=5).token
 
 
@@ -193,7 +202,7 @@ class Auth:
 
     def enable(self, endpoint: str) -> None:
         """The users and roles, then auth on, through ``endpoint`` (a writer; no auth yet)."""
-        with grpc.insecure_channel(endpoint) as ch:
+        with bare_channel(endpoint) as ch:
             a = pbg.AuthStub(ch)
             for user, password in ((ROOT, PASSWORDS[ROOT]), (CHAOS, PASSWORDS[CHAOS]), (PROBE, self.probe_password)):
                 a.UserAdd(pb.AuthUserAddRequest(name=user, password=password), timeout=10)
@@ -224,7 +233,7 @@ class Auth:
         token = authenticate(first, PROBE, password)
         revisions = {}
         for name, endpoint in endpoints.items():
-            with grpc.insecure_channel(endpoint) as ch:
+            with bare_channel(endpoint) as ch:
                 kv = pbg.KVStub(ch)
                 caught_up(endpoint)
                 if old_token is not None:

@@ -35,11 +35,13 @@ def test_one_round_of_each_fault_on_a_local_journal_and_its_followers(tmp_path, 
     assert_every_round_checked(capsys.readouterr().out.splitlines(), chaos.LOCAL_FAULTS)
 
 
-def test_rounds_with_auth_on(tmp_path, capsys):
+def test_rounds_with_auth_on_over_tls(tmp_path, capsys):
     """Auth on (tests/chaos_auth.py): every call as a user that is not root, with a simple token
-    taken again when a restarted member lost it; each round's auth change held on every member."""
+    taken again when a restarted member lost it; each round's auth change held on every member.
+    Over TLS, as a control plane runs: clients with certificates (--client-cert-auth), and the
+    followers calling their writer so."""
     faults = ("kill-writer", "kill-member")
-    assert chaos.main(["--journal", "local", "--auth", "--faults", ",".join(faults), "--seed", "0",
+    assert chaos.main(["--journal", "local", "--auth", "--tls", "--faults", ",".join(faults), "--seed", "0",
                        "--dir", str(tmp_path), "--server-args", "--checkpoint-journal-bytes 20000"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert_every_round_checked(out, faults)
