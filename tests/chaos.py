@@ -109,14 +109,20 @@ BIG_REQUEST_BYTES = 12 << 20  # every member's --max-request-bytes, room for it
 BIG_CHANNEL = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
+def certificate_flags(pki: dict[str, Path]) -> tuple[str, ...]:
+    """Clients served over TLS with certificates of the PKI's CA required; a follower calls its
+    writer with a client certificate."""
+    return ("--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"]), "--trusted-ca-file",
+            str(pki["ca"]), "--client-cert-auth", "--client-cert-file", str(pki["client"]),
+            "--client-key-file", str(pki["client-key"]))
+
+
 def tls_flags(pki: dict[str, Path], tls_port: int, port: int) -> tuple[str, ...]:
-    """Clients served on https:// with certificates of the PKI's CA required; followers call the
-    writer's https:// URL (advertised first) with a client certificate. The http:// port is only
-    where the harness sees a start serve (ShardetcdProcess)."""
+    """``certificate_flags``, clients served on https:// and followers calling the writer's https://
+    URL (advertised first). The http:// port is only where the harness sees a start serve
+    (ShardetcdProcess)."""
     urls = f"https://127.0.0.1:{tls_port},http://127.0.0.1:{port}"
-    return ("--listen-client-urls", urls, "--advertise-client-urls", urls, "--cert-file", str(pki["server"]),
-            "--key-file", str(pki["server-key"]), "--trusted-ca-file", str(pki["ca"]), "--client-cert-auth",
-            "--client-cert-file", str(pki["client"]), "--client-key-file", str(pki["client-key"]))
+    return ("--listen-client-urls", urls, "--advertise-client-urls", urls, *certificate_flags(pki))
 
 
 class Member:
@@ -509,10 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--auth", action="store_true", help="auth on: every call as a user that is not root, "
                     "with a simple token; an auth change each round that every member must hold to (tests/chaos_auth.py)")
     ap.add_argument("--tls", action="store_true", help="clients served over TLS with client certificates required "
-                    "(--client-cert-auth), followers calling their writer so (not with --cluster)")
+                    "(--client-cert-auth), followers calling their writer so")
     args = ap.parse_args(argv)
-    if args.tls and args.cluster:
-        ap.error("--tls is not with --cluster")
     server_args = tuple(shlex.split(args.server_args))
     local = args.journal == "local"
     faults = (CLUSTER_LOCAL_FAULTS if local else CLUSTER_FAULTS) if args.cluster else LOCAL_FAULTS if local else FAULTS
@@ -531,8 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{', auth on' if args.auth else ''}{', TLS' if args.tls else ''}, data and logs under {out}")
     pki = make_pki(out / "pki") if args.tls else None
     if pki:
-        chaos_auth.CREDENTIALS = grpc.ssl_channel_credentials(pki["ca"].read_bytes(), pki["client-key"].read_bytes(),
-                                                              pki["client"].read_bytes())
+        chaos_auth.use_tls(pki)
     nats = None if args.journal == "local" else \
         start_nats_cluster(out / "nats", size=3, extra=("--no_advertise",))  # members go through their proxies
     # stopped by PID: the finally below stops every server (the caller's handler back after)
@@ -541,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     run, others = None, []
     try:
         if args.cluster:
-            run = ClusterRun(nats, out, ("--max-request-bytes", str(BIG_REQUEST_BYTES), "--enable-pprof", *server_args))
+            run = ClusterRun(nats, out, ("--max-request-bytes", str(BIG_REQUEST_BYTES), "--enable-pprof",
+                                         *(certificate_flags(pki) if pki else ()), *server_args))
             run.start()
             members, others = chaos_cluster.members(run, "main"), chaos_cluster.members(run, "nodes")
         else:
@@ -575,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         raise
     finally:
-        chaos_auth.ACTIVE = chaos_auth.CREDENTIALS = None
+        chaos_auth.ACTIVE = None
+        chaos_auth.use_tls(None)
         signal.signal(signal.SIGTERM, before)
         if run is not None:
             run.stop()

@@ -28,8 +28,11 @@ from __future__ import annotations
 import collections
 import math
 import random
+import ssl
 import threading
 import time
+import urllib.request
+from pathlib import Path
 
 import grpc
 
@@ -45,12 +48,33 @@ WAITING_CALLS = ("/v3lockpb.Lock/Lock", "/v3electionpb.Election/Campaign")
 EVERYTHING = auth_pb2.Permission(permType=auth_pb2.Permission.READWRITE, key=b"\0", range_end=b"\0")
 
 ACTIVE: Auth | None = None  # set by tests/chaos.py --auth: every channel() then sends a token
-CREDENTIALS: grpc.ChannelCredentials | None = None  # set by tests/chaos.py --tls: every channel over TLS
+CREDENTIALS: grpc.ChannelCredentials | None = None  # use_tls: every channel over TLS (tests/chaos.py --tls)
+SSL_CONTEXT: ssl.SSLContext | None = None  # and HTTPS calls (``get``)
 
 
 # a member back from a fault is reconnected to within a second (gRPC's default backoff grows to
 # minutes: a client kept through a restart late in a round might not call it again before the end)
 RECONNECT = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
+def use_tls(pki: dict[str, Path] | None) -> None:
+    """From now on every channel and HTTP call over TLS, with the client certificate of ``pki``
+    (tests/tls_certs.py); None: plaintext again."""
+    global CREDENTIALS, SSL_CONTEXT
+    if pki is None:
+        CREDENTIALS = SSL_CONTEXT = None
+        return
+    CREDENTIALS = grpc.ssl_channel_credentials(pki["ca"].read_bytes(), pki["client-key"].read_bytes(),
+                                               pki["client"].read_bytes())
+    SSL_CONTEXT = ssl.create_default_context(cafile=str(pki["ca"]))
+    SSL_CONTEXT.load_cert_chain(str(pki["client"]), str(pki["client-key"]))
+
+
+def get(endpoint: str, path: str, timeout: float = 5.0) -> bytes:
+    """GET ``path`` from a member's client port (its /metrics, say): HTTPS with TLS on."""
+    scheme = "https" if SSL_CONTEXT is not None else "http"
+    with urllib.request.urlopen(f"{scheme}://{endpoint}{path}", timeout=timeout, context=SSL_CONTEXT) as r:
+        return r.read()
 
 
 def bare_channel(endpoint: str, options=()) -> grpc.Channel:

@@ -29,7 +29,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -99,7 +98,7 @@ class ClusterRun:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"the cluster did not start: {said[-3000:]}")
             time.sleep(0.2)
-        followers = dict(re.findall(r"^  (\S+)\s+follower at http://(\S+)\s+pid \d+", said, re.M))
+        followers = dict(re.findall(r"^  (\S+)\s+follower at https?://(\S+)\s+pid \d+", said, re.M))
         assert not self.urls or followers == {k: v for k, v in self.urls.items() if k in followers}, \
             f"a follower moved: {followers} (was {self.urls})"
         self.urls = {name: f"127.0.0.1:{port}" for name, port in self.ports.items()} | followers
@@ -226,8 +225,7 @@ class ClusterMember:
         return endpoint_status(self.endpoint)
 
     def _metrics(self) -> str:
-        with urllib.request.urlopen(f"http://{self.endpoint}/metrics", timeout=5) as r:
-            return r.read().decode()
+        return chaos_auth.get(self.endpoint, "/metrics").decode()
 
     def follower_metrics(self) -> str:
         try:
