@@ -280,6 +280,13 @@ def check_logger(name: str) -> None:
 QUIET_LIBRARIES = ("hpack",)  # at debug: a line per header field of every request the gRPC server reads
 
 
+def _not_a_tls_eof(record: logging.LogRecord) -> bool:
+    """asyncio warns of this each time a server closes a connection that was upgraded to TLS after
+    it opened (as nats-py does with ``tls://`` NATS servers): noise; the disconnect is logged by
+    whoever had the connection."""
+    return record.getMessage() != "returning true from eof_received() has no effect when using ssl"
+
+
 def setup(level: str, outputs: tuple[str, ...] = ("default",), rotate: Rotation | None = None) -> None:
     """The root logger at ``level`` (debug, info, warn, error) writing to ``outputs``."""
     made = handlers(outputs, rotate)
@@ -290,3 +297,4 @@ def setup(level: str, outputs: tuple[str, ...] = ("default",), rotate: Rotation 
     logging.basicConfig(level=root, handlers=made, force=True)
     for name in QUIET_LIBRARIES:  # their debug lines are about their own workings, not the server's
         logging.getLogger(name).setLevel(max(root, logging.INFO))
+    logging.getLogger("asyncio").addFilter(_not_a_tls_eof)

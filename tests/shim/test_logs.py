@@ -163,3 +163,49 @@ def test_a_server_at_debug_logs_its_own_debug_lines_and_not_the_header_decoders(
     loggers = set(re.findall(r"level=DEBUG logger=([\w.]+)", server.log_path.read_text()))
     assert any(name.startswith("journal.") for name in loggers), loggers
     assert not any(name.startswith("hpack") for name in loggers), loggers
+
+
+TLS_EOF = """
+import asyncio, logging, ssl, sys
+from pathlib import Path
+from shim import logs
+from tests.tls_certs import make_pki
+
+pki = make_pki(Path(sys.argv[1]) / "pki")
+logs.setup("warn", (sys.argv[1] + "/out.log",))
+
+async def main():
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(pki["server"], pki["server-key"])
+
+    async def close_after_tls(reader, writer):
+        await writer.start_tls(served)
+        writer.close()
+
+    server = await asyncio.start_server(close_after_tls, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    # upgraded once open, as nats-py upgrades it: the loop's start_tls under the stream's protocol
+    await asyncio.get_running_loop().start_tls(writer.transport, writer.transport.get_protocol(),
+                                               ssl.create_default_context(cafile=pki["ca"]))
+    assert await reader.read() == b""
+    await asyncio.sleep(0.1)
+    logging.getLogger("asyncio").warning("another asyncio warning")
+    server.close()
+
+asyncio.run(main())
+"""
+
+
+def test_asyncios_warning_when_a_tls_peer_closes_is_not_logged(tmp_path):
+    """A NATS server over TLS that closes its connection (killed, restarted) made asyncio log a
+    warning that says nothing to an operator; its other warnings are still logged."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    r = subprocess.run([sys.executable, "-c", TLS_EOF, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr
+    logged = (tmp_path / "out.log").read_text()
+    assert "another asyncio warning" in logged and "eof_received" not in logged, logged
