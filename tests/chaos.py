@@ -41,6 +41,9 @@ again when a member refuses it, and each round an auth change every member must 
 
 With ``--tls``, clients are served over TLS and must present a certificate of the run's CA
 (``--client-cert-auth``); followers call their writer over TLS with a client certificate too.
+With ``--nats-secure``, the NATS servers run as in production: TLS with client certificates
+verified, and operator mode, the members' user a creds file (a JWT) allowed only what a journal
+publishes and subscribes to.
 
 With ``--journal local``, the default deployment instead: the writer on a local journal and
 two followers of its data dir (``--follow-data-dir``), with the faults that apply to it
@@ -100,6 +103,7 @@ FAULTS = ("kill-writer", "pause-writer", "cut-writer", "kill-member", "pause-mem
           "kill-nats", "pause-nats", "kill-nats-quorum")
 LOCAL_FAULTS = ("kill-writer", "pause-writer", "kill-member", "pause-member")  # --journal local: no NATS
 LEASE_TTL_S = 3.0  # the writer lease's default TTL
+NATS_ACCESS = None  # --nats-secure: how every process here reaches NATS (journal.jetstream.NatsAccess)
 READS = (1, 0, 0, 0)  # only gets (test_linearizability.MIXED: every kind of operation)
 # the large transaction: BIG_KEYS values of BIG_VALUE_BYTES on one shard, over the ~8 MB record
 # NATS takes (max_payload 8MB less room for headers), so its record is split; plus one small key
@@ -381,7 +385,7 @@ def verify_journals(nats) -> str:
     every stream and checkpoint sound, no acknowledged revision gone; its acknowledged line."""
     from journal.verify_jetstream import acknowledged_lines, report_lines, verify_jetstream
 
-    found = asyncio.run(verify_jetstream(tuple(nats.urls.split(",")), "shardetcd"))
+    found = asyncio.run(verify_jetstream(tuple(nats.urls.split(",")), "shardetcd", access=NATS_ACCESS))
     lines, gone = acknowledged_lines(found.streams, found.acknowledged, "shardetcd", found.spans)
     assert all(r.sound for r in found.streams) and found.acknowledged is not None and not gone, "journal verify: " + "\n".join(
         report_lines(found.streams) + lines)
@@ -493,7 +497,28 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
         log(f"  journal verify: all sound; {verify_journals(nats)}")
 
 
+def secure_nats(out: Path) -> tuple[tuple[str, ...], str, tuple[str, ...]]:
+    """NATS servers that require TLS with client certificates of a CA of their own, in operator
+    mode with one JetStream account: their flags, their configuration lines, and the flags that
+    make a member their user, with the journal's permissions only (tests/integration/test_nats_auth.py).
+    Sets NATS_ACCESS, for ``journal verify``."""
+    global NATS_ACCESS
+    from journal.jetstream import NatsAccess
+    from tests.integration.test_nats_auth import JOURNAL_PERMISSIONS
+    from tests.nats_auth import OperatorMode
+
+    pki, op = make_pki(out / "nats-pki", name="nats"), OperatorMode(out / "nats-operator")
+    creds = op.account("etcd").user("shardetcd", JOURNAL_PERMISSIONS)
+    NATS_ACCESS = NatsAccess(str(pki["ca"]), str(pki["client"]), str(pki["client-key"]), str(creds))
+    server = ("--tlsverify", "--tlscert", str(pki["server"]), "--tlskey", str(pki["server-key"]),
+              "--tlscacert", str(pki["ca"]))
+    return server, op.config(), ("--journal-trusted-ca-file", str(pki["ca"]), "--journal-cert-file",
+                                   str(pki["client"]), "--journal-key-file", str(pki["client-key"]),
+                                   "--journal-creds-file", str(creds))
+
+
 def main(argv: list[str] | None = None) -> int:
+    global NATS_ACCESS
     ap = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=5.0)
@@ -516,7 +541,12 @@ def main(argv: list[str] | None = None) -> int:
                     "with a simple token; an auth change each round that every member must hold to (tests/chaos_auth.py)")
     ap.add_argument("--tls", action="store_true", help="clients served over TLS with client certificates required "
                     "(--client-cert-auth), followers calling their writer so")
+    ap.add_argument("--nats-secure", action="store_true", help="NATS as production runs it: TLS with client "
+                    "certificates verified, and operator mode: the members' NATS user a creds file (a JWT) allowed "
+                    "only what a journal publishes and subscribes to")
     args = ap.parse_args(argv)
+    if args.nats_secure and args.journal == "local":
+        ap.error("--nats-secure is for a JetStream journal")
     server_args = tuple(shlex.split(args.server_args))
     local = args.journal == "local"
     faults = (CLUSTER_LOCAL_FAULTS if local else CLUSTER_FAULTS) if args.cluster else LOCAL_FAULTS if local else FAULTS
@@ -532,12 +562,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
     log(f"chaos seed {seed}, {'a cluster on ' if args.cluster else ''}{args.journal} journal"
-        f"{', auth on' if args.auth else ''}{', TLS' if args.tls else ''}, data and logs under {out}")
+        f"{', auth on' if args.auth else ''}{', TLS' if args.tls else ''}"
+        f"{', NATS over TLS with a JWT user' if args.nats_secure else ''}, data and logs under {out}")
     pki = make_pki(out / "pki") if args.tls else None
     if pki:
         chaos_auth.use_tls(pki)
+    nats_flags, nats_config, nats_access = secure_nats(out) if args.nats_secure else ((), "", ())
     nats = None if args.journal == "local" else \
-        start_nats_cluster(out / "nats", size=3, extra=("--no_advertise",))  # members go through their proxies
+        start_nats_cluster(out / "nats", size=3, extra=("--no_advertise", *nats_flags),  # members go through
+                           config=nats_config)  # their proxies
+    server_args = (*nats_access, *server_args)
     # stopped by PID: the finally below stops every server (the caller's handler back after)
     before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     members: list[Member] = []
@@ -579,6 +613,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         raise
     finally:
+        NATS_ACCESS = None
         chaos_auth.ACTIVE = None
         chaos_auth.use_tls(None)
         signal.signal(signal.SIGTERM, before)
