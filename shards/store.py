@@ -714,7 +714,10 @@ class Store:
         for shard in self.shards:
             shard.append_compact(tag, rev)
         header = self.committed
-        await asyncio.gather(*(s.journal.sync() for s in self.shards))
+        try:
+            await together(*(s.journal.sync() for s in self.shards))
+        except JournalFailed as exc:  # fail-stop: answered as every write then is ("server stopped")
+            raise StoreFailedError(str(exc)) from exc
         await self.wait_committed(tag)
         self.counts.ranges += 1  # etcd reads the key "compaction" for the answer's header
         task = self._start_compaction()

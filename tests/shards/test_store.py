@@ -432,6 +432,34 @@ def test_a_lease_grant_whose_journal_fails_is_answered_as_a_stopped_store(tmp_pa
     run(go())
 
 
+def test_a_compaction_whose_journal_fails_is_answered_as_a_stopped_store(tmp_path, run):
+    """The same for Compact, which waits for its compaction records to be durable on every shard
+    (seen in chaos: a writer deposed under a Compact logged "unexpected error serving request" and
+    answered gRPC's UNKNOWN)."""
+    from journal.errors import JournalFailed
+
+    async def go():
+        store = await open_store(tmp_path)
+        for i in range(3):
+            await store.put(PutReq(POD, b"v%d" % i))
+        gate = block_writer(store.lease_shard)
+
+        def failing(batch):
+            gate.wait(10)
+            raise OSError(5, "Input/output error")
+
+        store.lease_shard.journal._writer.write_batch = failing
+        compact = asyncio.ensure_future(store.compact(store.committed - 1))
+        await asyncio.sleep(0.05)
+        gate.set()
+        with pytest.raises(StoreFailedError) as failed:
+            await compact
+        assert isinstance(failed.value.__cause__, JournalFailed)
+        await store.close()
+
+    run(go())
+
+
 def test_default_state_dir_is_removed_on_close(tmp_path, run):
     """State in the default place (a dir under /dev/shm named after the data
     dir) is memory: closing the store leaves nothing of it behind."""
