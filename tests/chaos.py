@@ -565,18 +565,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{', auth on' if args.auth else ''}{', TLS' if args.tls else ''}"
         f"{', NATS over TLS with a JWT user' if args.nats_secure else ''}, data and logs under {out}")
     pki = make_pki(out / "pki") if args.tls else None
-    if pki:
-        chaos_auth.use_tls(pki)
-    nats_flags, nats_config, nats_access = secure_nats(out) if args.nats_secure else ((), "", ())
-    nats = None if args.journal == "local" else \
-        start_nats_cluster(out / "nats", size=3, extra=("--no_advertise", *nats_flags),  # members go through
-                           config=nats_config)  # their proxies
-    server_args = (*nats_access, *server_args)
     # stopped by PID: the finally below stops every server (the caller's handler back after)
     before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     members: list[Member] = []
-    run, others = None, []
-    try:
+    run, others, nats = None, [], None
+    try:  # (the finally below also resets the module state set here: a test's run leaves none behind)
+        chaos_auth.use_tls(pki)
+        nats_flags, nats_config, nats_access = secure_nats(out) if args.nats_secure else ((), "", ())
+        if args.journal != "local":  # members go through their proxies
+            nats = start_nats_cluster(out / "nats", size=3, extra=("--no_advertise", *nats_flags), config=nats_config)
+        server_args = (*nats_access, *server_args)
         if args.cluster:
             run = ClusterRun(nats, out, ("--max-request-bytes", str(BIG_REQUEST_BYTES), "--enable-pprof",
                                          *(certificate_flags(pki) if pki else ()), *server_args))
