@@ -184,6 +184,13 @@ class WriterTLS:
                                             certificate_chain=read(self.cert_file) if both else None)
 
 
+def _retrieve(shared: asyncio.Future) -> None:
+    """A read index request shared by callers that all went (their calls cancelled) fails
+    unheard: its failure is counted already, and asyncio is not to log it as never retrieved."""
+    if not shared.cancelled():
+        shared.exception()
+
+
 class WriterLink:
     """The writer of the journals this process follows: where it is, a channel to it."""
 
@@ -344,10 +351,12 @@ class WriterLink:
         later callers share the next one."""
         if self._index is None:
             self._index = asyncio.ensure_future(self._ask_index())
+            self._index.add_done_callback(_retrieve)
             index = self._index
         else:
             if self._next_index is None:
                 self._next_index = asyncio.ensure_future(self._after(self._index))
+                self._next_index.add_done_callback(_retrieve)
             index = self._next_index
         return await asyncio.shield(index)
 
