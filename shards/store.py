@@ -714,11 +714,7 @@ class Store:
         for shard in self.shards:
             shard.append_compact(tag, rev)
         header = self.committed
-        try:
-            await together(*(s.journal.sync() for s in self.shards))
-        except JournalFailed as exc:  # fail-stop: answered as every write then is ("server stopped")
-            raise StoreFailedError(str(exc)) from exc
-        await self.wait_committed(tag)
+        await self._synced_then_committed(tag, together(*(s.journal.sync() for s in self.shards)))
         self.counts.ranges += 1  # etcd reads the key "compaction" for the answer's header
         task = self._start_compaction()
         if physical:
@@ -978,18 +974,21 @@ class Store:
         self._check_writable()
         tag = self.rev
         self.lease_shard.append_token(tag, payload)
-        return self._meta_durable(tag)
+        return self._synced_then_committed(tag, self.lease_shard.journal.sync())
 
     async def _journal_meta(self, append: Callable[[int, bytes], None], payload: bytes) -> None:
         """Journal a LEASE or AUTH record and wait until it and every revision before it are durable."""
         tag = self.rev
         append(tag, payload)
-        await self._meta_durable(tag)
+        await self._synced_then_committed(tag, self.lease_shard.journal.sync())
 
-    async def _meta_durable(self, tag: int) -> None:
+    async def _synced_then_committed(self, tag: int, synced: Awaitable[None]) -> None:
+        """Await ``synced`` (journal syncs: what was appended is durable), then revision ``tag``
+        committed. A journal that failed instead (fail-stop) is answered as every write then is
+        ("server stopped")."""
         try:
-            await self.lease_shard.journal.sync()
-        except JournalFailed as exc:  # fail-stop: answered as every write is then ("server stopped")
+            await synced
+        except JournalFailed as exc:
             raise StoreFailedError(str(exc)) from exc
         await self.wait_committed(tag)
 
