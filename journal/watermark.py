@@ -158,8 +158,8 @@ def acknowledged_revision(path: Path, member_id: int) -> int:
             if mark is not None:
                 break
             time.sleep(UPDATE_WAIT_S)
-        else:  # a writer that died in an update: what it wrote is whole if its CRC holds
-            mark = _mark(reader._mm[:], mid_update=True)
+        else:  # a writer that died in an update
+            mark = reader.read_as_left()
     finally:
         reader.close()
     if mark is None or mark.member_id != member_id:
@@ -203,6 +203,11 @@ class WatermarkReader:
                 return mark
             # torn: stores seen out of order (or a writer that died in an update)
         return None
+
+    def read_as_left(self) -> Mark | None:
+        """What a writer that died in an update left: whole if its CRC holds, the counter odd or
+        not (only once no writer can be updating it)."""
+        return _mark(self._mm[:], mid_update=True)
 
     def close(self) -> None:
         self._mm.close()
