@@ -97,7 +97,7 @@ from tests.integration.test_metrics import scrape
 from tests.nats_fixture import start_nats_cluster
 from tests.shardetcd_fixture import ShardetcdProcess
 from tests.tcp_proxy import TcpProxy
-from tests.tls_certs import make_pki
+from tests.tls_certs import journal_tls_flags, make_pki, member_tls_flags, nats_server_tls_flags
 
 FAULTS = ("kill-writer", "pause-writer", "cut-writer", "kill-member", "pause-member", "cut-member",
           "kill-nats", "pause-nats", "kill-nats-quorum")
@@ -113,20 +113,12 @@ BIG_REQUEST_BYTES = 12 << 20  # every member's --max-request-bytes, room for it
 BIG_CHANNEL = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
-def certificate_flags(pki: dict[str, Path]) -> tuple[str, ...]:
-    """Clients served over TLS with certificates of the PKI's CA required; a follower calls its
-    writer with a client certificate."""
-    return ("--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"]), "--trusted-ca-file",
-            str(pki["ca"]), "--client-cert-auth", "--client-cert-file", str(pki["client"]),
-            "--client-key-file", str(pki["client-key"]))
-
-
 def tls_flags(pki: dict[str, Path], tls_port: int, port: int) -> tuple[str, ...]:
-    """``certificate_flags``, clients served on https:// and followers calling the writer's https://
+    """``member_tls_flags``, clients served on https:// and followers calling the writer's https://
     URL (advertised first). The http:// port is only where the harness sees a start serve
     (ShardetcdProcess)."""
     urls = f"https://127.0.0.1:{tls_port},http://127.0.0.1:{port}"
-    return ("--listen-client-urls", urls, "--advertise-client-urls", urls, *certificate_flags(pki))
+    return ("--listen-client-urls", urls, "--advertise-client-urls", urls, *member_tls_flags(pki))
 
 
 class Member:
@@ -510,11 +502,7 @@ def secure_nats(out: Path) -> tuple[tuple[str, ...], str, tuple[str, ...]]:
     pki, op = make_pki(out / "nats-pki", name="nats"), OperatorMode(out / "nats-operator")
     creds = op.account("etcd").user("shardetcd", JOURNAL_PERMISSIONS)
     NATS_ACCESS = NatsAccess(str(pki["ca"]), str(pki["client"]), str(pki["client-key"]), str(creds))
-    server = ("--tlsverify", "--tlscert", str(pki["server"]), "--tlskey", str(pki["server-key"]),
-              "--tlscacert", str(pki["ca"]))
-    return server, op.config(), ("--journal-trusted-ca-file", str(pki["ca"]), "--journal-cert-file",
-                                   str(pki["client"]), "--journal-key-file", str(pki["client-key"]),
-                                   "--journal-creds-file", str(creds))
+    return nats_server_tls_flags(pki), op.config(), (*journal_tls_flags(pki), "--journal-creds-file", str(creds))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -577,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         server_args = (*nats_access, *server_args)
         if args.cluster:
             run = ClusterRun(nats, out, ("--max-request-bytes", str(BIG_REQUEST_BYTES), "--enable-pprof",
-                                         *(certificate_flags(pki) if pki else ()), *server_args))
+                                         *(member_tls_flags(pki) if pki else ()), *server_args))
             run.start()
             members, others = chaos_cluster.members(run, "main"), chaos_cluster.members(run, "nodes")
         else:

@@ -118,3 +118,24 @@ def _renewed(pki, cert_path: Path, key_path: Path, what: str, usage, sans, valid
     ca = x509.load_pem_x509_certificate(pki["ca"].read_bytes())
     ca_key = serialization.load_pem_private_key(pki["ca-key"].read_bytes(), password=None)
     return _issue(ca, ca_key, f"{ca.subject.rfc4514_string()} {what}", usage, sans, cert_path, key_path, valid_for)
+
+
+def member_tls_flags(pki: dict[str, Path]) -> tuple[str, ...]:
+    """A shardetcd's flags to serve clients over TLS with the PKI's server certificate, clients
+    required to present one of its CA (--client-cert-auth), and its own calls to a writer made
+    with the PKI's client certificate."""
+    return ("--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"]), "--trusted-ca-file",
+            str(pki["ca"]), "--client-cert-auth", "--client-cert-file", str(pki["client"]),
+            "--client-key-file", str(pki["client-key"]))
+
+
+def nats_server_tls_flags(pki: dict[str, Path]) -> tuple[str, ...]:
+    """nats-server's flags to require TLS with a client certificate of the PKI's CA."""
+    return ("--tlsverify", "--tlscert", str(pki["server"]), "--tlskey", str(pki["server-key"]),
+            "--tlscacert", str(pki["ca"]))
+
+
+def journal_tls_flags(pki: dict[str, Path]) -> tuple[str, ...]:
+    """A shardetcd's flags to reach such NATS servers: their CA and the PKI's client certificate."""
+    return ("--journal-trusted-ca-file", str(pki["ca"]), "--journal-cert-file", str(pki["client"]),
+            "--journal-key-file", str(pki["client-key"]))

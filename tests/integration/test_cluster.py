@@ -488,15 +488,13 @@ def test_with_tls_flags_every_partition_and_follower_serves_https(tmp_path):
     from shards.partition import load_cluster_layout
     from shim.cluster import Supervisor
     from tests.integration.test_tls import tls_channel
-    from tests.tls_certs import make_pki
+    from tests.tls_certs import make_pki, member_tls_flags
 
     pki = make_pki(tmp_path / "pki")
     layout = tmp_path / "cluster.toml"
     port = free_port()
     layout.write_text(f'[[partition]]\nname = "main"\ndefault = true\nport = {port}\n')
-    tls = ["--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"]), "--trusted-ca-file",
-           str(pki["ca"]), "--client-cert-auth", "--client-cert-file", str(pki["client"]),
-           "--client-key-file", str(pki["client-key"])]
+    tls = list(member_tls_flags(pki))
     sup = Supervisor(load_cluster_layout(layout), layout, tmp_path / "data", "127.0.0.1", 2379,
                      ["--journal-fsync", "always", *tls], tmp_path / "state", followers=1)
     try:

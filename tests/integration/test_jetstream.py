@@ -354,13 +354,11 @@ def test_journals_on_nats_servers_that_require_tls_and_client_certificates(tmp_p
     The server, `journal verify` and the cluster supervisor reach them with the NATS servers' CA
     and a client certificate; without them a start is one line at once, saying which is missing."""
     from tests.nats_fixture import start_nats_cluster
-    from tests.tls_certs import make_pki
+    from tests.tls_certs import journal_tls_flags, make_pki, nats_server_tls_flags
 
     pki = make_pki(tmp_path / "pki")
-    nats = start_nats_cluster(tmp_path / "nats", size=1, extra=(
-        "--tlsverify", "--tlscert", str(pki["server"]), "--tlskey", str(pki["server-key"]), "--tlscacert", str(pki["ca"])))
-    tls = ("--journal-trusted-ca-file", str(pki["ca"]), "--journal-cert-file", str(pki["client"]),
-           "--journal-key-file", str(pki["client-key"]))
+    nats = start_nats_cluster(tmp_path / "nats", size=1, extra=nats_server_tls_flags(pki))
+    tls = journal_tls_flags(pki)
     try:
         for flags, said in (((), "SSLCertVerificationError"),  # none: the system's CAs do not know theirs
                             (tls[:2], "ClientCertificateRequired")):  # the CA without a client certificate
@@ -419,11 +417,10 @@ def test_a_renewed_nats_client_certificate_is_presented_at_the_next_reconnect(tm
     import shutil
 
     from tests.nats_fixture import start_nats_cluster
-    from tests.tls_certs import client_cert, make_pki
+    from tests.tls_certs import client_cert, make_pki, nats_server_tls_flags
 
     pki = make_pki(tmp_path / "pki")
-    nats = start_nats_cluster(tmp_path / "nats", size=1, extra=(
-        "--tlsverify", "--tlscert", str(pki["server"]), "--tlskey", str(pki["server-key"]), "--tlscacert", str(pki["ca"])))
+    nats = start_nats_cluster(tmp_path / "nats", size=1, extra=nats_server_tls_flags(pki))
     cert, key = tmp_path / "live" / "client.pem", tmp_path / "live" / "client-key.pem"
     cert.parent.mkdir()
     first = client_cert(pki, cert, key, valid_for=datetime.timedelta(seconds=15))

@@ -129,12 +129,10 @@ def writer_and_followers(tmp: Path):
     from tests.etcd_fixture import free_ports
     from tests.nats_fixture import start_nats_cluster
     from tests.shardetcd_fixture import ShardetcdProcess
-    from tests.tls_certs import make_pki
+    from tests.tls_certs import make_pki, member_tls_flags
 
     pki = make_pki(tmp / "pki")
-    tls = ("--cert-file", str(pki["server"]), "--key-file", str(pki["server-key"]), "--trusted-ca-file",
-           str(pki["ca"]), "--client-cert-auth", "--client-cert-file", str(pki["client"]),
-           "--client-key-file", str(pki["client-key"]))
+    tls = member_tls_flags(pki)
     nats = start_nats_cluster(tmp / "nats")
     started, urls = [], []
     try:
