@@ -52,7 +52,7 @@ import time
 from typing import Awaitable, Callable
 
 from journal.errors import JournalFailed, JournalUnreachable
-from journal.tasks import cancel_and_wait
+from journal.tasks import cancel_and_wait, unheard
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ class WriterLease:
         """One renewal, shared by everyone who asks while it is in flight."""
         if self._renewing is None or self._renewing.done():
             self._renewing = asyncio.ensure_future(self._renew_once())
-            self._renewing.add_done_callback(lambda f: f.cancelled() or f.exception())  # read by whoever waits
+            self._renewing.add_done_callback(unheard)  # read by whoever waits
         return self._renewing
 
     async def _renew_once(self) -> None:

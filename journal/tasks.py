@@ -40,6 +40,14 @@ async def cancel_and_wait(*tasks: asyncio.Future | None) -> None:
     await asyncio.gather(*given, return_exceptions=True)  # all done: only marks their exceptions retrieved
 
 
+def unheard(fut: asyncio.Future) -> None:
+    """A done callback for a task whose failure is nobody else's to read (its waiters may all be
+    gone, or it is reported otherwise): its exception marked retrieved, so asyncio does not log it
+    as never retrieved when the task is dropped."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 async def together(*aws):
     """Await ``aws`` at once; their results, in order. The first to fail ends the others
     (``cancel_and_wait``) and its own exception is raised, not an ExceptionGroup: callers answer

@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 
 import bcrypt
 
+from journal.tasks import unheard
 from proto import auth_pb2
 
 from . import errors as e
@@ -266,7 +267,7 @@ class AuthStore:
         Runs to the end even if the caller goes away: a change journaled but
         never swapped in would differ between memory and disk."""
         task = asyncio.ensure_future(self._change(op, fields))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        task.add_done_callback(unheard)
         return await asyncio.shield(task)
 
     async def _change(self, op: int, fields: tuple[bytes, ...]) -> bool:

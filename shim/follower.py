@@ -46,6 +46,7 @@ from pathlib import Path
 
 import grpc
 
+from journal.tasks import unheard
 from proto import rpc_pb2 as pb
 from shards.errors import LeaderChangedError, RequestTimeoutError
 from shards.tokens import SimpleTokens, looks_simple
@@ -182,13 +183,6 @@ class WriterTLS:
         return grpc.ssl_channel_credentials(root_certificates=read(self.ca_file),
                                             private_key=read(self.key_file) if both else None,
                                             certificate_chain=read(self.cert_file) if both else None)
-
-
-def _retrieve(shared: asyncio.Future) -> None:
-    """A read index request shared by callers that all went (their calls cancelled) fails
-    unheard: its failure is counted already, and asyncio is not to log it as never retrieved."""
-    if not shared.cancelled():
-        shared.exception()
 
 
 class WriterLink:
@@ -350,13 +344,13 @@ class WriterLink:
         share requests: one in flight serves those that came before it was sent;
         later callers share the next one."""
         if self._index is None:
-            self._index = asyncio.ensure_future(self._ask_index())
-            self._index.add_done_callback(_retrieve)
+            self._index = asyncio.ensure_future(self._ask_index())  # its failure is counted; its callers
+            self._index.add_done_callback(unheard)  # may all be gone (cancelled) when it comes
             index = self._index
         else:
             if self._next_index is None:
                 self._next_index = asyncio.ensure_future(self._after(self._index))
-                self._next_index.add_done_callback(_retrieve)
+                self._next_index.add_done_callback(unheard)
             index = self._next_index
         return await asyncio.shield(index)
 

@@ -36,6 +36,7 @@ import grpc
 
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
+from journal.tasks import unheard
 from shards.alarms import NAMES
 from shards.types import RangeReq
 
@@ -549,7 +550,7 @@ async def _unless_gone(reader: asyncio.StreamReader, answering) -> bool:
     ends; answered regardless, a Lock would be had, and held, by nobody until its lease ran out.
     A request pipelined behind this one stays in the reader's buffer, which is not EOF."""
     task = asyncio.ensure_future(answering)
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a cancelled one's end is nobody's to read
+    task.add_done_callback(unheard)  # a cancelled one's end is nobody's to read
     try:
         while True:
             done, _ = await asyncio.wait((task,), timeout=GONE_CHECK_S)
