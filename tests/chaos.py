@@ -489,20 +489,20 @@ def _round(r: int, fault: str, members: list[Member], nats, rng: random.Random, 
         log(f"  journal verify: all sound; {verify_journals(nats)}")
 
 
-def secure_nats(out: Path) -> tuple[tuple[str, ...], str, tuple[str, ...]]:
+def secure_nats(out: Path) -> tuple[tuple[str, ...], str, tuple[str, ...], object]:
     """NATS servers that require TLS with client certificates of a CA of their own, in operator
-    mode with one JetStream account: their flags, their configuration lines, and the flags that
-    make a member their user, with the journal's permissions only (tests/integration/test_nats_auth.py).
-    Sets NATS_ACCESS, for ``journal verify``."""
-    global NATS_ACCESS
+    mode with one JetStream account: their flags, their configuration lines, the flags that make a
+    member their user, with the journal's permissions only (tests/integration/test_nats_auth.py),
+    and the same access for this process (a NatsAccess, for ``journal verify``)."""
     from journal.jetstream import NatsAccess
     from tests.integration.test_nats_auth import JOURNAL_PERMISSIONS
     from tests.nats_auth import OperatorMode
 
     pki, op = make_pki(out / "nats-pki", name="nats"), OperatorMode(out / "nats-operator")
     creds = op.account("etcd").user("shardetcd", JOURNAL_PERMISSIONS)
-    NATS_ACCESS = NatsAccess(str(pki["ca"]), str(pki["client"]), str(pki["client-key"]), str(creds))
-    return nats_server_tls_flags(pki), op.config(), (*journal_tls_flags(pki), "--journal-creds-file", str(creds))
+    access = NatsAccess(str(pki["ca"]), str(pki["client"]), str(pki["client-key"]), str(creds))
+    return (nats_server_tls_flags(pki), op.config(), (*journal_tls_flags(pki), "--journal-creds-file", str(creds)),
+            access)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     run, others, nats = None, [], None
     try:  # (the finally below also resets the module state set here: a test's run leaves none behind)
         chaos_auth.use_tls(pki)
-        nats_flags, nats_config, nats_access = secure_nats(out) if args.nats_secure else ((), "", ())
+        nats_flags, nats_config, nats_access, NATS_ACCESS = secure_nats(out) if args.nats_secure else ((), "", (), None)
         if args.journal != "local":  # members go through their proxies
             nats = start_nats_cluster(out / "nats", size=3, extra=("--no_advertise", *nats_flags), config=nats_config)
         server_args = (*nats_access, *server_args)
