@@ -335,7 +335,8 @@ def test_a_follower_that_falls_behind_the_checkpoints_resyncs_in_process(nats, t
             writes(300)
             os.kill(follower.pid, signal.SIGCONT)
             line, old_rev, new_rev = resync_line(follower)
-            assert acked[0] <= old_rev < new_rev <= acked[-1], line
+            # paused right after the watch's creation, the follower may not hold the first put either
+            assert start <= old_rev < new_rev <= acked[-1], line
             r = fkv.Range(pb.RangeRequest(key=prefix, range_end=end), timeout=10)
             assert r.header.revision == acked[-1] and len(r.kvs) == 41
             expected = [rev for rev in acked if rev > start]
