@@ -3,6 +3,9 @@
     proxy = TcpProxy(target_port).start()   # listens on proxy.port
     proxy.cut()        # drop every connection and refuse new ones (the port is closed)
     proxy.restore()    # accept again on the same port
+    proxy.stall()      # a black hole: connections stay open (new ones are accepted), nothing is
+                       # forwarded, not even a close, until ...
+    proxy.resume()     # ... what was held is delivered, as TCP delivers it once a partition heals
     proxy.close()
 
 One thread accepts; each connection gets two threads, one per direction.
@@ -27,6 +30,8 @@ class TcpProxy:
         self._open: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
+        self._flowing = threading.Event()  # clear while stalled
+        self._flowing.set()
 
     def start(self) -> TcpProxy:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -50,9 +55,19 @@ class TcpProxy:
             dropped, self._open = list(self._open), set()
         for s in dropped:
             _close(s)
+        self._flowing.set()  # a pump held by a stall finds its sockets closed
 
     def restore(self) -> None:
         self.start()
+
+    def stall(self) -> None:
+        """Forward nothing from now on, in either direction, until ``resume``: each side's
+        data waits in the proxy and the kernel's buffers (a sender blocks once they are full),
+        and a side that closes is not seen to by the other. Nobody learns of it but by timeouts."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
 
     def close(self) -> None:
         self.cut()
@@ -83,6 +98,7 @@ class TcpProxy:
         try:
             while True:
                 data = src.recv(65536)
+                self._flowing.wait()
                 if not data:
                     break
                 dst.sendall(data)
