@@ -24,8 +24,11 @@ Each round, one fault, at a random time, from:
   notice it was deposed (it exits) or, if nobody took over, go on.
 * ``cut-writer``: the writer's connections to NATS cut for a while (each member
   reaches NATS through proxies of its own), while its clients still reach it.
-* ``kill-member`` / ``pause-member`` / ``cut-member``: the same to a member that
-  is not the writer.
+* ``stall-writer``: the writer's connections to NATS become a black hole for a while: they
+  stay open, nothing goes through (not even a close), then what was held is delivered, as
+  after a partition that healed. Only timeouts tell either side.
+* ``kill-member`` / ``pause-member`` / ``cut-member`` / ``stall-member``: the same to a member
+  that is not the writer.
 * ``kill-nats`` / ``pause-nats``: one NATS server gone or frozen for a while.
 * ``kill-nats-quorum``: two of the three gone for a while: JetStream stores nothing meanwhile
   (no write may be acknowledged, none acknowledged before may be lost), then comes back.
@@ -99,8 +102,8 @@ from tests.shardetcd_fixture import ShardetcdProcess
 from tests.tcp_proxy import TcpProxy
 from tests.tls_certs import journal_tls_flags, make_pki, member_tls_flags, nats_server_tls_flags
 
-FAULTS = ("kill-writer", "pause-writer", "cut-writer", "kill-member", "pause-member", "cut-member",
-          "kill-nats", "pause-nats", "kill-nats-quorum")
+FAULTS = ("kill-writer", "pause-writer", "cut-writer", "stall-writer", "kill-member", "pause-member", "cut-member",
+          "stall-member", "kill-nats", "pause-nats", "kill-nats-quorum")
 LOCAL_FAULTS = ("kill-writer", "pause-writer", "kill-member", "pause-member")  # --journal local: no NATS
 LEASE_TTL_S = 3.0  # the writer lease's default TTL
 NATS_ACCESS = None  # --nats-secure: how every process here reaches NATS (journal.jetstream.NatsAccess)
@@ -317,9 +320,9 @@ def inject(fault: str, members: list[Member], nats, rng: random.Random, log, run
         log(f"  SIGKILL {victim.name} (pid {victim.proc.pid})")
         victim.proc.kill()
         time.sleep(rng.uniform(0.5, 2 * LEASE_TTL_S))
-    elif fault in ("pause-writer", "pause-member", "cut-writer", "cut-member"):
+    elif fault in ("pause-writer", "pause-member", "cut-writer", "cut-member", "stall-writer", "stall-member"):
         victim = writer if fault.endswith("-writer") else rng.choice(others)
-        # a cut may last long past a takeover: a deposed writer keeps serving its readers meanwhile
+        # a cut or stall may last long past a takeover: a deposed writer keeps serving its readers meanwhile
         held = rng.uniform(0.5, 2.5 if fault.startswith("pause") else 5.0) * LEASE_TTL_S
         if fault.startswith("pause"):
             log(f"  SIGSTOP {victim.name} (pid {victim.proc.pid}) for {held:.1f} s")
@@ -327,12 +330,13 @@ def inject(fault: str, members: list[Member], nats, rng: random.Random, log, run
             time.sleep(held)
             os.kill(victim.proc.pid, signal.SIGCONT)
         else:
-            log(f"  {victim.name} (pid {victim.proc.pid}) cut off from NATS for {held:.1f} s")
+            cut = fault.startswith("cut")
+            log(f"  {victim.name} (pid {victim.proc.pid}) {'cut off from' if cut else 'stalled on'} NATS for {held:.1f} s")
             for p in victim.proxies:
-                p.cut()
+                p.cut() if cut else p.stall()
             time.sleep(held)
             for p in victim.proxies:
-                p.restore()
+                p.restore() if cut else p.resume()
         time.sleep(LEASE_TTL_S)
     elif fault == "kill-nats-quorum":
         gone = sorted(rng.sample(range(3), 2))
