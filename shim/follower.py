@@ -46,6 +46,7 @@ from pathlib import Path
 
 import grpc
 
+from journal.errors import JournalError
 from journal.tasks import unheard
 from proto import rpc_pb2 as pb
 from shards.errors import LeaderChangedError, RequestTimeoutError
@@ -551,7 +552,7 @@ def forwarding_handlers(link: WriterLink, headers, calls: dict[str, dict[str, st
                 try:
                     async with asyncio.timeout(link.timeout_s):  # not wait_for (journal/tasks.py)
                         await read_as_stored(*store.shards)
-                except TimeoutError:
+                except (TimeoutError, JournalError):  # not read that far in time, or NATS did not say how far
                     await context.abort(*TIMED_OUT)
                 if method == "Compact" and (compaction := pb.CompactionRequest.FromString(request)).physical:
                     await store.compacted(compaction.revision)  # as the writer: however long it takes
@@ -639,7 +640,7 @@ class TokenCatchUp:
         try:
             async with asyncio.timeout(self.timeout_s):  # not wait_for: on 3.11 it can lose a cancel (journal/tasks.py)
                 await self._catch_up()
-        except (TimeoutError, RequestTimeoutError, grpc.aio.AioRpcError) as exc:
+        except (TimeoutError, RequestTimeoutError, grpc.aio.AioRpcError, JournalError) as exc:
             logger.info("could not catch up with the writer for a token error=%r", exc)
 
     async def _catch_up(self) -> None:

@@ -150,6 +150,48 @@ def test_a_journal_not_read_that_far_in_time_is_a_request_timeout():
     run(body)
 
 
+def test_a_journal_whose_stored_tail_nats_does_not_tell_is_a_request_timeout():
+    """Seen in chaos (a NATS server paused): the writer compacted, but JetStream did not answer
+    this member how far its journals are stored. The answer is etcd's for a proposal whose
+    apply its member did not see in time, not an unexpected error."""
+    from journal.errors import JournalFailed
+
+    class Unanswered(Tail):
+        async def stored_tail(self) -> int:
+            raise JournalFailed("JetStream did not answer stream info for 5 s")
+
+    async def body():
+        store = Store([Tail(stored=2, read=2), Unanswered(stored=9, read=3)])
+        request = pb.CompactionRequest(revision=7).SerializeToString()
+        with pytest.raises(Aborted) as err:
+            await handler(store, ANSWER)("etcdserverpb.KV", "Compact", request)
+        assert err.value.args == (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+
+    run(body)
+
+
+def test_a_token_catch_up_that_nats_does_not_answer_leaves_the_token_unknown():
+    """A follower meeting a simple token it does not know catches up with the writer first; when
+    JetStream does not answer how far the lease journal is stored, the call goes on with the
+    token unknown (the client is asked to authenticate again), as when the catch-up times out."""
+    from journal.errors import JournalFailed
+    from shards.tokens import SimpleTokens
+    from shim.follower import TokenCatchUp
+
+    async def body():
+        store = SimpleNamespace(auth=SimpleNamespace(tokens=SimpleTokens()))
+        catch_up = TokenCatchUp(SimpleNamespace(timeout_s=TIMEOUT_S), SimpleNamespace(store=store))
+
+        async def unanswered():
+            raise JournalFailed("JetStream did not answer stream info for 5 s")
+
+        catch_up._catch_up = unanswered
+        await catch_up.learned("abcdefghijklmnop.12")
+        assert not store.auth.tokens.known("abcdefghijklmnop.12")
+
+    run(body)
+
+
 def test_a_follower_presents_the_client_certificate_etcd_would_present(tmp_path):
     """A follower calls an https:// writer as etcd's own client side calls: --client-cert-file and
     --client-key-file when given, else the server's --cert-file and --key-file (kubeadm's etcd
