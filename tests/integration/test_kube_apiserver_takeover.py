@@ -18,7 +18,10 @@ log says the endpoint answered differently from etcd.
 Run twice: with a plain --standby (its client port closed until it takes over, so
 kube-apiserver must reconnect to it) and with --follow --standby (a follower until
 then: kube-apiserver is connected to it all along and its writes go through it as
-soon as it has taken over).
+soon as it has taken over); and with --follow --standby and the writer not killed but cut off
+from NATS, alive and reachable by kube-apiserver: its connections to NATS closed, or stalled
+(held open with nothing going through, as in a partition only timeouts tell). A cut-off writer
+answers no stale read, and stops once the partition heals.
 """
 
 from __future__ import annotations
@@ -105,11 +108,15 @@ class Follower:
 
 @pytest.mark.timeout(900)  # the bounds on waiting below, not an expected duration (~25 s)
 @pytest.mark.parametrize("standby_flags,fault", [(("--standby",), "kill"), (("--follow", "--standby"), "kill"),
-                                                 (("--follow", "--standby"), "cut-off")],
-                         ids=["standby", "following-standby", "following-standby-writer-cut-off"])
+                                                 (("--follow", "--standby"), "cut-off"),
+                                                 (("--follow", "--standby"), "stalled")],
+                         ids=["standby", "following-standby", "following-standby-writer-cut-off",
+                              "following-standby-writer-stalled"])
 def test_kube_apiserver_keeps_serving_through_a_takeover(tmp_path, standby_flags, fault):
     require_kube_apiserver()
-    cut_off = fault == "cut-off"  # the writer is cut off from NATS, alive and reachable, instead of killed
+    # the writer is cut off from NATS, alive and reachable, instead of killed: its connections closed
+    # (cut-off), or held open with nothing going through, as in a partition only timeouts tell (stalled)
+    cut_off, stalled = fault in ("cut-off", "stalled"), fault == "stalled"
     nats = start_nats_cluster(tmp_path / "nats", size=3, extra=("--no_advertise",) if cut_off else ())
     proxies = [TcpProxy(s.client_port).start() for s in nats.servers] if cut_off else []
     servers: list[ShardetcdProcess] = []
@@ -183,7 +190,7 @@ def test_kube_apiserver_keeps_serving_through_a_takeover(tmp_path, standby_flags
         # -- kill -9 the writer (or cut it off from NATS); the standby takes over --
         if cut_off:
             for proxy in proxies:
-                proxy.cut()
+                proxy.stall() if stalled else proxy.cut()
         else:
             writer.kill()
         killed = time.monotonic()
@@ -212,7 +219,7 @@ def test_kube_apiserver_keeps_serving_through_a_takeover(tmp_path, standby_flags
         if cut_off:
             deposed_writer_answers_no_stale_read(c, standby.endpoint)
             for proxy in proxies:  # the partition heals: the old writer learns it was deposed and stops
-                proxy.restore()
+                proxy.resume() if stalled else proxy.restore()
             while writer.running():
                 assert time.monotonic() < deadline, "the deposed writer did not stop"
                 time.sleep(0.2)
