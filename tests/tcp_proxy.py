@@ -63,7 +63,7 @@ class TcpProxy:
     def stall(self) -> None:
         """Forward nothing from now on, in either direction, until ``resume``: each side's
         data waits in the proxy and the kernel's buffers (a sender blocks once they are full),
-        and a side that closes is not seen to by the other. Nobody learns of it but by timeouts."""
+        and a close by either side is not passed on. Nobody learns of it but by timeouts."""
         self._flowing.clear()
 
     def resume(self) -> None:
