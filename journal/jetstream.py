@@ -502,6 +502,25 @@ def nats_tls(urls: tuple[str, ...], access: NatsAccess | None):
     return (access or NatsAccess()).context()
 
 
+def nats_client():
+    """nats-py's client, except that a connection it gives up on (stale: its pings went unanswered;
+    or broken) is aborted before it tries another server, not closed gracefully. Over TLS a
+    graceful close waits for the server's close_notify (the SSL shutdown, up to 30 s), which a
+    frozen server or a partition that holds packets never sends: the reconnect waited that long,
+    past the writer lease's TTL. The connection is left either way; what was written to it and
+    not answered is published again (journal publishes carry their message id)."""
+    import nats
+
+    class Client(nats.NATS):
+        async def _attempt_reconnect(self) -> None:
+            writer = getattr(self._transport, "_io_writer", None)  # nats-py's TCP transport (TLS or not)
+            if writer is not None:
+                writer.transport.abort()
+            await super()._attempt_reconnect()
+
+    return Client()
+
+
 def connect_options(urls: tuple[str, ...], access: NatsAccess | None) -> dict:
     """nats.connect's TLS and credentials arguments (JournalUnreachable when a file cannot be used)."""
     return {"tls": nats_tls(urls, access), **(access.credentials() if access is not None else {})}
@@ -600,14 +619,12 @@ class JetStreamLog:
         self._acked_sub = None  # the subscription to acked_subject, once a journal is followed here
 
     async def connect(self) -> JetStreamLog:
-        import nats
-
         urls = shown_urls(self.config.urls)
         options = connect_options(self.config.urls, self.config.access)
         access = self.config.access
         if options["tls"] is not None and access is not None and access.cert_file:
             self._renewal = ClientCertificateRenewal(options["tls"], access.cert_file, access.key_file)
-        nc = self._connecting = nats.NATS()
+        nc = self._connecting = nats_client()
         # NATS not up yet is waited for (up to 3 connect timeouts); a refusal of this process's
         # credentials or of the servers' certificates by every server is final at once
         self._refusals, self._refusal, self._refused = 0, None, asyncio.Event()
