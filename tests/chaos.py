@@ -100,7 +100,7 @@ from tests.integration.test_metrics import scrape
 from tests.nats_fixture import start_nats_cluster
 from tests.shardetcd_fixture import ShardetcdProcess
 from tests.tcp_proxy import TcpProxy
-from tests.tls_certs import journal_tls_flags, make_pki, member_tls_flags, nats_server_tls_flags
+from tests.tls_certs import journal_tls_access, journal_tls_flags, make_pki, member_tls_flags, nats_server_tls_flags
 
 FAULTS = ("kill-writer", "pause-writer", "cut-writer", "stall-writer", "kill-member", "pause-member", "cut-member",
           "stall-member", "kill-nats", "pause-nats", "kill-nats-quorum")
@@ -498,15 +498,13 @@ def secure_nats(out: Path) -> tuple[tuple[str, ...], str, tuple[str, ...], objec
     mode with one JetStream account: their flags, their configuration lines, the flags that make a
     member their user, with the journal's permissions only (tests/integration/test_nats_auth.py),
     and the same access for this process (a NatsAccess, for ``journal verify``)."""
-    from journal.jetstream import NatsAccess
     from tests.integration.test_nats_auth import JOURNAL_PERMISSIONS
     from tests.nats_auth import OperatorMode
 
     pki, op = make_pki(out / "nats-pki", name="nats"), OperatorMode(out / "nats-operator")
     creds = op.account("etcd").user("shardetcd", JOURNAL_PERMISSIONS)
-    access = NatsAccess(str(pki["ca"]), str(pki["client"]), str(pki["client-key"]), str(creds))
     return (nats_server_tls_flags(pki), op.config(), (*journal_tls_flags(pki), "--journal-creds-file", str(creds)),
-            access)
+            journal_tls_access(pki, creds))
 
 
 def main(argv: list[str] | None = None) -> int:

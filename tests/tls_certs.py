@@ -139,3 +139,12 @@ def journal_tls_flags(pki: dict[str, Path]) -> tuple[str, ...]:
     """A shardetcd's flags to reach such NATS servers: their CA and the PKI's client certificate."""
     return ("--journal-trusted-ca-file", str(pki["ca"]), "--journal-cert-file", str(pki["client"]),
             "--journal-key-file", str(pki["client-key"]))
+
+
+def journal_tls_access(pki: dict[str, Path], creds_file: Path | None = None):
+    """What ``journal_tls_flags`` (and ``--journal-creds-file creds_file``) give a shardetcd, for
+    this process: a journal.jetstream.NatsAccess."""
+    from journal.jetstream import NatsAccess
+
+    return NatsAccess(str(pki["ca"]), str(pki["client"]), str(pki["client-key"]),
+                      None if creds_file is None else str(creds_file))

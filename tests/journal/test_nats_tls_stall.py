@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from journal.jetstream import JetStreamConfig, JetStreamLog, NatsAccess
+from journal.jetstream import JetStreamConfig, JetStreamLog
 from tests.nats_fixture import start_nats_cluster
 from tests.tcp_proxy import TcpProxy
-from tests.tls_certs import make_pki, nats_server_tls_flags
+from tests.tls_certs import journal_tls_access, make_pki, nats_server_tls_flags
 
 SEEN_WITHIN_S = 15.0  # a bound on waiting, far above the 1.5 s to find it stale, below TLS's 30 s shutdown
 
@@ -28,8 +28,7 @@ def test_a_stalled_tls_server_is_left_for_another_one_while_it_stays_stalled(tmp
 
     async def go() -> tuple[int, int, int]:
         config = JetStreamConfig(urls=tuple(f"tls://127.0.0.1:{p.port}" for p in proxies), prefix="stall",
-                                 access=NatsAccess(ca_file=str(pki["ca"]), cert_file=str(pki["client"]),
-                                                   key_file=str(pki["client-key"])))
+                                 access=journal_tls_access(pki))
         log = await JetStreamLog(config).connect()
         try:
             first = log.nc.connected_url.port
