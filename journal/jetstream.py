@@ -502,21 +502,38 @@ def nats_tls(urls: tuple[str, ...], access: NatsAccess | None):
     return (access or NatsAccess()).context()
 
 
+CLOSE_GRACE_S = 2.0  # how long closing a NATS connection waits for the server's goodbye
+
+
 def nats_client():
     """nats-py's client, except that a connection it gives up on (stale: its pings went unanswered;
     or broken) is aborted before it tries another server, not closed gracefully. Over TLS a
     graceful close waits for the server's close_notify (the SSL shutdown, up to 30 s), which a
     frozen server or a partition that holds packets never sends: the reconnect waited that long,
     past the writer lease's TTL. The connection is left either way; what was written to it and
-    not answered is published again (journal publishes carry their message id)."""
+    not answered is published again (journal publishes carry their message id). Closing the
+    client waits CLOSE_GRACE_S for the goodbye, then aborts likewise."""
     import nats
 
     class Client(nats.NATS):
-        async def _attempt_reconnect(self) -> None:
+        def _abort(self) -> None:
             writer = getattr(self._transport, "_io_writer", None)  # nats-py's TCP transport (TLS or not)
             if writer is not None:
                 writer.transport.abort()
+
+        async def _attempt_reconnect(self) -> None:
+            self._abort()
             await super()._attempt_reconnect()
+
+        async def _close(self, status: int, do_cbs: bool = True) -> None:
+            # A close (the process stopping, a connect given up) says goodbye for CLOSE_GRACE_S,
+            # then leaves: the same wait for close_notify would hold a shutdown up to 30 s.
+            closing = asyncio.ensure_future(super()._close(status, do_cbs))
+            try:
+                await asyncio.wait_for(asyncio.shield(closing), CLOSE_GRACE_S)
+            except asyncio.TimeoutError:
+                self._abort()
+                await closing
 
     return Client()
 
