@@ -165,6 +165,75 @@ async def fetch_object(js, bucket, bucket_name: str, name: str, into) -> None:
         raise DigestMismatchError
 
 
+class PullReader:
+    """A stream's messages through a pull consumer (acknowledging nothing), asked for in requests
+    bounded in bytes as well as in number.
+
+    nats-py's ``fetch`` bounds a request by its number of messages only, and the server sends
+    them as fast as it reads them. A reader behind by many large messages (a burst of 1.5 MB
+    objects, or a split write's 8 MB parts) was sent more than a connection may have pending
+    (the server's max_pending, 64 MB by default): the server closed the connection as a slow
+    consumer, and with it every subscription of the process (a follower's), or the read
+    (``journal verify``). Each request here also gives JetStream's max_bytes, twice the largest
+    message the server takes (so that one always fits), and no more than that is ever in flight."""
+
+    # how a request ends before its number is reached: nothing more there, its time up, its bytes
+    ENDS = {"404", "408", "409"}
+
+    def __init__(self, nc, stream: str, consumer: str) -> None:
+        self.nc, self.next_subject = nc, f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self.max_bytes = 2 * nc.max_payload
+        self.inbox = nc.new_inbox()
+        self.asked = 0
+        self.sub = None
+
+    @classmethod
+    async def open(cls, js, nc, subject: str, stream: str, config) -> PullReader:
+        """A consumer of ``stream``'s ``subject`` made with ``config`` (ack policy none)."""
+        info = await js.add_consumer(stream, config=replace(config, filter_subject=subject))
+        reader = cls(nc, stream, info.name)
+        reader.sub = await nc.subscribe(f"{reader.inbox}.*")
+        return reader
+
+    async def fetch(self, batch: int, timeout: float) -> list:
+        """Up to ``batch`` messages, in stream order, as soon as one request for them ends; a NATS
+        TimeoutError if none came within ``timeout`` (JetStream errors as nats-py raises them)."""
+        from nats.errors import TimeoutError as NatsTimeout
+        from nats.js.errors import APIError
+
+        self.asked += 1
+        reply = f"{self.inbox}.{self.asked}"
+        # no_wait with expires: the request waits up to ``timeout`` for a first message, then ends as
+        # soon as none is left to send (404), not when its number is reached or its time is up
+        ask = {"batch": batch, "max_bytes": self.max_bytes, "expires": int(timeout * 1e9), "no_wait": True}
+        await self.nc.publish(self.next_subject, json.dumps(ask).encode(), reply=reply)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout + 1.0  # the server's 408 at ``expires`` ends it first
+        msgs: list = []
+        while len(msgs) < batch:
+            try:
+                msg = await self.sub.next_msg(timeout=max(deadline - loop.time(), 0.001))
+            except NatsTimeout:
+                break
+            status = msg.headers.get("Status") if msg.headers else None
+            if status is None:  # a message, of this request or of one that timed out before: in order either way
+                msgs.append(msg)
+            elif msg.subject != reply or status == "100":  # an earlier request's end; a heartbeat
+                continue
+            elif status in self.ENDS and not msg.headers.get("Description", "").startswith("Consumer"):
+                break
+            else:  # "409 Consumer Deleted", "503" (no responders: the stream or its leader is gone), ...
+                raise APIError.from_msg(msg)
+        if not msgs:
+            raise NatsTimeout
+        return msgs
+
+    async def close(self) -> None:
+        """Stops reading (the consumer goes by its inactive threshold, as nats-py's leave theirs)."""
+        if self.sub is not None:
+            await self.sub.unsubscribe()
+
+
 class _Acks:
     """JetStream's answers to publishes sent with a reply subject in one inbox of this connection:
     ``publish`` sends and returns a future of the answer (None, or the error ``js.publish`` would
@@ -1826,10 +1895,10 @@ class JetStreamJournal(Appender):
         while True:
             sub = None
             try:
-                sub = await self.log.js.pull_subscribe(
-                    self.subject, stream=self.stream,
-                    config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._tail + 1,
-                                          ack_policy=AckPolicy.NONE, inactive_threshold=60.0))
+                sub = await PullReader.open(
+                    self.log.js, self.log.nc, self.subject, self.stream,
+                    ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._tail + 1,
+                                   ack_policy=AckPolicy.NONE, inactive_threshold=60.0))
                 while True:
                     try:
                         msgs = await sub.fetch(batch=256, timeout=FOLLOW_FETCH_S)
@@ -1864,7 +1933,7 @@ class JetStreamJournal(Appender):
             finally:
                 if sub is not None:
                     try:
-                        await sub.unsubscribe()
+                        await sub.close()
                     except Exception:  # noqa: BLE001 - the consumer goes away by itself when inactive
                         pass
 

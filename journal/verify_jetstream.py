@@ -32,7 +32,7 @@ from journal.errors import JournalFailed, JournalUnreachable
 from journal.jetstream import (CHECKPOINT_TRIES, CUT_HEADER, FENCE_HEADER, NatsAccess, checkpoint_bucket,
                                checkpoint_files, checkpoint_stream, connect_failure, connect_options, drops_messages,
                                fetch_object, kv_keys, kv_stream, list_objects, list_streams, meta_bucket,
-                               of_prefix, refusal, refused, released_key, retrying, shown_urls, stream_head_lost,
+                               of_prefix, PullReader, refusal, refused, released_key, retrying, shown_urls, stream_head_lost,
                                StreamsWithoutLeader, writer_bucket_streams)
 from journal.record import FrameError, decode_frame
 from journal.verify import lost_revisions as shared_lost_revisions, runs_text, verify_checkpoints
@@ -188,7 +188,7 @@ async def verify_jetstream(urls: tuple[str, ...], prefix: str, config: JournalCo
                    for name in leaderless if name.startswith(f"{prefix}_")]
         for info in journals:
             try:
-                reports.append(await _verify_stream(js, info, prefix, config, by_name, unreadable))
+                reports.append(await _verify_stream(nc, js, info, prefix, config, by_name, unreadable))
             except (NatsError, asyncio.TimeoutError, JournalFailed) as exc:
                 raise JournalUnreachable(f"NATS at {shown_urls(urls)} stopped answering while stream "
                                          f"{info.config.name} was read: {exc!r}") from None
@@ -368,7 +368,7 @@ def _is_journal(cfg, prefix: str) -> bool:
     return cfg.name.startswith(f"{prefix}_") and list(cfg.subjects or []) == [f"journal.{cfg.name}"]
 
 
-async def _verify_stream(js, info, prefix: str, config: JournalConfig, by_name: dict,
+async def _verify_stream(nc, js, info, prefix: str, config: JournalConfig, by_name: dict,
                          unreadable: set[str]) -> StreamReport:
     """The report of one journal stream; ``unreadable``: streams of the prefix not to be read (no
     leader), its checkpoint bucket's or the meta bucket's perhaps."""
@@ -377,7 +377,7 @@ async def _verify_stream(js, info, prefix: str, config: JournalConfig, by_name: 
     report.drops = drops_messages(info.config)
     if (bucket := by_name.get(checkpoint_stream(stream))) is not None:
         report.drops += [f"{report.bucket}: {what}" for what in drops_messages(bucket.config, journal=False)]
-    await _read_messages(js, report, info.state.messages, config)
+    await _read_messages(nc, js, report, info.state.messages, config)
     if checkpoint_stream(stream) in unreadable:
         report.unread = "checkpoints"
     else:
@@ -408,12 +408,12 @@ async def _meta_value(js, prefix: str, key: str) -> str | None:
         return None
 
 
-async def _read_messages(js, report: StreamReport, count: int, config: JournalConfig) -> None:
+async def _read_messages(nc, js, report: StreamReport, count: int, config: JournalConfig) -> None:
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     if count == 0:
         return
-    sub = await js.pull_subscribe(f"journal.{report.stream}", stream=report.stream, config=ConsumerConfig(
+    sub = await PullReader.open(js, nc, f"journal.{report.stream}", report.stream, ConsumerConfig(
         deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=30.0))
     live: list[int] = []  # tags of the records in force, in order
     top = 0  # the highest tag in force
@@ -444,7 +444,7 @@ async def _read_messages(js, report: StreamReport, count: int, config: JournalCo
                 report.messages += 1
                 top = _take(report, seq, msg.data or b"", msg.headers or {}, live, top, config)
     finally:
-        await sub.unsubscribe()
+        await sub.close()
     report.records, report.revisions = len(live), live
     if live:
         report.first_rev, report.last_rev = live[0], live[-1]

@@ -522,25 +522,27 @@ async def close_all(*opened) -> None:
         await thing.close()
 
 
-def losing(followed, lost_by: list[set[int]]) -> list:
+def losing(followed, lost_by: list[set[int]], monkeypatch) -> list:
     """The n-th consumer ``followed`` makes from now on (pulled, as following does, or pushed, as
     the reads at start and takeover do) loses the stream sequences in ``lost_by[n]`` on the way,
     as messages JetStream sent during a reconnect are lost; the consumers made."""
+    from journal.jetstream import PullReader
+
     js, subscriptions = followed.log.js, []
 
     def lost_next() -> set[int]:
         return lost_by[len(subscriptions)] if len(subscriptions) < len(lost_by) else set()
 
-    async def pull_subscribe(*args, real=js.pull_subscribe, **kwargs):
-        lost, sub = lost_next(), await real(*args, **kwargs)
-        subscriptions.append(sub)
-        fetch = sub.fetch
+    async def pull(*args, real=PullReader.open, **kwargs):
+        lost, reader = lost_next(), await real(*args, **kwargs)
+        subscriptions.append(reader)
+        fetch = reader.fetch
 
         async def lossy(*a, **kw):
             return [m for m in await fetch(*a, **kw) if m.metadata.sequence.stream not in lost]
 
-        sub.fetch = lossy
-        return sub
+        reader.fetch = lossy
+        return reader
 
     async def subscribe(*args, real=js.subscribe, cb, **kwargs):
         lost = lost_next()
@@ -553,11 +555,12 @@ def losing(followed, lost_by: list[set[int]]) -> list:
         subscriptions.append(sub)
         return sub
 
-    js.pull_subscribe, js.subscribe = pull_subscribe, subscribe
+    monkeypatch.setattr(PullReader, "open", pull)
+    js.subscribe = subscribe
     return subscriptions
 
 
-def test_a_jetstream_follower_reads_again_what_was_lost_on_the_way(nats_cluster, tmp_path):
+def test_a_jetstream_follower_reads_again_what_was_lost_on_the_way(nats_cluster, tmp_path, monkeypatch):
     """A follower's consumer acknowledges nothing, so JetStream counts a message delivered once
     it is sent; one sent while the follower's NATS connection was being replaced never arrives.
     Here the first consumer loses three messages in the middle and the last two, as such a
@@ -571,7 +574,7 @@ def test_a_jetstream_follower_reads_again_what_was_lost_on_the_way(nats_cluster,
         await followed.catch_up()
         base = followed.read_tail
         # the first consumer loses 11-13 (14 shows the hole), the second the last two (nothing after them)
-        subscriptions = losing(followed, [{base + 11, base + 12, base + 13}, {base + 19, base + 20}])
+        subscriptions = losing(followed, [{base + 11, base + 12, base + 13}, {base + 19, base + 20}], monkeypatch)
         got, (gaps, covered) = [], recording_gaps()
         task = asyncio.ensure_future(followed.follow(into(got), covered))
         await one_message_each(journal, items(20))
@@ -585,7 +588,7 @@ def test_a_jetstream_follower_reads_again_what_was_lost_on_the_way(nats_cluster,
     asyncio.run(go())
 
 
-def test_a_jetstream_takeover_reads_again_what_was_lost_on_the_way(nats_cluster, tmp_path):
+def test_a_jetstream_takeover_reads_again_what_was_lost_on_the_way(nats_cluster, tmp_path, monkeypatch):
     """A standby taking over reads what was stored after what it followed, then fences the
     stream. Messages of that read lost on the way must be read again: a takeover that
     passed over them would have cut every acknowledged write from the first one lost."""
@@ -595,7 +598,7 @@ def test_a_jetstream_takeover_reads_again_what_was_lost_on_the_way(nats_cluster,
         await followed.catch_up()
         base = followed.read_tail
         await one_message_each(journal, items(20))
-        subscriptions = losing(followed, [{base + 5, base + 6}])
+        subscriptions = losing(followed, [{base + 5, base + 6}], monkeypatch)
         got, (gaps, covered) = [], recording_gaps()
         await followed.take_over(into(got), covered)
         assert got == items(20) and gaps == [], (got, gaps)
