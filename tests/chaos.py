@@ -35,8 +35,8 @@ Each round, one fault, at a random time, from:
 
 With ``--cluster``, ``shardetcd cluster`` on the same NATS servers instead: two partitions, each two
 processes on one URL (one serves, one stands by) and a follower, supervised, with faults of their
-own (``CLUSTER_FAULTS``: its processes killed, paused or hung, the supervisor killed;
-tests/chaos_cluster.py); with ``--journal local`` too, the cluster on local journals.
+own (``CLUSTER_FAULTS``: its processes killed, paused or hung, the supervisor killed, all of them
+cut off from NATS or stalled on it; tests/chaos_cluster.py); with ``--journal local`` too, the cluster on local journals.
 
 With ``--auth``, auth on: every call made as a user that is not root, with a simple token taken
 again when a member refuses it, and each round an auth change every member must hold to at its end

@@ -18,7 +18,13 @@ partition's. The supervisor restarts what dies; the faults strike its processes,
 * ``kill-partition``: the nodes partition's serving process (main must not notice);
 * ``kill-supervisor``: SIGKILL the supervisor: every process it started stops (their parent-death
   signal), and it is started again on the same data dir, as an init system would;
-* the NATS faults of the JetStream deployment (the processes reach NATS directly: no cuts).
+* ``cut-cluster`` / ``stall-cluster``: every process of the cluster cut off from NATS, or its
+  connections to NATS a black hole, for a while, as when the machine the cluster runs on loses its
+  network to NATS and gets it back (the processes reach NATS through proxies shared by them all:
+  the supervisor passes one ``--journal-url`` to each). No process can write or renew its lease
+  meanwhile, and none can take over; once it heals, one serves main again and no lease kept alive
+  through any member is lost;
+* the NATS faults of the JetStream deployment.
 """
 from __future__ import annotations
 
@@ -37,9 +43,10 @@ from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests import chaos_auth
 from tests.etcd_fixture import free_ports
 from tests.shardetcd_fixture import REPO_ROOT, stop_by_pid
+from tests.tcp_proxy import TcpProxy
 
 CLUSTER_FAULTS = ("kill-writer", "pause-writer", "hang-writer", "kill-member", "pause-member", "kill-partition", "kill-supervisor",
-                  "kill-nats", "pause-nats", "kill-nats-quorum")
+                  "cut-cluster", "stall-cluster", "kill-nats", "pause-nats", "kill-nats-quorum")
 CLUSTER_LOCAL_FAULTS = ("kill-writer", "pause-writer", "hang-writer", "kill-member", "pause-member", "kill-partition",
                         "kill-supervisor")
 LIVENESS_S = 10.0  # the supervisor's --liveness-timeout: past the longest pause (2.5 lease TTLs)
@@ -73,12 +80,15 @@ class ClusterRun:
         self.standbys = nats is not None
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ports = dict(zip(("main", "nodes"), free_ports(2)))
+        # every process reaches NATS through these (cut-cluster, stall-cluster)
+        self.proxies = [TcpProxy(server.client_port).start() for server in nats.servers] if nats else []
+        journal = ",".join(f"nats://127.0.0.1:{p.port}" for p in self.proxies)
         layout = out / "cluster.toml"
         layout.write_text(f'[[partition]]\nname = "nodes"\nresources = ["nodes"]\nport = {self.ports["nodes"]}\n\n'
                           f'[[partition]]\nname = "main"\ndefault = true\nport = {self.ports["main"]}\n')
         self.argv = [sys.executable, "-m", "shim", "cluster", "--layout", str(layout), "--data-dir", str(self.dir / "data"),
                      "--state-dir", str(self.dir / "state"), "--followers", "1", "--liveness-timeout", str(LIVENESS_S),
-                     *(("--journal-url", nats.urls, "--standbys") if nats else ()), *server_args]
+                     *(("--journal-url", journal, "--standbys") if nats else ()), *server_args]
         self.out_path = self.dir / "supervisor.out"
         self.proc: subprocess.Popen | None = None
         self.urls: dict[str, str] = {}
@@ -169,6 +179,8 @@ class ClusterRun:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        for p in self.proxies:
+            p.close()
 
 
 class ClusterMember:
@@ -277,6 +289,17 @@ def inject(fault: str, run: ClusterRun, rng: random.Random, log, lease_ttl_s: fl
     if fault == "kill-supervisor":
         run.kill_supervisor(rng, log)
         return None  # every member, and none longer than a restart: every lease must be kept
+    if fault in ("cut-cluster", "stall-cluster"):
+        cut = fault.startswith("cut")
+        held = rng.uniform(0.5, 3.0) * lease_ttl_s
+        log(f"  every process of the cluster {'cut off from' if cut else 'stalled on'} NATS for {held:.1f} s")
+        for p in run.proxies:
+            p.cut() if cut else p.stall()
+        time.sleep(held)
+        for p in run.proxies:
+            p.restore() if cut else p.resume()
+        time.sleep(lease_ttl_s)
+        return None  # every member alike: no lease may be lost
     if fault == "kill-partition":
         name = run.serving("nodes")
         log(f"  SIGKILL {name} (pid {run.pids()[name]}), the nodes partition's serving process")
