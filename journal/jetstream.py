@@ -179,6 +179,7 @@ class PullReader:
 
     # how a request ends before its number is reached: nothing more there, its time up, its bytes
     ENDS = {"404", "408", "409"}
+    TOO_LARGE = "Message Size Exceeds MaxBytes"  # 409: the next message would pass the bytes asked for
 
     def __init__(self, nc, stream: str, consumer: str) -> None:
         self.nc, self.next_subject = nc, f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
@@ -199,6 +200,20 @@ class PullReader:
         """Up to ``batch`` messages, in stream order, as soon as one request for them ends; a NATS
         TimeoutError if none came within ``timeout`` (JetStream errors as nats-py raises them)."""
         from nats.errors import TimeoutError as NatsTimeout
+
+        while True:
+            msgs, larger = await self._ask(batch, timeout)
+            if msgs or not larger:
+                break
+            # the next message is larger than asked for (stored while NATS took larger ones): ask again
+            self.max_bytes *= 2
+        if not msgs:
+            raise NatsTimeout
+        return msgs
+
+    async def _ask(self, batch: int, timeout: float) -> tuple[list, bool]:
+        """One request's messages; True if it ended on one larger than the bytes it asked for."""
+        from nats.errors import TimeoutError as NatsTimeout
         from nats.js.errors import APIError
 
         self.asked += 1
@@ -218,15 +233,14 @@ class PullReader:
             status = msg.headers.get("Status") if msg.headers else None
             if status is None:  # a message, of this request or of one that timed out before: in order either way
                 msgs.append(msg)
-            elif msg.subject != reply or status == "100":  # an earlier request's end; a heartbeat
                 continue
-            elif status in self.ENDS and not msg.headers.get("Description", "").startswith("Consumer"):
-                break
-            else:  # "409 Consumer Deleted", "503" (no responders: the stream or its leader is gone), ...
-                raise APIError.from_msg(msg)
-        if not msgs:
-            raise NatsTimeout
-        return msgs
+            if msg.subject != reply or status == "100":  # an earlier request's end; a heartbeat
+                continue
+            why = msg.headers.get("Description", "")
+            if status in self.ENDS and not why.startswith("Consumer"):
+                return msgs, why == self.TOO_LARGE
+            raise APIError.from_msg(msg)  # "409 Consumer Deleted", "503" (no responders: the stream is gone), ...
+        return msgs, False
 
     async def close(self) -> None:
         """Stops reading (the consumer goes by its inactive threshold, as nats-py's leave theirs)."""
