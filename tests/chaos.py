@@ -99,7 +99,7 @@ from tests.integration.test_linearizability import KEYS, MIXED, check_linearizab
 from tests.integration.test_metrics import scrape
 from tests.nats_fixture import start_nats_cluster
 from tests.shardetcd_fixture import ShardetcdProcess
-from tests.tcp_proxy import TcpProxy
+from tests.tcp_proxy import TcpProxy, broken_for
 from tests.tls_certs import journal_tls_access, journal_tls_flags, make_pki, member_tls_flags, nats_server_tls_flags
 
 FAULTS = ("kill-writer", "pause-writer", "cut-writer", "stall-writer", "kill-member", "pause-member", "cut-member",
@@ -330,13 +330,10 @@ def inject(fault: str, members: list[Member], nats, rng: random.Random, log, run
             time.sleep(held)
             os.kill(victim.proc.pid, signal.SIGCONT)
         else:
-            cut = fault.startswith("cut")
-            log(f"  {victim.name} (pid {victim.proc.pid}) {'cut off from' if cut else 'stalled on'} NATS for {held:.1f} s")
-            for p in victim.proxies:
-                p.cut() if cut else p.stall()
-            time.sleep(held)
-            for p in victim.proxies:
-                p.restore() if cut else p.resume()
+            how = fault.partition("-")[0]
+            log(f"  {victim.name} (pid {victim.proc.pid}) {'cut off from' if how == 'cut' else 'stalled on'} NATS "
+                f"for {held:.1f} s")
+            broken_for(victim.proxies, how, held)
         time.sleep(LEASE_TTL_S)
     elif fault == "kill-nats-quorum":
         gone = sorted(rng.sample(range(3), 2))

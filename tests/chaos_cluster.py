@@ -43,7 +43,7 @@ from proto import rpc_pb2 as pb, rpc_pb2_grpc as pbg
 from tests import chaos_auth
 from tests.etcd_fixture import free_ports
 from tests.shardetcd_fixture import REPO_ROOT, stop_by_pid
-from tests.tcp_proxy import TcpProxy
+from tests.tcp_proxy import TcpProxy, broken_for
 
 CLUSTER_FAULTS = ("kill-writer", "pause-writer", "hang-writer", "kill-member", "pause-member", "kill-partition", "kill-supervisor",
                   "cut-cluster", "stall-cluster", "kill-nats", "pause-nats", "kill-nats-quorum")
@@ -290,14 +290,9 @@ def inject(fault: str, run: ClusterRun, rng: random.Random, log, lease_ttl_s: fl
         run.kill_supervisor(rng, log)
         return None  # every member, and none longer than a restart: every lease must be kept
     if fault in ("cut-cluster", "stall-cluster"):
-        cut = fault.startswith("cut")
-        held = rng.uniform(0.5, 3.0) * lease_ttl_s
-        log(f"  every process of the cluster {'cut off from' if cut else 'stalled on'} NATS for {held:.1f} s")
-        for p in run.proxies:
-            p.cut() if cut else p.stall()
-        time.sleep(held)
-        for p in run.proxies:
-            p.restore() if cut else p.resume()
+        how, held = fault.partition("-")[0], rng.uniform(0.5, 3.0) * lease_ttl_s
+        log(f"  every process of the cluster {'cut off from' if how == 'cut' else 'stalled on'} NATS for {held:.1f} s")
+        broken_for(run.proxies, how, held)
         time.sleep(lease_ttl_s)
         return None  # every member alike: no lease may be lost
     if fault == "kill-partition":

@@ -7,6 +7,7 @@
                        # forwarded, not even a close, until ...
     proxy.resume()     # ... what was held is delivered, as TCP delivers it once a partition heals
     proxy.close()
+    broken_for(proxies, "cut" or "stall", seconds)   # several, for a while, then back
 
 One thread accepts; each connection gets two threads, one per direction.
 Only loopback addresses are used.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 from tests.etcd_fixture import free_port
 
@@ -109,6 +111,16 @@ class TcpProxy:
             self._open.discard(dst)
         _close(src)
         _close(dst)
+
+
+def broken_for(proxies: list[TcpProxy], how: str, seconds: float) -> None:
+    """Every one of ``proxies`` cut (``how`` "cut") or stalled ("stall") for ``seconds``, then
+    restored or resumed."""
+    for p in proxies:
+        p.cut() if how == "cut" else p.stall()
+    time.sleep(seconds)
+    for p in proxies:
+        p.restore() if how == "cut" else p.resume()
 
 
 def _close(s: socket.socket) -> None:
